@@ -1,0 +1,5 @@
+import sys
+
+from rlgrad.cli import main
+
+sys.exit(main())

@@ -1,0 +1,77 @@
+"""The one batch type that flows rollout -> advantages -> analysis -> update.
+
+Alignment convention (used everywhere in rlgrad):
+
+* Tensors are ``[N, L]`` over the whole prompt+response sequence. Prompts are
+  left-padded, responses right-padded, so every prompt ends at the same column.
+* ``position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)``.
+* ``response_mask[i, t] = 1`` where token ``t`` is a response token whose
+  log-prob -- predicted from the logits at position ``t - 1`` -- enters the loss.
+  Column 0 is therefore never a response token.
+* Per-token tensors (``old_log_probs``, ``ref_log_probs``, ``advantages``,
+  ``values``, ``returns``) use the same alignment: entry ``[i, t]`` belongs to
+  token ``t`` and is zero wherever ``response_mask`` is zero.
+
+Per-sample tensors are ``[N]``. ``group_ids`` are global prompt-group ids: the
+``rollout.n`` samples of one prompt share a group id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [N, L] long
+    attention_mask: torch.Tensor  # [N, L] long
+    response_mask: torch.Tensor  # [N, L] float
+    group_ids: torch.Tensor  # [N] long
+    scores: torch.Tensor  # [N] float, weighted total reward
+    reward_std: torch.Tensor  # [N] float, unbiased std of the sample's group scores
+    components: dict[str, torch.Tensor] = field(default_factory=dict)  # [N] per reward component
+    old_log_probs: torch.Tensor | None = None  # [N, L]
+    ref_log_probs: torch.Tensor | None = None  # [N, L]
+    advantages: torch.Tensor | None = None  # [N, L]
+    values: torch.Tensor | None = None  # [N, L]
+    returns: torch.Tensor | None = None  # [N, L]
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        return position_ids_from_mask(self.attention_mask)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, index: torch.Tensor | list[int]) -> Batch:
+        """Rows ``index`` of every per-sample and per-token tensor (a new Batch)."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.input_ids.device)
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                out[f.name] = v.index_select(0, index)
+            elif isinstance(v, dict):
+                out[f.name] = {k: t.index_select(0, index) for k, t in v.items()}
+            else:
+                out[f.name] = v
+        return Batch(**out)
+
+    def to(self, device: torch.device | str) -> Batch:
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                out[f.name] = v.to(device)
+            elif isinstance(v, dict):
+                out[f.name] = {k: t.to(device) for k, t in v.items()}
+            else:
+                out[f.name] = v
+        return Batch(**out)

@@ -1,0 +1,64 @@
+"""``rlgrad`` command line. Bad input exits with status 2 and one line naming the culprit."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlgrad.errors import UserError
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config-name", help="preset under configs/ (e.g. demo, math_grpo_components)")
+    p.add_argument("--config", dest="config_file", help="a YAML config file")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, verl style (trainer.total_training_steps=20)")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rlgrad.config import load_config
+    from rlgrad.rl.trainer import RunStopped, Trainer
+
+    cfg = load_config(args.config_name, args.config_file, args.overrides)
+    trainer = Trainer(cfg)
+    try:
+        summary = trainer.fit()
+    except RunStopped as e:
+        print(f"rlgrad: run stopped: {e}", file=sys.stderr)
+        return 1
+    before, after = summary.get("val/accuracy_before"), summary.get("val/accuracy_after")
+    print()
+    if before is not None and after is not None:
+        print(f"validation accuracy: before {100 * before:.1f}%  after {100 * after:.1f}%  "
+              f"({100 * (after - before):+.1f} points)")
+    elif after is not None:
+        print(f"validation accuracy: {100 * after:.1f}%")
+    print(f"run directory: {trainer.run_dir}")
+    print(f"  metrics: {trainer.run_dir / 'metrics.jsonl'}")
+    print(f"next: resume or extend with  rlgrad train {' '.join(args.overrides)} "
+          f"trainer.default_local_dir={trainer.run_dir} trainer.total_training_steps=<more>")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlgrad", description="Gradient-level analysis of RL fine-tuning of LMs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="train a policy (GRPO / RLOO advantages, PPO / CISPO loss)")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"rlgrad: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rlgrad: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

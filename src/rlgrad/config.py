@@ -1,0 +1,336 @@
+"""Typed configuration: dataclass schema, YAML presets, verl-style ``key=value`` overrides.
+
+The field docs below are the user documentation of every setting. Key names follow
+verl where one exists (``actor.ppo_mini_batch_size``, ``rollout.n`` ...); the seeds'
+spellings (``actor_rollout_ref.actor.*``, ``es_manager.train.*`` ...) are accepted as
+aliases, see ``ALIASES``.
+
+Resolution order: schema defaults < preset (``--config-name`` / ``--config``) < overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlgrad.errors import UserError
+
+
+def _f(default: Any = dataclasses.MISSING, help: str = "", choices: tuple | None = None, **kw):
+    meta = {"help": help}
+    if choices:
+        meta["choices"] = choices
+    if default is not dataclasses.MISSING and isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+@dataclass
+class TinyModelConfig:
+    """Architecture of the embedded default model (a Qwen2 built locally; used when model.path is null)."""
+
+    hidden_size: int = _f(128, "Width of the residual stream.")
+    num_hidden_layers: int = _f(4, "Transformer blocks.")
+    num_attention_heads: int = _f(4, "Query heads.")
+    num_key_value_heads: int = _f(2, "Key/value heads (grouped-query attention).")
+    intermediate_size: int = _f(384, "MLP width.")
+    max_position_embeddings: int = _f(256, "Longest prompt+response the model accepts.")
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = _f(None, "Local Hugging Face causal-LM directory (with its tokenizer). null: the embedded default. Never fetched from a hub.")
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    warmstart_steps: int = _f(300, "Supervised warm-start steps for the embedded default (0: RL from scratch). Cached.")
+    warmstart_lr: float = _f(3e-3, "Learning rate of the warm start.")
+    warmstart_batch_size: int = _f(64, "Examples per warm-start step.")
+    cache_dir: str | None = _f(None, "Where warm-started default models are cached (default: $RLGRAD_CACHE or ~/.cache/rlgrad).")
+    dtype: str = _f("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
+
+
+@dataclass
+class DataConfig:
+    task: str = _f("arithmetic", "Task: arithmetic | countdown | math.", choices=("arithmetic", "countdown", "math"))
+    train_batch_size: int = _f(16, "Prompts per training step (each sampled rollout.n times).")
+    val_size: int = _f(128, "Validation prompts (generated tasks) or held-out rows (math without val_files).")
+    train_files: list[str] = _f([], "math: local .jsonl/.parquet training files.")
+    val_files: list[str] = _f([], "math: local .jsonl/.parquet validation files.")
+    max_prompt_length: int = _f(256, "Longest prompt in tokens; a longer prompt is an error naming it.")
+
+
+@dataclass
+class RolloutConfig:
+    n: int = _f(8, "Samples per prompt (the GRPO group size).")
+    temperature: float = _f(1.0, "Sampling temperature of training rollouts.")
+    top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts.")
+    top_k: int = _f(0, "Top-k sampling (0: off).")
+    response_length: int = _f(8, "Maximum response tokens (verl: data.max_response_length).")
+    val_do_sample: bool = _f(False, "Sample during validation (false: greedy, as verl's val_kwargs default).")
+    log_prob_micro_batch_size: int = _f(64, "Sequences per forward when computing old/ref log-probs.")
+    rollout_filter_strategy: str = _f("top_p", "Group filter: top_p | top_k | top_k_abs | min_p.", choices=("top_p", "top_k", "top_k_abs", "min_p"))
+    rollout_filter_value: float = _f(1.0, "Filter threshold (1.0 with top_p keeps every group).")
+    rollout_filter_type: str = _f("largest", "Keep the groups with the largest or smallest metric.", choices=("largest", "smallest"))
+    rollout_filter_metric: str = _f("reward_variance", "Group metric the filter ranks by.", choices=("reward_variance", "reward", "reward_sum", "entropy", "entropy_variance", "length"))
+    rollout_filter_top_p_prob_mode: str = _f("linear", "top_p probabilities: metric/sum (linear) or softmax.", choices=("linear", "softmax"))
+    rollout_filter_include_zero: bool = _f(True, "Keep groups whose metric is exactly zero.")
+    rollout_filter_empty_stop_steps: int = _f(5, "Stop the run after this many consecutive steps whose filter kept nothing.")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _f(1e-4, "AdamW learning rate.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    betas: list[float] = _f([0.9, 0.999], "AdamW betas.")
+    eps: float = _f(1e-8, "AdamW epsilon.")
+    lr_warmup_steps: int = _f(0, "Linear learning-rate warm-up over this many optimizer steps.")
+
+
+@dataclass
+class ActorConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_epochs: int = _f(1, "Passes over each step's batch.")
+    ppo_mini_batch_size: int | None = _f(None, "Prompts per optimizer step (x rollout.n samples); null: the whole batch, one step per epoch.")
+    ppo_micro_batch_size: int = _f(64, "Samples per forward/backward (gradient accumulation; does not change the update).")
+    shuffle: bool = _f(True, "Shuffle samples into mini-batches each epoch.")
+    policy_loss: str = _f("ppo", "Policy loss: ppo (clipped, dual-clip) | cispo (clipped, stop-gradient IS weight).", choices=("ppo", "cispo"))
+    clip_ratio_low: float = _f(0.2, "PPO lower clip: ratio >= 1 - clip_ratio_low.")
+    clip_ratio_high: float = _f(0.2, "PPO upper clip: ratio <= 1 + clip_ratio_high (CISPO's IS-weight cap).")
+    clip_ratio_c: float = _f(3.0, "Dual-clip bound for negative advantages.")
+    loss_agg_mode: str = _f("token-mean", "Loss aggregation.", choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"))
+    use_kl_loss: bool = _f(False, "Add kl_loss_coef * KL(policy || reference) to the loss.")
+    kl_loss_coef: float = _f(0.001, "KL loss coefficient.")
+    kl_loss_type: str = _f("low_var_kl", "KL estimator: kl/k1 | abs | mse/k2 | low_var_kl/k3.", choices=("kl", "k1", "abs", "mse", "k2", "low_var_kl", "low-var-kl", "k3"))
+    entropy_coeff: float = _f(0.0, "Entropy bonus: the loss gets -entropy_coeff * entropy.")
+    max_grad_norm: float = _f(1.0, "Clip the global gradient norm (the pre-clip norm is logged as actor/grad_norm).")
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = _f("grpo", "Advantage estimator: grpo | rloo.", choices=("grpo", "rloo"))
+    norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's (unbiased) reward std + 1e-6.")
+
+
+@dataclass
+class RewardConfig:
+    weights: dict[str, float] = _f({}, "Reward component weights (empty: the task's defaults), e.g. {correctness: 0.34, format: 0.33, length: 0.33}.")
+    length_max: int = _f(800, "math: target length of the length component.")
+    length_unit: str = _f("chars", "math: length in chars or tokens.", choices=("chars", "tokens"))
+
+
+@dataclass
+class TrainerConfig:
+    total_training_steps: int = _f(20, "Training steps (counted from 1).")
+    save_freq: int = _f(-1, "Checkpoint every N steps (-1: only at the end).")
+    test_freq: int = _f(-1, "Validate every N steps (-1: only at the end).")
+    val_before_train: bool = _f(True, "Validate before the first step.")
+    project_name: str = _f("rlgrad", "Project (W&B project, run-directory parent).")
+    experiment_name: str = _f("default", "Run name.")
+    default_local_dir: str | None = _f(None, "Run directory (default: runs/<project_name>/<experiment_name>).")
+    resume_mode: str = _f("auto", "auto: resume from the newest complete checkpoint if any; disable: start fresh (refuses a used directory); resume_path: trainer.resume_from_path.", choices=("auto", "disable", "resume_path"))
+    resume_from_path: str | None = _f(None, "A global_step_N directory to resume from (resume_mode=resume_path).")
+    max_ckpt_to_keep: int | None = _f(None, "Keep only the newest N checkpoints (null: keep all).")
+    logger: list[str] = _f(["console", "jsonl"], "Metric sinks: console, jsonl, tensorboard, wandb.")
+    seed: int = _f(1, "Seed of data, sampling and initialisation.")
+    device: str = _f("auto", "cpu | cuda | auto.", choices=("auto", "cpu", "cuda"))
+    num_threads: int | None = _f(None, "torch CPU threads (null: torch's default).")
+
+
+@dataclass
+class RLGradConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+# The seeds' spellings -> ours. Prefix entries end with '.'; exact entries win over prefixes.
+ALIASES: dict[str, str] = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "actor.ppo_micro_batch_size",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "rollout.log_prob_micro_batch_size",
+    "actor_rollout_ref.model.path": "model.path",
+    "model_path": "model.path",
+    "data.max_response_length": "rollout.response_length",
+    "es_manager.train.env_groups": "data.train_batch_size",
+    "es_manager.train.group_size": "rollout.n",
+    "actor_rollout_ref.actor.": "actor.",
+    "actor_rollout_ref.rollout.": "rollout.",
+    "actor_rollout_ref.model.": "model.",
+}
+
+CONFIG_DIRS = [Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs"]
+
+
+def _schema_keys(node: Any, prefix: str = "") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(node):
+        v = getattr(node, f.name)
+        full = f"{prefix}{f.name}"
+        keys.append(full)
+        if dataclasses.is_dataclass(v):
+            keys.extend(_schema_keys(v, full + "."))
+    return keys
+
+
+SCHEMA_KEYS = _schema_keys(RLGradConfig())
+_DICT_KEYS = {"reward.weights"}  # free-form mappings: their sub-keys are user data
+
+
+def resolve_alias(key: str) -> str:
+    if key in ALIASES:
+        return ALIASES[key]
+    for src, dst in ALIASES.items():
+        if src.endswith(".") and key.startswith(src):
+            return dst + key[len(src):]
+    return key
+
+
+def check_key(key: str, origin: str) -> str:
+    """Map an alias to our key and fail with a suggestion if the key does not exist."""
+    ours = resolve_alias(key)
+    if ours in SCHEMA_KEYS or any(ours.startswith(d + ".") for d in _DICT_KEYS):
+        return ours
+    hint = difflib.get_close_matches(ours, SCHEMA_KEYS, n=1, cutoff=0.5)
+    alias = f" (alias of '{ours}')" if ours != key else ""
+    what = "a setting rlgrad does not support" if alias else "an unknown config key"
+    msg = f"{origin}: '{key}'{alias} is {what}"
+    raise UserError(msg + (f"; did you mean '{hint[0]}'?" if hint else ""))
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        full = f"{prefix}{k}"
+        if isinstance(v, dict) and v and resolve_alias(full) not in _DICT_KEYS:
+            out.update(_flatten(v, full + "."))
+        else:
+            out[full] = v
+    return out
+
+
+def find_preset(name: str) -> Path:
+    for d in CONFIG_DIRS:
+        p = d / f"{name}.yaml"
+        if p.is_file():
+            return p
+    known = sorted({p.stem for d in CONFIG_DIRS if d.is_dir() for p in d.glob("*.yaml")})
+    hint = difflib.get_close_matches(name, known, n=1)
+    raise UserError(f"--config-name: no preset '{name}' (known: {', '.join(known) or 'none'})"
+                    + (f"; did you mean '{hint[0]}'?" if hint else ""))
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise UserError(f"config file {path}{where} is not valid YAML") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must hold a mapping of settings")
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item or item.startswith("="):
+        raise UserError(f"override '{item}' is not of the form key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip().lstrip("+")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        raise UserError(f"override '{item}': cannot parse the value '{raw}'") from None
+    return key, value
+
+
+def load_config(preset: str | None = None, config_file: str | None = None,
+                overrides: list[str] | None = None) -> RLGradConfig:
+    """Schema defaults < preset < overrides, validated; every error is a one-line UserError."""
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if preset:
+        path = find_preset(preset)
+        layers.append((str(path), _flatten(_read_yaml(path))))
+    if config_file:
+        layers.append((config_file, _flatten(_read_yaml(Path(config_file)))))
+    ov: dict[str, Any] = {}
+    for item in overrides or []:
+        k, v = parse_override(item)
+        ov[k] = v
+    layers.append(("override", ov))
+
+    cfg: DictConfig = OmegaConf.structured(RLGradConfig)
+    for origin, flat in layers:
+        for key, value in flat.items():
+            ours = check_key(key, origin)
+            try:
+                OmegaConf.update(cfg, ours, value, merge=False)
+            except OmegaConfBaseException as e:
+                reason = str(e).splitlines()[0]
+                raise UserError(f"{origin}: bad value {value!r} for '{key}': {reason}") from None
+    obj = OmegaConf.to_object(cfg)
+    validate(obj)
+    return obj
+
+
+def _walk(node: Any, prefix: str = ""):
+    for f in dataclasses.fields(node):
+        v = getattr(node, f.name)
+        if dataclasses.is_dataclass(v):
+            yield from _walk(v, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, v
+
+
+def validate(cfg: RLGradConfig) -> None:
+    for key, f, v in _walk(cfg):
+        choices = f.metadata.get("choices")
+        if choices and v not in choices:
+            hint = difflib.get_close_matches(str(v), choices, n=1)
+            raise UserError(f"'{key}' must be one of {', '.join(choices)}, got '{v}'"
+                            + (f"; did you mean '{hint[0]}'?" if hint else ""))
+    positive = ["data.train_batch_size", "rollout.n", "rollout.response_length", "actor.ppo_epochs",
+                "actor.ppo_micro_batch_size", "trainer.total_training_steps", "data.val_size"]
+    values = {k: v for k, _, v in _walk(cfg)}
+    for k in positive:
+        if values[k] is None or values[k] < 1:
+            raise UserError(f"'{k}' must be a positive integer, got {values[k]}")
+    mb = cfg.actor.ppo_mini_batch_size
+    if mb is not None and (mb < 1 or cfg.data.train_batch_size % mb):
+        raise UserError(f"'actor.ppo_mini_batch_size' ({mb}) must divide data.train_batch_size ({cfg.data.train_batch_size})")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise UserError(f"'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}")
+    for s in cfg.trainer.logger:
+        if s not in ("console", "jsonl", "tensorboard", "wandb"):
+            raise UserError(f"'trainer.logger' entry '{s}' is not one of console, jsonl, tensorboard, wandb")
+    if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
+        raise UserError("'trainer.resume_mode=resume_path' needs 'trainer.resume_from_path'")
+    if cfg.data.task == "math" and not cfg.data.train_files:
+        raise UserError("'data.task=math' needs 'data.train_files' (local .jsonl or .parquet)")
+
+
+def to_yaml(cfg: RLGradConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def from_yaml_file(path: str | os.PathLike) -> RLGradConfig:
+    """Reload a config.yaml written to a run directory (all keys present, no aliases)."""
+    base = OmegaConf.structured(RLGradConfig)
+    try:
+        merged = OmegaConf.merge(base, OmegaConf.load(path))
+    except (OSError, OmegaConfBaseException) as e:
+        raise UserError(f"cannot read config {path}: {str(e).splitlines()[0]}") from None
+    return OmegaConf.to_object(merged)

@@ -1,0 +1,57 @@
+"""The trainer's hook points: the one interface analysis code plugs into.
+
+Each training step runs ``rollout -> filter -> advantages -> (critic) -> before_update ->
+actor update -> validation -> metrics -> checkpoint``. A hook sees the prepared batch,
+the models, the optimizer and the step in a ``StepContext`` and answers with metrics
+(and, optionally, a request to stop the run before the actor update). ``on_grads`` sees
+the accumulated gradient of each mini-batch after backward, before clipping and the step.
+
+Hooks must be side-effect free unless they say otherwise: they must not change weights,
+optimizer state, gradients or RNG streams (``torch.random.fork_rng`` helps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlgrad.batch import Batch
+
+
+@dataclass
+class StepContext:
+    step: int
+    batch: Batch  # the filtered batch with advantages: exactly what the actor update will see
+    actor: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_settings: Any  # rlgrad.rl.actor.LossSettings: the loss the update optimises
+    config: Any  # rlgrad.config.RLGradConfig
+    run_dir: Path
+    ref: torch.nn.Module | None = None
+    critic: torch.nn.Module | None = None
+    tokenizer: Any = None
+    is_main: bool = True  # rank 0: the only process that writes files
+    extras: dict[str, Any] = field(default_factory=dict)  # e.g. the unfiltered batch
+
+
+@dataclass
+class HookResult:
+    metrics: dict[str, float] = field(default_factory=dict)
+    stop: bool = False  # stop the run before the actor update, checkpoint and validation
+    reason: str = ""
+
+
+class Hook:
+    """Base with no-op defaults: override only what you need."""
+
+    def before_update(self, ctx: StepContext) -> HookResult | None:
+        return None
+
+    def on_grads(self, ctx: StepContext, model: torch.nn.Module, minibatch: Batch) -> dict[str, float] | None:
+        return None
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,168 @@
+"""Models, strictly offline: a local Hugging Face causal LM, or the embedded default.
+
+The embedded default is a ~1M-parameter Qwen2 with a character-level tokenizer saved in
+Hugging Face format, warm-started by a short supervised phase on the task so that RL
+starts from partial competence. The warm start is cached by a hash of everything that
+determines it, and reused by later runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from rlgrad.config import ModelConfig
+from rlgrad.errors import UserError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub, whatever a config says
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+WARMSTART_VERSION = 1  # bump when the warm-start recipe changes, so stale caches are not reused
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
+
+
+def build_char_tokenizer():
+    """Printable ASCII + newline, one token per character; saved/loaded as a normal HF tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(i) for i in range(32, 127)] + ["\n"]
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + chars)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                   unk_token="<unk>", padding_side="left")
+
+
+def build_tiny_model(cfg: ModelConfig, tokenizer, seed: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    t = cfg.tiny
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+        num_hidden_layers=t.num_hidden_layers, num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads, max_position_embeddings=t.max_position_embeddings,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    return model
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_pretrained(path: str | os.PathLike, dtype: str = "float32"):
+    """Load a local HF causal LM and its tokenizer; a bad path is a UserError, never a hub lookup."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = Path(path)
+    if not p.is_dir():
+        raise UserError(f"model.path '{path}' is not a directory (rlgrad only loads local models)")
+    if not (p / "config.json").is_file():
+        raise UserError(f"model.path '{path}' has no config.json: not a Hugging Face model directory")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=_dtype(dtype))
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"model.path '{path}' could not be loaded: {str(e).splitlines()[0]}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model, tokenizer
+
+
+def cache_root(cfg: ModelConfig) -> Path:
+    root = cfg.cache_dir or os.environ.get("RLGRAD_CACHE") or Path.home() / ".cache" / "rlgrad"
+    return Path(root)
+
+
+def warmstart_key(cfg: ModelConfig, task_name: str, seed: int) -> str:
+    spec = {"v": WARMSTART_VERSION, "tiny": asdict(cfg.tiny), "task": task_name, "seed": seed,
+            "steps": cfg.warmstart_steps, "lr": cfg.warmstart_lr, "bs": cfg.warmstart_batch_size}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sft_batch(tokenizer, prompts: list[str], targets: list[str]) -> tuple[torch.Tensor, ...]:
+    """Left-padded prompt+target+EOS sequences; labels cover the target and EOS only."""
+    rows, labels = [], []
+    for p, t in zip(prompts, targets):
+        pi = tokenizer(p, add_special_tokens=False)["input_ids"]
+        ti = tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(pi + ti)
+        labels.append([-100] * len(pi) + ti)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    lab = torch.full((len(rows), width), -100, dtype=torch.long)
+    att = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, lb) in enumerate(zip(rows, labels)):
+        ids[i, width - len(r):] = torch.tensor(r)
+        lab[i, width - len(r):] = torch.tensor(lb)
+        att[i, width - len(r):] = 1
+    return ids, att, lab
+
+
+def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int) -> None:
+    """A short SFT phase on the task's reference responses (cosine-decayed AdamW)."""
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart_lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.warmstart_steps, 1))
+    model.train()
+    for _ in range(cfg.warmstart_steps):
+        ex = task.train_examples(cfg.warmstart_batch_size, rng)
+        ids, att, lab = sft_batch(tokenizer, [e.prompt for e in ex], [task.sft_target(e) for e in ex])
+        pos = (att.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=att, position_ids=pos).logits
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), lab[:, 1:].flatten(), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    model.eval()
+
+
+def embedded_default(cfg: ModelConfig, task, seed: int, log=print):
+    """Build (or reuse from the cache) the warm-started tiny default; returns its directory."""
+    key = warmstart_key(cfg, task.name, seed)
+    final = cache_root(cfg) / "warmstart" / f"{task.name}-{key}"
+    if (final / "config.json").is_file() and (final / "model.safetensors").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    log(f"building the embedded default model (warm start: {cfg.warmstart_steps} SFT steps on {task.name}); "
+        f"cached at {final}")
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(cfg, tokenizer, seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        supervised_warmstart(model, tokenizer, task, cfg, seed)
+    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.rename(tmp, final)  # atomic; another process may have won the race, which is fine
+        except OSError:
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def load_actor(cfg: ModelConfig, task, seed: int, log=print):
+    """The actor and tokenizer for a run: model.path if set, else the embedded default."""
+    path = cfg.path if cfg.path else embedded_default(cfg, task, seed, log=log)
+    return load_pretrained(path, cfg.dtype)

@@ -1,0 +1,151 @@
+"""The actor objective and its update: one place that defines the loss everyone uses.
+
+    L = L_task(pg) - entropy_coeff * H + kl_loss_coef * KL(pi || pi_ref)
+
+Each term is aggregated with ``loss_agg_mode`` against the denominators of the batch being
+optimised (``Denominators``), so micro-batch losses sum exactly to the mini-batch loss:
+gradient accumulation gives the same update as one big batch. The analysis instruments
+call ``actor_loss_terms`` too, so they measure exactly the loss the update uses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from rlgrad.batch import Batch
+from rlgrad.rl.core import agg_loss, kl_penalty, policy_loss
+from rlgrad.rl.rollout import forward_log_probs
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    policy_loss: str = "ppo"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    horizon: int = 8  # response-length budget, for seq-mean-token-sum-norm
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    entropy_coeff: float = 0.0
+    temperature: float = 1.0
+
+    @classmethod
+    def from_config(cls, cfg) -> LossSettings:
+        a = cfg.actor
+        return cls(policy_loss=a.policy_loss, clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
+                   clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode, horizon=cfg.rollout.response_length,
+                   use_kl_loss=a.use_kl_loss, kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
+                   entropy_coeff=a.entropy_coeff, temperature=cfg.rollout.temperature)
+
+
+@dataclass
+class Denominators:
+    """Response tokens and sequences of the whole batch an optimizer step (or a probe) covers."""
+
+    num_tokens: float
+    num_seqs: float
+
+    @classmethod
+    def of(cls, batch: Batch) -> Denominators:
+        return cls(float(batch.response_mask.sum()), float(len(batch)))
+
+
+@dataclass
+class LossTerms:
+    pg: torch.Tensor
+    entropy: torch.Tensor  # aggregated entropy (the bonus is -entropy_coeff * this; detached when 0)
+    kl: torch.Tensor | None
+    clipfrac: torch.Tensor
+    clipfrac_lower: torch.Tensor
+    ppo_kl: torch.Tensor
+
+    def total(self, s: LossSettings) -> torch.Tensor:
+        loss = self.pg
+        if s.entropy_coeff != 0:
+            loss = loss - s.entropy_coeff * self.entropy
+        if self.kl is not None:
+            loss = loss + s.kl_loss_coef * self.kl
+        return loss
+
+
+def actor_loss_terms(model, mb: Batch, s: LossSettings, den: Denominators) -> LossTerms:
+    """Forward ``mb`` and return each aggregated loss term (differentiable)."""
+    device = next(model.parameters()).device
+    mask = mb.response_mask.to(device)
+    logp, ent = forward_log_probs(model, mb.input_ids.to(device), mb.attention_mask.to(device),
+                                  temperature=s.temperature, with_entropy=True)
+    if s.entropy_coeff == 0:
+        ent = ent.detach()  # still logged as actor/entropy, but no graph kept for it
+    agg = dict(horizon=s.horizon, num_tokens=den.num_tokens, num_seqs=den.num_seqs)
+    pg = policy_loss(logp, mb.old_log_probs.to(device), mb.advantages.to(device), mask, kind=s.policy_loss,
+                     clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
+                     clip_ratio_c=s.clip_ratio_c, agg_mode=s.loss_agg_mode, **agg)
+    entropy = agg_loss(ent, mask, s.loss_agg_mode, **agg)
+    kl = None
+    if s.use_kl_loss:
+        kl = agg_loss(kl_penalty(logp, mb.ref_log_probs.to(device), s.kl_loss_type), mask, s.loss_agg_mode, **agg)
+    return LossTerms(pg.loss, entropy, kl, pg.clipfrac, pg.clipfrac_lower, pg.ppo_kl)
+
+
+def minibatches(n: int, mini_size: int, shuffle: bool, generator: torch.Generator | None) -> list[torch.Tensor]:
+    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    return [order[i:i + mini_size] for i in range(0, n, mini_size)]
+
+
+def update_actor(model, optimizer, batch: Batch, s: LossSettings, *, ppo_epochs: int, mini_batch_size: int,
+                 micro_batch_size: int, max_grad_norm: float, shuffle: bool, seed: int,
+                 scheduler=None, on_grads=None) -> dict[str, float]:
+    """PPO-style epochs over mini-batches, each one AdamW step over accumulated micro-batches.
+
+    ``on_grads(model, minibatch)`` (optional) sees the accumulated gradient before clipping
+    and the step. A non-finite gradient norm skips that optimizer step (logged, no crash).
+    """
+    model.train()
+    gen = torch.Generator().manual_seed(seed)
+    sums: dict[str, float] = {}
+    count = 0
+    skipped = 0
+    params = [p for p in model.parameters() if p.requires_grad]
+    for _ in range(ppo_epochs):
+        for idx in minibatches(len(batch), mini_batch_size, shuffle, gen):
+            mini = batch.select(idx)
+            den = Denominators.of(mini)
+            optimizer.zero_grad(set_to_none=True)
+            stats = {"actor/pg_loss": 0.0, "actor/pg_clipfrac": 0.0, "actor/pg_clipfrac_lower": 0.0,
+                     "actor/ppo_kl": 0.0}
+            for start in range(0, len(mini), micro_batch_size):
+                mb = mini.select(torch.arange(start, min(start + micro_batch_size, len(mini))))
+                terms = actor_loss_terms(model, mb, s, den)
+                terms.total(s).backward()
+                # pg is already normalised by the mini-batch denominators: summing gives the mini value.
+                w = float(mb.response_mask.sum()) / max(den.num_tokens, 1.0)
+                stats["actor/pg_loss"] += float(terms.pg)
+                stats["actor/pg_clipfrac"] += float(terms.clipfrac) * w
+                stats["actor/pg_clipfrac_lower"] += float(terms.clipfrac_lower) * w
+                stats["actor/ppo_kl"] += float(terms.ppo_kl) * w
+                stats["actor/entropy"] = stats.get("actor/entropy", 0.0) + float(terms.entropy)
+                if terms.kl is not None:
+                    stats["actor/kl_loss"] = stats.get("actor/kl_loss", 0.0) + float(terms.kl)
+            if on_grads is not None:
+                on_grads(model, mini)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+            stats["actor/grad_norm"] = grad_norm
+            if math.isfinite(grad_norm):
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+            else:
+                skipped += 1
+                optimizer.zero_grad(set_to_none=True)
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v
+            count += 1
+    out = {k: v / max(count, 1) for k, v in sums.items()}
+    out["actor/lr"] = optimizer.param_groups[0]["lr"]
+    out["actor/nonfinite_grad_steps"] = float(skipped)
+    return out

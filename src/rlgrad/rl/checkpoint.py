@@ -1,0 +1,76 @@
+"""Checkpoints: ``global_step_N/`` with the actor in Hugging Face format plus everything
+needed to resume exactly (optimizer, scheduler, RNG streams, loop state).
+
+A checkpoint is written into a temporary directory and renamed into place once complete
+(with a ``COMPLETE`` marker), so a crash mid-save never leaves a checkpoint that looks usable.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlgrad.errors import UserError
+from rlgrad.rundir import atomic_write_text, checkpoint_dirs
+
+STATE_FILE = "trainer_state.pt"
+
+
+def save_checkpoint(run_dir: Path, step: int, models: dict[str, Any], tokenizer, state: dict[str, Any],
+                    max_to_keep: int | None = None) -> Path:
+    """``models`` maps a role ("actor", later "critic") to a model with ``save_pretrained``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    final = run_dir / f"global_step_{step}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".global_step_{step}.tmp-", dir=run_dir))
+    try:
+        for role, model in models.items():
+            model.save_pretrained(tmp / role, safe_serialization=True)
+            tokenizer.save_pretrained(tmp / role)
+        torch.save(state, tmp / STATE_FILE)
+        (tmp / "COMPLETE").write_text(f"{step}\n")
+        if final.exists():  # re-saving a step after resuming from an older checkpoint
+            old = final.with_name(final.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    atomic_write_text(run_dir / "latest_checkpointed_iteration.txt", f"{step}\n")
+    if max_to_keep:
+        for _, old in checkpoint_dirs(run_dir)[:-max_to_keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def checkpoint_step(path: Path) -> int:
+    path = Path(path)
+    name = path.name
+    if not name.startswith("global_step_") or not name[len("global_step_"):].isdigit():
+        raise UserError(f"trainer.resume_from_path '{path}' is not a global_step_N directory")
+    if not (path / "COMPLETE").is_file() or not (path / STATE_FILE).is_file():
+        raise UserError(f"trainer.resume_from_path '{path}' is not a complete rlgrad checkpoint")
+    return int(name[len("global_step_"):])
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=False)
+
+
+def rng_state() -> dict[str, Any]:
+    out = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,292 @@
+"""Core RL math: masked reductions, loss aggregation, outcome advantages, KL, policy losses.
+
+Pure functions on tensors, no trainer or config imports. Names follow verl's ``core_algos.py``.
+Shapes follow :mod:`rlgrad.batch`: per-token tensors are ``[N, L]`` over prompt+response and
+``mask`` / ``response_mask`` marks the tokens whose log-prob enters the loss; per-sample tensors
+are ``[N]``; ``group_ids`` ``[N]`` are prompt-group ids (arbitrary ints, need not be contiguous).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+# ---------------------------------------------------------------------------------------------
+# Masked reductions
+# ---------------------------------------------------------------------------------------------
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Σ x·mask (over ``dim`` or everything). Entries outside the mask never leak, even inf/nan."""
+    mask = mask.to(x.dtype)
+    xm = torch.where(mask != 0, x * mask, torch.zeros((), dtype=x.dtype, device=x.device))
+    return xm.sum() if dim is None else xm.sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Σ x·mask / Σ mask; 0 where the mask sums to 0 (the numerator is then 0 as well)."""
+    count = mask.to(x.dtype).sum() if dim is None else mask.to(x.dtype).sum(dim)
+    return masked_sum(x, mask, dim) / count.clamp_min(1e-8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss aggregation
+# ---------------------------------------------------------------------------------------------
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def agg_loss(
+    loss_mat: Tensor,
+    mask: Tensor,
+    mode: str,
+    *,
+    horizon: int,
+    num_tokens: float | Tensor | None = None,
+    num_seqs: float | Tensor | None = None,
+) -> Tensor:
+    """Aggregate a per-token loss ``[N, L]`` into a scalar.
+
+    With ``ℓ`` the loss, ``m`` the mask, ``T`` = ``num_tokens``, ``S`` = ``num_seqs``, ``H`` = ``horizon``:
+
+    * ``token-mean``:              Σ_{i,t} ℓ·m / T
+    * ``seq-mean-token-sum``:      Σ_i (Σ_t ℓ·m) / S
+    * ``seq-mean-token-mean``:     Σ_i (Σ_t ℓ·m / max(Σ_t m, 1)) / S
+    * ``seq-mean-token-sum-norm``: Σ_{i,t} ℓ·m / (S·H)   (Dr. GRPO)
+
+    ``T`` and ``S`` are the GLOBAL denominators of the batch being optimised (defaults: ``mask.sum()``
+    and ``N``, every row counts). Passing the mini-batch totals while feeding micro-batches makes the
+    micro-batch losses -- and their gradients -- sum exactly to the full mini-batch loss, so gradient
+    accumulation (and data parallel) gives the same update as one big batch. Each formula above is a
+    sum over rows divided by a constant, which is what makes that true.
+
+    ``H`` is the response-length budget, a constant: our tensors include the prompt, so the tensor width
+    would make the normaliser depend on prompt padding. Older verl divides Σ_{i,t} ℓ·m by the tensor
+    width ``loss_mask.shape[-1]`` (and not by the number of sequences); newer verl takes a
+    ``loss_scale_factor`` and also divides by the global batch size, as here.
+    """
+    mask = mask.to(loss_mat.dtype)
+
+    def denom(d: float | Tensor | None, default: float | Tensor) -> Tensor:
+        d = default if d is None else d
+        # Clamp only guards an all-masked batch (numerator 0 -> loss 0 instead of nan).
+        return torch.as_tensor(d, dtype=loss_mat.dtype, device=loss_mat.device).clamp_min(1e-8)
+
+    seq_sum = masked_sum(loss_mat, mask, dim=-1)  # [N]
+    if mode == "token-mean":
+        return seq_sum.sum() / denom(num_tokens, mask.sum())
+    seqs = denom(num_seqs, float(loss_mat.shape[0]))
+    if mode == "seq-mean-token-sum":
+        return seq_sum.sum() / seqs
+    if mode == "seq-mean-token-mean":
+        return (seq_sum / mask.sum(-1).clamp_min(1.0)).sum() / seqs
+    if mode == "seq-mean-token-sum-norm":
+        return seq_sum.sum() / (seqs * horizon)
+    raise ValueError(f"unknown loss aggregation mode {mode!r}; expected one of {AGG_MODES}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Outcome advantages (one scalar score per sample, baselined within its prompt group)
+# ---------------------------------------------------------------------------------------------
+
+
+def _group_index(group_ids: Tensor) -> tuple[Tensor, Tensor, int]:
+    """Inverse index into the sorted unique ids, and each group's first sample (a shift reference)."""
+    uniq, inv = torch.unique(group_ids, sorted=True, return_inverse=True)
+    g = uniq.numel()
+    n = group_ids.numel()
+    pos = torch.arange(n, device=group_ids.device)
+    first = torch.full((g,), n, dtype=torch.long, device=group_ids.device)
+    first = first.scatter_reduce(0, inv, pos, reduce="amin")
+    return inv, first, g
+
+
+def group_stats(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sample (group mean, unbiased group std, group size), all ``[N]`` in ``scores.dtype``.
+
+    std = sqrt(Σ_j (s_j − mean)² / (n − 1)); a singleton group has std 0. The sums are taken on
+    scores shifted by each group's first score, so a constant group gets mean == its score and std
+    == 0 *exactly* (a plain Σs/n can be off by an ulp, which would leak a tiny non-zero advantage).
+    """
+    scores = scores.float() if not scores.is_floating_point() else scores
+    inv, first, g = _group_index(group_ids)
+    ref = scores[first][inv]  # [N], the group's first score
+    d = scores - ref
+    zeros = torch.zeros(g, dtype=scores.dtype, device=scores.device)
+    size = zeros.index_add(0, inv, torch.ones_like(scores))
+    mean = ref + (zeros.index_add(0, inv, d) / size)[inv]
+    sq = zeros.index_add(0, inv, (scores - mean) ** 2)
+    std = (sq / (size - 1).clamp_min(1.0)).sqrt()
+    std = torch.where(size > 1, std, zeros)
+    return mean, std[inv], size[inv]
+
+
+def group_reward_std(scores: Tensor, group_ids: Tensor) -> Tensor:
+    """``[N]``: each sample's group's unbiased score std (singleton -> 0); ``Batch.reward_std``."""
+    return group_stats(scores, group_ids)[1]
+
+
+def grpo_advantages(scores: Tensor, group_ids: Tensor, *, norm_by_std: bool, eps: float = 1e-6) -> Tensor:
+    """GRPO outcome advantage ``[N]``: A_i = (s_i − mean_g) [/ (std_g + eps)], unbiased std.
+
+    As in verl, a singleton group uses mean 0 and std 1 (so A = s, or s/(1+eps) when normalised):
+    with no siblings there is no baseline to subtract. ``norm_by_std=False`` is Dr. GRPO's variant.
+    """
+    mean, std, size = group_stats(scores, group_ids)
+    single = size <= 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    adv = scores - mean
+    return adv / (std + eps) if norm_by_std else adv
+
+
+def rloo_advantages(scores: Tensor, group_ids: Tensor) -> Tensor:
+    """RLOO outcome advantage ``[N]``: A_i = s_i − mean_{j≠i} s_j = n/(n−1)·(s_i − mean_g).
+
+    Singleton group: A = s (verl). Computed on shifted scores, so a constant group gives exactly 0.
+    """
+    scores = scores.float() if not scores.is_floating_point() else scores
+    inv, first, g = _group_index(group_ids)
+    d = scores - scores[first][inv]
+    zeros = torch.zeros(g, dtype=scores.dtype, device=scores.device)
+    n = zeros.index_add(0, inv, torch.ones_like(scores))[inv]
+    total = zeros.index_add(0, inv, d)[inv]
+    loo = d - (total - d) / (n - 1).clamp_min(1.0)
+    return torch.where(n > 1, loo, scores)
+
+
+def broadcast_to_tokens(per_sample: Tensor, response_mask: Tensor) -> Tensor:
+    """``[N]`` -> ``[N, L]``: every response token of sample i gets ``per_sample[i]``; 0 elsewhere."""
+    mask = response_mask.to(per_sample.dtype)
+    return torch.where(mask != 0, per_sample.unsqueeze(-1) * mask, torch.zeros_like(mask))
+
+
+# ---------------------------------------------------------------------------------------------
+# KL penalty (per token, http://joschu.net/blog/kl-approx.html)
+# ---------------------------------------------------------------------------------------------
+
+
+def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, kind: str) -> Tensor:
+    """Per-token KL estimate between the policy and the reference, from sampled-token log-probs.
+
+    * ``kl`` / ``k1``:  logp − ref
+    * ``abs``:          |logp − ref|
+    * ``mse`` / ``k2``: ½ (logp − ref)²
+    * ``low_var_kl`` / ``low-var-kl`` / ``k3``: with k = ref − logp, exp(k) − k − 1 clamped to [−10, 10].
+      k is first clamped to [−20, 20] (as newer verl does): the value is unchanged (the result
+      saturates at 10 long before) but exp never overflows, so the backward pass never sees inf·0.
+    """
+    delta = log_probs - ref_log_probs
+    if kind in ("kl", "k1"):
+        return delta
+    if kind == "abs":
+        return delta.abs()
+    if kind in ("mse", "k2"):
+        return 0.5 * delta.square()
+    if kind in ("low_var_kl", "low-var-kl", "k3"):
+        k = (-delta).clamp(-20.0, 20.0)
+        return (torch.exp(k) - k - 1).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown kl_penalty kind {kind!r}; expected kl/k1, abs, mse/k2, low_var_kl/k3")
+
+
+# ---------------------------------------------------------------------------------------------
+# Logits -> per-token quantities
+# ---------------------------------------------------------------------------------------------
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """``[..., V]`` -> ``[...]``: H = logsumexp(l) − Σ_v softmax(l)_v · l_v  (= −Σ p log p)."""
+    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
+def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
+    """log softmax(logits)[label] without materialising the ``[..., V]`` log-softmax.
+
+    log p_y = l_y − logsumexp(l). For half-precision logits the logsumexp is done in float32,
+    a chunk of rows at a time so only a bounded slice of V is upcast; the result is then float32.
+    """
+    if logits.dtype in (torch.float32, torch.float64):
+        picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        return picked - torch.logsumexp(logits, dim=-1)
+    vocab = logits.shape[-1]
+    flat, flat_labels = logits.reshape(-1, vocab), labels.reshape(-1)
+    rows = max(1, (1 << 25) // vocab)  # ~128 MiB of fp32 per chunk
+    out = [
+        logprobs_from_logits(flat[i : i + rows].float(), flat_labels[i : i + rows])
+        for i in range(0, flat.shape[0], rows)
+    ]
+    return torch.cat(out).reshape(labels.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy losses
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PolicyLossOutput:
+    loss: Tensor  # aggregated scalar
+    clipfrac: Tensor  # fraction of response tokens where the clip was active (detached)
+    clipfrac_lower: Tensor  # dual-clip lower fraction (detached; 0 for cispo)
+    ppo_kl: Tensor  # masked mean of (old_logp - logp) (detached)
+
+
+def policy_loss(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    kind: str,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float,
+    agg_mode: str,
+    horizon: int,
+    num_tokens: float | Tensor | None = None,
+    num_seqs: float | Tensor | None = None,
+) -> PolicyLossOutput:
+    """Per-token policy-gradient loss, aggregated with :func:`agg_loss`.
+
+    r = exp(clamp(logp − logp_old, −20, 20)) (the clamp keeps a stale token from overflowing).
+
+    ``ppo`` -- vanilla PPO-clip with dual clip (verl; Ye et al. 2019, arXiv:1912.09729):
+        pg1 = −A·r,  pg2 = −A·clip(r, 1−ε_low, 1+ε_high),  clipped = max(pg1, pg2)
+        loss_t = min(clipped, −A·c) if A < 0 else clipped
+      The dual clip bounds the loss of a negative-advantage token whose ratio has blown up.
+      clipfrac = mean[pg2 > pg1]; clipfrac_lower = mean[clipped > −A·c and A < 0].
+
+    ``cispo`` -- MiniMax-M1 (arXiv:2506.13585): clip the importance weight, not the update:
+        loss_t = −sg(min(r, 1+ε_high)) · A · logp
+      so every token keeps a gradient −min(r, 1+ε_high)·A·∇logp. clipfrac = mean[r > 1+ε_high].
+
+    ppo_kl = mean(logp_old − logp). Metrics are masked means over this (micro-)batch, detached.
+    """
+    mask = mask.to(log_probs.dtype)
+    log_ratio = (log_probs - old_log_probs).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    ppo_kl = masked_mean(-log_ratio, mask).detach()
+
+    if kind == "ppo":
+        if clip_ratio_c <= 1.0:
+            raise ValueError(f"dual-clip clip_ratio_c must be > 1, got {clip_ratio_c}")
+        pg1 = -advantages * ratio
+        pg2 = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+        clipped = torch.maximum(pg1, pg2)
+        pg3 = -advantages * clip_ratio_c
+        neg = advantages < 0
+        loss_mat = torch.where(neg, torch.minimum(clipped, pg3), clipped)
+        clipfrac = masked_mean((pg2 > pg1).to(mask.dtype), mask)
+        clipfrac_lower = masked_mean(((clipped > pg3) & neg).to(mask.dtype), mask)
+    elif kind == "cispo":
+        weight = ratio.detach().clamp(max=1.0 + clip_ratio_high)
+        loss_mat = -weight * advantages * log_probs
+        clipfrac = masked_mean((ratio > 1.0 + clip_ratio_high).to(mask.dtype), mask)
+        clipfrac_lower = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
+    else:
+        raise ValueError(f"unknown policy loss kind {kind!r}; expected 'ppo' or 'cispo'")
+
+    loss = agg_loss(loss_mat, mask, agg_mode, horizon=horizon, num_tokens=num_tokens, num_seqs=num_seqs)
+    return PolicyLossOutput(loss, clipfrac.detach(), clipfrac_lower.detach(), ppo_kl)

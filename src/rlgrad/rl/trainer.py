@@ -1,0 +1,321 @@
+"""The training loop, top to bottom.
+
+    for step in 1..total_training_steps:
+        rollout   sample rollout.n responses for data.train_batch_size prompts, score them
+        filter    keep prompt groups by reward variance (or another group metric)
+        prepare   old log-probs, reference log-probs, advantages (GRPO / RLOO)
+        hooks     analysis hook point: sees the prepared batch, may stop the run
+        update    PPO / CISPO epochs over mini-batches (AdamW, gradient clipping)
+        validate  greedy accuracy on the task's validation set (every test_freq, and last)
+        log       one metrics.jsonl row per step
+        save      global_step_N/ checkpoint (every save_freq, and last)
+
+Metrics are logged before the checkpoint of the same step, so a resumed run never lacks a
+row; rows past the resumed checkpoint are recomputed (and the stale ones moved aside).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from rlgrad.batch import Batch
+from rlgrad.config import RLGradConfig, to_yaml
+from rlgrad.errors import UserError
+from rlgrad.hooks import Hook, StepContext
+from rlgrad.logging.sinks import ConsoleSink, JsonlSink, MetricLogger, TensorBoardSink, WandbSink
+from rlgrad.models import load_actor, load_pretrained
+from rlgrad.rl import checkpoint as ckpt
+from rlgrad.rl.actor import LossSettings, update_actor
+from rlgrad.rl.core import (
+    broadcast_to_tokens,
+    group_reward_std,
+    grpo_advantages,
+    rloo_advantages,
+)
+from rlgrad.rl.filter import rollout_filter
+from rlgrad.rl.rollout import compute_log_probs, generate
+from rlgrad.rundir import atomic_write_text, checkpoint_dirs, holds_a_run, read_jsonl, truncate_jsonl_after
+from rlgrad.tasks import build_task
+
+
+class RunStopped(Exception):
+    """The run ended early for a reason the user must see (not bad input)."""
+
+
+@contextmanager
+def timer(metrics: dict, name: str):
+    t0 = time.perf_counter()
+    yield
+    metrics[f"timing_s/{name}"] = time.perf_counter() - t0
+
+
+def resolve_run_dir(cfg: RLGradConfig) -> Path:
+    t = cfg.trainer
+    return Path(t.default_local_dir or Path("runs") / t.project_name / t.experiment_name)
+
+
+def find_resume_point(cfg: RLGradConfig, run_dir: Path) -> Path | None:
+    """Which checkpoint to resume from, or None for a fresh run. Refuses to reuse another run's directory."""
+    t = cfg.trainer
+    if t.resume_mode == "resume_path":
+        src = Path(t.resume_from_path)
+        if not src.is_dir():
+            raise UserError(f"trainer.resume_from_path '{src}' does not exist")
+        ckpt.checkpoint_step(src)  # validates
+        if holds_a_run(run_dir) and src.resolve().parent != run_dir.resolve():
+            raise UserError(f"run directory '{run_dir}' already holds another run; choose a new "
+                            "trainer.experiment_name or trainer.default_local_dir")
+        return src
+    found = checkpoint_dirs(run_dir)
+    if t.resume_mode == "auto" and found:
+        return found[-1][1]
+    if holds_a_run(run_dir):
+        why = "has no complete checkpoint to resume from" if t.resume_mode == "auto" else "is in use (resume_mode=disable)"
+        raise UserError(f"run directory '{run_dir}' already holds a run and {why}; choose a new "
+                        "trainer.experiment_name or trainer.default_local_dir")
+    return None
+
+
+def summarize(prefix: str, x: torch.Tensor) -> dict[str, float]:
+    x = x.float()
+    if x.numel() == 0:
+        return {}
+    return {f"{prefix}/mean": float(x.mean()), f"{prefix}/max": float(x.max()), f"{prefix}/min": float(x.min())}
+
+
+class Trainer:
+    def __init__(self, cfg: RLGradConfig, hooks: list[Hook] | None = None, log=print):
+        self.cfg, self.hooks, self.log = cfg, list(hooks or []), log
+        t = cfg.trainer
+        if t.num_threads:
+            torch.set_num_threads(t.num_threads)
+        self.device = torch.device("cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available()) else "cpu")
+        self.run_dir = resolve_run_dir(cfg)
+        # Everything that can reject the input happens before anything is written.
+        self.task = build_task(cfg.data.task, seed=t.seed, val_size=cfg.data.val_size, weights=dict(cfg.reward.weights),
+                               train_files=list(cfg.data.train_files), val_files=list(cfg.data.val_files),
+                               length_max=cfg.reward.length_max, length_unit=cfg.reward.length_unit)
+        self.resume_from = find_resume_point(cfg, self.run_dir)
+        torch.manual_seed(t.seed)
+        if self.resume_from is not None:
+            self.actor, self.tokenizer = load_pretrained(self.resume_from / "actor", cfg.model.dtype)
+        else:
+            self.actor, self.tokenizer = load_actor(cfg.model, self.task, t.seed, log=log)
+        self.actor.to(self.device)
+        self.ref = None
+        if cfg.actor.use_kl_loss:  # the reference is the initial policy, also when resuming
+            self.ref, _ = load_actor(cfg.model, self.task, t.seed, log=log)
+            self.ref.to(self.device).eval().requires_grad_(False)
+        o = cfg.actor.optim
+        self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                                           weight_decay=o.weight_decay)
+        warm = o.lr_warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda k: min(1.0, (k + 1) / warm) if warm > 0 else 1.0)
+        self.loss_settings = LossSettings.from_config(cfg)
+        self.data_rng = random.Random(t.seed)
+        self.step = 0
+        self.empty_streak = 0
+        self.summary: dict[str, float] = {}
+        if self.resume_from is not None:
+            self._restore(self.resume_from)
+
+    # ------------------------------------------------------------------ state
+    def _restore(self, path: Path) -> None:
+        state = ckpt.load_state(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        ckpt.set_rng_state(state["rng"])
+        self.data_rng.setstate(state["data_rng"])
+        self.step = state["step"]
+        self.empty_streak = state["empty_streak"]
+        self.summary = dict(state.get("summary", {}))
+
+    def _state(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "rng": ckpt.rng_state(), "data_rng": self.data_rng.getstate(), "step": self.step,
+                "empty_streak": self.empty_streak, "summary": self.summary}
+
+    def _open_run_dir(self) -> MetricLogger:
+        t, rd = self.cfg.trainer, self.run_dir
+        rd.mkdir(parents=True, exist_ok=True)
+        if not (rd / "config.yaml").exists():
+            atomic_write_text(rd / "config.yaml", to_yaml(self.cfg))
+        elif self.resume_from is not None:
+            atomic_write_text(rd / f"config.resume_step_{self.step}.yaml", to_yaml(self.cfg))
+        moved = truncate_jsonl_after(rd / "metrics.jsonl", self.step)
+        if moved:
+            self.log(f"resuming at step {self.step}: {moved} metric rows past the checkpoint moved to metrics.discarded.jsonl")
+        sinks: list = [JsonlSink(rd / "metrics.jsonl")]
+        if "console" in t.logger:
+            sinks.append(ConsoleSink(t.total_training_steps, initial=self.step))
+        if "tensorboard" in t.logger:
+            sinks.append(TensorBoardSink(rd / "tensorboard"))
+        if "wandb" in t.logger:
+            sinks.append(WandbSink(t.project_name, t.experiment_name, rd, asdict(self.cfg)))
+        return MetricLogger(sinks)
+
+    # ------------------------------------------------------------------ pieces
+    def rollout(self, examples, n: int, do_sample: bool) -> tuple[Batch, dict]:
+        cfg, r = self.cfg, self.cfg.rollout
+        gen = generate(self.actor, self.tokenizer, [e.prompt for e in examples], n=n,
+                       max_new_tokens=r.response_length, do_sample=do_sample, temperature=r.temperature,
+                       top_p=r.top_p, top_k=r.top_k, max_prompt_length=cfg.data.max_prompt_length)
+        scores = [self.task.score(text, examples[i // n], num_tokens=int(gen.response_lengths[i]))
+                  for i, text in enumerate(gen.responses)]
+        group_ids = torch.arange(len(examples)).repeat_interleave(n)
+        total = torch.tensor([s.total for s in scores], dtype=torch.float32)
+        comps = {k: torch.tensor([s.components[k] for s in scores], dtype=torch.float32) for k in scores[0].components}
+        batch = Batch(gen.input_ids, gen.attention_mask, gen.response_mask, group_ids, total,
+                      group_reward_std(total, group_ids), comps)
+        info = {"correct": torch.tensor([s.correct for s in scores], dtype=torch.float32),
+                "lengths": gen.response_lengths.float(), "truncated": gen.truncated.float(),
+                "responses": gen.responses}
+        return batch, info
+
+    def validate(self) -> dict[str, float]:
+        examples = self.task.val_examples()
+        with torch.random.fork_rng(devices=[]):  # validation never shifts the training RNG stream
+            correct, total = [], []
+            for s in range(0, len(examples), 256):
+                batch, info = self.rollout(examples[s:s + 256], n=1, do_sample=self.cfg.rollout.val_do_sample)
+                correct.append(info["correct"])
+                total.append(batch.scores)
+        return {"val/accuracy": float(torch.cat(correct).mean()), "val/score/mean": float(torch.cat(total).mean())}
+
+    def advantages(self, batch: Batch) -> torch.Tensor:
+        a = self.cfg.algorithm
+        if a.adv_estimator == "grpo":
+            adv = grpo_advantages(batch.scores, batch.group_ids, norm_by_std=a.norm_adv_by_std_in_grpo)
+        else:
+            adv = rloo_advantages(batch.scores, batch.group_ids)
+        return broadcast_to_tokens(adv, batch.response_mask)
+
+    def prepare(self, batch: Batch, metrics: dict) -> Batch:
+        r = self.cfg.rollout
+        with timer(metrics, "old_log_prob"):
+            batch.old_log_probs, _ = compute_log_probs(self.actor, batch.input_ids, batch.attention_mask,
+                                                       batch.response_mask, temperature=r.temperature,
+                                                       micro_batch_size=r.log_prob_micro_batch_size)
+        if self.ref is not None:
+            with timer(metrics, "ref"):
+                batch.ref_log_probs, _ = compute_log_probs(self.ref, batch.input_ids, batch.attention_mask,
+                                                           batch.response_mask, temperature=r.temperature,
+                                                           micro_batch_size=r.log_prob_micro_batch_size)
+        with timer(metrics, "adv"):
+            batch.advantages = self.advantages(batch)
+        return batch
+
+    def filter(self, batch: Batch, info: dict) -> tuple[torch.Tensor, dict]:
+        r = self.cfg.rollout
+        entropies = None
+        if r.rollout_filter_metric in ("entropy", "entropy_variance"):
+            _, ent = compute_log_probs(self.actor, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                       temperature=r.temperature, micro_batch_size=r.log_prob_micro_batch_size,
+                                       with_entropy=True)
+            entropies = ent.sum(-1) / batch.response_mask.sum(-1).clamp(min=1)
+        res = rollout_filter(batch.group_ids, batch.scores, strategy=r.rollout_filter_strategy,
+                             value=r.rollout_filter_value, filter_type=r.rollout_filter_type,
+                             metric=r.rollout_filter_metric, top_p_prob_mode=r.rollout_filter_top_p_prob_mode,
+                             include_zero=r.rollout_filter_include_zero, entropies=entropies, lengths=info["lengths"])
+        return res.keep, res.metrics
+
+    # ------------------------------------------------------------------ the loop
+    def train_step(self, step: int, logger: MetricLogger) -> tuple[dict[str, float], bool]:
+        cfg, m = self.cfg, {}
+        t0 = time.perf_counter()
+        examples = self.task.train_examples(cfg.data.train_batch_size, self.data_rng)
+        with timer(m, "gen"):
+            full, info = self.rollout(examples, n=cfg.rollout.n, do_sample=True)
+        m["rollout/accuracy"] = float(info["correct"].mean())
+        m.update(summarize("response_length", info["lengths"]))
+        m["response_length/clip_ratio"] = float(info["truncated"].mean())
+        keep, fm = self.filter(full, info)
+        m.update(fm)
+        if not bool(keep.any()):
+            self.empty_streak += 1
+            m["rollout/filter_empty"] = 1.0
+            m["timing_s/step"] = time.perf_counter() - t0
+            if self.empty_streak >= cfg.rollout.rollout_filter_empty_stop_steps:
+                logger.log(step, m)
+                raise RunStopped(f"the rollout filter kept nothing for {self.empty_streak} consecutive steps "
+                                 f"(rollout.rollout_filter_empty_stop_steps={cfg.rollout.rollout_filter_empty_stop_steps}); "
+                                 "loosen rollout.rollout_filter_value or rollout.rollout_filter_include_zero")
+            self.log(f"step {step}: the rollout filter kept no group; step skipped")
+            return m, False
+        self.empty_streak = 0
+        batch = self.prepare(full.select(torch.nonzero(keep).squeeze(-1)), m)
+        m.update(summarize("critic/score", batch.scores))
+        for name, v in batch.components.items():
+            m[f"reward/{name}/mean"] = float(v.mean())
+        m.update(summarize("critic/advantages", batch.advantages[batch.response_mask.bool()]))
+
+        ctx = StepContext(step=step, batch=batch, actor=self.actor, optimizer=self.optimizer,
+                          loss_settings=self.loss_settings, config=cfg, run_dir=self.run_dir, ref=self.ref,
+                          tokenizer=self.tokenizer, extras={"unfiltered_batch": full, "examples": examples})
+        for hook in self.hooks:
+            res = hook.before_update(ctx)
+            if res is not None:
+                m.update(res.metrics)
+                if res.stop:
+                    m["timing_s/step"] = time.perf_counter() - t0
+                    self.log(f"step {step}: stopping before the actor update ({res.reason or 'requested by a hook'})")
+                    return m, True
+
+        def on_grads(model, mini):
+            for hook in self.hooks:
+                extra = hook.on_grads(ctx, model, mini)
+                if extra:
+                    m.update(extra)
+
+        a = cfg.actor
+        mini_prompts = a.ppo_mini_batch_size or cfg.data.train_batch_size
+        with timer(m, "update_actor"):
+            m.update(update_actor(self.actor, self.optimizer, batch, self.loss_settings, ppo_epochs=a.ppo_epochs,
+                                  mini_batch_size=mini_prompts * cfg.rollout.n, micro_batch_size=a.ppo_micro_batch_size,
+                                  max_grad_norm=a.max_grad_norm, shuffle=a.shuffle, seed=cfg.trainer.seed * 100_003 + step,
+                                  scheduler=self.scheduler, on_grads=on_grads if self.hooks else None))
+        m["timing_s/step"] = time.perf_counter() - t0
+        return m, False
+
+    def fit(self) -> dict[str, float]:
+        t = self.cfg.trainer
+        total = t.total_training_steps
+        if self.step >= total:
+            self.log(f"the run in {self.run_dir} already finished step {self.step}; raise trainer.total_training_steps to continue")
+            return self.summary
+        logger = self._open_run_dir()
+        try:
+            has_row = any(r.get("step") == self.step for r in read_jsonl(self.run_dir / "metrics.jsonl"))
+            if t.val_before_train and not has_row:
+                val = self.validate()
+                self.summary.setdefault("val/accuracy_before", val["val/accuracy"])
+                logger.log(self.step, val)
+            for step in range(self.step + 1, total + 1):
+                metrics, stop = self.train_step(step, logger)
+                if stop:
+                    logger.log(step, metrics)
+                    self.summary["stopped_at_step"] = step
+                    break
+                last = step == total
+                if last or (t.test_freq > 0 and step % t.test_freq == 0):
+                    metrics.update(self.validate())
+                    self.summary.setdefault("val/accuracy_before", math.nan)
+                    self.summary["val/accuracy_after"] = metrics["val/accuracy"]
+                self.step = step
+                logger.log(step, metrics)
+                if last or (t.save_freq > 0 and step % t.save_freq == 0):
+                    models = {"actor": self.actor}
+                    ckpt.save_checkpoint(self.run_dir, step, models, self.tokenizer, self._state(), t.max_ckpt_to_keep)
+        finally:
+            logger.close()
+            for hook in self.hooks:
+                hook.close()
+        return self.summary

@@ -1,0 +1,96 @@
+"""The run directory: atomic writes, the metric log, and the rules that keep runs apart.
+
+Layout (verl's names)::
+
+    RUN/config.yaml                      resolved config of the first start
+    RUN/metrics.jsonl                    {"step": N, "data": {...}} per step (step 0: validation before training)
+    RUN/global_step_N/actor/             Hugging Face model + tokenizer (safetensors)
+    RUN/global_step_N/trainer_state.pt   optimizer, scheduler, RNG and loop state
+    RUN/latest_checkpointed_iteration.txt
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write to a temp file in the same directory, fsync, then rename over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Rows of a JSONL file; a torn last line (a crash mid-append) is ignored."""
+    rows = []
+    p = Path(path)
+    if not p.exists():
+        return rows
+    for line in p.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def truncate_jsonl_after(path: str | os.PathLike, step: int) -> int:
+    """Keep rows with ``step <= step``; rows past a resumed checkpoint move to a side file.
+
+    The steps after the checkpoint are recomputed (identically) by the resumed run, so
+    keeping them would duplicate rows; they are preserved in ``<name>.discarded.jsonl``.
+    Returns the number of rows moved.
+    """
+    p = Path(path)
+    if not p.exists():
+        return 0
+    rows = read_jsonl(p)
+    keep = [r for r in rows if r.get("step", 0) <= step]
+    drop = [r for r in rows if r.get("step", 0) > step]
+    torn = len(p.read_text().splitlines()) != len(rows)
+    if not drop and not torn:
+        return 0
+    if drop:
+        side = p.with_suffix(".discarded.jsonl")
+        with open(side, "a") as f:
+            for r in drop:
+                f.write(json.dumps(r) + "\n")
+    atomic_write_text(p, "".join(json.dumps(r) + "\n" for r in keep))
+    return len(drop)
+
+
+def checkpoint_dirs(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Complete checkpoints (``global_step_N`` with a COMPLETE marker), oldest first."""
+    out = []
+    for p in Path(run_dir).glob("global_step_*"):
+        suffix = p.name[len("global_step_"):]
+        if suffix.isdigit() and (p / "COMPLETE").is_file():
+            out.append((int(suffix), p))
+    return sorted(out)
+
+
+def holds_a_run(run_dir: str | os.PathLike) -> bool:
+    p = Path(run_dir)
+    return any((p / name).exists() for name in ("config.yaml", "metrics.jsonl")) or bool(checkpoint_dirs(p))

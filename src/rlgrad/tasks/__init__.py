@@ -1,0 +1,131 @@
+"""Tasks: where prompts come from and how responses are rewarded.
+
+A task hands out training prompts, a fixed validation set, and scores a decoded
+response into named reward components in [0, 1]; the scalar reward is their
+weighted sum. ``build_task`` is the only constructor the rest of rlgrad uses.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rlgrad.errors import UserError
+
+# Validation sets come from their own stream so that changing how training
+# prompts are drawn never changes what we evaluate on.
+VAL_SEED_OFFSET = 10_000
+LENGTH_UNITS = ("chars", "tokens")
+
+
+@dataclass
+class Example:
+    prompt: str
+    answer: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Score:
+    total: float
+    components: dict[str, float]
+    correct: bool
+    actual_length: int
+
+
+class Task(Protocol):
+    name: str
+    weights: dict[str, float]
+
+    def train_examples(self, n: int, rng: random.Random) -> list[Example]: ...
+    def val_examples(self) -> list[Example]: ...
+    def score(self, response: str, example: Example, num_tokens: int | None = None) -> Score: ...
+    def sft_target(self, example: Example) -> str: ...
+
+
+def resolve_weights(task: str, defaults: dict[str, float], user: dict[str, float] | None) -> dict[str, float]:
+    """Defaults overridden key by key; a key the task does not produce is a typo worth failing on."""
+    weights = dict(defaults)
+    for key, value in (user or {}).items():
+        if key not in defaults:
+            raise UserError(f"task '{task}' has no reward component '{key}' (components: {', '.join(defaults)})")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UserError(f"reward weight '{key}' for task '{task}' must be a number, got {value!r}")
+        weights[key] = float(value)
+    return weights
+
+
+def response_length(response: str, num_tokens: int | None, unit: str) -> int:
+    if unit == "chars":
+        return len(response)
+    if num_tokens is None:
+        raise ValueError("length_unit='tokens' needs num_tokens to be passed to score()")
+    return int(num_tokens)
+
+
+def make_score(components: dict[str, float], weights: dict[str, float], actual_length: int) -> Score:
+    total = sum(weights[k] * v for k, v in components.items())
+    return Score(total=total, components=components, correct=components["correctness"] == 1.0,
+                 actual_length=actual_length)
+
+
+def make_val_set(draw: Callable[[random.Random], Example], seed: int, size: int, task: str) -> list[Example]:
+    """``size`` distinct prompts from the validation stream of ``seed``."""
+    rng = random.Random(seed + VAL_SEED_OFFSET)
+    out: list[Example] = []
+    seen: set[str] = set()
+    for _ in range(50 * size + 100):
+        if len(out) == size:
+            return out
+        ex = draw(rng)
+        if ex.prompt not in seen:
+            seen.add(ex.prompt)
+            out.append(ex)
+    if len(out) == size:
+        return out
+    raise UserError(f"task '{task}': cannot draw {size} distinct validation prompts; lower val_size")
+
+
+def sample_excluding(draw: Callable[[random.Random], Example], rng: random.Random, n: int,
+                     exclude: set[str], task: str) -> list[Example]:
+    """``n`` draws whose prompts are not in ``exclude`` (the validation prompts)."""
+    out: list[Example] = []
+    for _ in range(n):
+        for _ in range(1000):
+            ex = draw(rng)
+            if ex.prompt not in exclude:
+                out.append(ex)
+                break
+        else:
+            raise UserError(f"task '{task}': validation set covers almost every prompt; lower val_size")
+    return out
+
+
+TASK_NAMES = ("arithmetic", "countdown", "math")
+
+
+def build_task(name: str, *, seed: int = 0, val_size: int = 128, weights: dict[str, float] | None = None,
+               train_files: list[str] | None = None, val_files: list[str] | None = None,
+               length_max: int = 800, length_unit: str = "chars") -> Task:
+    if length_unit not in LENGTH_UNITS:
+        raise UserError(f"length_unit must be one of {', '.join(LENGTH_UNITS)}, got '{length_unit}'")
+    if not length_max or length_max <= 0:
+        raise UserError(f"length_max must be a positive integer, got {length_max!r}")
+    if val_size < 0:
+        raise UserError(f"val_size must be >= 0, got {val_size}")
+    if name in ("arithmetic", "countdown") and (train_files or val_files):
+        raise UserError(f"task '{name}' generates its own data; train_files/val_files are only for task 'math'")
+    # Imported here so the task modules can import Example/Score from this package.
+    if name == "arithmetic":
+        from rlgrad.tasks.arithmetic import ArithmeticTask
+        return ArithmeticTask(seed=seed, val_size=val_size, weights=weights, length_unit=length_unit)
+    if name == "countdown":
+        from rlgrad.tasks.countdown import CountdownTask
+        return CountdownTask(seed=seed, val_size=val_size, weights=weights, length_unit=length_unit)
+    if name == "math":
+        from rlgrad.tasks.math import MathTask
+        return MathTask(train_files=train_files or [], val_files=val_files or [], val_size=val_size,
+                        weights=weights, length_max=length_max, length_unit=length_unit)
+    raise UserError(f"unknown task '{name}' (known tasks: {', '.join(TASK_NAMES)})")

@@ -1,0 +1,292 @@
+"""Math word problems (GSM8K / MATH style) from local jsonl or parquet files.
+
+Row layouts, detected per row:
+
+* verl: ``prompt`` is a list of chat messages (the last user message is the
+  question), ground truth in ``reward_model.ground_truth``;
+* GSM8K: ``question`` + ``answer`` ending in ``#### 42``;
+* MATH: ``problem`` + ``solution`` with a ``\\boxed{}`` answer, or an explicit ``answer`` (which wins);
+* plain: ``prompt`` (string) + ``answer``.
+
+Without ``val_files`` the last ``min(val_size, len(train) // 5)`` training rows
+are held out as the validation set; with ``val_files`` their first ``val_size``
+rows are the validation set and all training rows are used for training.
+
+Reward components: ``correctness`` (last boxed answer equals the ground truth
+after LaTeX normalisation of both), ``format`` (step-by-step keywords and a box)
+and ``length`` (peaks at ``length_max``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+from rlgrad.errors import UserError
+from rlgrad.tasks import Example, Score, make_score, resolve_weights, response_length
+
+DEFAULT_WEIGHTS = {"correctness": 0.34, "format": 0.33, "length": 0.33}
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+
+# ---- answer extraction -----------------------------------------------------------------------
+
+def _match_brace(s: str, i: int) -> int | None:
+    """Index of the ``}`` closing the ``{`` at ``s[i]``; escaped braces ``\\{ \\}`` do not count."""
+    depth, j = 0, i
+    while j < len(s):
+        c = s[j]
+        if c == "\\":
+            j += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+        j += 1
+    return None
+
+
+def last_boxed_only_string(s: str) -> str | None:
+    """The last ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed 5`` in ``s``, command included; None if absent
+    or unclosed."""
+    idx = max(s.rfind(cmd) for cmd in _BOX_COMMANDS)
+    if idx < 0:
+        return None
+    cmd = next(c for c in _BOX_COMMANDS if s.startswith(c, idx))
+    i = idx + len(cmd)
+    if i < len(s) and s[i].isalpha():  # a different command, e.g. \fboxsep
+        return None
+    while i < len(s) and s[i].isspace():
+        i += 1
+    if i < len(s) and s[i] == "{":
+        end = _match_brace(s, i)
+        return None if end is None else s[idx:end + 1]
+    # Brace-less form: the next whitespace-delimited token, cut at a closing '$'.
+    m = re.match(r"[^\s$]+", s[i:])
+    if m is None:
+        return None
+    token = m.group().rstrip(",;:")
+    return s[idx:i] + token if token else None
+
+
+def remove_boxed(s: str) -> str | None:
+    """Content of a string that is exactly one box (as returned by ``last_boxed_only_string``)."""
+    for cmd in _BOX_COMMANDS:
+        if not s.startswith(cmd):
+            continue
+        rest = s[len(cmd):]
+        if rest.startswith("{"):
+            return rest[1:-1] if _match_brace(rest, 0) == len(rest) - 1 else None
+        if rest and not rest[0].isalpha():  # brace-less form: \boxed 5, \boxed5, \boxed\pi
+            return rest.strip() or None
+        return None
+    return None
+
+
+def extract_boxed_answer(s: str) -> str | None:
+    boxed = last_boxed_only_string(s)
+    return None if boxed is None else remove_boxed(boxed)
+
+
+# ---- normalisation ---------------------------------------------------------------------------
+
+def _take_arg(s: str, i: int) -> tuple[str | None, int]:
+    """One TeX macro argument starting at ``s[i]``: a braced group, a control word or one character."""
+    if i >= len(s):
+        return None, i
+    if s[i] == "{":
+        end = _match_brace(s, i)
+        return (None, i) if end is None else (s[i + 1:end], end + 1)
+    m = re.match(r"\\[a-zA-Z]+", s[i:])
+    if m:
+        return m.group(), i + len(m.group())
+    return s[i], i + 1
+
+
+def _fix_fracs(s: str) -> str:
+    """``\\frac12``, ``\\frac1b``, ``\\frac{1}2`` -> ``\\frac{1}{2}`` (recursively inside arguments)."""
+    out, i = [], 0
+    while (j := s.find("\\frac", i)) >= 0:
+        out.append(s[i:j + 5])
+        i = j + 5
+        for _ in range(2):
+            arg, i = _take_arg(s, i)
+            if arg is None:  # malformed: leave the rest as written
+                break
+            out.append("{" + _fix_fracs(arg) + "}")
+    out.append(s[i:])
+    return "".join(out)
+
+
+def normalize_answer(s: str) -> str:
+    """Canonical string form of a LaTeX answer, in the spirit of the MATH benchmark's ``strip_string``."""
+    s = str(s).strip().replace("\n", "")
+    s = s.removesuffix(".")
+    for thin_space in ("\\!", "\\,", "\\;", "\\:"):
+        s = s.replace(thin_space, "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = re.sub(r"\\(?:left|right)(?![a-zA-Z])", "", s)
+    s = s.replace("^{\\circ}", "").replace("^\\circ", "").replace("°", "")
+    s = s.replace("\\$", "").replace("$", "")
+    # Units: a trailing \text{...} / \mbox{...} after some content (a lone \text{Monday} is the answer).
+    while (m := re.fullmatch(r"(.*?\S)\s*\\(?:text|mbox)\{[^{}]*\}\s*", s, flags=re.S)):
+        s = m.group(1)
+    if m := re.fullmatch(r"\\(?:text|mbox)\{([^{}]*)\}", s.strip()):
+        s = m.group(1)
+    s = s.replace("\\%", "").replace("%", "")
+    s = re.sub(r"\s+", "", s)
+    s = re.sub(r"\\sqrt([^{\[\\])", r"\\sqrt{\1}", s)
+    s = _fix_fracs(s)
+    s = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", s)  # 1,000,000 -> 1000000; (1,2) untouched
+    s = re.sub(r"(?<!\d)\.(?=\d)", "0.", s)  # .5 -> 0.5
+    if s.count("=") == 1 and len(s.split("=")[0]) <= 2:  # x=5 -> 5
+        s = s.split("=")[1]
+    if m := re.fullmatch(r"(-?)(\d+)/(\d+)", s):
+        s = f"{m.group(1)}\\frac{{{m.group(2)}}}{{{m.group(3)}}}"
+    return s.removesuffix(".")
+
+
+# ---- reward components -----------------------------------------------------------------------
+
+def correctness_score(response: str, ground_truth: str) -> float:
+    """1.0 iff the last boxed answer of ``response`` normalises to the normalised ground truth."""
+    pred = extract_boxed_answer(response)
+    if pred is None:
+        return 0.0
+    pred = normalize_answer(pred)
+    return float(pred != "" and pred == normalize_answer(ground_truth))
+
+
+def format_score(response: str) -> float:
+    text = response.lower()
+    squeezed = re.sub(r"\s+", "", text)
+    score = 0.25 * sum(word in text for word in ("first", "second", "third"))
+    score += 0.25 * sum(step in squeezed for step in ("step1", "step2"))
+    score += 0.4 * ("\\boxed" in text)
+    return min(1.0, score)
+
+
+def length_score(response: str, length_max: int, length_unit: str = "chars", num_tokens: int | None = None) -> float:
+    """Triangle peaking at ``length_max``: 0 for an empty response and for twice ``length_max`` or more."""
+    n = response_length(response, num_tokens, length_unit)
+    return max(0.0, 1.0 - abs(n / length_max - 1.0))
+
+
+# ---- data loading ----------------------------------------------------------------------------
+
+def _read_rows(path: str) -> list[tuple[str, Any]]:
+    """(location for error messages, row) pairs of one data file."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"data file not found: {path}")
+    if p.suffix == ".jsonl":
+        rows = []
+        try:
+            lines = p.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path}: not UTF-8 text ({e.reason})") from None
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((f"{path}:{lineno}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
+        return rows
+    if p.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise UserError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+        try:
+            table = pq.read_table(p)
+        except (OSError, ValueError) as e:
+            raise UserError(f"{path}: cannot read parquet ({e})") from None
+        return [(f"{path}: row {i}", row) for i, row in enumerate(table.to_pylist())]
+    raise UserError(f"{path}: unsupported data file extension '{p.suffix}' (use .jsonl or .parquet)")
+
+
+def _row_to_example(row: Any, where: str) -> Example:
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: expected an object per row, got {type(row).__name__}")
+    prompt, layout = row.get("prompt"), None
+    if isinstance(prompt, list):
+        users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        rm = row.get("reward_model")
+        truth = rm.get("ground_truth") if isinstance(rm, dict) else None
+        if not users or not isinstance(users[-1], str) or truth is None:
+            raise UserError(f"{where}: verl-style row needs a user message in 'prompt' and "
+                            "'reward_model.ground_truth'")
+        question, layout = users[-1], "verl"
+    elif "question" in row and "answer" in row:
+        question, layout, truth = row["question"], "gsm8k", str(row["answer"])
+        if "####" in truth:
+            truth = truth.split("####")[-1].replace(",", "")
+    elif "problem" in row and (row.get("answer") is not None or "solution" in row):
+        question, layout, truth = row["problem"], "math", row.get("answer")
+        if truth is None:
+            truth = extract_boxed_answer(str(row["solution"]))
+            if truth is None:
+                raise UserError(f"{where}: no \\boxed{{...}} answer in 'solution' and no 'answer' field")
+    elif isinstance(prompt, str) and "answer" in row:
+        question, layout, truth = prompt, "plain", row["answer"]
+    else:
+        raise UserError(f"{where}: row matches no supported layout (verl prompt messages + "
+                        "reward_model.ground_truth, question+answer, problem+solution/answer, prompt+answer); "
+                        f"keys: {', '.join(sorted(map(str, row)))}")
+    truth = str(truth).strip()
+    if not truth:
+        raise UserError(f"{where}: empty ground-truth answer")
+    return Example(prompt=str(question), answer=truth, meta={"source": where, "layout": layout})
+
+
+def load_examples(paths: list[str] | str) -> list[Example]:
+    """All rows of ``paths``, concatenated in order."""
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    return [_row_to_example(row, where) for path in paths for where, row in _read_rows(str(path))]
+
+
+class MathTask:
+    name = "math"
+
+    def __init__(self, train_files: list[str], val_files: list[str] | None = None, val_size: int = 128,
+                 weights: dict[str, float] | None = None, length_max: int = 800, length_unit: str = "chars"):
+        train_files = [train_files] if isinstance(train_files, str | Path) else list(train_files)
+        if not train_files:
+            raise UserError("task 'math' needs train_files (jsonl or parquet)")
+        self.weights = resolve_weights(self.name, DEFAULT_WEIGHTS, weights)
+        self.length_max, self.length_unit = length_max, length_unit
+        train = load_examples(train_files)
+        if isinstance(val_files, str | Path):
+            val_files = [val_files]
+        if val_files:
+            self._train, self._val = train, load_examples(val_files)[:val_size]
+        else:
+            k = min(val_size, len(train) // 5)
+            self._train, self._val = train[:len(train) - k], train[len(train) - k:]
+        if not self._train:
+            raise UserError(f"task 'math': no training rows in {', '.join(map(str, train_files))}")
+
+    def train_examples(self, n: int, rng: random.Random) -> list[Example]:
+        return [self._train[rng.randrange(len(self._train))] for _ in range(n)]
+
+    def val_examples(self) -> list[Example]:
+        return list(self._val)
+
+    def score(self, response: str, example: Example, num_tokens: int | None = None) -> Score:
+        components = {
+            "correctness": correctness_score(response, example.answer),
+            "format": format_score(response),
+            "length": length_score(response, self.length_max, self.length_unit, num_tokens),
+        }
+        return make_score(components, self.weights, response_length(response, num_tokens, self.length_unit))
+
+    def sft_target(self, example: Example) -> str:
+        return f"First, work through the problem step by step. The answer is \\boxed{{{example.answer}}}."
