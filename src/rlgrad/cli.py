@@ -39,9 +39,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse would print the usage too)
+        self.exit(2, f"rlgrad: error: {message} (see rlgrad {self.prog.split()[-1]} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlgrad", description="Gradient-level analysis of RL fine-tuning of LMs.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="rlgrad", description="Gradient-level analysis of RL fine-tuning of LMs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("train", help="train a policy (GRPO / RLOO advantages, PPO / CISPO loss)")
     _add_config_args(p)
     p.set_defaults(func=cmd_train)

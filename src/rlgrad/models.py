@@ -116,10 +116,11 @@ def sft_batch(tokenizer, prompts: list[str], targets: list[str]) -> tuple[torch.
 
 
 def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int) -> None:
-    """A short SFT phase on the task's reference responses (cosine-decayed AdamW)."""
+    """A short SFT phase on the task's reference responses (AdamW, one-cycle schedule)."""
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart_lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.warmstart_steps, 1))
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.warmstart_lr, total_steps=max(cfg.warmstart_steps, 2),
+                                                pct_start=0.1)
     model.train()
     for _ in range(cfg.warmstart_steps):
         ex = task.train_examples(cfg.warmstart_batch_size, rng)

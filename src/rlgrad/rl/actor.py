@@ -124,13 +124,13 @@ def update_actor(model, optimizer, batch: Batch, s: LossSettings, *, ppo_epochs:
                 terms.total(s).backward()
                 # pg is already normalised by the mini-batch denominators: summing gives the mini value.
                 w = float(mb.response_mask.sum()) / max(den.num_tokens, 1.0)
-                stats["actor/pg_loss"] += float(terms.pg)
+                stats["actor/pg_loss"] += float(terms.pg.detach())
                 stats["actor/pg_clipfrac"] += float(terms.clipfrac) * w
                 stats["actor/pg_clipfrac_lower"] += float(terms.clipfrac_lower) * w
                 stats["actor/ppo_kl"] += float(terms.ppo_kl) * w
-                stats["actor/entropy"] = stats.get("actor/entropy", 0.0) + float(terms.entropy)
+                stats["actor/entropy"] = stats.get("actor/entropy", 0.0) + float(terms.entropy.detach())
                 if terms.kl is not None:
-                    stats["actor/kl_loss"] = stats.get("actor/kl_loss", 0.0) + float(terms.kl)
+                    stats["actor/kl_loss"] = stats.get("actor/kl_loss", 0.0) + float(terms.kl.detach())
             if on_grads is not None:
                 on_grads(model, mini)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))

@@ -1,0 +1,255 @@
+"""Wall time of one GRPO step: rlgrad's ``Trainer.train_step`` against TRL's ``GRPOTrainer``.
+
+    .venv/bin/python bench/step_time.py [--threads 2] [--warmup 2] [--steps 5] [--seed 1]
+                                        [--profile OUT.prof]
+
+Both sides run in this one process, on the CPU, in fp32, with the same number of torch
+threads, on the same tiny Qwen2 (``build_char_tokenizer`` + ``build_tiny_model``, saved to a
+temporary directory that both load), and on the same step shape:
+
+    8 prompts x 8 samples = 64 completions, exactly 32 new tokens each
+    (``min_new_tokens=32`` in the saved generation_config.json; TRL also gets it in
+    ``generation_kwargs``, because it builds its own GenerationConfig), sampling at T=1,
+    top_p=1, no top_k; arithmetic-task reward; GRPO advantages (group std scaling);
+    clipped PPO loss (eps 0.2) aggregated per token over the batch (ours token-mean,
+    TRL loss_type="dapo"); k3 KL to a frozen reference with coefficient 0.04;
+    one AdamW step per generation batch (lr 1e-4, no weight decay, constant schedule),
+    gradient clipping at norm 1.0, no gradient checkpointing, no logging / saving.
+
+A step is timed whole: prompts -> generation -> reward -> log-probs (old/ref) -> loss ->
+backward -> clip -> optimizer step. Ours: ``Trainer.train_step`` itself. TRL: the interval
+between consecutive ``on_step_end`` callbacks (dataloader fetch, generation, scoring, ref
+log-probs, forward/backward, clipping, optimizer and scheduler step). After ``--warmup``
+steps per side, the median of ``--steps`` steps is reported; the last line is
+
+    rlgrad_step_s=... trl_step_s=... ratio=...      (ratio = rlgrad / trl; < 1 means we are faster)
+
+TRL (``pip install rlgrad[bench]``) is optional: without it only our time is printed and the
+last line says ``trl_step_s=nan ratio=nan``. Everything written goes to a temporary directory
+that is removed at exit.
+
+Known difference left in place: with one optimizer step per generation batch TRL skips the
+"old" log-prob forward (it uses the detached current log-probs, which are identical), while
+rlgrad always computes old log-probs in a separate no-grad forward. That is part of what is
+being compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # CPU on both sides, whatever the machine has
+
+import torch  # noqa: E402
+
+PROMPTS_PER_STEP = 8
+GENERATIONS = 8
+RESPONSE_TOKENS = 32
+KL_COEF = 0.04
+LR = 1e-4
+MAX_GRAD_NORM = 1.0
+
+
+def build_model_dir(root: Path, seed: int) -> Path:
+    from rlgrad.config import ModelConfig
+    from rlgrad.models import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(ModelConfig(), tok, seed)
+    # Force every completion to RESPONSE_TOKENS tokens: EOS is masked until then (ours reads this
+    # from the saved generation config; generate() stops at max_new_tokens = RESPONSE_TOKENS).
+    model.generation_config.min_new_tokens = RESPONSE_TOKENS
+    path = root / "model"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------- rlgrad
+def time_rlgrad(model_dir: Path, root: Path, args) -> tuple[list[float], dict]:
+    from rlgrad.config import load_config
+    from rlgrad.rl.trainer import Trainer
+
+    overrides = [
+        f"model.path={model_dir}", "model.dtype=float32",
+        "data.task=arithmetic", f"data.train_batch_size={PROMPTS_PER_STEP}",
+        f"rollout.n={GENERATIONS}", f"rollout.response_length={RESPONSE_TOKENS}",
+        "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
+        f"rollout.log_prob_micro_batch_size={PROMPTS_PER_STEP * GENERATIONS}",
+        "rollout.rollout_filter_strategy=top_p", "rollout.rollout_filter_value=1.0",  # keep every group
+        "actor.ppo_epochs=1", "actor.ppo_mini_batch_size=null",  # one optimizer step per generation batch
+        f"actor.ppo_micro_batch_size={PROMPTS_PER_STEP * GENERATIONS}",
+        "actor.use_kl_loss=true", f"actor.kl_loss_coef={KL_COEF}", "actor.kl_loss_type=low_var_kl",
+        "actor.loss_agg_mode=token-mean", "actor.policy_loss=ppo",
+        "actor.clip_ratio_low=0.2", "actor.clip_ratio_high=0.2", "actor.entropy_coeff=0.0",
+        f"actor.max_grad_norm={MAX_GRAD_NORM}", f"actor.optim.lr={LR}", "actor.optim.weight_decay=0.0",
+        "actor.optim.lr_warmup_steps=0",
+        "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=true",
+        "trainer.logger=[jsonl]", f"trainer.default_local_dir={root / 'rlgrad_run'}",
+        "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false",
+        f"trainer.total_training_steps={args.warmup + args.steps}", "trainer.device=cpu",
+        f"trainer.num_threads={args.threads}", f"trainer.seed={args.seed}", "trainer.resume_mode=disable",
+    ]
+    cfg = load_config(None, None, overrides)
+    trainer = Trainer(cfg, log=lambda *a, **k: None)
+    torch.set_num_threads(args.threads)
+    logger = trainer._open_run_dir()  # the jsonl sink in the temp run dir; written outside the timed region
+    times, last = [], {}
+    profiler = None
+    try:
+        for step in range(1, args.warmup + args.steps + 1):
+            timed = step > args.warmup
+            if timed and args.profile and profiler is None:
+                import cProfile
+                profiler = cProfile.Profile()
+                profiler.enable()
+            t0 = time.perf_counter()
+            metrics, _ = trainer.train_step(step, logger)
+            dt = time.perf_counter() - t0
+            if timed:
+                times.append(dt)
+            trainer.step = step
+            logger.log(step, metrics)
+            last = metrics
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
+        logger.close()
+    return times, last
+
+
+# ------------------------------------------------------------------------------------------- TRL
+def time_trl(model_dir: Path, root: Path, args) -> tuple[list[float], dict] | None:
+    try:
+        import datasets
+        import trl
+        from transformers import AutoTokenizer, TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as e:
+        print(f"TRL not available ({e}); skipping the TRL side. Install it with: pip install 'rlgrad[bench]'",
+              flush=True)
+        return None
+    from rlgrad.tasks import Example, build_task
+    from rlgrad.tasks.arithmetic import draw_example
+
+    task = build_task("arithmetic", seed=args.seed)
+    rng = random.Random(args.seed)
+    total_steps = args.warmup + args.steps
+    rows = [draw_example(rng) for _ in range(PROMPTS_PER_STEP * (total_steps + 4))]
+    dataset = datasets.Dataset.from_dict({"prompt": [r.prompt for r in rows], "answer": [r.answer for r in rows]})
+
+    def arithmetic_reward(prompts, completions, answer, **kwargs):
+        return [task.score(c, Example(p, a)).total for p, c, a in zip(prompts, completions, answer)]
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.marks: list[float] = []
+
+        def on_train_begin(self, a, state, control, **kw):
+            self.marks.append(time.perf_counter())
+
+        def on_step_end(self, a, state, control, **kw):
+            self.marks.append(time.perf_counter())
+
+    n = PROMPTS_PER_STEP * GENERATIONS
+    config = GRPOConfig(
+        output_dir=str(root / "trl_out"),
+        use_cpu=True, bf16=False, fp16=False, tf32=None,
+        model_init_kwargs={"dtype": "float32"},
+        per_device_train_batch_size=n, num_generations=GENERATIONS,
+        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
+        max_completion_length=RESPONSE_TOKENS, generation_kwargs={"min_new_tokens": RESPONSE_TOKENS},
+        temperature=1.0, top_p=1.0, top_k=0,
+        beta=KL_COEF, epsilon=0.2, loss_type="dapo", scale_rewards="group",
+        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, optim="adamw_torch",
+        max_grad_norm=MAX_GRAD_NORM, gradient_checkpointing=False,
+        max_steps=total_steps, seed=args.seed, data_seed=args.seed,
+        report_to=[], logging_strategy="no", save_strategy="no", eval_strategy="no",
+        disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
+    )
+    timer = StepTimer()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=arithmetic_reward, args=config,
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
+    torch.set_num_threads(args.threads)
+    profiler = None
+    if args.profile:  # TRL's profile covers the warm-up too (steps are not separable from outside)
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
+    try:
+        trainer.train()
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile + ".trl")
+    intervals = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
+    m = trainer._metrics["train"]
+    info = {"trl_version": trl.__version__,
+            "completion_length_min": min(m.get("completions/min_length", [math.nan])),
+            "completion_length_max": max(m.get("completions/max_length", [math.nan])),
+            "kl_logged": bool(m.get("kl"))}
+    return intervals[args.warmup:], info
+
+
+# ------------------------------------------------------------------------------------------ main
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch threads (both sides)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per side")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per side (median reported)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--skip-trl", action="store_true", help="time only rlgrad")
+    p.add_argument("--profile", help="write a cProfile of our timed steps here (TRL's to PATH.trl)")
+    args = p.parse_args(argv)
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    root = Path(tempfile.mkdtemp(prefix="rlgrad-bench-"))
+    try:
+        model_dir = build_model_dir(root, args.seed)
+        print(f"torch {torch.__version__}, threads={args.threads}, {PROMPTS_PER_STEP} prompts x {GENERATIONS} "
+              f"samples x {RESPONSE_TOKENS} tokens, warmup={args.warmup}, timed steps={args.steps}", flush=True)
+
+        ours, m = time_rlgrad(model_dir, root, args)
+        ours_med = statistics.median(ours)
+        print(f"rlgrad: steps {[round(t, 3) for t in ours]} s, median {ours_med:.3f} s; "
+              f"response_length min/max {m.get('response_length/min')}/{m.get('response_length/max')}, "
+              f"phases (last step) " + ", ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in m.items()
+                                                  if k.startswith("timing_s/")), flush=True)
+
+        trl_med = math.nan
+        res = None if args.skip_trl else time_trl(model_dir, root, args)
+        if args.skip_trl:
+            print("TRL skipped (--skip-trl)")
+        if res is not None:
+            trl_times, info = res
+            trl_med = statistics.median(trl_times)
+            print(f"trl {info['trl_version']}: steps {[round(t, 3) for t in trl_times]} s, median {trl_med:.3f} s; "
+                  f"completion_length min/max {info['completion_length_min']}/{info['completion_length_max']}",
+                  flush=True)
+        ratio = ours_med / trl_med if trl_med == trl_med else math.nan
+        print(f"rlgrad_step_s={ours_med:.4f} trl_step_s={trl_med:.4f} ratio={ratio:.3f}", flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

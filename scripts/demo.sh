@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The demo: GRPO on the embedded default (tiny Qwen2 + arithmetic), on CPU, in a few minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/rlgrad train --config-name demo trainer.experiment_name="demo-$(date +%Y%m%d-%H%M%S)" "$@"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test command: set up .venv if needed, lint, run the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check src tests bench
+.venv/bin/python -m pytest "$@"

@@ -1,0 +1,54 @@
+"""Bad input: one line naming the culprit, exit status 2, nothing written."""
+
+import pytest
+
+from .conftest import run_cli
+
+
+@pytest.mark.parametrize("args,culprit", [
+    (["trainer.total_training_step=5"], "trainer.total_training_steps"),
+    (["rollout.n=abc"], "rollout.n"),
+    (["notakeyvalue"], "notakeyvalue"),
+    (["model.path=/nonexistent/model"], "/nonexistent/model"),
+    (["data.task=math", "data.train_files=[/nonexistent/train.jsonl]"], "/nonexistent/train.jsonl"),
+    (["data.task=math"], "data.train_files"),
+    (["trainer.resume_mode=resume_path", "trainer.resume_from_path=/nonexistent/global_step_3"], "/nonexistent/global_step_3"),
+    (["--config", "/nonexistent.yaml"], "/nonexistent.yaml"),
+    (["--config-name", "nosuchpreset"], "nosuchpreset"),
+    (["actor_rollout_ref.rollout.gpu_memory_utilization=0.3"], "gpu_memory_utilization"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, args, culprit):
+    run = tmp_path / "run"
+    if args[0].startswith("--"):
+        cmd = ["train", *args, f"trainer.default_local_dir={run}"]
+    else:
+        cmd = ["train", f"trainer.default_local_dir={run}", f"model.cache_dir={tmp_path / 'cache'}", *args]
+    res = run_cli(cmd, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlgrad: error:"), res.stderr
+    assert culprit in lines[0]
+    assert "Traceback" not in res.stderr
+    assert not run.exists()
+
+
+def test_malformed_data_file_names_line(tmp_path):
+    bad = tmp_path / "train.jsonl"
+    bad.write_text('{"question": "1+1?", "answer": "#### 2"}\n{not json\n')
+    res = run_cli(["train", "data.task=math", f"data.train_files=[{bad}]", f"trainer.default_local_dir={tmp_path / 'run'}"],
+                  cwd=tmp_path)
+    assert res.returncode == 2 and f"{bad}:2" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_bad_model_dir_without_config(tmp_path):
+    d = tmp_path / "notamodel"
+    d.mkdir()
+    res = run_cli(["train", f"model.path={d}", f"trainer.default_local_dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert res.returncode == 2 and "config.json" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_flag_is_one_line(tmp_path):
+    res = run_cli(["train", "--bogus"], cwd=tmp_path)
+    assert res.returncode == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and "--bogus" in res.stderr

@@ -1,0 +1,98 @@
+import pytest
+
+from rlgrad.config import CONFIG_DIRS, from_yaml_file, load_config, to_yaml
+from rlgrad.errors import UserError
+
+
+def test_defaults_and_overrides_are_typed():
+    cfg = load_config(overrides=["trainer.total_training_steps=7", "rollout.n=3", "actor.optim.lr=2e-5",
+                                 "trainer.logger=[jsonl,console]", "reward.weights={correctness: 1.0}"])
+    assert cfg.trainer.total_training_steps == 7 and cfg.rollout.n == 3
+    assert cfg.actor.optim.lr == pytest.approx(2e-5)
+    assert cfg.trainer.logger == ["jsonl", "console"]
+    assert cfg.reward.weights == {"correctness": 1.0}
+    assert cfg.data.task == "arithmetic"  # untouched default
+
+
+@pytest.mark.parametrize("seed_key,ours,value,expect", [
+    ("actor_rollout_ref.actor.kl_loss_type", "actor.kl_loss_type", "low-var-kl", "low-var-kl"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size", "4", 4),
+    ("actor_rollout_ref.rollout.rollout_filter_value", "rollout.rollout_filter_value", "0.9", 0.9),
+    ("es_manager.train.env_groups", "data.train_batch_size", "32", 32),
+    ("es_manager.train.group_size", "rollout.n", "16", 16),
+    ("data.max_response_length", "rollout.response_length", "12", 12),
+])
+def test_seed_aliases(seed_key, ours, value, expect):
+    cfg = load_config(overrides=[f"{seed_key}={value}"])
+    section, _, name = ours.rpartition(".")
+    node = cfg
+    for part in section.split("."):
+        node = getattr(node, part)
+    assert getattr(node, name) == expect
+
+
+def test_unknown_key_suggests_closest():
+    with pytest.raises(UserError, match=r"'trainer.total_training_step'.*did you mean 'trainer.total_training_steps'"):
+        load_config(overrides=["trainer.total_training_step=5"])
+
+
+def test_unsupported_seed_key_says_so():
+    with pytest.raises(UserError, match="not support"):
+        load_config(overrides=["actor_rollout_ref.rollout.gpu_memory_utilization=0.3"])
+
+
+@pytest.mark.parametrize("item,pattern", [
+    ("rollout.n=abc", "rollout.n"),
+    ("noequals", "key=value"),
+    ("actor.policy_loss=grpo", "actor.policy_loss"),
+    ("actor.loss_agg_mode=token_mean", "did you mean 'token-mean'"),
+    ("trainer.logger=[jsonl,mlflow]", "mlflow"),
+    ("rollout.n=0", "rollout.n"),
+    ("data.train_batch_size=6", None),  # fine alone
+])
+def test_bad_values_name_the_key(item, pattern):
+    if pattern is None:
+        assert load_config(overrides=[item]).data.train_batch_size == 6
+        return
+    with pytest.raises(UserError, match=pattern):
+        load_config(overrides=[item])
+
+
+def test_mini_batch_must_divide():
+    with pytest.raises(UserError, match="ppo_mini_batch_size"):
+        load_config(overrides=["data.train_batch_size=8", "actor.ppo_mini_batch_size=3"])
+
+
+def test_config_file_and_yaml_errors(tmp_path):
+    good = tmp_path / "c.yaml"
+    good.write_text("trainer:\n  total_training_steps: 3\nactor_rollout_ref:\n  actor:\n    entropy_coeff: 0.01\n")
+    cfg = load_config(config_file=str(good), overrides=["trainer.total_training_steps=4"])
+    assert cfg.trainer.total_training_steps == 4  # override wins over the file
+    assert cfg.actor.entropy_coeff == pytest.approx(0.01)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: [unclosed\n")
+    with pytest.raises(UserError, match="bad.yaml"):
+        load_config(config_file=str(bad))
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("trainer:\n  sed: 3\n")
+    with pytest.raises(UserError, match=r"typo.yaml.*trainer.sed"):
+        load_config(config_file=str(typo))
+    with pytest.raises(UserError, match="does not exist"):
+        load_config(config_file=str(tmp_path / "missing.yaml"))
+
+
+def test_every_preset_loads():
+    presets = sorted({p.stem for d in CONFIG_DIRS if d.is_dir() for p in d.glob("*.yaml")})
+    assert "demo" in presets
+    for name in presets:
+        overrides = ["data.train_files=[x.jsonl]"] if "math" in name else []
+        load_config(preset=name, overrides=overrides)
+    with pytest.raises(UserError, match="did you mean 'demo'"):
+        load_config(preset="dmeo")
+
+
+def test_yaml_roundtrip(tmp_path):
+    cfg = load_config(overrides=["rollout.n=5", "reward.weights={format: 0.2}"])
+    p = tmp_path / "config.yaml"
+    p.write_text(to_yaml(cfg))
+    assert from_yaml_file(p) == cfg

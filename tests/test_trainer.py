@@ -1,0 +1,178 @@
+"""End to end: a few steps on a tiny model, resume exactly, SIGKILL-and-resume, never overwrite."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlgrad.config import load_config
+from rlgrad.errors import UserError
+from rlgrad.hooks import Hook, HookResult
+from rlgrad.rl.trainer import Trainer
+from rlgrad.rundir import read_jsonl
+
+from .conftest import REPO
+
+
+def rows(run_dir):
+    return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def weights(ckpt_dir):
+    return load_file(ckpt_dir / "actor" / "model.safetensors")
+
+
+def test_end_to_end(tiny, tmp_path):
+    cfg = load_config(overrides=tiny + ["trainer.total_training_steps=3", "trainer.save_freq=2", "trainer.test_freq=2",
+                                        "actor.use_kl_loss=true", "actor.entropy_coeff=0.01",
+                                        "trainer.logger=[jsonl,tensorboard]"])
+    summary = Trainer(cfg, log=lambda *a: None).fit()
+    run = tmp_path / "run"
+    r = rows(run)
+    assert [x["step"] for x in r] == [0, 1, 2, 3]
+    assert set(r[0]["data"]) == {"val/accuracy", "val/score/mean"}
+    for key in ["actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl",
+                "actor/grad_norm", "actor/lr", "critic/score/mean", "critic/score/max", "critic/score/min",
+                "critic/advantages/mean", "response_length/mean", "response_length/clip_ratio",
+                "rollout/filter_kept_ratio", "rollout/filter_kept_count", "rollout/filter_zero_count",
+                "timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/adv",
+                "timing_s/update_actor", "timing_s/step"]:
+        assert key in r[1]["data"], key
+    assert "val/accuracy" in r[2]["data"] and "val/accuracy" in r[3]["data"] and "val/accuracy" not in r[1]["data"]
+    assert summary["val/accuracy_after"] == r[3]["data"]["val/accuracy"]
+    assert (run / "config.yaml").read_text().count("total_training_steps: 3") == 1
+    assert (run / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    assert sorted(p.name for p in run.glob("global_step_*")) == ["global_step_2", "global_step_3"]
+    assert list((run / "tensorboard").iterdir())
+    # The checkpoint is a plain Hugging Face model.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    m = AutoModelForCausalLM.from_pretrained(run / "global_step_3" / "actor")
+    AutoTokenizer.from_pretrained(run / "global_step_3" / "actor")
+    assert sum(p.numel() for p in m.parameters()) > 0
+
+
+def test_resume_continues_without_lost_or_duplicated_rows(tiny, tmp_path):
+    run = tmp_path / "run"
+    base = tiny + ["trainer.save_freq=1", "trainer.test_freq=2"]
+    Trainer(load_config(overrides=base + ["trainer.total_training_steps=4"]), log=lambda *a: None).fit()
+    straight = weights(run / "global_step_4")
+
+    run2 = tmp_path / "run2"
+    b2 = [o for o in base if not o.startswith("trainer.default_local_dir")] + [f"trainer.default_local_dir={run2}"]
+    Trainer(load_config(overrides=b2 + ["trainer.total_training_steps=2"]), log=lambda *a: None).fit()
+    # Rows past the checkpoint (as a crash after logging would leave them) must be moved aside, not duplicated.
+    with open(run2 / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 3, "data": {"stale": 1.0}}) + "\n" + '{"step": 4, "da')
+    (run2 / "global_step_2" / "COMPLETE").unlink()  # the newest checkpoint is incomplete: resume from step 1
+    t = Trainer(load_config(overrides=b2 + ["trainer.total_training_steps=4"]), log=lambda *a: None)
+    assert t.step == 1
+    t.fit()
+    assert [x["step"] for x in rows(run2)] == [0, 1, 2, 3, 4]
+    assert all("stale" not in x["data"] for x in rows(run2))
+    assert (run2 / "metrics.discarded.jsonl").exists()
+    resumed = weights(run2 / "global_step_4")
+    assert straight.keys() == resumed.keys()
+    for k in straight:
+        assert torch.equal(straight[k], resumed[k]), k
+    # Same metric values as the uninterrupted run (timings aside).
+    for a, b in zip(rows(run), rows(run2)):
+        for k, v in a["data"].items():
+            if not k.startswith("timing_s/"):
+                assert b["data"][k] == v, (a["step"], k)
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    from rlgrad.config import load_config
+    from rlgrad.hooks import Hook
+    from rlgrad.rl.trainer import Trainer
+
+    class Kill(Hook):
+        def before_update(self, ctx):
+            if ctx.step == int(os.environ["KILL_AT"]):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    Trainer(load_config(overrides=sys.argv[1:]), hooks=[Kill()], log=lambda *a: None).fit()
+""")
+
+
+def test_sigkill_and_resume_equals_uninterrupted(tiny, tmp_path):
+    steps = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=-1"]
+    straight_dir = tmp_path / "straight"
+    ov = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + steps
+    Trainer(load_config(overrides=ov + [f"trainer.default_local_dir={straight_dir}"]), log=lambda *a: None).fit()
+
+    killed_dir = tmp_path / "killed"
+    script = tmp_path / "kill.py"
+    script.write_text(KILL_SCRIPT)
+    env = {**os.environ, "KILL_AT": "3"}
+    p = subprocess.run([sys.executable, str(script), *ov, f"trainer.default_local_dir={killed_dir}"],
+                       env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    assert (killed_dir / "global_step_2" / "COMPLETE").exists() and not (killed_dir / "global_step_4").exists()
+
+    from .conftest import run_cli
+    res = run_cli(["train", *ov, f"trainer.default_local_dir={killed_dir}"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    a, b = weights(straight_dir / "global_step_4"), weights(killed_dir / "global_step_4")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert [x["step"] for x in rows(killed_dir)] == [0, 1, 2, 3, 4]
+
+
+def test_new_run_never_overwrites(tiny, tmp_path):
+    cfg = load_config(overrides=tiny + ["trainer.total_training_steps=1", "trainer.save_freq=-1"])
+    Trainer(cfg, log=lambda *a: None).fit()
+    run = tmp_path / "run"
+    before = (run / "metrics.jsonl").read_bytes()
+    with pytest.raises(UserError, match="already holds a run"):
+        Trainer(load_config(overrides=tiny + ["trainer.resume_mode=disable"]), log=lambda *a: None)
+    # A directory with run files but no checkpoint cannot be resumed, and is not overwritten either.
+    for p in run.glob("global_step_*"):
+        import shutil
+        shutil.rmtree(p)
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        Trainer(load_config(overrides=tiny + ["trainer.total_training_steps=2"]), log=lambda *a: None)
+    assert (run / "metrics.jsonl").read_bytes() == before
+
+
+class StopAt(Hook):
+    def __init__(self, step):
+        self.step, self.seen = step, []
+
+    def before_update(self, ctx):
+        self.seen.append((ctx.step, len(ctx.batch), ctx.batch.advantages is not None))
+        if ctx.step == self.step:
+            return HookResult(metrics={"probe/x": 1.0}, stop=True, reason="test")
+        return None
+
+
+def test_hook_sees_prepared_batch_and_can_stop(tiny, tmp_path):
+    hook = StopAt(2)
+    cfg = load_config(overrides=tiny + ["trainer.total_training_steps=5", "trainer.save_freq=1"])
+    summary = Trainer(cfg, hooks=[hook], log=lambda *a: None).fit()
+    assert hook.seen == [(1, 16, True), (2, 16, True)]
+    r = rows(tmp_path / "run")
+    assert [x["step"] for x in r] == [0, 1, 2] and r[-1]["data"]["probe/x"] == 1.0
+    assert "actor/pg_loss" not in r[-1]["data"]  # no actor update at the stopping step
+    assert not (tmp_path / "run" / "global_step_2").exists()  # nor a checkpoint
+    assert summary["stopped_at_step"] == 2
+
+
+def test_empty_filter_skips_then_stops(tiny, tmp_path):
+    from rlgrad.rl.trainer import RunStopped
+    # include_zero=false with a reward that never varies (weights zero) keeps nothing.
+    cfg = load_config(overrides=tiny + ["trainer.total_training_steps=5", "rollout.rollout_filter_include_zero=false",
+                                        "reward.weights={correctness: 0.0, format: 0.0}",
+                                        "rollout.rollout_filter_empty_stop_steps=2"])
+    with pytest.raises(RunStopped, match="2 consecutive steps"):
+        Trainer(cfg, log=lambda *a: None).fit()
+    r = rows(tmp_path / "run")
+    assert [x["step"] for x in r] == [0, 1, 2]
+    assert r[1]["data"]["rollout/filter_empty"] == 1.0 and r[1]["data"]["rollout/filter_kept_count"] == 0.0
