@@ -19,8 +19,10 @@ temporary directory that both load), and on the same step shape:
 A step is timed whole: prompts -> generation -> reward -> log-probs (old/ref) -> loss ->
 backward -> clip -> optimizer step. Ours: ``Trainer.train_step`` itself. TRL: the interval
 between consecutive ``on_step_end`` callbacks (dataloader fetch, generation, scoring, ref
-log-probs, forward/backward, clipping, optimizer and scheduler step). After ``--warmup``
-steps per side, the median of ``--steps`` steps is reported; the last line is
+log-probs, forward/backward, clipping, optimizer and scheduler step). The two sides are
+interleaved step by step (one of ours runs inside TRL's ``on_step_end`` and is subtracted
+from TRL's interval), so both see the same background load on a shared machine. After
+``--warmup`` steps per side, the median of ``--steps`` steps is reported; the last line is
 
     rlgrad_step_s=... trl_step_s=... ratio=...      (ratio = rlgrad / trl; < 1 means we are faster)
 
@@ -80,61 +82,75 @@ def build_model_dir(root: Path, seed: int) -> Path:
 
 
 # ---------------------------------------------------------------------------------------- rlgrad
-def time_rlgrad(model_dir: Path, root: Path, args) -> tuple[list[float], dict]:
-    from rlgrad.config import load_config
-    from rlgrad.rl.trainer import Trainer
+class RLGradSide:
+    """Our trainer on the shared model; ``step()`` runs and times one ``Trainer.train_step``."""
 
-    overrides = [
-        f"model.path={model_dir}", "model.dtype=float32",
-        "data.task=arithmetic", f"data.train_batch_size={PROMPTS_PER_STEP}",
-        f"rollout.n={GENERATIONS}", f"rollout.response_length={RESPONSE_TOKENS}",
-        "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
-        f"rollout.log_prob_micro_batch_size={PROMPTS_PER_STEP * GENERATIONS}",
-        "rollout.rollout_filter_strategy=top_p", "rollout.rollout_filter_value=1.0",  # keep every group
-        "actor.ppo_epochs=1", "actor.ppo_mini_batch_size=null",  # one optimizer step per generation batch
-        f"actor.ppo_micro_batch_size={PROMPTS_PER_STEP * GENERATIONS}",
-        "actor.use_kl_loss=true", f"actor.kl_loss_coef={KL_COEF}", "actor.kl_loss_type=low_var_kl",
-        "actor.loss_agg_mode=token-mean", "actor.policy_loss=ppo",
-        "actor.clip_ratio_low=0.2", "actor.clip_ratio_high=0.2", "actor.entropy_coeff=0.0",
-        f"actor.max_grad_norm={MAX_GRAD_NORM}", f"actor.optim.lr={LR}", "actor.optim.weight_decay=0.0",
-        "actor.optim.lr_warmup_steps=0",
-        "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=true",
-        "trainer.logger=[jsonl]", f"trainer.default_local_dir={root / 'rlgrad_run'}",
-        "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false",
-        f"trainer.total_training_steps={args.warmup + args.steps}", "trainer.device=cpu",
-        f"trainer.num_threads={args.threads}", f"trainer.seed={args.seed}", "trainer.resume_mode=disable",
-    ]
-    cfg = load_config(None, None, overrides)
-    trainer = Trainer(cfg, log=lambda *a, **k: None)
-    torch.set_num_threads(args.threads)
-    logger = trainer._open_run_dir()  # the jsonl sink in the temp run dir; written outside the timed region
-    times, last = [], {}
-    profiler = None
-    try:
-        for step in range(1, args.warmup + args.steps + 1):
-            timed = step > args.warmup
-            if timed and args.profile and profiler is None:
-                import cProfile
-                profiler = cProfile.Profile()
-                profiler.enable()
-            t0 = time.perf_counter()
-            metrics, _ = trainer.train_step(step, logger)
-            dt = time.perf_counter() - t0
-            if timed:
-                times.append(dt)
-            trainer.step = step
-            logger.log(step, metrics)
-            last = metrics
-    finally:
-        if profiler is not None:
-            profiler.disable()
-            profiler.dump_stats(args.profile)
-        logger.close()
-    return times, last
+    def __init__(self, model_dir: Path, root: Path, args):
+        from rlgrad.config import load_config
+        from rlgrad.rl.trainer import Trainer
+
+        overrides = [
+            f"model.path={model_dir}", "model.dtype=float32",
+            "data.task=arithmetic", f"data.train_batch_size={PROMPTS_PER_STEP}",
+            f"rollout.n={GENERATIONS}", f"rollout.response_length={RESPONSE_TOKENS}",
+            "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
+            f"rollout.log_prob_micro_batch_size={PROMPTS_PER_STEP * GENERATIONS}",
+            "rollout.rollout_filter_strategy=top_p", "rollout.rollout_filter_value=1.0",  # keep every group
+            "actor.ppo_epochs=1", "actor.ppo_mini_batch_size=null",  # one optimizer step per generation batch
+            f"actor.ppo_micro_batch_size={PROMPTS_PER_STEP * GENERATIONS}",
+            "actor.use_kl_loss=true", f"actor.kl_loss_coef={KL_COEF}", "actor.kl_loss_type=low_var_kl",
+            "actor.loss_agg_mode=token-mean", "actor.policy_loss=ppo",
+            "actor.clip_ratio_low=0.2", "actor.clip_ratio_high=0.2", "actor.entropy_coeff=0.0",
+            f"actor.max_grad_norm={MAX_GRAD_NORM}", f"actor.optim.lr={LR}", "actor.optim.weight_decay=0.0",
+            "actor.optim.lr_warmup_steps=0",
+            "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=true",
+            "trainer.logger=[jsonl]", f"trainer.default_local_dir={root / 'rlgrad_run'}",
+            "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false",
+            f"trainer.total_training_steps={args.warmup + args.steps}", "trainer.device=cpu",
+            f"trainer.num_threads={args.threads}", f"trainer.seed={args.seed}", "trainer.resume_mode=disable",
+        ]
+        self.args = args
+        self.trainer = Trainer(load_config(None, None, overrides), log=lambda *a, **k: None)
+        torch.set_num_threads(args.threads)
+        self.logger = self.trainer._open_run_dir()  # jsonl in the temp run dir, written outside the timed region
+        self.times: list[float] = []
+        self.metrics: dict = {}
+        self.done = 0
+        self.profiler = None
+
+    def step(self) -> None:
+        self.done += 1
+        timed = self.done > self.args.warmup
+        if timed and self.args.profile and self.profiler is None:
+            import cProfile
+            self.profiler = cProfile.Profile()
+        if self.profiler is not None:
+            self.profiler.enable()
+        t0 = time.perf_counter()
+        metrics, _ = self.trainer.train_step(self.done, self.logger)
+        dt = time.perf_counter() - t0
+        if self.profiler is not None:
+            self.profiler.disable()
+        if timed:
+            self.times.append(dt)
+        self.trainer.step = self.done
+        self.logger.log(self.done, metrics)
+        self.metrics = metrics
+
+    def close(self) -> None:
+        if self.profiler is not None:
+            self.profiler.dump_stats(self.args.profile)
+        self.logger.close()
 
 
 # ------------------------------------------------------------------------------------------- TRL
-def time_trl(model_dir: Path, root: Path, args) -> tuple[list[float], dict] | None:
+def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
+    """Train TRL for warmup+steps steps; after each of its steps, one of ours runs (interleaved).
+
+    Interleaving makes both sides see the same background load (this machine may be shared).
+    TRL's step = time between consecutive ``on_step_end`` callbacks minus the time our step
+    spent inside the callback. Returns None (after a message) if TRL is not installed.
+    """
     try:
         import datasets
         import trl
@@ -156,20 +172,27 @@ def time_trl(model_dir: Path, root: Path, args) -> tuple[list[float], dict] | No
     def arithmetic_reward(prompts, completions, answer, **kwargs):
         return [task.score(c, Example(p, a)).total for p, c, a in zip(prompts, completions, answer)]
 
-    class StepTimer(TrainerCallback):
+    class Interleave(TrainerCallback):
         def __init__(self):
-            self.marks: list[float] = []
+            self.mark = 0.0
+            self.times: list[float] = []
+            self.lengths: list[tuple[float, float]] = []
 
         def on_train_begin(self, a, state, control, **kw):
-            self.marks.append(time.perf_counter())
+            self.mark = time.perf_counter()
 
         def on_step_end(self, a, state, control, **kw):
-            self.marks.append(time.perf_counter())
+            self.times.append(time.perf_counter() - self.mark)
+            m = trainer._metrics["train"]
+            if m.get("completions/min_length"):
+                self.lengths.append((m["completions/min_length"][-1], m["completions/max_length"][-1]))
+            ours.step()
+            self.mark = time.perf_counter()
 
     n = PROMPTS_PER_STEP * GENERATIONS
     config = GRPOConfig(
         output_dir=str(root / "trl_out"),
-        use_cpu=True, bf16=False, fp16=False, tf32=None,
+        use_cpu=True, bf16=False, fp16=False,
         model_init_kwargs={"dtype": "float32"},
         per_device_train_batch_size=n, num_generations=GENERATIONS,
         gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
@@ -183,15 +206,26 @@ def time_trl(model_dir: Path, root: Path, args) -> tuple[list[float], dict] | No
         report_to=[], logging_strategy="no", save_strategy="no", eval_strategy="no",
         disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
     )
-    timer = StepTimer()
+    cb = Interleave()
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=arithmetic_reward, args=config,
-                          train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=[cb])
     torch.set_num_threads(args.threads)
     profiler = None
-    if args.profile:  # TRL's profile covers the warm-up too (steps are not separable from outside)
+    if args.profile:  # covers TRL's warm-up steps too (ours are excluded: they run inside the callback)
         import cProfile
         profiler = cProfile.Profile()
+    orig_step = ours.step
+
+    def ours_step_unprofiled():
+        if profiler is not None:
+            profiler.disable()
+        orig_step()
+        if profiler is not None:
+            profiler.enable()
+
+    ours.step = ours_step_unprofiled
+    if profiler is not None:
         profiler.enable()
     try:
         trainer.train()
@@ -199,13 +233,10 @@ def time_trl(model_dir: Path, root: Path, args) -> tuple[list[float], dict] | No
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile + ".trl")
-    intervals = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
-    m = trainer._metrics["train"]
-    info = {"trl_version": trl.__version__,
-            "completion_length_min": min(m.get("completions/min_length", [math.nan])),
-            "completion_length_max": max(m.get("completions/max_length", [math.nan])),
-            "kl_logged": bool(m.get("kl"))}
-    return intervals[args.warmup:], info
+        ours.step = orig_step
+    return {"trl_version": trl.__version__, "times": cb.times[args.warmup:],
+            "length_min": min((a for a, _ in cb.lengths), default=math.nan),
+            "length_max": max((b for _, b in cb.lengths), default=math.nan)}
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -228,23 +259,28 @@ def main(argv=None) -> None:
         print(f"torch {torch.__version__}, threads={args.threads}, {PROMPTS_PER_STEP} prompts x {GENERATIONS} "
               f"samples x {RESPONSE_TOKENS} tokens, warmup={args.warmup}, timed steps={args.steps}", flush=True)
 
-        ours, m = time_rlgrad(model_dir, root, args)
-        ours_med = statistics.median(ours)
-        print(f"rlgrad: steps {[round(t, 3) for t in ours]} s, median {ours_med:.3f} s; "
-              f"response_length min/max {m.get('response_length/min')}/{m.get('response_length/max')}, "
-              f"phases (last step) " + ", ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in m.items()
-                                                  if k.startswith("timing_s/")), flush=True)
-
-        trl_med = math.nan
-        res = None if args.skip_trl else time_trl(model_dir, root, args)
+        ours = RLGradSide(model_dir, root, args)
+        try:
+            res = None if args.skip_trl else run_trl(model_dir, root, args, ours)
+            while ours.done < args.warmup + args.steps:  # TRL skipped or missing: ours alone
+                ours.step()
+        finally:
+            ours.close()
         if args.skip_trl:
             print("TRL skipped (--skip-trl)")
+        m = ours.metrics
+        ours_med = statistics.median(ours.times)
+        print(f"rlgrad: steps {[round(t, 3) for t in ours.times]} s, median {ours_med:.3f} s; "
+              f"response_length min/max {m.get('response_length/min')}/{m.get('response_length/max')}; "
+              "phases of the last step: " + ", ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in m.items()
+                                                     if k.startswith("timing_s/")), flush=True)
+        trl_med = math.nan
         if res is not None:
-            trl_times, info = res
-            trl_med = statistics.median(trl_times)
-            print(f"trl {info['trl_version']}: steps {[round(t, 3) for t in trl_times]} s, median {trl_med:.3f} s; "
-                  f"completion_length min/max {info['completion_length_min']}/{info['completion_length_max']}",
-                  flush=True)
+            trl_med = statistics.median(res["times"])
+            pair = statistics.median(a / b for a, b in zip(ours.times, res["times"]))
+            print(f"trl {res['trl_version']}: steps {[round(t, 3) for t in res['times']]} s, median {trl_med:.3f} s; "
+                  f"completion_length min/max {res['length_min']}/{res['length_max']}; "
+                  f"median of per-pair ratios {pair:.3f}", flush=True)
         ratio = ours_med / trl_med if trl_med == trl_med else math.nan
         print(f"rlgrad_step_s={ours_med:.4f} trl_step_s={trl_med:.4f} ratio={ratio:.3f}", flush=True)
     finally:

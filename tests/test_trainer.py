@@ -176,3 +176,14 @@ def test_empty_filter_skips_then_stops(tiny, tmp_path):
     r = rows(tmp_path / "run")
     assert [x["step"] for x in r] == [0, 1, 2]
     assert r[1]["data"]["rollout/filter_empty"] == 1.0 and r[1]["data"]["rollout/filter_kept_count"] == 0.0
+
+
+def test_wandb_offline(tiny, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = load_config(overrides=tiny + ["trainer.total_training_steps=1", "trainer.logger=[jsonl,wandb]"])
+    Trainer(cfg, log=lambda *a: None).fit()
+    run = tmp_path / "run"
+    run_id = (run / "wandb_run_id.txt").read_text().strip()
+    assert any(run_id in p.name for p in (run / "wandb").glob("offline-run-*"))

@@ -16,9 +16,10 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from rlgrad.config import load_config
+
+    cfg = load_config(args.config_name, args.config_file, args.overrides)  # before the heavy imports: fast errors
     from rlgrad.rl.trainer import RunStopped, Trainer
 
-    cfg = load_config(args.config_name, args.config_file, args.overrides)
     trainer = Trainer(cfg)
     try:
         summary = trainer.fit()
@@ -34,8 +35,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"validation accuracy: {100 * after:.1f}%")
     print(f"run directory: {trainer.run_dir}")
     print(f"  metrics: {trainer.run_dir / 'metrics.jsonl'}")
-    print(f"next: resume or extend with  rlgrad train {' '.join(args.overrides)} "
-          f"trainer.default_local_dir={trainer.run_dir} trainer.total_training_steps=<more>")
+    keep = [o for o in args.overrides if not o.startswith(("trainer.default_local_dir=", "trainer.total_training_steps="))]
+    preset = f"--config-name {args.config_name} " if args.config_name else ""
+    print("next: continue this run with\n"
+          f"  rlgrad train {preset}{' '.join(keep)} trainer.default_local_dir={trainer.run_dir} "
+          "trainer.total_training_steps=<more steps>")
     return 0
 
 

@@ -62,8 +62,10 @@ class WandbSink:
         self.wandb = wandb
         id_file = run_dir / "wandb_run_id.txt"
         run_id = id_file.read_text().strip() if id_file.exists() else None
+        # Without credentials (or network) log offline rather than fail; `wandb sync` uploads later.
+        mode = os.environ.get("WANDB_MODE") or (None if os.environ.get("WANDB_API_KEY") or _wandb_logged_in() else "offline")
         self.run = wandb.init(project=project, name=name, dir=str(run_dir), config=config, id=run_id,
-                              resume="allow")
+                              resume="allow", mode=mode)
         if run_id is None:
             from rlgrad.rundir import atomic_write_text
             atomic_write_text(id_file, self.run.id)
@@ -76,6 +78,11 @@ class WandbSink:
 
     def close(self) -> None:
         self.run.finish()
+
+
+def _wandb_logged_in() -> bool:
+    netrc = Path.home() / ".netrc"
+    return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
 
 
 class ConsoleSink:

@@ -98,6 +98,7 @@ class Trainer:
             torch.set_num_threads(t.num_threads)
         self.device = torch.device("cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available()) else "cpu")
         self.run_dir = resolve_run_dir(cfg)
+        self.is_main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
         # Everything that can reject the input happens before anything is written.
         self.task = build_task(cfg.data.task, seed=t.seed, val_size=cfg.data.val_size, weights=dict(cfg.reward.weights),
                                train_files=list(cfg.data.train_files), val_files=list(cfg.data.val_files),
@@ -145,6 +146,8 @@ class Trainer:
 
     def _open_run_dir(self) -> MetricLogger:
         t, rd = self.cfg.trainer, self.run_dir
+        if not self.is_main:  # only rank 0 writes
+            return MetricLogger([])
         rd.mkdir(parents=True, exist_ok=True)
         if not (rd / "config.yaml").exists():
             atomic_write_text(rd / "config.yaml", to_yaml(self.cfg))
@@ -259,7 +262,7 @@ class Trainer:
 
         ctx = StepContext(step=step, batch=batch, actor=self.actor, optimizer=self.optimizer,
                           loss_settings=self.loss_settings, config=cfg, run_dir=self.run_dir, ref=self.ref,
-                          tokenizer=self.tokenizer, extras={"unfiltered_batch": full, "examples": examples})
+                          tokenizer=self.tokenizer, is_main=self.is_main, extras={"unfiltered_batch": full, "examples": examples})
         for hook in self.hooks:
             res = hook.before_update(ctx)
             if res is not None:
@@ -311,7 +314,7 @@ class Trainer:
                     self.summary["val/accuracy_after"] = metrics["val/accuracy"]
                 self.step = step
                 logger.log(step, metrics)
-                if last or (t.save_freq > 0 and step % t.save_freq == 0):
+                if self.is_main and (last or (t.save_freq > 0 and step % t.save_freq == 0)):
                     models = {"actor": self.actor}
                     ckpt.save_checkpoint(self.run_dir, step, models, self.tokenizer, self._state(), t.max_ckpt_to_keep)
         finally:
