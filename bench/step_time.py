@@ -117,6 +117,15 @@ class RLGradSide:
         self.metrics: dict = {}
         self.done = 0
         self.profiler = None
+        self.prompts: list[list[str]] = []  # per step, to check both sides train on the same prompts
+        draw = self.trainer.task.train_examples
+
+        def recording_draw(n, rng):
+            examples = draw(n, rng)
+            self.prompts.append([e.prompt for e in examples])
+            return examples
+
+        self.trainer.task.train_examples = recording_draw
 
     def step(self) -> None:
         self.done += 1
@@ -154,22 +163,26 @@ def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
     try:
         import datasets
         import trl
-        from transformers import AutoTokenizer, TrainerCallback
+        from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
     except ImportError as e:
         print(f"TRL not available ({e}); skipping the TRL side. Install it with: pip install 'rlgrad[bench]'",
               flush=True)
         return None
     from rlgrad.tasks import Example, build_task
-    from rlgrad.tasks.arithmetic import draw_example
 
-    task = build_task("arithmetic", seed=args.seed)
+    # The same prompts, in the same order, as our trainer draws them (same task seed and val_size,
+    # same data RNG, PROMPTS_PER_STEP at a time); TRL's sampler is told not to shuffle.
+    task = build_task("arithmetic", seed=args.seed, val_size=ours.trainer.cfg.data.val_size)
     rng = random.Random(args.seed)
     total_steps = args.warmup + args.steps
-    rows = [draw_example(rng) for _ in range(PROMPTS_PER_STEP * (total_steps + 4))]
+    rows = [ex for _ in range(total_steps + 4) for ex in task.train_examples(PROMPTS_PER_STEP, rng)]
     dataset = datasets.Dataset.from_dict({"prompt": [r.prompt for r in rows], "answer": [r.answer for r in rows]})
 
+    trl_prompts: list[list[str]] = []
+
     def arithmetic_reward(prompts, completions, answer, **kwargs):
+        trl_prompts.append(list(prompts[::GENERATIONS]))
         return [task.score(c, Example(p, a)).total for p, c, a in zip(prompts, completions, answer)]
 
     class Interleave(TrainerCallback):
@@ -202,7 +215,7 @@ def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, optim="adamw_torch",
         max_grad_norm=MAX_GRAD_NORM, gradient_checkpointing=False,
-        max_steps=total_steps, seed=args.seed, data_seed=args.seed,
+        max_steps=total_steps, seed=args.seed, data_seed=args.seed, shuffle_dataset=False,
         report_to=[], logging_strategy="no", save_strategy="no", eval_strategy="no",
         disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
     )
@@ -210,6 +223,7 @@ def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=arithmetic_reward, args=config,
                           train_dataset=dataset, processing_class=tokenizer, callbacks=[cb])
+    trainer.remove_callback(PrinterCallback)  # no end-of-training metrics dump on stdout
     torch.set_num_threads(args.threads)
     profiler = None
     if args.profile:  # covers TRL's warm-up steps too (ours are excluded: they run inside the callback)
@@ -234,7 +248,7 @@ def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
             profiler.disable()
             profiler.dump_stats(args.profile + ".trl")
         ours.step = orig_step
-    return {"trl_version": trl.__version__, "times": cb.times[args.warmup:],
+    return {"trl_version": trl.__version__, "times": cb.times[args.warmup:], "same_prompts": trl_prompts == ours.prompts,
             "length_min": min((a for a, _ in cb.lengths), default=math.nan),
             "length_max": max((b for _, b in cb.lengths), default=math.nan)}
 
@@ -251,6 +265,11 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
 
     warnings.filterwarnings("ignore")
+    try:  # no "Loading weights" / "Writing model shards" bars between the results
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     root = Path(tempfile.mkdtemp(prefix="rlgrad-bench-"))
@@ -280,7 +299,13 @@ def main(argv=None) -> None:
             pair = statistics.median(a / b for a, b in zip(ours.times, res["times"]))
             print(f"trl {res['trl_version']}: steps {[round(t, 3) for t in res['times']]} s, median {trl_med:.3f} s; "
                   f"completion_length min/max {res['length_min']}/{res['length_max']}; "
-                  f"median of per-pair ratios {pair:.3f}", flush=True)
+                  f"median of per-pair ratios {pair:.3f}; same prompts as ours each step: {res['same_prompts']}",
+                  flush=True)
+        spread = max(max(t) / min(t) for t in [ours.times] + ([res["times"]] if res else []))
+        if spread > 1.5:
+            print(f"warning: step times vary {spread:.1f}x within a side: the machine is busy (other processes); "
+                  "the medians are unreliable, the per-pair ratio above less so. Rerun on an idle machine, "
+                  "with more --steps, or with --threads 1 (less hurt by oversubscribed cores).", flush=True)
         ratio = ours_med / trl_med if trl_med == trl_med else math.nan
         print(f"rlgrad_step_s={ours_med:.4f} trl_step_s={trl_med:.4f} ratio={ratio:.3f}", flush=True)
     finally:

@@ -30,6 +30,13 @@ WARMSTART_VERSION = 1  # bump when the warm-start recipe changes, so stale cache
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
 
 
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # our own progress bar is the one a user should watch
+
+
 def build_char_tokenizer():
     """Printable ASCII + newline, one token per character; saved/loaded as a normal HF tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -69,6 +76,7 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32"):
     """Load a local HF causal LM and its tokenizer; a bad path is a UserError, never a hub lookup."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    _quiet_transformers()
     p = Path(path)
     if not p.is_dir():
         raise UserError(f"model.path '{path}' is not a directory (rlgrad only loads local models)")
@@ -150,6 +158,7 @@ def embedded_default(cfg: ModelConfig, task, seed: int, log=print):
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         supervised_warmstart(model, tokenizer, task, cfg, seed)
+    _quiet_transformers()
     tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
     try:
         model.save_pretrained(tmp)
