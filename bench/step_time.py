@@ -1,6 +1,7 @@
 """Wall time of one GRPO step: rlgrad's ``Trainer.train_step`` against TRL's ``GRPOTrainer``.
 
     .venv/bin/python bench/step_time.py [--threads 2] [--warmup 2] [--steps 5] [--seed 1]
+                                        [--engine auto|hf|native] [--recompute-log-probs]
                                         [--profile OUT.prof]
 
 Both sides run in this one process, on the CPU, in fp32, with the same number of torch
@@ -26,14 +27,20 @@ from TRL's interval), so both see the same background load on a shared machine. 
 
     rlgrad_step_s=... trl_step_s=... ratio=...      (ratio = rlgrad / trl; < 1 means we are faster)
 
+The line before it gives the same medians in process CPU time (``time.process_time``), which a
+shared machine disturbs less than wall time; it is meaningful with ``--threads 1`` (with more
+threads it also counts the threads' spin-waiting).
+
 TRL (``pip install rlgrad[bench]``) is optional: without it only our time is printed and the
 last line says ``trl_step_s=nan ratio=nan``. Everything written goes to a temporary directory
 that is removed at exit.
 
-Known difference left in place: with one optimizer step per generation batch TRL skips the
-"old" log-prob forward (it uses the detached current log-probs, which are identical), while
-rlgrad always computes old log-probs in a separate no-grad forward. That is part of what is
-being compared.
+Differences left in place (part of what is compared): TRL generates with transformers'
+``generate``; rlgrad with ``rollout.engine`` (``--engine``, default auto = rlgrad's own decode loop
+for this Qwen2, ``rlgrad.rl.decode``: same sampling, same RNG draws). Neither side runs a separate
+"old" log-prob forward: with one optimizer step per generation batch TRL uses the detached current
+log-probs; rlgrad takes the old log-probs from the rollout's own logits (``--recompute-log-probs``
+restores the separate forward, verl's default).
 """
 
 from __future__ import annotations
@@ -108,12 +115,15 @@ class RLGradSide:
             "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false",
             f"trainer.total_training_steps={args.warmup + args.steps}", "trainer.device=cpu",
             f"trainer.num_threads={args.threads}", f"trainer.seed={args.seed}", "trainer.resume_mode=disable",
+            f"rollout.engine={args.engine}", f"rollout.recompute_log_probs={str(args.recompute_log_probs).lower()}",
         ]
         self.args = args
         self.trainer = Trainer(load_config(None, None, overrides), log=lambda *a, **k: None)
         torch.set_num_threads(args.threads)
         self.logger = self.trainer._open_run_dir()  # jsonl in the temp run dir, written outside the timed region
         self.times: list[float] = []
+        self.cpu_times: list[float] = []
+        self.phases: list[dict[str, float]] = []  # timing_s/* of each timed step
         self.metrics: dict = {}
         self.done = 0
         self.profiler = None
@@ -135,13 +145,15 @@ class RLGradSide:
             self.profiler = cProfile.Profile()
         if self.profiler is not None:
             self.profiler.enable()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         metrics, _ = self.trainer.train_step(self.done, self.logger)
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         if self.profiler is not None:
             self.profiler.disable()
         if timed:
             self.times.append(dt)
+            self.cpu_times.append(dc)
+            self.phases.append({k.split("/")[-1]: v for k, v in metrics.items() if k.startswith("timing_s/")})
         self.trainer.step = self.done
         self.logger.log(self.done, metrics)
         self.metrics = metrics
@@ -187,20 +199,22 @@ def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
 
     class Interleave(TrainerCallback):
         def __init__(self):
-            self.mark = 0.0
+            self.mark = self.cpu_mark = 0.0
             self.times: list[float] = []
+            self.cpu_times: list[float] = []
             self.lengths: list[tuple[float, float]] = []
 
         def on_train_begin(self, a, state, control, **kw):
-            self.mark = time.perf_counter()
+            self.mark, self.cpu_mark = time.perf_counter(), time.process_time()
 
         def on_step_end(self, a, state, control, **kw):
             self.times.append(time.perf_counter() - self.mark)
+            self.cpu_times.append(time.process_time() - self.cpu_mark)
             m = trainer._metrics["train"]
             if m.get("completions/min_length"):
                 self.lengths.append((m["completions/min_length"][-1], m["completions/max_length"][-1]))
             ours.step()
-            self.mark = time.perf_counter()
+            self.mark, self.cpu_mark = time.perf_counter(), time.process_time()
 
     n = PROMPTS_PER_STEP * GENERATIONS
     config = GRPOConfig(
@@ -248,7 +262,8 @@ def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
             profiler.disable()
             profiler.dump_stats(args.profile + ".trl")
         ours.step = orig_step
-    return {"trl_version": trl.__version__, "times": cb.times[args.warmup:], "same_prompts": trl_prompts == ours.prompts,
+    return {"trl_version": trl.__version__, "times": cb.times[args.warmup:], "cpu_times": cb.cpu_times[args.warmup:],
+            "same_prompts": trl_prompts == ours.prompts,
             "length_min": min((a for a, _ in cb.lengths), default=math.nan),
             "length_max": max((b for _, b in cb.lengths), default=math.nan)}
 
@@ -261,6 +276,9 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=5, help="timed steps per side (median reported)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--skip-trl", action="store_true", help="time only rlgrad")
+    p.add_argument("--engine", default="auto", choices=("auto", "hf", "native"), help="rlgrad's rollout.engine")
+    p.add_argument("--recompute-log-probs", action="store_true",
+                   help="rlgrad: old log-probs from a separate forward (rollout.recompute_log_probs=true)")
     p.add_argument("--profile", help="write a cProfile of our timed steps here (TRL's to PATH.trl)")
     args = p.parse_args(argv)
 
@@ -287,12 +305,17 @@ def main(argv=None) -> None:
             ours.close()
         if args.skip_trl:
             print("TRL skipped (--skip-trl)")
+        from rlgrad.rl.rollout import resolve_engine
+
         m = ours.metrics
         ours_med = statistics.median(ours.times)
-        print(f"rlgrad: steps {[round(t, 3) for t in ours.times]} s, median {ours_med:.3f} s; "
+        engine = resolve_engine(ours.trainer.actor, ours.trainer.cfg.rollout.engine)
+        print(f"rlgrad (engine {engine}, old log-probs "
+              f"{'recomputed' if args.recompute_log_probs else 'from the rollout'}): steps "
+              f"{[round(t, 3) for t in ours.times]} s, median {ours_med:.3f} s; "
               f"response_length min/max {m.get('response_length/min')}/{m.get('response_length/max')}; "
-              "phases of the last step: " + ", ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in m.items()
-                                                     if k.startswith("timing_s/")), flush=True)
+              "median phases: " + ", ".join(f"{k}={statistics.median(p[k] for p in ours.phases):.3f}"
+                                            for k in ours.phases[-1]), flush=True)
         trl_med = math.nan
         if res is not None:
             trl_med = statistics.median(res["times"])
@@ -306,6 +329,10 @@ def main(argv=None) -> None:
             print(f"warning: step times vary {spread:.1f}x within a side: the machine is busy (other processes); "
                   "the medians are unreliable, the per-pair ratio above less so. Rerun on an idle machine, "
                   "with more --steps, or with --threads 1 (less hurt by oversubscribed cores).", flush=True)
+        if res is not None:
+            ours_cpu, trl_cpu = statistics.median(ours.cpu_times), statistics.median(res["cpu_times"])
+            print(f"cpu time: rlgrad_step_cpu_s={ours_cpu:.4f} trl_step_cpu_s={trl_cpu:.4f} "
+                  f"ratio={ours_cpu / trl_cpu:.3f}", flush=True)
         ratio = ours_med / trl_med if trl_med == trl_med else math.nan
         print(f"rlgrad_step_s={ours_med:.4f} trl_step_s={trl_med:.4f} ratio={ratio:.3f}", flush=True)
     finally:

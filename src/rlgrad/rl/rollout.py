@@ -1,4 +1,8 @@
-"""Rollout: batched sampling with ``generate`` and the tensors of the batch convention.
+"""Rollout: batched sampling and the tensors of the batch convention.
+
+Sampling runs on transformers' ``generate`` (engine ``hf``) or on rlgrad's own decode loop
+(``native``, ``rlgrad.rl.decode``); both also return the sampling policy's log-prob of every
+response token, which the trainer uses as the old log-probs.
 
 See ``rlgrad.batch`` for the alignment: ``[N, L]`` over prompt+response, prompts
 left-padded, ``response_mask[i, t] = 1`` for response tokens (the EOS included) whose
@@ -23,6 +27,9 @@ class Generation:
     responses: list[str]  # decoded response text, special tokens removed
     response_lengths: torch.Tensor  # [N] response tokens (EOS included)
     truncated: torch.Tensor  # [N] bool: hit the length limit without EOS
+    # [N, L] log softmax(raw logits / temperature) at each response token, as the sampling model computed it
+    # (verl's old log-prob: before top-k / top-p); zero outside response_mask.
+    log_probs: torch.Tensor | None = None
 
 
 def encode_prompts(tokenizer, prompts: list[str], max_prompt_length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,28 +42,99 @@ def encode_prompts(tokenizer, prompts: list[str], max_prompt_length: int) -> tup
     return enc["input_ids"], enc["attention_mask"]
 
 
+class _RawLogProbs:
+    """Forward hook for ``generate``: log softmax(raw logits / T) of each decode step at the token drawn from it.
+
+    The token drawn from step k's logits is the input of step k + 1 (or, for the last, read from the output),
+    so only one step's log-softmax is held at a time.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature, self.pending, self.out = temperature, None, []
+
+    def __call__(self, module, args, kwargs, output):
+        if self.pending is not None:
+            self.take((kwargs["input_ids"] if "input_ids" in kwargs else args[0])[:, -1])
+        self.pending = torch.log_softmax(output.logits[:, -1].float() / self.temperature, -1)
+
+    def take(self, tokens: torch.Tensor) -> None:
+        self.out.append(self.pending.gather(-1, tokens[:, None])[:, 0])
+        self.pending = None
+
+
+def _hf_generate(model, ids, att, kwargs: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers ``generate``: new tokens [B, steps] and their raw-logit log-probs [B, steps]."""
+    rec = _RawLogProbs(temperature)
+    handle = model.register_forward_hook(rec, with_kwargs=True)
+    try:
+        resp = model.generate(input_ids=ids, attention_mask=att, **kwargs)[:, ids.shape[1]:]
+    finally:
+        handle.remove()
+    if rec.pending is not None and len(rec.out) < resp.shape[1]:
+        rec.take(resp[:, len(rec.out)])
+    lp = torch.stack(rec.out, 1)[:, :resp.shape[1]] if rec.out else torch.zeros(resp.shape, device=resp.device)
+    return resp, lp
+
+
+def resolve_engine(model, engine: str, max_len: int | None = None) -> str:
+    """``hf`` | ``native`` for ``rollout.engine`` (``auto``: native when ``decode`` supports the model)."""
+    from rlgrad.rl.decode import unsupported_reason
+
+    if engine == "hf":
+        return "hf"
+    why = unsupported_reason(model, max_len)
+    if engine == "native" and why is not None:
+        raise UserError(f"rollout.engine=native cannot run this model ({why}); use rollout.engine=auto or hf")
+    if engine not in ("auto", "native"):
+        raise UserError(f"rollout.engine must be one of auto, hf, native, got {engine!r}")
+    return "native" if why is None else "hf"
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, n: int, max_new_tokens: int, do_sample: bool,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_prompt_length: int = 256,
-             micro_batch_size: int = 256) -> Generation:
-    """Sample ``n`` responses per prompt (samples of prompt i are rows i*n .. i*n+n-1)."""
-    ids, att = encode_prompts(tokenizer, prompts, max_prompt_length)
-    ids, att = ids.repeat_interleave(n, 0), att.repeat_interleave(n, 0)
+             micro_batch_size: int = 256, engine: str = "hf") -> Generation:
+    """Sample ``n`` responses per prompt (samples of prompt i are rows i*n .. i*n+n-1).
+
+    ``engine``: ``hf`` (transformers ``generate``), ``native`` (``rlgrad.rl.decode``; its micro-batches
+    hold whole prompt groups, ``max(1, micro_batch_size // n)`` prompts) or ``auto`` (native when the
+    model supports it). Both also return each response token's log-prob under the raw logits /
+    ``temperature`` (``Generation.log_probs``, also when greedy).
+    """
+    from rlgrad.rl.decode import decode
+
+    prompt_ids, prompt_att = encode_prompts(tokenizer, prompts, max_prompt_length)
+    ids, att = prompt_ids.repeat_interleave(n, 0), prompt_att.repeat_interleave(n, 0)
     device = next(model.parameters()).device
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    engine = resolve_engine(model, engine, ids.shape[1] + max_new_tokens)
     kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad, do_sample=do_sample)
     if do_sample:
         kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else None)
     was_training = model.training
     model.eval()
-    outs = []
-    for s in range(0, ids.shape[0], micro_batch_size):
-        out = model.generate(input_ids=ids[s:s + micro_batch_size].to(device),
-                             attention_mask=att[s:s + micro_batch_size].to(device), **kwargs)
-        outs.append(out[:, ids.shape[1]:].cpu())
-    model.train(was_training)
+    outs, lps = [], []
+    try:
+        if engine == "native":  # whole prompt groups per micro-batch: a prompt is prefilled once for its n samples
+            per = max(1, micro_batch_size // n)
+            for s in range(0, prompt_ids.shape[0], per):
+                out, lp = decode(model, prompt_ids[s:s + per].to(device), prompt_att[s:s + per].to(device), n=n,
+                                 max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+                                 do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
+                                 min_new_tokens=getattr(model.generation_config, "min_new_tokens", None) or 0)
+                outs.append(out.cpu())
+                lps.append(lp.float().cpu())
+        else:
+            for s in range(0, ids.shape[0], micro_batch_size):
+                out, lp = _hf_generate(model, ids[s:s + micro_batch_size].to(device),
+                                       att[s:s + micro_batch_size].to(device), kwargs, temperature)
+                outs.append(out.cpu())
+                lps.append(lp.float().cpu())
+    finally:
+        model.train(was_training)
     width = max(o.shape[1] for o in outs)
     resp = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=pad) for o in outs])
+    resp_lp = torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in lps])
 
     # A response runs up to and including its first EOS; everything after is padding.
     is_eos = resp == eos
@@ -65,31 +143,49 @@ def generate(model, tokenizer, prompts: list[str], *, n: int, max_new_tokens: in
     input_ids = torch.cat([ids, resp], 1)
     attention_mask = torch.cat([att, resp_valid_l], 1)
     response_mask = torch.cat([torch.zeros_like(att), resp_valid_l], 1).float()
+    log_probs = torch.cat([torch.zeros_like(att, dtype=torch.float32), resp_lp], 1) * response_mask
     lengths = resp_valid_l.sum(-1)
     truncated = ~is_eos.any(-1)
     texts = tokenizer.batch_decode([r[m.bool()] for r, m in zip(resp, resp_valid_l)], skip_special_tokens=True)
-    return Generation(input_ids, attention_mask, response_mask, texts, lengths, truncated)
+    return Generation(input_ids, attention_mask, response_mask, texts, lengths, truncated, log_probs)
 
 
 def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                      temperature: float = 1.0, with_entropy: bool = False
+                      temperature: float = 1.0, with_entropy: bool = False, start: int = 1
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-prob of ``input_ids[:, t]`` under the logits at ``t - 1`` (column 0 is 0).
+    """Per-token log-prob of ``input_ids[:, t]`` under the logits at ``t - 1``, for columns ``t >= start``.
 
-    Logits are divided by the rollout temperature, as verl does, so that old log-probs
-    describe the distribution the samples were drawn from.
+    Columns before ``start`` (at least column 0) are 0; with ``start`` = the first response column,
+    the LM head runs on the response positions only (``logits_to_keep``, as TRL does). Logits are
+    divided by the rollout temperature, as verl does, so that old log-probs describe the
+    distribution the samples were drawn from.
     """
     from rlgrad.rl.core import entropy_from_logits, logprobs_from_logits
 
+    L = input_ids.shape[1]
+    start = min(max(start, 1), L)
+    kwargs = {"logits_to_keep": L - start + 1} if start > 1 and _accepts_logits_to_keep(model) else {}
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                   position_ids=position_ids_from_mask(attention_mask), use_cache=False).logits
-    logits = logits[:, :-1].float()
+                   position_ids=position_ids_from_mask(attention_mask), use_cache=False, **kwargs).logits
+    logits = logits[:, -(L - start + 1):-1].float()  # the logits at positions start-1 .. L-2
     if temperature != 1.0:
         logits = logits / temperature
-    zero = torch.zeros_like(input_ids[:, :1], dtype=logits.dtype)
-    logp = torch.cat([zero, logprobs_from_logits(logits, input_ids[:, 1:])], 1)
+    zero = torch.zeros_like(input_ids[:, :start], dtype=logits.dtype)
+    logp = torch.cat([zero, logprobs_from_logits(logits, input_ids[:, start:])], 1)
     ent = torch.cat([zero, entropy_from_logits(logits)], 1) if with_entropy else None
     return logp, ent
+
+
+def _accepts_logits_to_keep(model) -> bool:
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def response_start(response_mask: torch.Tensor) -> int:
+    """The first column holding a response token (prompts all end at the same column); 1 if none."""
+    cols = torch.nonzero(response_mask.any(0)).flatten()
+    return int(cols[0]) if len(cols) else 1
 
 
 @torch.no_grad()
@@ -98,11 +194,12 @@ def compute_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Masked log-probs (and entropies) for a whole batch, in micro-batches, without grad."""
     device = next(model.parameters()).device
+    start = response_start(response_mask)  # no logits for prompt positions
     lps, ents = [], []
     for s in range(0, input_ids.shape[0], micro_batch_size):
         sl = slice(s, s + micro_batch_size)
         lp, ent = forward_log_probs(model, input_ids[sl].to(device), attention_mask[sl].to(device),
-                                    temperature=temperature, with_entropy=with_entropy)
+                                    temperature=temperature, with_entropy=with_entropy, start=start)
         lps.append(lp.cpu())
         if with_entropy:
             ents.append(ent.cpu())
