@@ -21,7 +21,13 @@ def test_defaults_and_overrides_are_typed():
     ("es_manager.train.env_groups", "data.train_batch_size", "32", 32),
     ("es_manager.train.group_size", "rollout.n", "16", 16),
     ("data.max_response_length", "rollout.response_length", "12", 12),
+    ("actor_rollout_ref.rollout.gradient_analysis_num_buckets", "rollout.gradient_analysis_num_buckets", "4", 4),
+    ("actor_rollout_ref.rollout.gradient_analysis_bucket_mode", "rollout.gradient_analysis_bucket_mode", "fixed_rv", "fixed_rv"),
+    ("actor_rollout_ref.rollout.rollout_filter_top_p_prob_mode", "rollout.rollout_filter_top_p_prob_mode", "softmax", "softmax"),
+    ("trainer.gradient_analysis_env_groups", "trainer.gradient_analysis_env_groups", "128", 128),
 ])
+
+
 def test_seed_aliases(seed_key, ours, value, expect):
     cfg = load_config(overrides=[f"{seed_key}={value}"])
     section, _, name = ours.rpartition(".")
@@ -29,6 +35,28 @@ def test_seed_aliases(seed_key, ours, value, expect):
     for part in section.split("."):
         node = getattr(node, part)
     assert getattr(node, name) == expect
+
+
+def test_seed_probe_command_lines():
+    """The seeds' checkpoint-probe overrides: ours are accepted verbatim, the rest say they are unsupported."""
+    supported = ["trainer.resume_mode=resume_path", "trainer.save_freq=-1", "trainer.val_before_train=False",
+                 "trainer.test_freq=-1", "es_manager.train.env_groups=32", "es_manager.train.group_size=16",
+                 "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.kl_loss_type=low-var-kl",
+                 "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.entropy_coeff=0.001",
+                 "actor_rollout_ref.actor.loss_agg_mode=token-mean", "actor_rollout_ref.rollout.rollout_filter_value=0.9",
+                 "actor_rollout_ref.rollout.rollout_filter_strategy=top_p",
+                 "actor_rollout_ref.rollout.rollout_filter_type=largest",
+                 "actor_rollout_ref.rollout.rollout_filter_metric=reward_variance",
+                 "actor_rollout_ref.rollout.rollout_filter_include_zero=True",
+                 "trainer.gradient_analysis_mode=True", "trainer.gradient_analysis_every=1",
+                 "trainer.exit_after_gradient_analysis=True", "trainer.resume_from_path=/x/global_step_100"]
+    cfg = load_config(overrides=supported)
+    assert (cfg.data.train_batch_size, cfg.rollout.n, cfg.trainer.gradient_analysis_every) == (32, 16, 1)
+    for unsupported in ["actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+                        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
+                        "actor_rollout_ref.actor.filter_loss_scaling=none"]:
+        with pytest.raises(UserError, match="not support"):
+            load_config(overrides=[unsupported])
 
 
 def test_unknown_key_suggests_closest():

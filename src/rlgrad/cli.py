@@ -48,12 +48,53 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"rlgrad: error: {message} (see rlgrad {self.prog.split()[-1]} --help)\n")
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    """The seeds' checkpoint probe: reload global_step_N, run one analysis pass, exit."""
+    import time
+    from pathlib import Path
+
+    from rlgrad.config import load_config
+    from rlgrad.rl.checkpoint import checkpoint_step
+
+    ckpt = Path(args.resume_from_path)
+    if not ckpt.is_dir():
+        raise UserError(f"--resume-from-path '{ckpt}' does not exist")
+    step = checkpoint_step(ckpt)
+    run_cfg = ckpt.parent / "config.yaml"
+    name = f"{ckpt.parent.name}_probe_step{step}_{time.strftime('%Y%m%d-%H%M%S')}"
+    forced = [
+        "trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}",
+        "trainer.gradient_analysis_mode=true", "trainer.gradient_analysis_every=1",
+        "trainer.exit_after_gradient_analysis=true", "trainer.gradient_analysis_only=true",
+        f"trainer.total_training_steps={step + 1}", f"trainer.val_before_train={str(args.with_val).lower()}",
+        "trainer.test_freq=-1", "trainer.save_freq=-1", f"trainer.experiment_name={name}",
+        f"trainer.default_local_dir={ckpt.parent.parent / name}",
+    ]
+    cfg = load_config(args.config_name, args.config_file, forced + args.overrides,
+                      base_file=str(run_cfg) if run_cfg.is_file() else None)
+    from rlgrad.rl.trainer import Trainer
+
+    trainer = Trainer(cfg)
+    trainer.fit()
+    print(f"\nprobe of {ckpt} (step {step}) written to {trainer.run_dir}")
+    print(f"  metrics: {trainer.run_dir / 'metrics.jsonl'}   per-layer norms: {trainer.run_dir / 'analysis'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rlgrad", description="Gradient-level analysis of RL fine-tuning of LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("train", help="train a policy (GRPO / RLOO advantages, PPO / CISPO loss)")
     _add_config_args(p)
     p.set_defaults(func=cmd_train)
+    p = sub.add_parser("probe", help="reload a checkpoint, run one gradient-analysis pass, exit")
+    p.add_argument("--resume-from-path", required=True, help="a global_step_N checkpoint directory")
+    p.add_argument("--with-val", action="store_true", help="validate before the probe")
+    p.add_argument("--config-name", default="grad_analysis_probe",
+                   help="preset applied over the run's own config.yaml (default: grad_analysis_probe)")
+    p.add_argument("--config", dest="config_file", help="a YAML config file applied after the preset")
+    p.add_argument("overrides", nargs="*", help="key=value overrides")
+    p.set_defaults(func=cmd_probe)
     return parser
 
 

@@ -75,6 +75,8 @@ class RolloutConfig:
     response_length: int = _f(8, "Maximum response tokens (verl: data.max_response_length).")
     val_do_sample: bool = _f(False, "Sample during validation (false: greedy, as verl's val_kwargs default).")
     log_prob_micro_batch_size: int = _f(64, "Sequences per forward when computing old/ref log-probs.")
+    recompute_log_probs: bool = _f(False, "Recompute old log-probs with a separate forward (verl's default) instead of taking them from the rollout.")
+    engine: str = _f("auto", "Rollout engine: hf (transformers generate) | native (rlgrad's decode loop for Qwen2/Llama/Mistral) | auto (native when the model supports it, else hf).", choices=("auto", "hf", "native"))
     rollout_filter_strategy: str = _f("top_p", "Group filter: top_p | top_k | top_k_abs | min_p.", choices=("top_p", "top_k", "top_k_abs", "min_p"))
     rollout_filter_value: float = _f(1.0, "Filter threshold (1.0 with top_p keeps every group).")
     rollout_filter_type: str = _f("largest", "Keep the groups with the largest or smallest metric.", choices=("largest", "smallest"))
@@ -82,6 +84,8 @@ class RolloutConfig:
     rollout_filter_top_p_prob_mode: str = _f("linear", "top_p probabilities: metric/sum (linear) or softmax.", choices=("linear", "softmax"))
     rollout_filter_include_zero: bool = _f(True, "Keep groups whose metric is exactly zero.")
     rollout_filter_empty_stop_steps: int = _f(5, "Stop the run after this many consecutive steps whose filter kept nothing.")
+    gradient_analysis_num_buckets: int = _f(6, "Gradient analysis: number of quantile buckets of prompt groups by reward std.")
+    gradient_analysis_bucket_mode: str = _f("quantile", "Gradient analysis buckets: quantile (equal group counts) | fixed_rv ([0,1) .. [5,inf)).", choices=("quantile", "fixed_rv"))
 
 
 @dataclass
@@ -141,6 +145,20 @@ class TrainerConfig:
     seed: int = _f(1, "Seed of data, sampling and initialisation.")
     device: str = _f("auto", "cpu | cuda | auto.", choices=("auto", "cpu", "cuda"))
     num_threads: int | None = _f(None, "torch CPU threads (null: torch's default).")
+    gradient_analysis_mode: bool = _f(True, "Probe the actor's gradient by reward-variance bucket and loss component (no optimizer step).")
+    gradient_analysis_every: int = _f(50, "Analyse when (global_steps - 1) % every == 0: steps 1, 1+every, ...")
+    exit_after_gradient_analysis: bool = _f(False, "Log the analysis, then stop before the actor update, checkpoint and validation.")
+    gradient_analysis_only: bool = _f(False, "Probe mode: no actor (or critic) updates at all.")
+    gradient_analysis_env_groups: int | None = _f(None, "Analyse a separate batch of this many prompt groups (null: the training batch).")
+    gradient_analysis_group_size: int | None = _f(None, "Samples per group of the separate analysis batch (null: rollout.n).")
+    gradient_analysis_log_prefilter: bool = _f(False, "Also analyse the batch before the rollout filter (grad_norm_prefilter/...).")
+
+
+@dataclass
+class AnalysisConfig:
+    method: str = _f("fast", "Gradient engine: fast (one forward, one backward per term, buckets by linearity) | reference (the seeds' per-bucket passes).", choices=("fast", "reference"))
+    save_batch: bool = _f(False, "Write analysis/step_N/batch.safetensors and loss.json so every number can be recomputed offline.")
+    save_model: bool = _f(False, "Also write the probed actor to analysis/step_N/model/ (Hugging Face format).")
 
 
 @dataclass
@@ -152,6 +170,7 @@ class RLGradConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
 
 
 # The seeds' spellings -> ours. Prefix entries end with '.'; exact entries win over prefixes.
@@ -258,9 +277,14 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def load_config(preset: str | None = None, config_file: str | None = None,
-                overrides: list[str] | None = None) -> RLGradConfig:
-    """Schema defaults < preset < overrides, validated; every error is a one-line UserError."""
+                overrides: list[str] | None = None, base_file: str | None = None) -> RLGradConfig:
+    """Schema defaults < base_file < preset < config_file < overrides, validated.
+
+    Every error is a one-line UserError. ``base_file`` is a run's saved config.yaml (``rlgrad probe``).
+    """
     layers: list[tuple[str, dict[str, Any]]] = []
+    if base_file:
+        layers.append((base_file, _flatten(_read_yaml(Path(base_file)))))
     if preset:
         path = find_preset(preset)
         layers.append((str(path), _flatten(_read_yaml(path))))
@@ -302,7 +326,8 @@ def validate(cfg: RLGradConfig) -> None:
             hint = difflib.get_close_matches(str(v), choices, n=1)
             raise UserError(f"'{key}' must be one of {', '.join(choices)}, got '{v}'"
                             + (f"; did you mean '{hint[0]}'?" if hint else ""))
-    positive = ["data.train_batch_size", "rollout.n", "rollout.response_length", "actor.ppo_epochs",
+    positive = ["data.train_batch_size", "rollout.n", "trainer.gradient_analysis_every",
+                "rollout.gradient_analysis_num_buckets", "rollout.response_length", "actor.ppo_epochs",
                 "actor.ppo_micro_batch_size", "trainer.total_training_steps", "data.val_size"]
     values = {k: v for k, _, v in _walk(cfg)}
     for k in positive:

@@ -34,7 +34,11 @@ class StepContext:
     critic: torch.nn.Module | None = None
     tokenizer: Any = None
     is_main: bool = True  # rank 0: the only process that writes files
-    extras: dict[str, Any] = field(default_factory=dict)  # e.g. the unfiltered batch
+    # "unfiltered_batch": the batch before the rollout filter (not prepared);
+    # "prepare": Batch -> Batch, adds old/ref log-probs and advantages;
+    # "sample_batch": (groups, group_size) -> (prepared filtered batch, unfiltered batch), a separate
+    #   rollout that leaves the training batch, data stream and RNG untouched.
+    extras: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -42,6 +46,7 @@ class HookResult:
     metrics: dict[str, float] = field(default_factory=dict)
     stop: bool = False  # stop the run before the actor update, checkpoint and validation
     reason: str = ""
+    tables: dict[str, tuple[list[str], list[list]]] = field(default_factory=dict)  # W&B tables: key -> (columns, rows)
 
 
 class Hook:

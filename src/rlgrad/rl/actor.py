@@ -73,23 +73,56 @@ class LossTerms:
         return loss
 
 
-def actor_loss_terms(model, mb: Batch, s: LossSettings, den: Denominators) -> LossTerms:
-    """Forward ``mb`` and return each aggregated loss term (differentiable)."""
+@dataclass
+class TokenLosses:
+    """Per-token terms of the actor loss for one forward (``[N, L]``, zero outside ``mask``)."""
+
+    mask: torch.Tensor
+    pg: torch.Tensor  # per-token policy loss (PPO-clip or CISPO)
+    entropy: torch.Tensor  # per-token entropy H (detached when entropy_coeff == 0)
+    kl: torch.Tensor | None  # per-token KL estimate (use_kl_loss only)
+    clipfrac: torch.Tensor
+    clipfrac_lower: torch.Tensor
+    ppo_kl: torch.Tensor
+
+    def components(self, s: LossSettings) -> dict[str, torch.Tensor]:
+        """The loss's terms with their coefficients, as the analyses name them: task, entropy, kl.
+
+        A term with a zero coefficient (or KL off) is absent: it does not move the policy.
+        """
+        out = {"task": self.pg}
+        if s.entropy_coeff != 0:
+            out["entropy"] = -s.entropy_coeff * self.entropy
+        if self.kl is not None and s.kl_loss_coef != 0:
+            out["kl"] = s.kl_loss_coef * self.kl
+        return out
+
+
+def token_losses(model, mb: Batch, s: LossSettings) -> TokenLosses:
+    """Forward ``mb`` and return the per-token loss terms (differentiable)."""
     device = next(model.parameters()).device
     mask = mb.response_mask.to(device)
     logp, ent = forward_log_probs(model, mb.input_ids.to(device), mb.attention_mask.to(device),
                                   temperature=s.temperature, with_entropy=True)
     if s.entropy_coeff == 0:
         ent = ent.detach()  # still logged as actor/entropy, but no graph kept for it
-    agg = dict(horizon=s.horizon, num_tokens=den.num_tokens, num_seqs=den.num_seqs)
     pg = policy_loss(logp, mb.old_log_probs.to(device), mb.advantages.to(device), mask, kind=s.policy_loss,
                      clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
-                     clip_ratio_c=s.clip_ratio_c, agg_mode=s.loss_agg_mode, **agg)
-    entropy = agg_loss(ent, mask, s.loss_agg_mode, **agg)
-    kl = None
-    if s.use_kl_loss:
-        kl = agg_loss(kl_penalty(logp, mb.ref_log_probs.to(device), s.kl_loss_type), mask, s.loss_agg_mode, **agg)
-    return LossTerms(pg.loss, entropy, kl, pg.clipfrac, pg.clipfrac_lower, pg.ppo_kl)
+                     clip_ratio_c=s.clip_ratio_c, agg_mode=s.loss_agg_mode, horizon=s.horizon)
+    kl = kl_penalty(logp, mb.ref_log_probs.to(device), s.kl_loss_type) * mask if s.use_kl_loss else None
+    return TokenLosses(mask, pg.loss_mat * mask, ent * mask, kl, pg.clipfrac, pg.clipfrac_lower, pg.ppo_kl)
+
+
+def actor_loss_terms(model, mb: Batch, s: LossSettings, den: Denominators) -> LossTerms:
+    """Forward ``mb`` and return each aggregated loss term (differentiable)."""
+    t = token_losses(model, mb, s)
+
+    def agg(x: torch.Tensor) -> torch.Tensor:
+        return agg_loss(x, t.mask, s.loss_agg_mode, horizon=s.horizon, num_tokens=den.num_tokens,
+                        num_seqs=den.num_seqs)
+
+    kl = agg(t.kl) if t.kl is not None else None
+    return LossTerms(agg(t.pg), agg(t.entropy), kl, t.clipfrac, t.clipfrac_lower, t.ppo_kl)
 
 
 def minibatches(n: int, mini_size: int, shuffle: bool, generator: torch.Generator | None) -> list[torch.Tensor]:

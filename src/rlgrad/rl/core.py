@@ -87,6 +87,27 @@ def agg_loss(
     raise ValueError(f"unknown loss aggregation mode {mode!r}; expected one of {AGG_MODES}")
 
 
+def agg_token_weights(mask: Tensor, mode: str, *, horizon: int) -> tuple[Tensor, Tensor]:
+    """``agg_loss`` as a weighted sum: ``agg(rows R) = Σ_{i∈R,t} ω·ℓ / Σ_{i∈R} u``.
+
+    Returns ``ω`` ``[N, L]`` (per-token weights, independent of which rows are aggregated) and
+    ``u`` ``[N]`` (each row's share of the denominator). This is what lets one backward pass give
+    the gradient of any subset's loss: the subset only changes the denominator.
+    """
+    mask = mask.to(torch.float32) if not mask.is_floating_point() else mask
+    lengths = mask.sum(-1)
+    ones = torch.ones_like(lengths)
+    if mode == "token-mean":
+        return mask, lengths
+    if mode == "seq-mean-token-sum":
+        return mask, ones
+    if mode == "seq-mean-token-mean":
+        return mask / lengths.clamp_min(1.0)[:, None], ones
+    if mode == "seq-mean-token-sum-norm":
+        return mask / horizon, ones
+    raise ValueError(f"unknown loss aggregation mode {mode!r}; expected one of {AGG_MODES}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Outcome advantages (one scalar score per sample, baselined within its prompt group)
 # ---------------------------------------------------------------------------------------------
@@ -231,6 +252,7 @@ class PolicyLossOutput:
     clipfrac: Tensor  # fraction of response tokens where the clip was active (detached)
     clipfrac_lower: Tensor  # dual-clip lower fraction (detached; 0 for cispo)
     ppo_kl: Tensor  # masked mean of (old_logp - logp) (detached)
+    loss_mat: Tensor | None = None  # per-token loss before aggregation (differentiable)
 
 
 def policy_loss(
@@ -289,4 +311,4 @@ def policy_loss(
         raise ValueError(f"unknown policy loss kind {kind!r}; expected 'ppo' or 'cispo'")
 
     loss = agg_loss(loss_mat, mask, agg_mode, horizon=horizon, num_tokens=num_tokens, num_seqs=num_seqs)
-    return PolicyLossOutput(loss, clipfrac.detach(), clipfrac_lower.detach(), ppo_kl)
+    return PolicyLossOutput(loss, clipfrac.detach(), clipfrac_lower.detach(), ppo_kl, loss_mat)

@@ -92,7 +92,11 @@ def summarize(prefix: str, x: torch.Tensor) -> dict[str, float]:
 
 class Trainer:
     def __init__(self, cfg: RLGradConfig, hooks: list[Hook] | None = None, log=print):
-        self.cfg, self.hooks, self.log = cfg, list(hooks or []), log
+        """``hooks`` run after the analysis hooks the config asks for (``rlgrad.analysis.hooks_from_config``)."""
+        from rlgrad.analysis import hooks_from_config
+
+        self.cfg, self.log = cfg, log
+        self.hooks = hooks_from_config(cfg) + list(hooks or [])
         t = cfg.trainer
         if t.num_threads:
             torch.set_num_threads(t.num_threads)
@@ -170,14 +174,15 @@ class Trainer:
         cfg, r = self.cfg, self.cfg.rollout
         gen = generate(self.actor, self.tokenizer, [e.prompt for e in examples], n=n,
                        max_new_tokens=r.response_length, do_sample=do_sample, temperature=r.temperature,
-                       top_p=r.top_p, top_k=r.top_k, max_prompt_length=cfg.data.max_prompt_length)
+                       top_p=r.top_p, top_k=r.top_k, max_prompt_length=cfg.data.max_prompt_length,
+                       engine=r.engine)
         scores = [self.task.score(text, examples[i // n], num_tokens=int(gen.response_lengths[i]))
                   for i, text in enumerate(gen.responses)]
         group_ids = torch.arange(len(examples)).repeat_interleave(n)
         total = torch.tensor([s.total for s in scores], dtype=torch.float32)
         comps = {k: torch.tensor([s.components[k] for s in scores], dtype=torch.float32) for k in scores[0].components}
         batch = Batch(gen.input_ids, gen.attention_mask, gen.response_mask, group_ids, total,
-                      group_reward_std(total, group_ids), comps)
+                      group_reward_std(total, group_ids), comps, old_log_probs=gen.log_probs)
         info = {"correct": torch.tensor([s.correct for s in scores], dtype=torch.float32),
                 "lengths": gen.response_lengths.float(), "truncated": gen.truncated.float(),
                 "responses": gen.responses}
@@ -203,10 +208,11 @@ class Trainer:
 
     def prepare(self, batch: Batch, metrics: dict) -> Batch:
         r = self.cfg.rollout
-        with timer(metrics, "old_log_prob"):
-            batch.old_log_probs, _ = compute_log_probs(self.actor, batch.input_ids, batch.attention_mask,
-                                                       batch.response_mask, temperature=r.temperature,
-                                                       micro_batch_size=r.log_prob_micro_batch_size)
+        with timer(metrics, "old_log_prob"):  # the sampling model is the old policy: its rollout log-probs
+            if r.recompute_log_probs or batch.old_log_probs is None:
+                batch.old_log_probs, _ = compute_log_probs(self.actor, batch.input_ids, batch.attention_mask,
+                                                           batch.response_mask, temperature=r.temperature,
+                                                           micro_batch_size=r.log_prob_micro_batch_size)
         if self.ref is not None:
             with timer(metrics, "ref"):
                 batch.ref_log_probs, _ = compute_log_probs(self.ref, batch.input_ids, batch.attention_mask,
@@ -229,6 +235,16 @@ class Trainer:
                              metric=r.rollout_filter_metric, top_p_prob_mode=r.rollout_filter_top_p_prob_mode,
                              include_zero=r.rollout_filter_include_zero, entropies=entropies, lengths=info["lengths"])
         return res.keep, res.metrics
+
+    def analysis_batch(self, step: int, groups: int, size: int) -> tuple[Batch | None, Batch]:
+        """A separate rollout for analysis: own data stream, forked RNG, training batch untouched."""
+        rng = random.Random(self.cfg.trainer.seed * 1_000_003 + step)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.cfg.trainer.seed * 1_000_003 + step)
+            full, info = self.rollout(self.task.train_examples(groups, rng), n=size, do_sample=True)
+            keep, _ = self.filter(full, info)
+            kept = self.prepare(full.select(torch.nonzero(keep).squeeze(-1)), {}) if bool(keep.any()) else None
+        return kept, full
 
     # ------------------------------------------------------------------ the loop
     def train_step(self, step: int, logger: MetricLogger) -> tuple[dict[str, float], bool]:
@@ -262,11 +278,16 @@ class Trainer:
 
         ctx = StepContext(step=step, batch=batch, actor=self.actor, optimizer=self.optimizer,
                           loss_settings=self.loss_settings, config=cfg, run_dir=self.run_dir, ref=self.ref,
-                          tokenizer=self.tokenizer, is_main=self.is_main, extras={"unfiltered_batch": full, "examples": examples})
+                          tokenizer=self.tokenizer, is_main=self.is_main,
+                          extras={"unfiltered_batch": full, "examples": examples,
+                                  "prepare": lambda b: self.prepare(b, {}),
+                                  "sample_batch": lambda groups, size: self.analysis_batch(step, groups, size)})
         for hook in self.hooks:
             res = hook.before_update(ctx)
             if res is not None:
                 m.update(res.metrics)
+                for key, (columns, rows) in res.tables.items():
+                    logger.log_table(key, columns, rows, step)
                 if res.stop:
                     m["timing_s/step"] = time.perf_counter() - t0
                     self.log(f"step {step}: stopping before the actor update ({res.reason or 'requested by a hook'})")
@@ -278,6 +299,9 @@ class Trainer:
                 if extra:
                     m.update(extra)
 
+        if cfg.trainer.gradient_analysis_only:  # probe mode: measure, never update
+            m["timing_s/step"] = time.perf_counter() - t0
+            return m, False
         a = cfg.actor
         mini_prompts = a.ppo_mini_batch_size or cfg.data.train_batch_size
         with timer(m, "update_actor"):

@@ -1,0 +1,82 @@
+"""Reward-variance buckets: which prompt groups an analysis bucket holds.
+
+A group's reward std is the unbiased std of its samples' sequence scores (the same
+``reward_std`` the rollout filter computes and every sample carries).
+
+* ``quantile``: groups sorted by std ascending (ties by group id), ``B = min(num_buckets,
+  num_groups)`` buckets of ``num_groups // B`` consecutive groups, the remainder going to
+  the last bucket. ``bucket_1`` holds the lowest variance.
+* ``fixed_rv``: ``[0,1) [1,2) [2,3) [3,4) [4,5) [5,inf)``; empty buckets are skipped.
+
+``all`` (the whole batch) is always included. Every sample is in exactly one real bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FIXED_RV_EDGES = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, float("inf"))
+
+
+@dataclass
+class Buckets:
+    rows: dict[str, torch.Tensor]  # bucket name -> sample indices (ascending); "all" first
+    groups: list[tuple[str, int, float]]  # (bucket, group_id, reward_std) for every group
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.rows)
+
+    def bucket_ids(self, n: int) -> torch.Tensor:
+        """[n] bucket number per sample (1-based, the k of bucket_k)."""
+        out = torch.zeros(n, dtype=torch.long)
+        for name, idx in self.rows.items():
+            if name != "all":
+                out[idx] = int(name.split("_")[1])
+        return out
+
+
+def group_table(group_ids: torch.Tensor, reward_std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique group ids (ascending) and each group's reward std."""
+    gids, first = _first_occurrence(group_ids)
+    return gids, reward_std[first].float()
+
+
+def _first_occurrence(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    uniq, inv = torch.unique(x, return_inverse=True)
+    pos = torch.arange(len(x), device=x.device)
+    first = torch.full((len(uniq),), len(x), dtype=torch.long, device=x.device).scatter_reduce(0, inv, pos, "amin")
+    return uniq, first
+
+
+def make_buckets(group_ids: torch.Tensor, reward_std: torch.Tensor, *, mode: str = "quantile",
+                 num_buckets: int = 6) -> Buckets:
+    gids, stds = group_table(group_ids, reward_std)
+    if mode == "quantile":
+        order = sorted(range(len(gids)), key=lambda k: (float(stds[k]), int(gids[k])))
+        b = min(num_buckets, len(gids))
+        per = len(gids) // b if b else 0
+        members = [order[i * per:(i + 1) * per] if i < b - 1 else order[i * per:] for i in range(b)]
+    elif mode == "fixed_rv":
+        members = [[k for k in range(len(gids)) if lo <= float(stds[k]) < hi]
+                   for lo, hi in zip(FIXED_RV_EDGES[:-1], FIXED_RV_EDGES[1:])]
+    else:
+        raise ValueError(f"unknown gradient_analysis_bucket_mode '{mode}' (quantile | fixed_rv)")
+    rows = {"all": torch.arange(len(group_ids))}
+    table = []
+    for i, ks in enumerate(members, start=1):
+        if not ks:
+            continue
+        name = f"bucket_{i}"
+        in_bucket = torch.isin(group_ids, gids[ks])
+        rows[name] = torch.nonzero(in_bucket).squeeze(-1)
+        table += [(name, int(gids[k]), float(stds[k])) for k in sorted(ks, key=lambda k: (float(stds[k]), int(gids[k])))]
+    return Buckets(rows, table)
+
+
+def dp_trim(rows: torch.Tensor, world_size: int) -> torch.Tensor:
+    """The seeds' data-parallel trimming: drop the remainder that does not divide by the ranks."""
+    keep = len(rows) - len(rows) % world_size
+    return rows[:keep]

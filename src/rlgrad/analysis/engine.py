@@ -1,0 +1,284 @@
+"""The gradient engine every instrument uses: gradients of many row-weighted losses at once.
+
+Every loss the analyses ask about is a row-weighted sum of one per-token loss term:
+
+    L_s(θ) = Σ_i W[s, i] · Σ_t ω_it · ℓ_it(θ)        (s = a bucket, a reward component, ...)
+
+Rows (samples) never interact in a forward pass, so ``∂L_s/∂θ = Σ_i W[s, i] · g_i`` where g_i
+is row i's gradient. ``fast`` therefore runs ONE forward and, per loss term, ONE backward of
+``Σ_i Σ_t ω ℓ`` down to the input embeddings only, with the model's parameters frozen. Module
+hooks see each layer's input ``x`` and output gradient ``δ`` and reduce them per slice:
+
+    Linear      ∂L_s/∂W = Σ_i W[s,i] Σ_t δ_it x_itᵀ      ∂L_s/∂b = Σ_i W[s,i] Σ_t δ_it
+    Embedding   ∂L_s/∂E[v] = Σ_i W[s,i] Σ_{t: id_it = v} δ_it      (v ≠ padding_idx)
+    RMSNorm     ∂L_s/∂w = Σ_i W[s,i] Σ_t δ_it ⊙ x̂_it      (x̂ the normalised input; LayerNorm: + bias)
+
+so a slice whose rows are disjoint from the others' costs only its share of one weight-gradient
+computation, and the full-batch weight gradient is never formed separately. Tied input/output
+embeddings receive both contributions. Derived slices (e.g. ``all`` = Σ_b c_b · bucket_b) are
+linear combinations formed at the end. The result is, per term, the Gram matrix of the slices'
+gradients for every layer group (norms on the diagonal, dot products off it), and optionally the
+gradients themselves.
+
+``reference`` does the literal thing: for each slice its own sub-batch, a forward and a backward
+per term through plain autograd. It is the oracle the tests hold ``fast`` to.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from rlgrad.batch import Batch
+
+
+def layer_group(name: str) -> str:
+    """Layer group of a parameter name: embed, layer_<i>, final_norm, lm_head (or head)."""
+    m = re.search(r"\.(?:layers|h|blocks)\.(\d+)\.", name)
+    if m:
+        return f"layer_{int(m.group(1))}"
+    if "embed" in name or ".wte." in name or ".wpe." in name:
+        return "embed"
+    if "lm_head" in name:
+        return "lm_head"
+    if "norm" in name or ".ln_f." in name:
+        return "final_norm"
+    return "head"
+
+
+@dataclass
+class GradStats:
+    """Per term: the slices' gradient Gram matrix for each layer group (and in total)."""
+
+    slices: list[str]
+    gram: dict[str, dict[str, torch.Tensor]]  # term -> layer group -> [S, S] (float64)
+    grads: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # term -> param name -> [S, *shape]
+    row_order: torch.Tensor | None = None  # fast: the row permutation its single forward ran on
+
+    def total_gram(self, term: str) -> torch.Tensor:
+        return sum(self.gram[term].values())
+
+    def norm(self, term: str, s: str, group: str | None = None) -> float:
+        k = self.slices.index(s)
+        g = self.gram[term][group] if group else self.total_gram(term)
+        return float(g[k, k].clamp_min(0).sqrt())
+
+
+def _is_rmsnorm(m: nn.Module) -> bool:
+    return "RMSNorm" in type(m).__name__ and isinstance(getattr(m, "weight", None), nn.Parameter) and (
+        hasattr(m, "variance_epsilon") or hasattr(m, "eps"))
+
+
+def _norm_input(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The normalised input x̂ that the norm's weight multiplies."""
+    if isinstance(m, nn.LayerNorm):
+        return nn.functional.layer_norm(x, m.normalized_shape, None, None, m.eps)
+    eps = getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6))
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class _SliceReducer:
+    """Accumulates per-slice parameter gradients from module hooks during one backward."""
+
+    def __init__(self, model: nn.Module, weights: torch.Tensor):
+        self.model = model
+        self.weights = weights  # [S, N]
+        self.rows = [torch.nonzero(w).squeeze(-1) for w in weights]
+        self.const = [len(r) > 0 and bool((w[r] == w[r[0]]).all()) for w, r in zip(weights, self.rows)]
+        # Rows sorted by slice (fast_gradients does that) make each disjoint slice a contiguous range:
+        # a view of δ and x, no gather.
+        self.ranges = [(int(r[0]), len(r)) if len(r) and bool((r == torch.arange(int(r[0]), int(r[0]) + len(r),
+                                                                                  device=r.device)).all()) else None
+                       for r in self.rows]
+        self.acc: dict[int, torch.Tensor] = {}
+        self.names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
+        self.handles = []
+        self.covered: set[int] = set()
+        self.embed_leaf: list[tuple[nn.Embedding, torch.Tensor, torch.Tensor]] = []
+        for mod in model.modules():
+            if isinstance(mod, nn.Linear):
+                self._watch(mod, self._linear)
+            elif isinstance(mod, nn.Embedding):
+                self._watch(mod, self._embedding)
+            elif isinstance(mod, nn.LayerNorm) or _is_rmsnorm(mod):
+                self._watch(mod, self._norm)
+
+    def _watch(self, mod: nn.Module, fn: Callable) -> None:
+        params = [p for p in mod.parameters(recurse=False) if id(p) in self.names]
+        if not params:
+            return
+        self.covered.update(id(p) for p in params)
+
+        def fwd(module, inputs, output):
+            x = inputs[0].detach()
+            if isinstance(module, nn.Embedding) and not output.requires_grad:
+                # The input embedding: make its output the leaf the backward stops at.
+                output = output.detach().requires_grad_(True)
+                self.embed_leaf.append((module, x, output))
+            output.register_hook(lambda g: fn(module, x, g))
+            return output
+
+        self.handles.append(mod.register_forward_hook(fwd))
+
+    def _add(self, p: nn.Parameter, per_slice: torch.Tensor) -> None:
+        k = id(p)
+        if k not in self.names:
+            return
+        self.acc[k] = self.acc[k] + per_slice if k in self.acc else per_slice
+
+    def _slices(self, g: torch.Tensor, x: torch.Tensor, reduce: Callable) -> torch.Tensor:
+        # Each slice only touches its own rows: disjoint slices cost one weight gradient in total.
+        # A slice whose rows share one weight (a bucket) scales the small result, not the big δ.
+        out = []
+        n = g.shape[0]
+        for w, rows, const, rng in zip(self.weights, self.rows, self.const, self.ranges):
+            if len(rows) == 0:
+                out.append(reduce(g[:0].flatten(0, -2), x[:0].flatten(0, -2) if x.dim() > 2 else x[:0]))
+                continue
+            if len(rows) == n:
+                gs, xs = g, x
+            elif rng is not None:
+                gs, xs = g.narrow(0, rng[0], rng[1]), x.narrow(0, rng[0], rng[1])
+            else:
+                gs, xs = g.index_select(0, rows), x.index_select(0, rows)
+            if const:
+                out.append(reduce(gs.flatten(0, -2), xs.flatten(0, -2) if xs.dim() > 2 else xs) * w[rows[0]])
+            else:
+                gs = gs * w[rows].to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
+                out.append(reduce(gs.flatten(0, -2), xs.flatten(0, -2) if xs.dim() > 2 else xs))
+        return torch.stack(out)
+
+    def _linear(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
+        g = g.detach()
+        self._add(m.weight, self._slices(g, x, lambda gg, xx: gg.t().float() @ xx.float()))
+        if m.bias is not None:
+            self._add(m.bias, self._slices(g, x, lambda gg, xx: gg.float().sum(0)))
+
+    def _embedding(self, m: nn.Embedding, ids: torch.Tensor, g: torch.Tensor) -> None:
+        g = g.detach()
+        if m.padding_idx is not None:  # autograd never updates the padding row
+            g = g * (ids != m.padding_idx).unsqueeze(-1).to(g.dtype)
+        V = m.weight.shape[0]
+        self._add(m.weight, self._slices(
+            g, ids, lambda gg, ii: torch.zeros(V, gg.shape[-1], dtype=torch.float32, device=gg.device)
+            .index_add_(0, ii.reshape(-1), gg.float())))
+
+    def _norm(self, m: nn.Module, x: torch.Tensor, g: torch.Tensor) -> None:
+        g = g.detach()
+        xh = _norm_input(m, x)
+        self._add(m.weight, self._slices(g, xh, lambda gg, xx: (gg.float() * xx.float()).sum(0)))
+        if getattr(m, "bias", None) is not None:
+            self._add(m.bias, self._slices(g, xh, lambda gg, xx: gg.float().sum(0)))
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _gram(grads: dict[str, torch.Tensor], derived: dict[str, dict[str, float]], base: list[str]
+          ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Append derived slices to every per-slice gradient; Gram matrices per layer group."""
+    full: dict[str, torch.Tensor] = {}
+    gram: dict[str, torch.Tensor] = {}
+    for name, g in grads.items():
+        extra = [sum(c * g[base.index(b)] for b, c in combo.items()) for combo in derived.values()]
+        gg = torch.cat([g, torch.stack(extra)]) if extra else g
+        full[name] = gg
+        flat = gg.reshape(gg.shape[0], -1).double()
+        grp = layer_group(name)
+        gram[grp] = gram.get(grp, 0) + flat @ flat.t()
+    return full, gram
+
+
+LossFn = Callable[[nn.Module, Batch], dict[str, torch.Tensor]]  # -> term -> per-token loss [N, L] (weighted)
+
+
+def fast_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: torch.Tensor, slices: list[str],
+                   derived: dict[str, dict[str, float]] | None = None, keep_grads: bool = False) -> GradStats:
+    """One forward, one backward per term; per-slice gradients reduced in module hooks.
+
+    ``loss_fn(model, batch)`` returns each term's per-token loss already multiplied by the
+    aggregation weights ω (so ``Σ_i W[s,i] Σ_t term`` is slice s's loss). ``weights`` is ``[S, N]``.
+    """
+    derived = derived or {}
+    # Order rows by the first slice they belong to, so disjoint slices become contiguous row ranges.
+    owner = torch.where(weights != 0, torch.arange(len(weights))[:, None], len(weights)).min(0).values
+    perm = torch.sort(owner, stable=True).indices
+    batch, weights = batch.select(perm), weights[:, perm]
+    params = [p for p in model.parameters() if p.requires_grad]
+    flags = [p.requires_grad for p in model.parameters()]
+    reducer = _SliceReducer(model, weights.to(next(model.parameters()).device))
+    missing = [reducer.names[id(p)] for p in params if id(p) not in reducer.covered]
+    if missing:
+        reducer.close()
+        raise NotImplementedError(f"the fast gradient engine does not cover parameter(s) {', '.join(missing[:3])}; "
+                                  "use analysis.method=reference")
+    stats = GradStats(slices + list(derived), {}, {}, row_order=perm)
+    try:
+        for p in params:
+            p.requires_grad_(False)  # weight gradients come from the hooks, never from autograd
+        terms = loss_fn(model, batch)
+        if not reducer.embed_leaf:
+            raise NotImplementedError("the fast gradient engine needs an nn.Embedding input layer; "
+                                      "use analysis.method=reference")
+        leaves = [leaf for _, _, leaf in reducer.embed_leaf]
+        names_in_order = [reducer.names[id(p)] for p in params]
+        for i, (term, per_token) in enumerate(terms.items()):
+            reducer.acc = {}
+            total = per_token.sum()
+            if total.requires_grad:
+                torch.autograd.grad(total, leaves, retain_graph=i < len(terms) - 1, allow_unused=True)
+            grads = {}
+            for p, name in zip(params, names_in_order):
+                g = reducer.acc.get(id(p))
+                grads[name] = g if g is not None else torch.zeros(len(slices), *p.shape)
+            full, gram = _gram(grads, derived, slices)
+            stats.gram[term] = gram
+            if keep_grads:
+                stats.grads[term] = full
+    finally:
+        reducer.close()
+        for p, f in zip(model.parameters(), flags):
+            p.requires_grad_(f)
+    return stats
+
+
+def reference_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: torch.Tensor, slices: list[str],
+                        derived: dict[str, dict[str, float]] | None = None, keep_grads: bool = False) -> GradStats:
+    """Each slice as its own sub-batch: a forward and a backward per term, plain autograd."""
+    derived = derived or {}
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    per_term: dict[str, dict[str, list[torch.Tensor]]] = {}
+    for w in weights:
+        rows = torch.nonzero(w).squeeze(-1)
+        sub = batch.select(rows)
+        first = loss_fn(model, sub)
+        for j, term in enumerate(first):
+            per_token = first[term] if j == 0 else loss_fn(model, sub)[term]  # a forward per term, as the seeds do
+            loss = (per_token * w[rows].to(per_token.dtype)[:, None]).sum()
+            gs = (torch.autograd.grad(loss, [p for _, p in named], allow_unused=True) if loss.requires_grad
+                  else [None] * len(named))
+            store = per_term.setdefault(term, {n: [] for n, _ in named})
+            for (n, p), g in zip(named, gs):
+                store[n].append(torch.zeros_like(p, dtype=torch.float32) if g is None else g.detach().float())
+    stats = GradStats(slices + list(derived), {}, {})
+    for term, store in per_term.items():
+        grads = {n: torch.stack(v) for n, v in store.items()}
+        full, gram = _gram(grads, derived, slices)
+        stats.gram[term] = gram
+        if keep_grads:
+            stats.grads[term] = full
+    return stats
+
+
+def slice_gradients(method: str, *args, **kwargs) -> GradStats:
+    if method == "fast":
+        return fast_gradients(*args, **kwargs)
+    if method == "reference":
+        return reference_gradients(*args, **kwargs)
+    raise ValueError(f"unknown analysis.method '{method}' (fast | reference)")

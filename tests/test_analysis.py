@@ -1,0 +1,192 @@
+"""Gradient analysis by bucket and component: bucketing, the fast engine against plain autograd."""
+
+import copy
+
+import pytest
+import torch
+
+from rlgrad.analysis.buckets import make_buckets
+from rlgrad.analysis.engine import fast_gradients, layer_group
+from rlgrad.analysis.gradient_probe import GradientAnalysisHook, analyse_buckets
+from rlgrad.batch import Batch
+from rlgrad.config import ModelConfig, TinyModelConfig
+from rlgrad.models import build_char_tokenizer, build_tiny_model
+from rlgrad.rl.actor import Denominators, LossSettings, actor_loss_terms
+from rlgrad.rl.core import group_reward_std, grpo_advantages
+from rlgrad.rl.rollout import compute_log_probs, generate
+
+
+# ----------------------------------------------------------------------------- buckets
+def _groups(stds):
+    """A batch of groups of 3 samples {-d, 0, d}, whose unbiased std is d."""
+    scores, gids = [], []
+    for g, sd in enumerate(stds):
+        scores += [-sd, 0.0, sd]
+        gids += [g, g, g]
+    s = torch.tensor(scores)
+    g = torch.tensor(gids)
+    return g, group_reward_std(s, g)
+
+
+def test_quantile_buckets_sorted_with_remainder_to_last():
+    g, rs = _groups([0.5, 0.1, 0.3, 0.3, 0.0, 0.9, 0.2])  # 7 groups, 3 buckets -> 2, 2, 3 groups
+    b = make_buckets(g, rs, mode="quantile", num_buckets=3)
+    assert b.names == ["all", "bucket_1", "bucket_2", "bucket_3"]
+    members = {n: sorted({int(x) for x in g[b.rows[n]]}) for n in b.names}
+    assert members["bucket_1"] == [1, 4]  # stds 0.0 (g4), 0.1 (g1)
+    assert members["bucket_2"] == [2, 6]  # 0.2 (g6), 0.3 (g2; tie with g3 broken by id)
+    assert members["bucket_3"] == [0, 3, 5]
+    assert [row[1] for row in b.groups] == [4, 1, 6, 2, 3, 0, 5]
+    # every sample in exactly one real bucket, none duplicated
+    real = torch.cat([b.rows[n] for n in b.names if n != "all"])
+    assert sorted(real.tolist()) == list(range(len(g)))
+    assert torch.equal(b.rows["all"], torch.arange(len(g)))
+
+
+def test_fewer_groups_than_buckets_and_all_zero():
+    g, rs = _groups([0.0, 0.0])
+    b = make_buckets(g, rs, mode="quantile", num_buckets=6)
+    assert b.names == ["all", "bucket_1", "bucket_2"]
+    assert [sorted({int(x) for x in g[b.rows[n]]}) for n in ("bucket_1", "bucket_2")] == [[0], [1]]
+
+
+def test_fixed_rv_buckets_skip_empty():
+    g, rs = _groups([0.5, 1.0, 2.5, 7.0, 0.99])
+    b = make_buckets(g, rs, mode="fixed_rv")
+    assert b.names == ["all", "bucket_1", "bucket_2", "bucket_3", "bucket_6"]
+    assert sorted({int(x) for x in g[b.rows["bucket_1"]]}) == [0, 4]
+    assert sorted({int(x) for x in g[b.rows["bucket_2"]]}) == [1]  # [1, 2) includes 1.0
+    assert b.bucket_ids(len(g)).tolist() == [1] * 3 + [2] * 3 + [3] * 3 + [6] * 3 + [1] * 3
+
+
+def test_cadence():
+    from rlgrad.config import load_config
+    hook = GradientAnalysisHook(load_config(overrides=["trainer.gradient_analysis_every=3"]))
+    assert [s for s in range(1, 11) if hook.due(s)] == [1, 4, 7, 10]
+
+
+# ----------------------------------------------------------------------------- the engine
+@pytest.fixture(scope="module")
+def model_tok():
+    tok = build_char_tokenizer()
+    cfg = ModelConfig(tiny=TinyModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                           num_key_value_heads=1, intermediate_size=48))
+    return build_tiny_model(cfg, tok, seed=3), tok
+
+
+def make_batch(model, tok, n_prompts=5, n=4, seed=0, zero_group=True) -> Batch:
+    torch.manual_seed(seed)
+    prompts = ["1+2=", "13+4=", "7*8=", "99-5=", "3+3="][:n_prompts]
+    gen = generate(model, tok, prompts, n=n, max_new_tokens=5, do_sample=True)
+    g = torch.arange(n_prompts).repeat_interleave(n)
+    scores = torch.rand(len(g))
+    if zero_group:
+        scores[:n] = 0.7  # group 0 has zero reward variance
+    b = Batch(gen.input_ids, gen.attention_mask, gen.response_mask, g, scores, group_reward_std(scores, g))
+    b.old_log_probs, _ = compute_log_probs(model, b.input_ids, b.attention_mask, b.response_mask,
+                                           temperature=1.0, micro_batch_size=64)
+    b.old_log_probs = b.old_log_probs + 0.1 * torch.randn_like(b.old_log_probs) * b.response_mask
+    b.ref_log_probs = b.old_log_probs + 0.1 * torch.randn_like(b.old_log_probs) * b.response_mask
+    b.advantages = grpo_advantages(scores, g, norm_by_std=True)[:, None] * b.response_mask
+    return b
+
+
+SETTINGS = [
+    LossSettings(loss_agg_mode="token-mean", use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01, horizon=5),
+    LossSettings(loss_agg_mode="seq-mean-token-mean", use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01,
+                 horizon=5, policy_loss="cispo"),
+    LossSettings(loss_agg_mode="seq-mean-token-sum-norm", use_kl_loss=False, entropy_coeff=0.0, horizon=5,
+                 clip_ratio_low=0.05, clip_ratio_high=0.05),
+    LossSettings(loss_agg_mode="seq-mean-token-sum", use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01,
+                 horizon=5, kl_loss_type="k2"),
+]
+
+
+@pytest.mark.parametrize("s", SETTINGS, ids=lambda s: f"{s.loss_agg_mode}-{s.policy_loss}")
+def test_bucket_norms_equal_plain_autograd_per_bucket(model_tok, s):
+    model, tok = model_tok
+    b = make_batch(model, tok)
+    fast = analyse_buckets(model, b, s, num_buckets=3, method="fast")
+    ref = analyse_buckets(model, b, s, num_buckets=3, method="reference")
+    comps = ["task"] + (["entropy"] if s.entropy_coeff else []) + (["kl"] if s.use_kl_loss else [])
+    assert sorted(fast.stats.gram) == sorted(comps)
+    params = [p for p in model.parameters()]
+    for name in fast.buckets.names:
+        sub = b.select(fast.buckets.rows[name])
+        # Independent oracle: autograd of the bucket's own aggregated loss, component by component.
+        for comp in comps:
+            terms = actor_loss_terms(model, sub, s, Denominators.of(sub))
+            loss = {"task": terms.pg, "entropy": -s.entropy_coeff * terms.entropy, "kl": s.kl_loss_coef * (terms.kl if terms.kl is not None else 0)}[comp]
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            expect = torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None))
+            got = fast.metrics[f"grad_norm/{name}/{comp}"]
+            assert got == pytest.approx(float(expect), rel=1e-4, abs=1e-9), (name, comp)
+            assert ref.metrics[f"grad_norm/{name}/{comp}"] == pytest.approx(got, rel=1e-4, abs=1e-9)
+        assert fast.metrics[f"grad_norm/{name}/loss/policy"] == pytest.approx(float(terms.pg.detach()), rel=1e-5)
+        for g_name in fast.layers[name]["task"]:
+            assert ref.layers[name]["task"][g_name] == pytest.approx(fast.layers[name]["task"][g_name], rel=1e-4, abs=1e-9)
+
+
+def test_bucket_gradients_sum_to_full_gradient_for_every_parameter(model_tok):
+    model, tok = model_tok
+    s = SETTINGS[0]
+    b = make_batch(model, tok)
+    rep = analyse_buckets(model, b, s, num_buckets=3, method="fast", keep_grads=True)
+    m = copy.deepcopy(model)
+    actor_loss_terms(m, b, s, Denominators.of(b)).pg.backward()
+    grads = rep.stats.grads["task"]
+    names = [n for n, _ in m.named_parameters()]
+    assert set(grads) == set(names)  # every parameter kind covered: linear w/b, embeddings (tied), norms
+    kinds = {n.split(".")[-2] if "norm" in n else n.split(".")[-1] for n in names}
+    assert {"weight", "bias"} <= kinds
+    real = [n for n in rep.buckets.names if n != "all"]
+    from rlgrad.rl.core import agg_token_weights
+    _, u = agg_token_weights(b.response_mask, s.loss_agg_mode, horizon=s.horizon)
+    for n, p in m.named_parameters():
+        k_all = rep.stats.slices.index("all")
+        torch.testing.assert_close(grads[n][k_all], p.grad, rtol=1e-4, atol=1e-7)
+        # the buckets' unnormalised gradients add up to the full batch's
+        total = sum(grads[n][rep.stats.slices.index(r)] * float(u[rep.buckets.rows[r]].sum()) for r in real)
+        torch.testing.assert_close(total / float(u.sum()), p.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_zero_variance_bucket_has_exactly_zero_task_gradient(model_tok):
+    model, tok = model_tok
+    b = make_batch(model, tok, zero_group=True)
+    rep = analyse_buckets(model, b, SETTINGS[0], num_buckets=5, method="fast")
+    assert rep.metrics["grad_norm/bucket_1/reward_std_max"] == 0.0
+    assert rep.metrics["grad_norm/bucket_1/task"] == 0.0
+    assert rep.metrics["grad_norm/bucket_1/entropy"] > 0.0
+
+
+def test_engine_is_side_effect_free(model_tok):
+    model, tok = model_tok
+    b = make_batch(model, tok)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    flags = [p.requires_grad for p in model.parameters()]
+    rng = torch.get_rng_state()
+    analyse_buckets(model, b, SETTINGS[0], method="fast")
+    analyse_buckets(model, b, SETTINGS[0], method="reference")
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert flags == [p.requires_grad for p in model.parameters()]
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]) and torch.equal(p.grad, torch.ones_like(p))
+        p.grad = None
+
+
+def test_layer_groups():
+    assert layer_group("model.layers.3.mlp.up_proj.weight") == "layer_3"
+    assert layer_group("model.embed_tokens.weight") == "embed"
+    assert layer_group("model.norm.weight") == "final_norm"
+    assert layer_group("lm_head.weight") == "lm_head"
+
+
+def test_fast_engine_refuses_uncovered_parameters(model_tok):
+    model, tok = model_tok
+    m = copy.deepcopy(model)
+    m.extra = torch.nn.Parameter(torch.zeros(3))
+    b = make_batch(model, tok)
+    with pytest.raises(NotImplementedError, match="extra"):
+        fast_gradients(m, b, lambda mm, bb: {}, torch.ones(1, len(b)), ["s"])

@@ -1,0 +1,123 @@
+"""The bucket analysis inside training runs: side-effect freedom, exits, probe mode, bundles, `rlgrad probe`."""
+
+import csv
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlgrad.batch import Batch
+from rlgrad.config import load_config
+from rlgrad.rl.actor import Denominators, LossSettings, actor_loss_terms
+from rlgrad.rl.trainer import Trainer
+from rlgrad.rundir import read_jsonl
+
+from .conftest import run_cli
+
+QUIET = dict(log=lambda *a: None)
+
+
+def _run(overrides):
+    return Trainer(load_config(overrides=overrides), **QUIET).fit()
+
+
+def test_analysis_every_step_leaves_training_bitwise_unchanged(tiny, tmp_path):
+    common = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + [
+        "trainer.total_training_steps=3", "actor.use_kl_loss=true", "actor.entropy_coeff=0.01"]
+    _run(common + ["trainer.gradient_analysis_mode=false", f"trainer.default_local_dir={tmp_path / 'plain'}"])
+    _run(common + ["trainer.gradient_analysis_every=1", "analysis.save_batch=true",
+                   f"trainer.default_local_dir={tmp_path / 'probed'}"])
+    a = load_file(tmp_path / "plain" / "global_step_3" / "actor" / "model.safetensors")
+    b = load_file(tmp_path / "probed" / "global_step_3" / "actor" / "model.safetensors")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    rp, rq = read_jsonl(tmp_path / "plain" / "metrics.jsonl"), read_jsonl(tmp_path / "probed" / "metrics.jsonl")
+    for x, y in zip(rp, rq):
+        for k, v in x["data"].items():
+            if not k.startswith("timing_s/"):
+                assert y["data"][k] == v, (x["step"], k)
+    for step in (1, 2, 3):
+        d = rq[step]["data"]
+        assert d["grad_norm/all/sample_count"] == 16.0 and d["grad_norm/all/sample_pct"] == 100.0
+        assert d["actor/grad_norm/task"] == d["grad_norm/all/task"]
+        assert {"actor/grad_norm/entropy", "actor/grad_norm/kl", "actor/loss/total"} <= set(d)
+        counts = sum(v for k, v in d.items() if k.startswith("grad_norm/bucket_") and k.endswith("/sample_count"))
+        assert counts == 16.0  # buckets partition the batch
+        step_dir = tmp_path / "probed" / "analysis" / f"step_{step}"
+        assert json.loads((step_dir / "layers.json").read_text())["grad_norm"]["all"]["task"]
+        with open(step_dir / "group_rv_table.csv") as f:
+            table = list(csv.DictReader(f))
+        assert len(table) == 4 and {r["bucket"] for r in table} <= {f"bucket_{i}" for i in range(1, 7)}
+
+
+def test_exit_after_analysis_stops_before_update(tiny, tmp_path):
+    summary = _run(tiny + ["trainer.total_training_steps=5", "trainer.gradient_analysis_every=2",
+                           "trainer.exit_after_gradient_analysis=true", "trainer.save_freq=1"])
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1]  # step 1 is an analysis step: exit at once
+    d = rows[1]["data"]
+    assert d["trainer/exited_after_gradient_analysis"] == 1.0 and "grad_norm/all/task" in d
+    assert "actor/pg_loss" not in d and "val/accuracy" not in d
+    assert not list((tmp_path / "run").glob("global_step_*")) and summary["stopped_at_step"] == 1
+
+
+def test_analysis_only_never_updates(tiny, tmp_path):
+    _run(tiny + ["trainer.total_training_steps=2", "trainer.gradient_analysis_only=true",
+                 "trainer.gradient_analysis_every=1", "trainer.save_freq=1"])
+    a = load_file(tmp_path / "run" / "global_step_1" / "actor" / "model.safetensors")
+    b = load_file(tmp_path / "run" / "global_step_2" / "actor" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert all("grad_norm/all/task" in r["data"] and "actor/pg_loss" not in r["data"] for r in rows[1:])
+
+
+def test_separate_batch_and_prefilter(tiny, tmp_path):
+    _run(tiny + ["trainer.total_training_steps=1", "trainer.gradient_analysis_env_groups=6",
+                 "trainer.gradient_analysis_group_size=3", "trainer.gradient_analysis_log_prefilter=true",
+                 "rollout.rollout_filter_strategy=top_k_abs", "rollout.rollout_filter_value=4",
+                 "rollout.gradient_analysis_num_buckets=2"])
+    d = read_jsonl(tmp_path / "run" / "metrics.jsonl")[1]["data"]
+    assert d["grad_norm_prefilter/all/sample_count"] == 18.0  # 6 groups x 3, before the filter
+    assert d["grad_norm/all/sample_count"] == 12.0  # 4 groups kept
+    assert d["grad_norm/bucket_1/group_rv_count"] == 2.0 and d["grad_norm/bucket_2/group_rv_count"] == 2.0
+    assert d["rollout/filter_kept_count"] == 4.0  # the training batch: 4 prompts, filter keeps 4
+
+
+def test_saved_bundle_recomputes_logged_norms(tiny, tmp_path):
+    _run(tiny + ["trainer.total_training_steps=1", "analysis.save_batch=true", "analysis.save_model=true",
+                 "actor.loss_agg_mode=seq-mean-token-mean", "rollout.gradient_analysis_num_buckets=3"])
+    step_dir = tmp_path / "run" / "analysis" / "step_1"
+    logged = read_jsonl(tmp_path / "run" / "metrics.jsonl")[1]["data"]
+    t = load_file(step_dir / "batch.safetensors")
+    spec = json.loads((step_dir / "loss.json").read_text())
+    s = LossSettings(**spec["loss_settings"])
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(step_dir / "model")
+    batch = Batch(t["input_ids"], t["attention_mask"], t["response_mask"], t["group_ids"],
+                  torch.zeros(len(t["group_ids"])), t["reward_std"], old_log_probs=t["old_log_probs"],
+                  advantages=t["advantages"], ref_log_probs=t.get("ref_log_probs"))
+    for k in sorted(set(t["bucket_ids"].tolist())):
+        sub = batch.select(torch.nonzero(t["bucket_ids"] == k).squeeze(-1))
+        loss = actor_loss_terms(model, sub, s, Denominators.of(sub)).pg
+        grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+        norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)))
+        assert logged[f"grad_norm/bucket_{k}/task"] == pytest.approx(norm, rel=1e-4, abs=1e-9)
+
+
+def test_probe_cli(tiny, tmp_path):
+    run = tmp_path / "run"
+    _run(tiny + ["trainer.total_training_steps=2", "trainer.save_freq=1"])
+    res = run_cli(["probe", "--resume-from-path", str(run / "global_step_1"), "--with-val"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    probes = [p for p in tmp_path.iterdir() if p.name.startswith("run_probe_step1_")]
+    assert len(probes) == 1
+    rows = read_jsonl(probes[0] / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]  # validation of the checkpoint, then the probe at step 2
+    d = rows[1]["data"]
+    assert d["trainer/exited_after_gradient_analysis"] == 1.0
+    assert "grad_norm/all/kl" in d and "grad_norm/all/entropy" in d and "grad_norm_prefilter/all/task" in d
+    # the original run is untouched
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
+    bad = run_cli(["probe", "--resume-from-path", str(tmp_path / "nope" / "global_step_9")], cwd=tmp_path)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
