@@ -45,6 +45,9 @@ def analyse_buckets(model, batch: Batch, s: LossSettings, *, bucket_mode: str = 
     for k, n in enumerate(real):
         weights[k, buckets.rows[n]] = 1.0 / max(denom[n], 1e-8)
     derived = {"all": {n: denom[n] / max(denom["all"], 1e-8) for n in real}}
+    if method == "reference":  # the seeds' procedure: `all` is one more sub-batch, probed on its own
+        weights = torch.cat([weights, torch.full((1, len(batch)), 1.0 / max(denom["all"], 1e-8))])
+        real, derived = real + ["all"], {}
 
     stash: list[tuple[Batch, TokenLosses]] = []
 
