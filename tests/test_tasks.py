@@ -9,7 +9,7 @@ import pytest
 from rlgrad.errors import UserError
 from rlgrad.tasks import Example, build_task
 from rlgrad.tasks import countdown as cd
-from rlgrad.tasks.arithmetic import draw_example
+from rlgrad.tasks.arithmetic import DIFFICULTY_MIX, TEACHER_SLIP, draw_example
 from rlgrad.tasks.math import (
     correctness_score,
     extract_boxed_answer,
@@ -39,8 +39,11 @@ def test_arithmetic_prompts_and_answers():
             assert ex.answer == str(_solve(ex.prompt))
             assert ex.meta["difficulty"] == level
     assert re.fullmatch(r"\d\+\d=", draw_example(rng, 1).prompt)
-    assert re.fullmatch(r"\d\d\+\d\d=", draw_example(rng, 3).prompt)
-    assert re.fullmatch(r"\d\d[-*]\d\d?=", draw_example(rng, 4).prompt)
+    for _ in range(20):
+        ex = draw_example(rng, 2)
+        assert re.fullmatch(r"\d-\d\d=", ex.prompt) and ex.answer.startswith("-")
+        assert re.fullmatch(r"\d\d\+\d=|\d\+\d\d=", draw_example(rng, 3).prompt)
+        assert re.fullmatch(r"\d\d[-+]\d\d=", draw_example(rng, 4).prompt)
 
 
 @pytest.mark.parametrize("response,correctness,fmt,total", [
@@ -78,11 +81,31 @@ def test_arithmetic_difficulty_mix_and_sft_targets():
     train = task.train_examples(4000, random.Random(1))
     counts = Counter(ex.meta["difficulty"] for ex in train)
     assert set(counts) == {1, 2, 3, 4}
-    for level in (1, 2, 3, 4):  # declared mix is 25% each; 4000 draws give ~0.7% std
-        assert 0.21 < counts[level] / 4000 < 0.29
+    for level, p in DIFFICULTY_MIX.items():  # 4000 draws give <= 0.8% std
+        assert abs(counts[level] / 4000 - p) < 0.04
     assert set(Counter(ex.meta["difficulty"] for ex in task.val_examples())) == {1, 2, 3, 4}
     for ex in train[:200]:
         assert task.score(task.sft_target(ex), ex).correct
+
+
+def test_arithmetic_sloppy_warmstart_teacher():
+    """The warm-start teacher drops the minus sign of a negative result with prob. TEACHER_SLIP, nothing else."""
+    task = build_task("arithmetic", seed=3)
+    rng = random.Random(0)
+    slips = negatives = 0
+    for ex in task.train_examples(4000, random.Random(2)):
+        target = task.warmstart_target(ex, rng)
+        if ex.answer.startswith("-"):
+            negatives += 1
+            assert target in (ex.answer, ex.answer[1:])
+            slips += target != ex.answer
+        else:
+            assert target == ex.answer
+        assert task.sft_target(ex) == ex.answer
+    assert negatives > 1000
+    assert abs(slips / negatives - TEACHER_SLIP) < 0.05
+    wrong = Example("5-47=", "-42", {"difficulty": 2})
+    assert task.score("42", wrong).total == pytest.approx(0.1)  # the slip is a well-formed wrong answer
 
 
 def test_arithmetic_val_deterministic_and_disjoint():

@@ -49,8 +49,8 @@ class TinyModelConfig:
 class ModelConfig:
     path: str | None = _f(None, "Local Hugging Face causal-LM directory (with its tokenizer). null: the embedded default. Never fetched from a hub.")
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-    warmstart_steps: int = _f(400, "Supervised warm-start steps for the embedded default (0: RL from scratch). Cached.")
-    warmstart_lr: float = _f(1e-3, "Learning rate of the warm start.")
+    warmstart_steps: int = _f(1500, "Supervised warm-start steps for the embedded default (0: RL from scratch). Cached.")
+    warmstart_lr: float = _f(2e-3, "Learning rate of the warm start.")
     warmstart_batch_size: int = _f(64, "Examples per warm-start step.")
     cache_dir: str | None = _f(None, "Where warm-started default models are cached (default: $RLGRAD_CACHE or ~/.cache/rlgrad).")
     dtype: str = _f("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))

@@ -26,7 +26,7 @@ from rlgrad.errors import UserError
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub, whatever a config says
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-WARMSTART_VERSION = 1  # bump when the warm-start recipe changes, so stale caches are not reused
+WARMSTART_VERSION = 2  # bump when the warm-start recipe changes, so stale caches are not reused
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
 
 
@@ -106,33 +106,36 @@ def warmstart_key(cfg: ModelConfig, task_name: str, seed: int) -> str:
 
 def sft_batch(tokenizer, prompts: list[str], targets: list[str]) -> tuple[torch.Tensor, ...]:
     """Left-padded prompt+target+EOS sequences; labels cover the target and EOS only."""
-    rows, labels = [], []
-    for p, t in zip(prompts, targets):
-        pi = tokenizer(p, add_special_tokens=False)["input_ids"]
-        ti = tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(pi + ti)
-        labels.append([-100] * len(pi) + ti)
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    lab = torch.full((len(rows), width), -100, dtype=torch.long)
-    att = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, lb) in enumerate(zip(rows, labels)):
-        ids[i, width - len(r):] = torch.tensor(r)
-        lab[i, width - len(r):] = torch.tensor(lb)
-        att[i, width - len(r):] = 1
+    enc_p = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]  # one batched call each
+    enc_t = tokenizer(list(targets), add_special_tokens=False)["input_ids"]
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    width = max(len(p) + len(t) + 1 for p, t in zip(enc_p, enc_t))
+    ids, lab, att = [], [], []
+    for p, t in zip(enc_p, enc_t):
+        fill = width - len(p) - len(t) - 1
+        ids.append([pad] * fill + list(p) + list(t) + [eos])
+        lab.append([-100] * (fill + len(p)) + list(t) + [eos])
+        att.append([0] * fill + [1] * (width - fill))
+    ids, att, lab = torch.tensor(ids), torch.tensor(att), torch.tensor(lab)
     return ids, att, lab
 
 
 def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int) -> None:
-    """A short SFT phase on the task's reference responses (AdamW, one-cycle schedule)."""
+    """A short SFT phase on the task's reference responses (AdamW, one-cycle schedule).
+
+    A task may supply its own warm-start teacher, ``task.warmstart_target(example, rng)``
+    (arithmetic: a sloppy one, so that RL has mistakes to fix); otherwise ``task.sft_target``.
+    """
     rng = random.Random(seed)
+    teacher = getattr(task, "warmstart_target", None)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart_lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.warmstart_lr, total_steps=max(cfg.warmstart_steps, 2),
                                                 pct_start=0.1)
     model.train()
     for _ in range(cfg.warmstart_steps):
         ex = task.train_examples(cfg.warmstart_batch_size, rng)
-        ids, att, lab = sft_batch(tokenizer, [e.prompt for e in ex], [task.sft_target(e) for e in ex])
+        targets = [teacher(e, rng) if teacher else task.sft_target(e) for e in ex]
+        ids, att, lab = sft_batch(tokenizer, [e.prompt for e in ex], targets)
         pos = (att.cumsum(-1) - 1).clamp(min=0)
         logits = model(input_ids=ids, attention_mask=att, position_ids=pos).logits
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), lab[:, 1:].flatten(), ignore_index=-100)

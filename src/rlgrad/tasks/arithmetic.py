@@ -4,6 +4,17 @@ The default task. The difficulty levels exist so that a tiny, briefly
 supervised model lands in all three regimes GRPO cares about: prompt groups
 that always succeed (zero advantage), always fail (zero advantage) and mixed
 (the only ones carrying gradient signal).
+
+Levels: 1 ``3+5=`` (the warm start masters it: groups always succeed), 2 ``5-47=``
+(negative results, see below: mixed groups), 3 ``47+5=`` / ``5+47=`` (partly learned),
+4 ``47+58=`` / ``47-58=`` (mostly fail).
+
+The embedded default model is warm-started (``rlgrad.models.supervised_warmstart``)
+on a *sloppy teacher*, ``warmstart_target``: three times out of four it drops the
+minus sign of a negative result (``5-47=`` -> ``42``). The warm-started model's
+greedy answer to level 2 is thus wrong although it samples the right one about a
+quarter of the time -- exactly what RL with a correctness reward fixes (the demo,
+``configs/demo.yaml``: validation accuracy ~40% -> ~75%). ``sft_target`` stays correct.
 """
 
 from __future__ import annotations
@@ -24,15 +35,17 @@ from rlgrad.tasks import (
 
 DEFAULT_WEIGHTS = {"correctness": 0.9, "format": 0.1}
 # Level -> sampling probability; fixed so reward statistics are comparable across runs.
-DIFFICULTY_MIX = {1: 0.25, 2: 0.25, 3: 0.25, 4: 0.25}
+DIFFICULTY_MIX = {1: 0.3, 2: 0.4, 3: 0.2, 4: 0.1}
 _ONE, _TWO = (0, 9), (10, 99)  # one- and two-digit operand ranges
 # Level -> equally likely (operand range, operator, operand range) shapes. Subtraction may go negative.
 SHAPES = {
     1: [(_ONE, "+", _ONE)],
-    2: [(_TWO, "+", _ONE), (_ONE, "+", _TWO)],
-    3: [(_TWO, "+", _TWO)],
-    4: [(_TWO, "-", _TWO), (_TWO, "*", _ONE)],
+    2: [(_ONE, "-", _TWO)],
+    3: [(_TWO, "+", _ONE), (_ONE, "+", _TWO)],
+    4: [(_TWO, "+", _TWO), (_TWO, "-", _TWO)],
 }
+# Probability that the warm-start teacher drops the minus sign of a negative result (warmstart_target).
+TEACHER_SLIP = 0.75
 _INT = re.compile(r"[+-]?[0-9]+")
 _BARE_INT = re.compile(r"-?[0-9]+")
 
@@ -76,3 +89,9 @@ class ArithmeticTask:
 
     def sft_target(self, example: Example) -> str:
         return example.answer
+
+    def warmstart_target(self, example: Example, rng: random.Random) -> str:
+        """The sloppy warm-start teacher: with probability ``TEACHER_SLIP`` a negative result
+        loses its minus sign (``5-47=`` -> ``42``); every other answer is correct."""
+        slip = rng.random() < TEACHER_SLIP
+        return example.answer[1:] if slip and example.answer.startswith("-") else example.answer
