@@ -58,7 +58,13 @@ def analyse_buckets(model, batch: Batch, s: LossSettings, *, bucket_mode: str = 
         return {k: v * w.to(v.dtype) for k, v in t.components(s).items()}
 
     with torch.random.fork_rng(devices=[]):  # nothing random should happen; make sure of it
-        stats = slice_gradients(method, model, batch, loss_fn, weights, real, derived, keep_grads=keep_grads)
+        try:
+            stats = slice_gradients(method, model, batch, loss_fn, weights, real, derived, keep_grads=keep_grads)
+        except NotImplementedError as e:  # a model the fast engine's hooks do not cover: same numbers, slower
+            import warnings
+            warnings.warn(f"{e}; falling back to analysis.method=reference", stacklevel=2)
+            return analyse_buckets(model, batch, s, bucket_mode=bucket_mode, num_buckets=num_buckets,
+                                   method="reference", prefix=prefix, keep_grads=keep_grads)
         if not (stash and len(stash[0][0]) == len(batch)):  # reference: one no-grad forward for the loss values
             with torch.no_grad():
                 stash = [(batch, token_losses(model, batch, s))]
