@@ -32,6 +32,7 @@ class StepContext:
     run_dir: Path
     ref: torch.nn.Module | None = None
     critic: torch.nn.Module | None = None
+    critic_optimizer: torch.optim.Optimizer | None = None
     tokenizer: Any = None
     is_main: bool = True  # rank 0: the only process that writes files
     # "unfiltered_batch": the batch before the rollout filter (not prepared);
@@ -55,7 +56,16 @@ class Hook:
     def before_update(self, ctx: StepContext) -> HookResult | None:
         return None
 
-    def on_grads(self, ctx: StepContext, model: torch.nn.Module, minibatch: Batch) -> dict[str, float] | None:
+    def on_grads(self, ctx: StepContext, model: torch.nn.Module, minibatch: Batch,
+                 role: str = "actor") -> dict[str, float] | None:
+        """After a mini-batch's backward, before clipping and the optimizer step; ``role``: actor | critic."""
+        return None
+
+    def after_update(self, ctx: StepContext) -> dict[str, float] | None:
+        """After the step's actor (and critic) updates, before validation and the checkpoint.
+
+        The one place a hook may change weights and optimizer state on purpose (e.g. a neuron reset);
+        it must say so in its metrics."""
         return None
 
     def close(self) -> None:

@@ -295,7 +295,7 @@ class Trainer:
 
         def on_grads(model, mini):
             for hook in self.hooks:
-                extra = hook.on_grads(ctx, model, mini)
+                extra = hook.on_grads(ctx, model, mini, role="actor")
                 if extra:
                     m.update(extra)
 
@@ -309,6 +309,10 @@ class Trainer:
                                   mini_batch_size=mini_prompts * cfg.rollout.n, micro_batch_size=a.ppo_micro_batch_size,
                                   max_grad_norm=a.max_grad_norm, shuffle=a.shuffle, seed=cfg.trainer.seed * 100_003 + step,
                                   scheduler=self.scheduler, on_grads=on_grads if self.hooks else None))
+        for hook in self.hooks:
+            extra = hook.after_update(ctx)
+            if extra:
+                m.update(extra)
         m["timing_s/step"] = time.perf_counter() - t0
         return m, False
 
