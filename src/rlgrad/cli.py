@@ -81,6 +81,24 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from rlgrad.viz.plot import plot_command
+
+    return plot_command(args.run_dir, args.wandb_path, args.steps, args.output_dir, args.list_steps, args.dpi)
+
+
+def cmd_plot_steps(args: argparse.Namespace) -> int:
+    from rlgrad.viz.plot import plot_steps_command
+
+    return plot_steps_command(args.mode, args.step_dir, args.out, args.dpi)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rlgrad.viz.report import report_command
+
+    return report_command(args.run_dir, args.output, args.dpi)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rlgrad", description="Gradient-level analysis of RL fine-tuning of LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -95,6 +113,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", dest="config_file", help="a YAML config file applied after the preset")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
     p.set_defaults(func=cmd_probe)
+    p = sub.add_parser("plot", help="figures, metrics JSON and group table for each gradient-analysis step of a run")
+    p.add_argument("run_dir", nargs="?", help="a local run directory (offline; the default)")
+    p.add_argument("--wandb-path", help="read a W&B run instead: ENTITY/PROJECT/RUN_ID (needs network)")
+    p.add_argument("--list-steps", action="store_true", help="print the steps that hold bucket metrics and exit")
+    p.add_argument("--step", dest="steps", type=int, nargs="+", help="steps to plot (default: every analysis step)")
+    p.add_argument("--output-dir", help="default: gradient_analysis_outputs/<run name>/")
+    p.add_argument("--dpi", type=int, default=150, help="PNG resolution (default 150)")
+    p.set_defaults(func=cmd_plot)
+    p = sub.add_parser("plot-steps", help="the paper-style grid: a row per step from exported per-step metrics")
+    p.add_argument("--mode", choices=("ppo", "grpo"), default="grpo", help="algorithm named in the title")
+    p.add_argument("--step-dir", action="append", required=True, metavar="STEP=DIR",
+                   help="a step and the directory holding its gradient_analysis_metrics_step_<STEP>.json "
+                        "(or metrics.json); repeat for each row")
+    p.add_argument("--out", required=True, help="output PNG file")
+    p.add_argument("--dpi", type=int, default=200, help="PNG resolution (default 200)")
+    p.set_defaults(func=cmd_plot_steps)
+    p = sub.add_parser("report", help="one self-contained HTML report of a run (figures inlined)")
+    p.add_argument("run_dir", help="a local run directory")
+    p.add_argument("--output", help="default: RUN_DIR/report.html")
+    p.add_argument("--dpi", type=int, default=90, help="resolution of the inlined figures (default 90)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

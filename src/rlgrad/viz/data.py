@@ -1,0 +1,352 @@
+"""Everything the figures and the report read, in one place.
+
+A run reaches the plotting code as a :class:`RunData`: metric rows by step plus a handle on the run
+directory (or, for a W&B run, the tables fetched through the public API). Every file format of the run
+directory (``metrics.jsonl``, ``config.yaml``, ``analysis/step_N/{group_rv_table.csv, layers.json,
+components.json, neurons.json}``, ``reward_components.jsonl``) is parsed here and nowhere else, so a
+format change is a one-place fix. See docs/formats in the briefs / README "The run directory".
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlgrad.errors import UserError
+
+PREFIX = "grad_norm"  # bucket metrics: grad_norm/<bucket>/<name>
+GRAD_COMPONENTS = ("task", "entropy", "kl")
+LOSS_TERMS = ("policy", "entropy", "kl", "total")
+ROLES = ("actor", "critic")
+NEURON_KEYS = ("dormant_ratio", "act_dormant_ratio", "zero_grad_ratio", "param_zero_grad_ratio",
+               "nullspace_ratio", "reset_count")
+
+
+@dataclass
+class RunData:
+    name: str  # run directory name or W&B run name
+    source: str  # where it came from (a path or entity/project/run_id), for titles
+    rows: dict[int, dict[str, float]]  # step -> {metric: value}, finite numbers only
+    config: dict | None = None
+    config_text: str | None = None
+    run_dir: Path | None = None  # None for a W&B run
+    rv_tables: dict[int, list[tuple[str, int, float]]] = field(default_factory=dict)  # W&B group tables
+
+    def metrics(self, step: int) -> dict[str, float]:
+        return self.rows.get(step, {})
+
+    def analysis_dir(self, step: int) -> Path | None:
+        return None if self.run_dir is None else self.run_dir / "analysis" / f"step_{step}"
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _finite(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, int | float) and math.isfinite(float(v)):
+        return float(v)
+    return None
+
+
+def _metric_row(row: dict) -> tuple[int, dict[str, float]] | None:
+    """One metrics.jsonl line: ``{"step": N, "data": {...}}`` (the trainer) or flat ``{"step": N, key: v}``."""
+    step = row.get("step")
+    if not isinstance(step, int):
+        return None
+    data = row["data"] if isinstance(row.get("data"), dict) else {k: v for k, v in row.items() if k != "step"}
+    return step, {k: f for k, v in data.items() if (f := _finite(v)) is not None}
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """A local run directory; one-line error if it is not one."""
+    p = Path(run_dir)
+    if not p.is_dir():
+        raise UserError(f"run directory '{p}' does not exist")
+    mfile = p / "metrics.jsonl"
+    if not mfile.is_file():
+        raise UserError(f"'{p}' is not a run directory (no metrics.jsonl)")
+    rows: dict[int, dict[str, float]] = {}
+    for line in mfile.read_text().splitlines():
+        try:
+            parsed = _metric_row(json.loads(line))
+        except (json.JSONDecodeError, AttributeError):
+            continue  # a torn last line (crash mid-append)
+        if parsed is not None:
+            rows.setdefault(parsed[0], {}).update(parsed[1])  # a step written twice: the later value wins
+    config, text = None, None
+    cfile = p / "config.yaml"
+    if cfile.is_file():
+        from omegaconf import OmegaConf
+
+        text = cfile.read_text()
+        try:
+            config = OmegaConf.to_container(OmegaConf.load(cfile), resolve=False)
+        except Exception:  # a hand-edited, broken config.yaml should not stop the figures
+            config = None
+    return RunData(name=p.resolve().name, source=str(p), rows=dict(sorted(rows.items())), config=config,
+                   config_text=text, run_dir=p)
+
+
+def records_from_wandb_rows(rows: list[dict]) -> dict[int, dict[str, float]]:
+    """W&B history rows -> our metric rows by step (pure; tested on recorded rows).
+
+    W&B rows carry ``_step``, ``_runtime``, ``_timestamp`` and the logged keys; a key not logged at that
+    step is None (``scan_history``) or NaN (``history()``'s DataFrame). Media (tables) are dicts and are
+    fetched separately. Rows sharing a ``_step`` (several ``log`` calls) are merged.
+    """
+    out: dict[int, dict[str, float]] = {}
+    for row in rows:
+        step = row.get("_step")
+        if _finite(step) is None:
+            continue
+        rec = out.setdefault(int(step), {})
+        for k, v in row.items():
+            if k.startswith("_"):
+                continue
+            f = _finite(v)
+            if f is not None:
+                rec[k] = f
+    return {s: r for s, r in sorted(out.items()) if r}
+
+
+def wandb_table_rows(table: dict) -> list[tuple[str, int, float]]:
+    """A downloaded ``group_rv_table`` (``{"columns": [...], "data": [[...]]}``) -> (bucket, group_id, reward_std)."""
+    cols = table.get("columns", [])
+    try:
+        ib, ig, ir = cols.index("bucket"), cols.index("group_id"), cols.index("reward_std")
+    except ValueError:
+        return []
+    return [(str(r[ib]), int(r[ig]), float(r[ir])) for r in table.get("data", [])]
+
+
+def load_wandb_run(path: str) -> RunData:
+    """A W&B run through the public API (needs network and credentials)."""
+    if path.count("/") != 2:
+        raise UserError(f"--wandb-path '{path}' is not ENTITY/PROJECT/RUN_ID")
+    try:
+        import wandb
+    except ImportError:
+        raise UserError("--wandb-path needs the wandb package (pip install 'rlgrad[wandb]')") from None
+    try:
+        run = wandb.Api().run(path)
+        history = list(run.scan_history())
+    except Exception as e:
+        raise UserError(f"cannot read W&B run '{path}': {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    tables: dict[int, list[tuple[str, int, float]]] = {}
+    for row in history:
+        meta = row.get(f"{PREFIX}/group_rv_table")
+        if isinstance(meta, dict) and "path" in meta and row.get("_step") is not None:
+            try:
+                local = run.file(meta["path"]).download(replace=True, root=".wandb_tables").name
+                tables[int(row["_step"])] = wandb_table_rows(json.loads(Path(local).read_text()))
+            except Exception:
+                continue  # the figures fall back to the logged min/mean/max
+    config = dict(run.config) if run.config else None
+    return RunData(name=run.name or run.id, source=path, rows=records_from_wandb_rows(history), config=config,
+                   rv_tables=tables)
+
+
+# ---------------------------------------------------------------- buckets
+
+
+def _bucket_key(name: str) -> tuple:
+    m = re.fullmatch(r"bucket_(\d+)", name)
+    return (0, int(m.group(1)), name) if m else (1, 0, name)
+
+
+def bucket_names(metrics: dict[str, float], prefix: str = PREFIX) -> list[str]:
+    """Real buckets present in a metric row, lowest reward variance first (``all`` excluded)."""
+    names = {k.split("/")[1] for k in metrics if k.startswith(f"{prefix}/bucket_") and k.count("/") >= 2}
+    return sorted(names, key=_bucket_key)
+
+
+def analysis_steps(run: RunData) -> list[int]:
+    """Steps whose row holds bucket metrics (the seed's test: some ``grad_norm/bucket_*`` value logged)."""
+    return [s for s, m in run.rows.items() if bucket_names(m)]
+
+
+def bucket_value(metrics: dict[str, float], bucket: str, name: str, default: float = math.nan) -> float:
+    return metrics.get(f"{PREFIX}/{bucket}/{name}", default)
+
+
+def has_component(metrics: dict[str, float], comp: str) -> bool:
+    """Was this gradient component computed (entropy needs entropy_coeff > 0, kl needs the KL loss)?"""
+    return any(k.startswith(f"{PREFIX}/") and k.endswith(f"/{comp}") and k.count("/") == 2 for k in metrics)
+
+
+def rv_table(run: RunData, step: int) -> list[tuple[str, int, float]]:
+    """Per prompt group: (bucket, group_id, reward_std), from analysis/step_N/group_rv_table.csv or W&B."""
+    if step in run.rv_tables:
+        return run.rv_tables[step]
+    d = run.analysis_dir(step)
+    f = d / "group_rv_table.csv" if d is not None else None
+    if f is None or not f.is_file():
+        return []
+    out = []
+    with open(f, newline="") as fh:
+        for r in csv.DictReader(fh):
+            try:
+                out.append((r["bucket"], int(r["group_id"]), float(r["reward_std"])))
+            except (KeyError, ValueError):
+                continue
+    return out
+
+
+# ---------------------------------------------------------------- per-layer, components, neurons
+
+
+def layer_sort_key(name: str) -> tuple:
+    """embed, layer_0, layer_1, ..., final_norm, lm_head, anything else."""
+    m = re.fullmatch(r"layer_(\d+)", name)
+    if name == "embed":
+        return (0, 0, name)
+    if m:
+        return (1, int(m.group(1)), name)
+    return ({"final_norm": 2, "lm_head": 3}.get(name, 4), 0, name)
+
+
+def _read_json(path: Path | None) -> dict | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        obj = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def layer_norms(run: RunData, step: int, component: str = "task") -> dict[str, dict[str, float]] | None:
+    """bucket -> layer group -> norm of ``component``'s gradient, from analysis/step_N/layers.json."""
+    d = run.analysis_dir(step)
+    obj = _read_json(d / "layers.json" if d else None)
+    if not obj or not isinstance(obj.get(PREFIX), dict):
+        return None
+    out = {b: comps[component] for b, comps in obj[PREFIX].items()
+           if isinstance(comps, dict) and isinstance(comps.get(component), dict)}
+    return out or None
+
+
+def component_geometry(run: RunData, step: int) -> dict | None:
+    """Reward-component gradient geometry (components.json layout); from the file, else from metrics.
+
+    Metric fallback (a W&B run): ``grad_sim/<a>__<b>``, ``grad_comp/<c>/norm|share``, ``grad_comp/total/norm``.
+    """
+    d = run.analysis_dir(step)
+    obj = _read_json(d / "components.json" if d else None)
+    if obj and isinstance(obj.get("global"), dict):
+        return obj
+    m = run.metrics(step)
+    cos = {k.split("/", 1)[1]: v for k, v in m.items() if k.startswith("grad_sim/")}
+    norm = {k.split("/")[1]: v for k, v in m.items() if k.startswith("grad_comp/") and k.endswith("/norm")}
+    share = {k.split("/")[1]: v for k, v in m.items() if k.startswith("grad_comp/") and k.endswith("/share")}
+    if not cos and not norm:
+        return None
+    comps = [c for c in norm if c != "total"]
+    for pair in cos:
+        for c in pair.split("__"):
+            if c not in comps:
+                comps.append(c)
+    return {"step": step, "components": comps, "global": {"norm": norm, "share": share, "cosine": cos},
+            "layers": {}}
+
+
+def component_steps(run: RunData) -> list[int]:
+    steps = {s for s, m in run.rows.items() if any(k.startswith("grad_sim/") for k in m)}
+    steps |= _steps_with_file(run, "components.json")
+    return sorted(steps)
+
+
+def neuron_health(run: RunData, step: int) -> dict | None:
+    """role -> {"global": {...}, "layers": {...}} (neurons.json layout); from the file, else from metrics."""
+    d = run.analysis_dir(step)
+    obj = _read_json(d / "neurons.json" if d else None)
+    if obj and any(isinstance(obj.get(r), dict) for r in ROLES):
+        return {r: obj[r] for r in ROLES if isinstance(obj.get(r), dict)}
+    m = run.metrics(step)
+    out = {}
+    for role in ROLES:
+        g = {}
+        for key in NEURON_KEYS:
+            group = "param" if key == "param_zero_grad_ratio" else "neuron"
+            name = "zero_grad_ratio" if key == "param_zero_grad_ratio" else key
+            if f"{role}/{group}/{name}" in m:
+                g[key] = m[f"{role}/{group}/{name}"]
+        if g:
+            out[role] = {"global": g, "layers": {}}
+    return out or None
+
+
+def neuron_steps(run: RunData) -> list[int]:
+    steps = {s for s, m in run.rows.items() if any(f"{r}/neuron/dormant_ratio" in m for r in ROLES)}
+    steps |= _steps_with_file(run, "neurons.json")
+    return sorted(steps)
+
+
+def _steps_with_file(run: RunData, name: str) -> set[int]:
+    if run.run_dir is None:
+        return set()
+    out = set()
+    for p in (run.run_dir / "analysis").glob(f"step_*/{name}"):
+        suffix = p.parent.name[len("step_"):]
+        if suffix.isdigit():
+            out.add(int(suffix))
+    return out
+
+
+def reward_components(run: RunData) -> dict[int, dict]:
+    """reward_components.jsonl by step, keeping the LAST line of each step (a resumed run repeats steps)."""
+    if run.run_dir is None:
+        return {}
+    f = run.run_dir / "reward_components.jsonl"
+    if not f.is_file():
+        return {}
+    out: dict[int, dict] = {}
+    for line in f.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            out[row["step"]] = row
+    return dict(sorted(out.items()))
+
+
+# ---------------------------------------------------------------- series
+
+
+def series(run: RunData, key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of one metric over the run, where it was logged."""
+    steps = [s for s, m in run.rows.items() if key in m]
+    return steps, [run.rows[s][key] for s in steps]
+
+
+def metric_keys(run: RunData) -> set[str]:
+    return {k for m in run.rows.values() for k in m}
+
+
+def config_get(run: RunData, dotted: str, default: Any = None) -> Any:
+    node: Any = run.config or {}
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def read_step_metrics(path: str | Path) -> dict[str, float]:
+    """An exported ``gradient_analysis_metrics_step_<N>.json`` (or the seed's ``metrics.json``)."""
+    p = Path(path)
+    try:
+        obj = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read metrics file '{p}': {e}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"metrics file '{p}' does not hold a JSON object")
+    return {k: f for k, v in obj.items() if (f := _finite(v)) is not None}

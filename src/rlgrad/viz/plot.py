@@ -1,0 +1,134 @@
+"""``rlgrad plot`` and ``rlgrad plot-steps``: a run's analysis steps as files, and the multi-step grid."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from pathlib import Path
+
+from rlgrad.errors import UserError
+from rlgrad.rundir import atomic_write_bytes, atomic_write_text
+from rlgrad.viz import data as D
+from rlgrad.viz import figures as F
+
+# The seed's files, in its recommended reading order; then ours (written when the run has the data).
+SEED_FIGURES = {"summary": F.fig_summary, "plots": F.fig_grad_norms, "loss_plots": F.fig_losses,
+                "reward_std": F.fig_reward_std, "normed_grads": F.fig_normed}
+
+
+def sanitize(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "run"
+
+
+def step_metrics_export(run: D.RunData, step: int) -> dict:
+    """gradient_analysis_metrics_step_N.json: the step's whole metric row (the seed dumps its W&B row)."""
+    return {"_step": step, **run.metrics(step)}
+
+
+def rv_table_csv(run: D.RunData, step: int) -> str:
+    """gradient_analysis_bucket_rv_table_step_N.csv: one row per prompt group, the seed's columns first."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["bucket", "reward_std", "group_id"])
+    for bucket, gid, sd in sorted(D.rv_table(run, step), key=lambda r: (D._bucket_key(r[0]), r[1])):
+        w.writerow([bucket, f"{sd:.8g}", gid])
+    return buf.getvalue()
+
+
+def step_figures(run: D.RunData, step: int) -> dict[str, F.Figure]:
+    """name -> figure for one analysis step (the seed's five, then whatever else the run holds)."""
+    sv = F.StepView(run, step)
+    figs = {name: make(sv) for name, make in SEED_FIGURES.items()}
+    extra = {"layers": F.fig_layers(sv)}
+    geom = D.component_geometry(run, step)
+    if geom is not None:
+        extra["components"] = F.fig_components(geom, sv.title("Reward-component gradient geometry"))
+    health = D.neuron_health(run, step)
+    if health is not None:
+        extra["neurons"] = F.fig_neurons(health, sv.title("Neuron health"))
+    figs.update({k: v for k, v in extra.items() if v is not None})
+    return figs
+
+
+def write_step_outputs(run: D.RunData, step: int, out_dir: Path, dpi: int = 150) -> list[Path]:
+    written = []
+    for name, fig in step_figures(run, step).items():
+        path = out_dir / f"gradient_analysis_{name}_step_{step}.png"
+        atomic_write_bytes(path, F.png_bytes(fig, dpi))
+        written.append(path)
+    path = out_dir / f"gradient_analysis_metrics_step_{step}.json"
+    atomic_write_text(path, json.dumps(step_metrics_export(run, step), indent=2, sort_keys=True) + "\n")
+    written.append(path)
+    path = out_dir / f"gradient_analysis_bucket_rv_table_step_{step}.csv"
+    atomic_write_text(path, rv_table_csv(run, step))
+    written.append(path)
+    return written
+
+
+def plot_command(run_dir: str | None, wandb_path: str | None, steps: list[int] | None, output_dir: str | None,
+                 list_steps: bool, dpi: int = 150) -> int:
+    if (run_dir is None) == (wandb_path is None):
+        raise UserError("give a RUN_DIR or --wandb-path ENTITY/PROJECT/RUN_ID (one of them)")
+    run = D.load_run(run_dir) if run_dir is not None else D.load_wandb_run(wandb_path)
+    available = D.analysis_steps(run)
+    if list_steps:
+        if available:
+            print(f"gradient-analysis steps in {run.source}:")
+            for s in available:
+                print(s)
+        else:
+            print(f"no gradient-analysis steps in {run.source}")
+        return 0
+    if not available:
+        raise UserError(f"'{run.source}' holds no gradient-analysis steps (no grad_norm/bucket_* metrics)")
+    if steps:
+        missing = sorted(set(steps) - set(available))
+        if missing:
+            raise UserError(f"step {', '.join(map(str, missing))} has no gradient analysis in '{run.source}' "
+                            f"(available: {', '.join(map(str, available))})")
+        chosen = sorted(set(steps))
+    else:
+        chosen = available
+    out = Path(output_dir) if output_dir else Path("gradient_analysis_outputs") / sanitize(run.name)
+    for s in chosen:
+        files = write_step_outputs(run, s, out, dpi)
+        print(f"step {s}: {len(files)} files")
+    print(f"all outputs written to {out.resolve()}")
+    return 0
+
+
+def parse_step_dir(spec: str) -> tuple[str, Path]:
+    m = re.fullmatch(r"([^=]+)=(.+)", spec)
+    if not m:
+        raise UserError(f"--step-dir '{spec}' is not STEP=DIR")
+    return m.group(1), Path(m.group(2))
+
+
+def load_step_dir(step: str, path: Path) -> dict[str, float]:
+    """DIR holds ``gradient_analysis_metrics_step_<STEP>.json`` (``rlgrad plot``) or ``metrics.json`` (seed)."""
+    if path.is_file():
+        return D.read_step_metrics(path)
+    if not path.is_dir():
+        raise UserError(f"--step-dir {step}={path}: directory does not exist")
+    for name in (f"gradient_analysis_metrics_step_{step}.json", "metrics.json"):
+        if (path / name).is_file():
+            return D.read_step_metrics(path / name)
+    found = sorted(p.name for p in path.glob("gradient_analysis_metrics_step_*.json"))
+    hint = f" (it has {', '.join(found)})" if found else ""
+    raise UserError(f"--step-dir {step}={path}: no gradient_analysis_metrics_step_{step}.json or metrics.json{hint}")
+
+
+def plot_steps_command(mode: str, step_dirs: list[str], out: str, dpi: int = 200) -> int:
+    steps = []
+    for spec in step_dirs:
+        step, path = parse_step_dir(spec)
+        m = load_step_dir(step, path)
+        if not D.bucket_names(m):
+            raise UserError(f"--step-dir {spec}: the metrics hold no grad_norm/bucket_* values")
+        steps.append((f"Step {step}", m))
+    fig = F.fig_steps_grid(steps, mode)
+    atomic_write_bytes(out, F.png_bytes(fig, dpi))
+    print(f"saved figure to {Path(out).resolve()}")
+    return 0
