@@ -22,3 +22,11 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.rlgrad-install-*
   touch "$stamp"
 fi
+# The HTML-report test opens the report in headless Chromium. Install it when absent, as root with apt
+# (never fatal: without it that test is skipped and says why). RLGRAD_NO_CHROMIUM=1 skips this step.
+if [ -z "${RLGRAD_NO_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1 \
+    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "[setup] installing chromium (for the report test)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+    || echo "[setup] could not install chromium; the report's browser test will be skipped"
+fi

@@ -19,6 +19,7 @@ from rlgrad.config import load_config
 from rlgrad.rl.trainer import Trainer
 from rlgrad.viz import data as D
 from rlgrad.viz import figures as F
+from rlgrad.viz.plot import step_figures
 from rlgrad.viz.report import narrative
 
 from .chromium import find_chromium, open_page
@@ -62,7 +63,7 @@ def _add_synthetic_analyses(run_dir):
         (d / "components.json").write_text(json.dumps({
             "step": step, "mode": "shared_std", "components": comps,
             "global": {"norm": {"correctness": 0.8, "format": 0.3, "total": 0.9},
-                       "share": {"correctness": 0.75, "format": 0.25}, "cosine": {"correctness__format": -0.3 + 0.1 * step}},
+                       "share": {"correctness": 0.75, "format": 0.25}, "cosine": {"correctness__format": {1: -0.4, 2: 0.3}[step]}},
             "layers": {g: {"norm": {"correctness": 0.1 * i, "format": 0.05, "total": 0.12},
                            "cosine": {"correctness__format": 0.2 - 0.15 * i}} for i, g in enumerate(layers)}}))
         (d / "neurons.json").write_text(json.dumps({"step": step, "actor": {
@@ -73,13 +74,13 @@ def _add_synthetic_analyses(run_dir):
                                                  "act_dormant": 2, "zero_grad": 1, "reset": 0}
                        for i in range(2) for k in ("mlp", "attn")}}}))
         rows[step].update({"actor/neuron/dormant_ratio": 0.05 * step, "actor/neuron/zero_grad_ratio": 0.01,
-                           "grad_sim/correctness__format": -0.3 + 0.1 * step, "critic/vf_explained_var": 0.1 * step,
+                           "grad_sim/correctness__format": {1: -0.4, 2: 0.3}[step], "critic/vf_explained_var": 0.1 * step,
                            "critic/vf_loss": 1.0 / step})
     with open(run_dir / "reward_components.jsonl", "w") as f:
-        for step in (1, 2, 2):  # a resumed run repeats a step: the last line wins
+        for step, mean in ((1, 0.1), (2, 9.9), (2, 0.2)):  # a resumed run repeats a step: the last line wins
             f.write(json.dumps({"step": step, "components": comps + ["length"],
                                 "weights": {"correctness": 0.5, "format": 0.3, "length": 0.2},
-                                "stats": {c: {"mean": 0.1 * step, "std": 0.05, "min": 0.0, "max": 1.0} for c in comps + ["length"]},
+                                "stats": {c: {"mean": mean, "std": 0.05, "min": 0.0, "max": 1.0} for c in comps + ["length"]},
                                 "total": {"mean": 0.2, "std": 0.1}, "num_correct": step, "num_valid_format": 8,
                                 "mean_length": 3.0, "num_samples": 16, "samples": []}) + "\n")
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in rows.items()))
@@ -119,14 +120,10 @@ def test_plot_writes_every_file_with_the_run_contents(rich_run, plotted):
     assert not list(plotted.glob(".*"))  # atomic writes leave no temp files
 
 
-def test_plot_one_step_of_a_plain_run_has_only_what_it_holds(recorded_run, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # default output directory: gradient_analysis_outputs/<run dir name>/
-    assert main(["plot", str(recorded_run), "--step", "2", "--dpi", "20"]) == 0
-    out = tmp_path / "gradient_analysis_outputs" / "tiny-run"
-    names = sorted(p.name for p in out.iterdir())
-    expected = sorted([f"gradient_analysis_{n}_step_2.png" for n in SEED_FILES + ["layers"]]
-                      + ["gradient_analysis_metrics_step_2.json", "gradient_analysis_bucket_rv_table_step_2.csv"])
-    assert names == expected  # no components / neurons figure without their data; step 1 not drawn
+def test_a_plain_run_gets_only_the_figures_it_has_data_for(recorded_run):
+    run = D.load_run(recorded_run)
+    assert run.name == "tiny-run"  # the default output directory: gradient_analysis_outputs/tiny-run/
+    assert list(step_figures(run, 2)) == SEED_FILES + ["layers"]  # no components / neurons figure without data
 
 
 def test_list_steps(recorded_run, capsys):
@@ -142,6 +139,9 @@ def test_list_steps(recorded_run, capsys):
     (["plot", "{run}", "--wandb-path", "a/b/c"], "one of them"),
     (["plot", "--wandb-path", "not-a-path"], "ENTITY/PROJECT/RUN_ID"),
     (["report", "{tmp}/nope"], "nope"),
+    (["plot", "{run}", "--dpi", "0"], "--dpi 0"),
+    (["report", "{run}", "--output", "{tmp}"], "is a directory"),
+    (["plot", "{run}", "--output-dir", "{run}/metrics.jsonl"], "not a directory"),
     (["plot-steps", "--step-dir", "1", "--out", "{tmp}/x.png"], "STEP=DIR"),
     (["plot-steps", "--step-dir", "1={tmp}/none", "--out", "{tmp}/x.png"], "none"),
     (["plot-steps", "--step-dir", "5={tmp}", "--out", "{tmp}/x.png"], "gradient_analysis_metrics_step_5.json"),
@@ -152,6 +152,19 @@ def test_bad_input_exits_2_with_one_line(recorded_run, tmp_path, capsys, argv, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("rlgrad: error:") and culprit in err[0], err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_run_reader_takes_both_row_layouts_torn_lines_and_repeated_steps(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        '{"step": 0, "data": {"val/accuracy": 0.5}}\n'
+        '{"step": 1, "actor/grad_norm": 2.0, "grad_norm/bucket_1/task": 1.0, "x": "text"}\n'  # flat layout
+        '{"step": 1, "data": {"actor/grad_norm": 3.0, "actor/entropy": NaN}}\n'  # repeated step: later wins
+        '{"step": 2, "data": {"actor/gr')  # torn last line (a crash mid-append)
+    r = D.load_run(run)
+    assert r.rows == {0: {"val/accuracy": 0.5}, 1: {"actor/grad_norm": 3.0, "grad_norm/bucket_1/task": 1.0}}
+    assert D.analysis_steps(r) == [1] and r.config is None
 
 
 def test_wandb_rows_convert_to_our_records():
@@ -217,7 +230,7 @@ def test_plot_steps_grid(plotted, tmp_path):
     seed_dir = tmp_path / "step2"  # the seed's layout: DIR/metrics.json
     seed_dir.mkdir()
     shutil.copy(plotted / "gradient_analysis_metrics_step_2.json", seed_dir / "metrics.json")
-    assert main(["plot-steps", "--mode", "grpo", "--step-dir", f"1={plotted}", "--step-dir", f"2={seed_dir}",
+    assert main(["plot-steps", "--mode", "grpo", "--step-dir", f"1={plotted}", f"2={seed_dir}",
                  "--out", str(two), "--dpi", DPI]) == 0
     h1, h2 = _png_ok(one.read_bytes()).shape[0], _png_ok(two.read_bytes()).shape[0]
     assert h2 > 1.5 * h1  # a row per step
@@ -295,33 +308,43 @@ def test_report_without_analysis_has_fewer_sections(tmp_path, capsys):
     assert "has no gradient-analysis step" in page
 
 
-def test_report_is_self_contained_and_renders_in_chromium(rich_run, tmp_path):
-    out = tmp_path / "report.html"
-    assert main(["report", str(rich_run), "--output", str(out), "--dpi", DPI]) == 0
-    page = out.read_text()
+@pytest.fixture(scope="session")
+def rich_report(rich_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("viz-report") / "report.html"
+    assert main(["report", str(rich_run), "--output", str(out), "--dpi", DPI, "--max-steps", "1"]) == 0
+    return out
+
+
+def test_report_is_self_contained(rich_run, rich_report):
+    page = rich_report.read_text()
     for sid in ("reading", "config", "curves", "analysis", "rewards", "neurons", "critic"):
         assert f'id="{sid}"' in page, sid
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # nothing fetched from anywhere
     assert "<script" not in page and "<link" not in page
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) >= 10
+    assert "<summary>Step 2</summary>" in page and "<summary>Step 1</summary>" not in page  # --max-steps 1: the last
     for b64 in images:
         _png_ok(base64.b64decode(b64))
     rows = _rows(rich_run)
     acc = [rows[s]["val/accuracy"] for s in sorted(rows) if "val/accuracy" in rows[s]]
     assert f"Validation accuracy went from {100 * acc[0]:.1f}%" in page
-    assert "correctness and format are" in page  # the component geometry sentence
+    assert "correctness and format are weakly aligned (cosine +0.30)" in page  # step 2's components.json
+    assert "correctness 0.1 → 0.2, format 0.1 → 0.2, length 0.1 → 0.2" in page  # the stale step-2 line is ignored
     assert "dormant-neuron ratio rose from 5.0% (step 1) to 10.0% (step 2)" in page
 
+
+def test_report_renders_in_chromium_without_errors(rich_report, tmp_path):
     chromium = find_chromium()
     if chromium is None:
-        pytest.skip("chromium is not installed and could not be installed here (scripts/setup.sh installs it as root)")
+        pytest.skip("chromium is not installed and could not be installed here (scripts/setup.sh installs it "
+                    "with apt-get when run as root)")
     shot = tmp_path / "shot.png"
-    errors = open_page(chromium, out.as_uri(), shot)
+    errors = open_page(chromium, rich_report.as_uri(), shot)
     assert errors == []
-    img = _png_ok(shot.read_bytes())
+    img = _png_ok(shot.read_bytes())  # decodes, and not blank
     assert img.shape[1] == 1280
-    # the control: the same harness does see a broken page
+    # the control: the same harness does see a broken page (a missing image, an uncaught exception)
     bad = tmp_path / "bad.html"
     bad.write_text('<html><body><p>x</p><img src="missing.png"><script>nope();</script></body></html>')
     assert len(open_page(chromium, bad.as_uri(), tmp_path / "bad.png")) == 2

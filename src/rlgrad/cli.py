@@ -81,22 +81,32 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_dpi(dpi: int) -> None:
+    if not 10 <= dpi <= 1200:
+        raise UserError(f"--dpi {dpi} is outside 10..1200")
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from rlgrad.viz.plot import plot_command
 
+    _check_dpi(args.dpi)
     return plot_command(args.run_dir, args.wandb_path, args.steps, args.output_dir, args.list_steps, args.dpi)
 
 
 def cmd_plot_steps(args: argparse.Namespace) -> int:
     from rlgrad.viz.plot import plot_steps_command
 
+    _check_dpi(args.dpi)
     return plot_steps_command(args.mode, args.step_dir, args.out, args.dpi)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from rlgrad.viz.report import report_command
 
-    return report_command(args.run_dir, args.output, args.dpi)
+    _check_dpi(args.dpi)
+    if args.max_steps < 1:
+        raise UserError(f"--max-steps {args.max_steps} must be at least 1")
+    return report_command(args.run_dir, args.output, args.dpi, args.max_steps)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,9 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plot)
     p = sub.add_parser("plot-steps", help="the paper-style grid: a row per step from exported per-step metrics")
     p.add_argument("--mode", choices=("ppo", "grpo"), default="grpo", help="algorithm named in the title")
-    p.add_argument("--step-dir", action="append", required=True, metavar="STEP=DIR",
+    p.add_argument("--step-dir", action="extend", nargs="+", required=True, metavar="STEP=DIR",
                    help="a step and the directory holding its gradient_analysis_metrics_step_<STEP>.json "
-                        "(or metrics.json); repeat for each row")
+                        "(or metrics.json), one per row: --step-dir 1=A 51=B (or repeat the flag)")
     p.add_argument("--out", required=True, help="output PNG file")
     p.add_argument("--dpi", type=int, default=200, help="PNG resolution (default 200)")
     p.set_defaults(func=cmd_plot_steps)
@@ -133,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="a local run directory")
     p.add_argument("--output", help="default: RUN_DIR/report.html")
     p.add_argument("--dpi", type=int, default=90, help="resolution of the inlined figures (default 90)")
+    p.add_argument("--max-steps", type=int, default=6,
+                   help="analysis steps drawn in full, evenly spaced, the last included (default 6; rlgrad plot draws all)")
     p.set_defaults(func=cmd_report)
     return parser
 

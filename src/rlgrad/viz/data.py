@@ -13,6 +13,7 @@ import csv
 import json
 import math
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,14 +141,15 @@ def load_wandb_run(path: str) -> RunData:
     except Exception as e:
         raise UserError(f"cannot read W&B run '{path}': {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     tables: dict[int, list[tuple[str, int, float]]] = {}
-    for row in history:
-        meta = row.get(f"{PREFIX}/group_rv_table")
-        if isinstance(meta, dict) and "path" in meta and row.get("_step") is not None:
-            try:
-                local = run.file(meta["path"]).download(replace=True, root=".wandb_tables").name
-                tables[int(row["_step"])] = wandb_table_rows(json.loads(Path(local).read_text()))
-            except Exception:
-                continue  # the figures fall back to the logged min/mean/max
+    with tempfile.TemporaryDirectory(prefix="rlgrad-wandb-") as tmp:
+        for row in history:
+            meta = row.get(f"{PREFIX}/group_rv_table")
+            if isinstance(meta, dict) and "path" in meta and row.get("_step") is not None:
+                try:
+                    local = run.file(meta["path"]).download(replace=True, root=tmp).name
+                    tables[int(row["_step"])] = wandb_table_rows(json.loads(Path(local).read_text()))
+                except Exception:
+                    continue  # the figures fall back to the logged min/mean/max
     config = dict(run.config) if run.config else None
     return RunData(name=run.name or run.id, source=path, rows=records_from_wandb_rows(history), config=config,
                    rv_tables=tables)

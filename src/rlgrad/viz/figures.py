@@ -225,10 +225,8 @@ def fig_normed(sv: StepView) -> Figure:
         names = [*sv.buckets, *(["all"] if sv.has_all else [])]
         ps, pt = sv.values(f"per_sample/{comp}", names), sv.values(f"per_token/{comp}", names)
         x, w = np.arange(len(names)), 0.38
-        b1 = ax.bar(x - w / 2, np.nan_to_num(ps), w, color="#16a085", label="per sample")
-        b2 = ax.bar(x + w / 2, np.nan_to_num(pt), w, color="#f39c12", label="per token")
-        for b in (b1, b2):
-            ax.bar_label(b, fmt="%.2g", fontsize=6, padding=1)
+        ax.bar(x - w / 2, np.nan_to_num(ps), w, color="#16a085", label="per sample")  # values: the metrics JSON
+        ax.bar(x + w / 2, np.nan_to_num(pt), w, color="#f39c12", label="per token")
         labels = [n.replace("_", " ") for n in names]
         ax.set_xticks(x, labels, fontsize=8)
         ax.set_xlabel("reward-variance bucket (1 = lowest); last: all")

@@ -92,6 +92,8 @@ def plot_command(run_dir: str | None, wandb_path: str | None, steps: list[int] |
     else:
         chosen = available
     out = Path(output_dir) if output_dir else Path("gradient_analysis_outputs") / sanitize(run.name)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output-dir '{out}' exists and is not a directory")
     for s in chosen:
         files = write_step_outputs(run, s, out, dpi)
         print(f"step {s}: {len(files)} files")

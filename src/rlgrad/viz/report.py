@@ -13,12 +13,11 @@ import math
 import time
 from pathlib import Path
 
+from rlgrad.errors import UserError
 from rlgrad.rundir import atomic_write_text
 from rlgrad.viz import data as D
 from rlgrad.viz import figures as F
 from rlgrad.viz.plot import step_figures
-
-MAX_EMBEDDED_STEPS = 6  # analysis steps drawn in full; the rest are summarised (rlgrad plot draws them all)
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:0;background:#f6f7f9;
@@ -254,13 +253,16 @@ def _bucket_table(run: D.RunData, step: int) -> str:
 
 
 def _pick(steps: list[int], k: int) -> list[int]:
+    """At most ``k`` steps, evenly spaced, the last one always included."""
     if len(steps) <= k:
         return steps
+    if k <= 1:
+        return steps[-1:] if k == 1 else []
     idx = sorted({round(i * (len(steps) - 1) / (k - 1)) for i in range(k)})
     return [steps[i] for i in idx]
 
 
-def _analysis_section(run: D.RunData, dpi: int) -> str:
+def _analysis_section(run: D.RunData, dpi: int, max_steps: int) -> str:
     steps = D.analysis_steps(run)
     if not steps:
         return ""
@@ -268,11 +270,11 @@ def _analysis_section(run: D.RunData, dpi: int) -> str:
              f'<p class="muted">Analysis steps: {", ".join(map(str, steps))}. Bucket 1 holds the prompt groups with the '
              "lowest in-group reward std; <em>all</em> is the whole batch. Norms are L2 norms over all trainable "
              "parameters of each bucket's own aggregated loss, before clipping.</p>"]
-    shown = _pick(steps, MAX_EMBEDDED_STEPS)
+    shown = _pick(steps, max_steps)
     if len(steps) >= 2:
         parts.append(_img(F.fig_bucket_trend(run, steps), dpi, "Per-bucket task gradient norm and reward std over the "
                                                              "analysis steps."))
-        parts.append(_img(F.fig_steps_grid([(f"Step {s}", run.metrics(s)) for s in shown], "run",
+        parts.append(_img(F.fig_steps_grid([(f"Step {s}", run.metrics(s)) for s in _pick(steps, 6)], "run",
                                            f"Gradient norm vs reward variance across steps — run {run.name}"), dpi,
                           "The paper-style grid (rlgrad plot-steps): one row per analysis step."))
     if len(shown) < len(steps):
@@ -329,13 +331,14 @@ def _neurons_section(run: D.RunData, dpi: int) -> str:
     return "".join(parts)
 
 
-def build_report(run: D.RunData, dpi: int = 90) -> str:
+def build_report(run: D.RunData, dpi: int = 90, max_steps: int = 6) -> str:
+    """The HTML page; ``max_steps`` analysis steps (evenly spaced, the last included) get their full figures."""
     steps = [s for s in run.rows if s > 0]
     sections = [
         _config_section(run),
         _section("curves", "Training curves", _img(F.fig_training_curves(run), dpi,
                                                   "Training metrics per step (validation where it ran).")),
-        _analysis_section(run, dpi),
+        _analysis_section(run, dpi, max_steps),
         _components_section(run, dpi),
         _neurons_section(run, dpi),
         _section("critic", "Critic", _img(F.fig_critic(run), dpi, "Value function.")),
@@ -366,9 +369,11 @@ def _section(sid: str, title: str, body: str) -> str:
     return f'<section id="{sid}"><h2>{title}</h2>{body}</section>' if body else ""
 
 
-def report_command(run_dir: str, output: str | None, dpi: int = 90) -> int:
+def report_command(run_dir: str, output: str | None, dpi: int = 90, max_steps: int = 6) -> int:
     run = D.load_run(run_dir)
     out = Path(output) if output else Path(run_dir) / "report.html"
-    atomic_write_text(out, build_report(run, dpi))
+    if out.is_dir():
+        raise UserError(f"--output '{out}' is a directory; give a file name")
+    atomic_write_text(out, build_report(run, dpi, max_steps))
     print(f"report written to {out.resolve()}")
     return 0
