@@ -74,7 +74,7 @@ class RolloutConfig:
     top_k: int = _f(0, "Top-k sampling (0: off).")
     response_length: int = _f(8, "Maximum response tokens (verl: data.max_response_length).")
     val_do_sample: bool = _f(False, "Sample during validation (false: greedy, as verl's val_kwargs default).")
-    log_prob_micro_batch_size: int = _f(64, "Sequences per forward when computing old/ref log-probs.")
+    log_prob_micro_batch_size: int = _f(64, "Sequences per forward when computing old/ref log-probs (and, with gae, the critic's old values).")
     recompute_log_probs: bool = _f(False, "Recompute old log-probs with a separate forward (verl's default) instead of taking them from the rollout.")
     engine: str = _f("auto", "Rollout engine: hf (transformers generate) | native (rlgrad's decode loop for Qwen2/Llama/Mistral) | auto (native when the model supports it, else hf).", choices=("auto", "hf", "native"))
     rollout_filter_strategy: str = _f("top_p", "Group filter: top_p | top_k | top_k_abs | min_p.", choices=("top_p", "top_k", "top_k_abs", "min_p"))
