@@ -185,11 +185,18 @@ def test_planted_dead_neurons_found_by_both_scores_mlp(tok):
         m.mlp[2].bias[17] = 0
     b = make_batch(len(tok))
     backward(m, b)
-    rep = measure(m, b, RedoConfig(redo_nullspace_samples=8), role="actor", seed=0, step=1, loss_fn=actor_loss_fn(S))
+    rep = measure(m, b, RedoConfig(), role="actor", seed=0, step=1, loss_fn=actor_loss_fn(S))
     planted = {"mlp.0": {4, 9}, "mlp.2": {17}}
     assert flagged(rep, "grad") == planted
     assert flagged(rep, "act") == planted
     assert flagged(rep, "zero") == planted
+    # Oracle for the activation sums: the hidden units by hand, response tokens only.
+    with torch.no_grad():
+        h1 = torch.relu(m.mlp[0](m.embed(b.input_ids)))
+        h2 = torch.relu(m.mlp[2](h1))
+    for s, h in zip(rep.layers, (h1, h2)):
+        torch.testing.assert_close(s.act_sum, (h * b.response_mask[..., None]).sum((0, 1)).double(), rtol=1e-5, atol=1e-6)
+        assert float(s.act_count[0]) == float(b.response_mask.sum())  # every row sampled (12 <= 32)
     met = rep.metrics()
     assert met["actor/neuron/dormant_ratio"] == pytest.approx(3 / 56)
     assert met["actor/neuron/act_dormant_ratio"] == pytest.approx(3 / 56)
@@ -248,6 +255,10 @@ def test_nullspace_ratio_math_and_sampling():
     v = torch.tensor([[1.0, 0, 0], [2.0, 0, 0], [0, 1.0, 0], [0, 0, 0]], dtype=torch.float64)  # dup direction, zero row
     assert nullspace_ratio(v @ v.t()) == pytest.approx(2 / 4)
     assert nullspace_ratio(torch.eye(5, dtype=torch.float64) * torch.arange(1, 6)) == 0.0  # scale is normalised away
+    # Two nearly parallel gradients (angle eps): λ_min ≈ eps²/2 against λ_max ≈ 2, threshold (1e-5)² · λ_max
+    for eps, null in ((1e-4, 0.0), (1e-6, 0.5)):
+        g = torch.tensor([[1.0, 0.0], [1.0, eps]], dtype=torch.float64)
+        assert nullspace_ratio(g @ g.t()) == null, eps
     a, b = sample_rows(100, 32, seed=7), sample_rows(100, 32, seed=7)
     assert torch.equal(a, b) and len(a) == 32 and len(set(a.tolist())) == 32 and torch.equal(a, a.sort().values)
     assert not torch.equal(a, sample_rows(100, 32, seed=8))
@@ -263,6 +274,21 @@ def test_select_reset_modes():
     assert select_reset(s, 0.1, "hybrid", 0.5).tolist() == [0, 1, 5]
     assert select_reset(s, 0.1, "percentage", 0.5).tolist() == [0, 1, 2, 3, 5]
     assert select_reset(s, 0.1, "percentage", 0.05).tolist() == []  # floor(0.5) = 0
+
+
+def test_reset_draws_from_the_survivors_rms_by_hand():
+    from rlgrad.analysis.neurons import _seed
+    net = nn.Sequential(nn.Linear(3, 4, bias=False), nn.ReLU(), nn.Linear(4, 2))
+    with torch.no_grad():
+        net[0].weight.copy_(torch.tensor([[2.0, -2, 2], [-2, 2, 2], [0, 0, 0], [0, 0, 0]]))  # survivors' RMS: 2
+    net[0].weight.grad = torch.tensor([[1.0, 1, 1], [1, 1, 1], [0, 0, 0], [0, 0, 0]])
+    net[2].weight.grad = torch.ones(2, 4)
+    rep = measure(net, None, RedoConfig(), role="actor", seed=4, step=9)
+    assert reset_dormant(rep, None, RedoConfig(), seed=4, step=9) == {"0": 2}
+    draw = torch.randn(2, 3, generator=torch.Generator().manual_seed(_seed(4, 9, "actor", "0.weight")))
+    torch.testing.assert_close(net[0].weight[2:].detach(), 2.0 * draw)
+    assert net[0].weight[:2].tolist() == [[2.0, -2, 2], [-2, 2, 2]]
+    assert net[2].weight[:, 2:].tolist() == [[0.0, 0.0], [0.0, 0.0]] and bool((net[2].weight[:, :2] != 0).all())
 
 
 def _ctx(cfg, model, opt, b, tmp_path, step=1, **kw):
