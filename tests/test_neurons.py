@@ -491,6 +491,26 @@ def test_config_keys_aliases_and_bad_values():
             load_config(overrides=[bad])
 
 
+def test_metrics_alone_leave_the_training_trajectory_bitwise_unchanged(model_cache, tmp_path):
+    from rlgrad.rl.trainer import Trainer
+
+    from .conftest import tiny_overrides
+
+    finals = []
+    for name, extra in (("plain", []), ("measured", ["actor.redo_metric_freq=1", "actor.redo_nullspace_samples=8"])):
+        cfg = load_config(overrides=tiny_overrides(model_cache, tmp_path / name) + extra + [
+            "trainer.total_training_steps=2", "trainer.gradient_analysis_mode=false", "trainer.val_before_train=false",
+            "actor.entropy_coeff=0.01", "actor.ppo_mini_batch_size=2"])  # 2 mini-batches per step
+        tr = Trainer(cfg, log=lambda *a: None)
+        tr.fit()
+        finals.append(({n: p.detach().clone() for n, p in tr.actor.named_parameters()}, torch.get_rng_state()))
+    assert all(torch.equal(finals[0][0][n], finals[1][0][n]) for n in finals[0][0])
+    assert torch.equal(finals[0][1], finals[1][1])
+    rows = {r["step"]: r["data"] for r in read_jsonl(tmp_path / "measured" / "metrics.jsonl")}
+    assert "actor/neuron/nullspace_ratio" in rows[2] and "actor/neuron/nullspace_ratio" not in read_jsonl(
+        tmp_path / "plain" / "metrics.jsonl")[-1]["data"]
+
+
 def test_train_cli_writes_neuron_metrics(tiny, tmp_path):
     run = tmp_path / "run"
     res = run_cli(["train", *tiny, "trainer.total_training_steps=2", "trainer.gradient_analysis_mode=false",
