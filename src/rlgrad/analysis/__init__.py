@@ -6,8 +6,11 @@ from __future__ import annotations
 def hooks_from_config(cfg) -> list:
     """The analysis hooks a config asks for, in the order they run at the hook point."""
     from rlgrad.analysis.gradient_probe import GradientAnalysisHook
+    from rlgrad.analysis.neurons import NeuronHealthHook
 
     hooks = []
     if cfg.trainer.gradient_analysis_mode:
         hooks.append(GradientAnalysisHook(cfg))
+    if any(r.redo_metric_freq or r.redo_reset_freq for r in (cfg.actor, cfg.critic)):
+        hooks.append(NeuronHealthHook(cfg))
     return hooks
