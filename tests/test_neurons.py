@@ -534,3 +534,25 @@ def test_train_cli_writes_neuron_metrics(tiny, tmp_path):
     doc = json.loads((run / "analysis" / "step_2" / "neurons.json").read_text())
     assert {k: v["reset"] for k, v in doc["actor"]["layers"].items()} == {
         "model.layers.0.self_attn": 0, "model.layers.0.mlp": 6, "model.layers.1.self_attn": 0, "model.layers.1.mlp": 6}
+
+
+def test_train_cli_critic_neuron_health(tiny, tmp_path):
+    """PPO with a critic: the critic's neuron health comes from its own gradient and value loss."""
+    run = tmp_path / "run"
+    res = run_cli(["train", *tiny, "trainer.total_training_steps=2", "trainer.gradient_analysis_mode=false",
+                   "trainer.val_before_train=false", "algorithm.adv_estimator=gae", "critic.redo_metric_freq=1",
+                   "critic.redo_reset_freq=2", "critic.redo_mode=percentage", "critic.redo_max_reset_frac=0.1"],
+                  cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["step"]: r["data"] for r in read_jsonl(run / "metrics.jsonl")}
+    for step in (1, 2):
+        for k in ("dormant_ratio", "act_dormant_ratio", "zero_grad_ratio", "nullspace_ratio"):
+            assert 0.0 <= rows[step][f"critic/neuron/{k}"] <= 1.0
+        assert not any(k.startswith("actor/neuron/") for k in rows[step])
+        doc = json.loads((run / "analysis" / f"step_{step}" / "neurons.json").read_text())
+        assert set(doc) == {"step", "critic"} and len(doc["critic"]["layers"]) == 4
+    # This tiny run scores 0 everywhere, so returns = values = 0 and the critic's gradient is exactly zero:
+    # every neuron reads as zero-gradient, and the reset is skipped (a zero gradient says nothing about
+    # which neurons are dead).
+    assert rows[2]["critic/grad_norm"] == 0.0 and rows[2]["critic/neuron/zero_grad_ratio"] == 1.0
+    assert rows[2]["critic/neuron/reset_count"] == 0.0
