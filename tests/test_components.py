@@ -111,6 +111,11 @@ def test_component_advantages_hand_computed():
     own = component_advantages(comps, w, scores, g, mode="own_std", estimator="grpo", norm_by_std=True)
     # format in group 0 is (1, 1, 0): mean 2/3, std 1/sqrt(3); unweighted
     assert float(own["format"][2]) == pytest.approx((0 - 2 / 3) / (1 / math.sqrt(3) + 1e-6), rel=1e-6)
+    # a group whose components vary but whose total is constant: A = 0, and so is every component's share
+    c2 = {"correctness": torch.tensor([1.0, 0.0]), "format": torch.tensor([0.0, 1.0])}
+    flat = component_advantages(c2, {"correctness": 0.5, "format": 0.5}, torch.tensor([0.5, 0.5]),
+                                torch.tensor([0, 0]), mode="shared_std", estimator="grpo", norm_by_std=True)
+    assert all(v.tolist() == [0.0, 0.0] for v in flat.values())
     rl = component_advantages(comps, w, scores, g, mode="own_std", estimator="rloo", norm_by_std=True)
     assert float(rl["correctness"][1]) == pytest.approx(0 - 1.0)  # leave-one-out mean of (1, 1)
 

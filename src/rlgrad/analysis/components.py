@@ -11,7 +11,8 @@ one backward (``analysis.engine``). Two splits:
 
 * ``shared_std``: A_c,i = w_c (r_c,i − mean_g r_c) / (std_g(total) + eps), the GRPO advantage with the
   total reward's group std (RLOO: the leave-one-out baseline of w_c r_c). Linear in the reward, so
-  Σ_c A_c = A exactly and Σ_c g_c is the update's policy gradient; ``total`` is that sum.
+  Σ_c A_c = A exactly and Σ_c g_c is the update's policy gradient; ``total`` is that sum. (A group whose
+  total reward is constant has A = 0, and all its A_c are set to 0.)
 * ``own_std``: A_c = the advantage estimator applied to the unweighted component reward alone (GRPO:
   divided by the component's own group std), as the seed did. The components no longer add up; ``total``
   is the update's own advantage, as one more slice.
@@ -81,9 +82,12 @@ def component_advantages(components: dict[str, torch.Tensor], weights: dict[str,
     if not norm_by_std:
         return out
     # ... and divide by the TOTAL reward's unbiased group std + eps (a singleton: std 1), grpo_advantages' convention.
+    # A group whose total is constant has A = 0 exactly; its components get 0 as well (still a split of A):
+    # components that vary but cancel would otherwise be blown up by 1/eps.
     _, std, size = group_stats(scores.float(), group_ids)
     std = torch.where(size <= 1, torch.ones_like(std), std)
-    return {c: a / (std + eps) for c, a in out.items()}
+    flat = (size > 1) & (std == 0)
+    return {c: torch.where(flat, torch.zeros_like(a), a / (std + eps)) for c, a in out.items()}
 
 
 def per_sequence_advantage(batch: Batch) -> torch.Tensor:
