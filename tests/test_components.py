@@ -367,9 +367,8 @@ def test_train_with_components_end_to_end_and_export(tiny, tmp_path, math_files,
         "reward.length_max=3", "trainer.gradient_analysis_mode=false", "trainer.test_freq=-1"]
     Trainer(load_config(overrides=common + [f"trainer.default_local_dir={tmp_path / 'plain'}"]), **QUIET).fit()
     run = tmp_path / "comp"
-    Trainer(load_config(overrides=common + [
-        f"trainer.default_local_dir={run}", "analysis.components_every=1", "analysis.save_component_gradients=true",
-        "analysis.components_mode=own_std"]), **QUIET).fit()
+    assert cli_main(["train", *common, f"trainer.default_local_dir={run}", "analysis.components_every=1",
+                     "analysis.save_component_gradients=true", "analysis.components_mode=own_std"]) == 0
     # side-effect free: the same weights and metrics as a run without the instrument
     a = load_file(tmp_path / "plain" / "global_step_2" / "actor" / "model.safetensors")
     b = load_file(run / "global_step_2" / "actor" / "model.safetensors")
@@ -456,3 +455,18 @@ def test_resume_keeps_reward_components_readable(tiny, tmp_path):
     assert recs[:3] == [{**a, "timestamp": b["timestamp"]} for a, b in zip(first, recs[:3])]  # resumed exactly
     assert (run / "analysis" / "step_3" / "components.json").exists()
     assert "grad_comp/total/norm" in read_jsonl(run / "metrics.jsonl")[3]["data"]
+
+
+def test_config_cadence_and_bad_settings():
+    from rlgrad.analysis import hooks_from_config
+    from rlgrad.analysis.components import ComponentGeometryHook
+    from rlgrad.errors import UserError
+
+    hooks = hooks_from_config(load_config(overrides=["analysis.components_every=3"]))
+    assert isinstance(hooks[0], ComponentGeometryHook)  # before the bucket analysis, which may stop the run
+    assert [s for s in range(1, 11) if hooks[0].due(s)] == [1, 4, 7, 10]
+    assert not any(isinstance(h, ComponentGeometryHook) for h in hooks_from_config(load_config()))
+    with pytest.raises(UserError, match="components_every"):
+        load_config(overrides=["analysis.components_every=-1"])
+    with pytest.raises(UserError, match="components_mode"):
+        load_config(overrides=["analysis.components_mode=shared"])
