@@ -470,3 +470,5 @@ def test_config_cadence_and_bad_settings():
         load_config(overrides=["analysis.components_every=-1"])
     with pytest.raises(UserError, match="components_mode"):
         load_config(overrides=["analysis.components_mode=shared"])
+    with pytest.raises(UserError, match="outcome advantages"):  # GAE's advantage varies along a response
+        hooks_from_config(load_config(overrides=["analysis.components_every=1", "algorithm.adv_estimator=gae"]))

@@ -74,7 +74,7 @@ class RolloutConfig:
     top_k: int = _f(0, "Top-k sampling (0: off).")
     response_length: int = _f(8, "Maximum response tokens (verl: data.max_response_length).")
     val_do_sample: bool = _f(False, "Sample during validation (false: greedy, as verl's val_kwargs default).")
-    log_prob_micro_batch_size: int = _f(64, "Sequences per forward when computing old/ref log-probs.")
+    log_prob_micro_batch_size: int = _f(64, "Sequences per forward when computing old/ref log-probs (and, with gae, the critic's old values).")
     recompute_log_probs: bool = _f(False, "Recompute old log-probs with a separate forward (verl's default) instead of taking them from the rollout.")
     engine: str = _f("auto", "Rollout engine: hf (transformers generate) | native (rlgrad's decode loop for Qwen2/Llama/Mistral) | auto (native when the model supports it, else hf).", choices=("auto", "hf", "native"))
     rollout_filter_strategy: str = _f("top_p", "Group filter: top_p | top_k | top_k_abs | min_p.", choices=("top_p", "top_k", "top_k_abs", "min_p"))
@@ -117,9 +117,31 @@ class ActorConfig:
 
 
 @dataclass
+class CriticModelConfig:
+    path: str | None = _f(None, "Local Hugging Face directory the value model starts from (its base weights; a zero value head unless it has one). null: the actor's initial weights (model.path or the embedded default).")
+
+
+@dataclass
+class CriticConfig:
+    """The value model of PPO with a critic; used only when algorithm.adv_estimator=gae."""
+
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_epochs: int = _f(1, "Passes of the critic over each step's batch.")
+    ppo_mini_batch_size: int | None = _f(None, "Prompts per critic optimizer step (x rollout.n samples); null: the whole batch.")
+    ppo_micro_batch_size: int = _f(64, "Samples per critic forward/backward (gradient accumulation; does not change the update).")
+    shuffle: bool = _f(True, "Shuffle samples into critic mini-batches each epoch.")
+    cliprange_value: float = _f(0.5, "Value clipping: the loss uses max((V-R)^2, (clip(V, V_old-c, V_old+c)-R)^2) / 2.")
+    loss_agg_mode: str | None = _f(None, "Aggregation of the value loss (null: actor.loss_agg_mode).", choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"))
+    max_grad_norm: float = _f(1.0, "Clip the critic's global gradient norm (the pre-clip norm is logged as critic/grad_norm).")
+
+
+@dataclass
 class AlgorithmConfig:
-    adv_estimator: str = _f("grpo", "Advantage estimator: grpo | rloo.", choices=("grpo", "rloo"))
+    adv_estimator: str = _f("grpo", "Advantage estimator: grpo | rloo (outcome, group baseline) | gae (PPO with a critic: token-level GAE on a learned value model, see critic.*).", choices=("grpo", "rloo", "gae"))
     norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's (unbiased) reward std + 1e-6.")
+    gamma: float = _f(1.0, "GAE discount factor over response tokens.")
+    lam: float = _f(1.0, "GAE lambda (bias/variance trade-off of the advantage; 1: Monte-Carlo return minus value).")
 
 
 @dataclass
@@ -140,6 +162,7 @@ class TrainerConfig:
     default_local_dir: str | None = _f(None, "Run directory (default: runs/<project_name>/<experiment_name>).")
     resume_mode: str = _f("auto", "auto: resume from the newest complete checkpoint if any; disable: start fresh (refuses a used directory); resume_path: trainer.resume_from_path.", choices=("auto", "disable", "resume_path"))
     resume_from_path: str | None = _f(None, "A global_step_N directory to resume from (resume_mode=resume_path).")
+    critic_warmup: int = _f(0, "adv_estimator=gae: the first N steps update only the critic (the actor update is skipped).")
     max_ckpt_to_keep: int | None = _f(None, "Keep only the newest N checkpoints (null: keep all).")
     logger: list[str] = _f(["console", "jsonl"], "Metric sinks: console, jsonl, tensorboard, wandb.")
     seed: int = _f(1, "Seed of data, sampling and initialisation.")
@@ -170,6 +193,7 @@ class RLGradConfig:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -181,6 +205,8 @@ ALIASES: dict[str, str] = {
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "actor.ppo_micro_batch_size",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "rollout.log_prob_micro_batch_size",
     "actor_rollout_ref.model.path": "model.path",
+    "critic.ppo_micro_batch_size_per_gpu": "critic.ppo_micro_batch_size",
+    "critic.grad_clip": "critic.max_grad_norm",
     "model_path": "model.path",
     "data.max_response_length": "rollout.response_length",
     "es_manager.train.env_groups": "data.train_batch_size",
@@ -325,7 +351,7 @@ def _walk(node: Any, prefix: str = ""):
 def validate(cfg: RLGradConfig) -> None:
     for key, f, v in _walk(cfg):
         choices = f.metadata.get("choices")
-        if choices and v not in choices:
+        if choices and v is not None and v not in choices:  # None: an Optional key left unset
             hint = difflib.get_close_matches(str(v), choices, n=1)
             raise UserError(f"'{key}' must be one of {', '.join(choices)}, got '{v}'"
                             + (f"; did you mean '{hint[0]}'?" if hint else ""))
@@ -348,8 +374,27 @@ def validate(cfg: RLGradConfig) -> None:
             raise UserError(f"'trainer.logger' entry '{s}' is not one of console, jsonl, tensorboard, wandb")
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise UserError("'trainer.resume_mode=resume_path' needs 'trainer.resume_from_path'")
+    if cfg.algorithm.adv_estimator == "gae":  # the critic's settings matter only then
+        validate_critic(cfg)
     if cfg.data.task == "math" and not cfg.data.train_files:
         raise UserError("'data.task=math' needs 'data.train_files' (local .jsonl or .parquet)")
+
+
+def validate_critic(cfg: RLGradConfig) -> None:
+    c = cfg.critic
+    for k in ("ppo_epochs", "ppo_micro_batch_size"):
+        if getattr(c, k) < 1:
+            raise UserError(f"'critic.{k}' must be a positive integer, got {getattr(c, k)}")
+    mb = c.ppo_mini_batch_size
+    if mb is not None and (mb < 1 or cfg.data.train_batch_size % mb):
+        raise UserError(f"'critic.ppo_mini_batch_size' ({mb}) must divide data.train_batch_size ({cfg.data.train_batch_size})")
+    if c.cliprange_value <= 0:
+        raise UserError(f"'critic.cliprange_value' must be positive, got {c.cliprange_value}")
+    if cfg.trainer.critic_warmup < 0:
+        raise UserError(f"'trainer.critic_warmup' must be >= 0, got {cfg.trainer.critic_warmup}")
+    p = c.model.path
+    if p is not None and not (Path(p).is_dir() and (Path(p) / "config.json").is_file()):
+        raise UserError(f"'critic.model.path' '{p}' is not a local Hugging Face model directory (no config.json)")
 
 
 def to_yaml(cfg: RLGradConfig) -> str:
