@@ -98,7 +98,24 @@ class OptimConfig:
 
 
 @dataclass
-class ActorConfig:
+class RedoConfig:
+    """Neuron health (gradient / activation dormancy, zero-gradient and nullspace ratios) and ReDo-style reset.
+
+    The same fields sit flat under ``actor.`` and ``critic.`` (the seed's ``actor_rollout_ref.actor.redo_*`` are
+    aliases). See docs/architecture.md, "Neuron health".
+    """
+
+    redo_metric_freq: int = _f(0, "Neuron-health metrics every N steps (steps N, 2N, ...; 0: off): <role>/neuron/dormant_ratio, act_dormant_ratio, zero_grad_ratio, nullspace_ratio, <role>/param/zero_grad_ratio, and analysis/step_N/neurons.json.")
+    redo_reset_freq: int = _f(0, "Reset dormant neurons every N steps, after the optimizer step (0: off).")
+    redo_tau: float = _f(0.1, "Dormancy threshold: neuron i is dormant when s_i = a_i / mean_k a_k <= tau within its layer (a = mean |gradient| of its incoming weights; for act_dormant_ratio, mean |activation| over response tokens).")
+    redo_mode: str = _f("threshold", "Which neurons a reset takes: threshold (s <= tau) | percentage (the lowest redo_max_reset_frac of each layer) | hybrid (s <= tau, at most redo_max_reset_frac of each layer).", choices=("threshold", "percentage", "hybrid"))
+    redo_max_reset_frac: float = _f(0.1, "percentage/hybrid: fraction of a layer's neurons a reset may take (rounded down), in [0, 1].")
+    redo_nullspace_samples: int = _f(32, "Sequences (at most) sampled from the step's first mini-batch for the nullspace ratio and the activation scores (0: skip both).")
+    redo_reset_outgoing: str = _f("zero", "Outgoing weights of a reset neuron: zero | small (N(0, (0.01 x RMS of the layer's other outgoing columns)^2)).", choices=("zero", "small"))
+
+
+@dataclass
+class ActorConfig(RedoConfig):
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_epochs: int = _f(1, "Passes over each step's batch.")
     ppo_mini_batch_size: int | None = _f(None, "Prompts per optimizer step (x rollout.n samples); null: the whole batch, one step per epoch.")
@@ -122,8 +139,8 @@ class CriticModelConfig:
 
 
 @dataclass
-class CriticConfig:
-    """The value model of PPO with a critic; used only when algorithm.adv_estimator=gae."""
+class CriticConfig(RedoConfig):
+    """The value model of PPO with a critic; used only when algorithm.adv_estimator=gae (redo_*: its neuron health)."""
 
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -367,6 +384,15 @@ def validate(cfg: RLGradConfig) -> None:
     mb = cfg.actor.ppo_mini_batch_size
     if mb is not None and (mb < 1 or cfg.data.train_batch_size % mb):
         raise UserError(f"'actor.ppo_mini_batch_size' ({mb}) must divide data.train_batch_size ({cfg.data.train_batch_size})")
+    for role in ("actor", "critic"):  # issue 5: neuron health
+        rc: RedoConfig = getattr(cfg, role)
+        for k in ("redo_metric_freq", "redo_reset_freq", "redo_nullspace_samples"):
+            if getattr(rc, k) < 0:
+                raise UserError(f"'{role}.{k}' must be >= 0 (0: off), got {getattr(rc, k)}")
+        if rc.redo_tau < 0:
+            raise UserError(f"'{role}.redo_tau' must be >= 0, got {rc.redo_tau}")
+        if not 0 <= rc.redo_max_reset_frac <= 1:
+            raise UserError(f"'{role}.redo_max_reset_frac' must be in [0, 1], got {rc.redo_max_reset_frac}")
     if not 0 < cfg.rollout.top_p <= 1:
         raise UserError(f"'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}")
     for s in cfg.trainer.logger:

@@ -7,6 +7,7 @@ def hooks_from_config(cfg) -> list:
     """The analysis hooks a config asks for, in the order they run at the hook point."""
     from rlgrad.analysis.components import ComponentGeometryHook
     from rlgrad.analysis.gradient_probe import GradientAnalysisHook
+    from rlgrad.analysis.neurons import NeuronHealthHook
 
     hooks = []
     # Before the bucket analysis: that one may stop the run at its step (exit_after_gradient_analysis).
@@ -14,4 +15,6 @@ def hooks_from_config(cfg) -> list:
         hooks.append(ComponentGeometryHook(cfg))
     if cfg.trainer.gradient_analysis_mode:
         hooks.append(GradientAnalysisHook(cfg))
+    if any(r.redo_metric_freq or r.redo_reset_freq for r in (cfg.actor, cfg.critic)):
+        hooks.append(NeuronHealthHook(cfg))
     return hooks

@@ -50,6 +50,22 @@ def compute_values(model, batch: Batch, *, micro_batch_size: int) -> torch.Tenso
     return torch.cat(parts) * batch.response_mask
 
 
+def critic_token_loss(s: CriticSettings):
+    """The value loss per token with its aggregation weights, for the gradient engine (``analysis.engine.LossFn``)."""
+    from rlgrad.rl.core import agg_token_weights
+
+    def fn(model, b: Batch) -> dict[str, torch.Tensor]:
+        device = next(model.parameters()).device
+        mask = b.response_mask.to(device)
+        v = forward_values(model, b.input_ids.to(device), b.attention_mask.to(device))
+        out = value_loss(v, b.values.to(device), b.returns.to(device), mask, cliprange_value=s.cliprange_value,
+                         agg_mode=s.loss_agg_mode, horizon=s.horizon)
+        w, _ = agg_token_weights(mask, s.loss_agg_mode, horizon=s.horizon)
+        return {"value": out.loss_mat * w.to(out.loss_mat.dtype)}
+
+    return fn
+
+
 def critic_micro_loss(s: CriticSettings) -> MicroLoss:
     """The clipped value loss of one micro-batch for ``ppo_update``, its metrics as additive shares."""
 

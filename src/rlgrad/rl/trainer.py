@@ -44,7 +44,7 @@ from rlgrad.rl.core import (
     outcome_token_rewards,
     rloo_advantages,
 )
-from rlgrad.rl.critic import CriticSettings, compute_values, update_critic
+from rlgrad.rl.critic import CriticSettings, compute_values, critic_token_loss, update_critic
 from rlgrad.rl.filter import rollout_filter
 from rlgrad.rl.rollout import compute_log_probs, generate
 from rlgrad.rundir import atomic_write_text, checkpoint_dirs, holds_a_run, read_jsonl, truncate_jsonl_after
@@ -333,6 +333,8 @@ class Trainer:
                           extras={"unfiltered_batch": full, "examples": examples, "reward_weights": self.task.weights,
                                   "prepare": lambda b: self.prepare(b, {}),
                                   "sample_batch": lambda groups, size: self.analysis_batch(step, groups, size)})
+        if self.critic is not None:  # the value loss per token, for instruments that probe the critic
+            ctx.extras["critic_loss_fn"] = critic_token_loss(self.critic_settings)
 
         def on_grads(role: str):
             def call(model, mini):
