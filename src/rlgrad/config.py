@@ -199,6 +199,9 @@ class AnalysisConfig:
     method: str = _f("fast", "Gradient engine: fast (one forward, one backward per term, buckets by linearity) | reference (the seeds' per-bucket passes).", choices=("fast", "reference"))
     save_batch: bool = _f(False, "Write analysis/step_N/batch.safetensors and loss.json so every number can be recomputed offline.")
     save_model: bool = _f(False, "Also write the probed actor to analysis/step_N/model/ (Hugging Face format).")
+    components_every: int = _f(0, "Reward-component gradient geometry (norms, cosines, shares of the policy gradient per reward component) when (step - 1) % every == 0; 0: off. Needs outcome advantages (grpo / rloo).")
+    components_mode: str = _f("shared_std", "Component advantages: shared_std (centred component reward / std of the TOTAL reward: they sum to the update's advantage, the gradients to its policy gradient) | own_std (each component through the advantage estimator on its own, the seed's behaviour).", choices=("shared_std", "own_std"))
+    save_component_gradients: bool = _f(False, "Also write every component's full per-parameter gradient to analysis/step_N/component_grads.npz (background writer).")
 
 
 @dataclass
@@ -376,6 +379,8 @@ def validate(cfg: RLGradConfig) -> None:
     for k in positive:
         if values[k] is None or values[k] < 1:
             raise UserError(f"'{k}' must be a positive integer, got {values[k]}")
+    if cfg.analysis.components_every < 0:
+        raise UserError(f"'analysis.components_every' must be >= 0 (0: off), got {cfg.analysis.components_every}")
     mb = cfg.actor.ppo_mini_batch_size
     if mb is not None and (mb < 1 or cfg.data.train_batch_size % mb):
         raise UserError(f"'actor.ppo_mini_batch_size' ({mb}) must divide data.train_batch_size ({cfg.data.train_batch_size})")

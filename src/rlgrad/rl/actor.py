@@ -88,6 +88,8 @@ class TokenLosses:
     clipfrac: torch.Tensor
     clipfrac_lower: torch.Tensor
     ppo_kl: torch.Tensor
+    # Per-token policy loss per unit of advantage: A·∇pg_unit = ∇pg token by token (core.policy_loss).
+    pg_unit: torch.Tensor | None = None
 
     def components(self, s: LossSettings) -> dict[str, torch.Tensor]:
         """The loss's terms with their coefficients, as the analyses name them: task, entropy, kl.
@@ -114,7 +116,8 @@ def token_losses(model, mb: Batch, s: LossSettings) -> TokenLosses:
                      clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
                      clip_ratio_c=s.clip_ratio_c, agg_mode=s.loss_agg_mode, horizon=s.horizon)
     kl = kl_penalty(logp, mb.ref_log_probs.to(device), s.kl_loss_type) * mask if s.use_kl_loss else None
-    return TokenLosses(mask, pg.loss_mat * mask, ent * mask, kl, pg.clipfrac, pg.clipfrac_lower, pg.ppo_kl)
+    return TokenLosses(mask, pg.loss_mat * mask, ent * mask, kl, pg.clipfrac, pg.clipfrac_lower, pg.ppo_kl,
+                       pg.unit_loss_mat * mask)
 
 
 def actor_loss_terms(model, mb: Batch, s: LossSettings, den: Denominators) -> LossTerms:

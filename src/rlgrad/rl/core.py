@@ -328,6 +328,8 @@ class PolicyLossOutput:
     clipfrac_lower: Tensor  # dual-clip lower fraction (detached; 0 for cispo)
     ppo_kl: Tensor  # masked mean of (old_logp - logp) (detached)
     loss_mat: Tensor | None = None  # per-token loss before aggregation (differentiable)
+    # Per-token "unit-advantage" loss u: ∇loss_mat = A · ∇u token by token (see policy_loss).
+    unit_loss_mat: Tensor | None = None
 
 
 def policy_loss(
@@ -359,6 +361,15 @@ def policy_loss(
         loss_t = −sg(min(r, 1+ε_high)) · A · logp
       so every token keeps a gradient −min(r, 1+ε_high)·A·∇logp. clipfrac = mean[r > 1+ε_high].
 
+    ``unit_loss_mat`` u is the loss per unit of advantage: ∇loss_t = A_t·∇u_t exactly, with the clip
+    decisions of the advantage actually used. Which branch is live depends on A only through its sign:
+
+        ppo:   u = −r·live,  live = [r ≤ 1+ε_high] (A > 0),  [1−ε_low ≤ r ≤ c] (A < 0),  [1−ε_low ≤ r ≤ 1+ε_high] (A = 0)
+        cispo: u = −sg(min(r, 1+ε_high))·logp
+
+    So the gradient of Σ A'·u for any other advantage A' (a reward component's share of A) is that
+    advantage's policy gradient under the update's clipping; the shares of A sum to the update's gradient.
+
     ppo_kl = mean(logp_old − logp). Metrics are masked means over this (micro-)batch, detached.
     """
     mask = mask.to(log_probs.dtype)
@@ -377,16 +388,21 @@ def policy_loss(
         loss_mat = torch.where(neg, torch.minimum(clipped, pg3), clipped)
         clipfrac = masked_mean((pg2 > pg1).to(mask.dtype), mask)
         clipfrac_lower = masked_mean(((clipped > pg3) & neg).to(mask.dtype), mask)
+        r = ratio.detach()
+        low_ok, high_ok = r >= 1.0 - clip_ratio_low, r <= 1.0 + clip_ratio_high
+        live = torch.where(advantages > 0, high_ok, torch.where(neg, low_ok & (r <= clip_ratio_c), low_ok & high_ok))
+        unit = -ratio * live.to(ratio.dtype)
     elif kind == "cispo":
         weight = ratio.detach().clamp(max=1.0 + clip_ratio_high)
         loss_mat = -weight * advantages * log_probs
+        unit = -weight * log_probs
         clipfrac = masked_mean((ratio > 1.0 + clip_ratio_high).to(mask.dtype), mask)
         clipfrac_lower = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
     else:
         raise ValueError(f"unknown policy loss kind {kind!r}; expected 'ppo' or 'cispo'")
 
     loss = agg_loss(loss_mat, mask, agg_mode, horizon=horizon, num_tokens=num_tokens, num_seqs=num_seqs)
-    return PolicyLossOutput(loss, clipfrac.detach(), clipfrac_lower.detach(), ppo_kl, loss_mat)
+    return PolicyLossOutput(loss, clipfrac.detach(), clipfrac_lower.detach(), ppo_kl, loss_mat, unit)
 
 
 # ---------------------------------------------------------------------------------------------

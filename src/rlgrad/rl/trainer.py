@@ -30,6 +30,7 @@ from rlgrad.batch import Batch
 from rlgrad.config import RLGradConfig, to_yaml
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, StepContext
+from rlgrad.logging.rewards import RewardComponentLog, reward_metrics
 from rlgrad.logging.sinks import ConsoleSink, JsonlSink, MetricLogger, TensorBoardSink, WandbSink
 from rlgrad.models import load_actor, load_critic, load_pretrained, load_value_model
 from rlgrad.rl import checkpoint as ckpt
@@ -143,6 +144,7 @@ class Trainer:
         self.step = 0
         self.empty_streak = 0
         self.summary: dict[str, float] = {}
+        self.reward_log: RewardComponentLog | None = None
         if self.resume_from is not None:
             self._restore(self.resume_from)
 
@@ -192,6 +194,7 @@ class Trainer:
         if moved:
             self.log(f"resuming at step {self.step}: {moved} metric rows past the checkpoint moved to metrics.discarded.jsonl")
         sinks: list = [JsonlSink(rd / "metrics.jsonl")]
+        self.reward_log = RewardComponentLog(rd)
         if "console" in t.logger:
             sinks.append(ConsoleSink(t.total_training_steps, initial=self.step))
         if "tensorboard" in t.logger:
@@ -216,7 +219,8 @@ class Trainer:
                       group_reward_std(total, group_ids), comps, old_log_probs=gen.log_probs)
         info = {"correct": torch.tensor([s.correct for s in scores], dtype=torch.float32),
                 "lengths": gen.response_lengths.float(), "truncated": gen.truncated.float(),
-                "responses": gen.responses}
+                "responses": gen.responses,
+                "actual_lengths": torch.tensor([s.actual_length for s in scores], dtype=torch.long)}
         return batch, info
 
     def validate(self) -> dict[str, float]:
@@ -308,10 +312,13 @@ class Trainer:
             self.log(f"step {step}: the rollout filter kept no group; step skipped")
             return m, False
         self.empty_streak = 0
-        batch = self.prepare(full.select(torch.nonzero(keep).squeeze(-1)), m)
+        kept = torch.nonzero(keep).squeeze(-1)
+        batch = self.prepare(full.select(kept), m)
         m.update(summarize("critic/score", batch.scores))
-        for name, v in batch.components.items():
-            m[f"reward/{name}/mean"] = float(v.mean())
+        m.update(reward_metrics(batch.components))
+        if self.reward_log is not None:  # main process only
+            self.reward_log.log_step(step, batch, self.task.weights, lengths=info["actual_lengths"][kept],
+                                     correct=info["correct"][kept])
         m.update(summarize("critic/advantages", batch.advantages[batch.response_mask.bool()]))
         if self.critic is not None:
             rm = batch.response_mask.bool()
@@ -323,7 +330,7 @@ class Trainer:
                           loss_settings=self.loss_settings, config=cfg, run_dir=self.run_dir, ref=self.ref,
                           critic=self.critic, critic_optimizer=self.critic_optimizer,
                           tokenizer=self.tokenizer, is_main=self.is_main,
-                          extras={"unfiltered_batch": full, "examples": examples,
+                          extras={"unfiltered_batch": full, "examples": examples, "reward_weights": self.task.weights,
                                   "prepare": lambda b: self.prepare(b, {}),
                                   "sample_batch": lambda groups, size: self.analysis_batch(step, groups, size)})
         if self.critic is not None:  # the value loss per token, for instruments that probe the critic
