@@ -309,7 +309,8 @@ def test_correctness_score(response, truth, expected):
     ("First, x. Second, y.", 0.5),
     ("First, x. Second, y. \\boxed{1}", 0.9),
     ("Step 1: a\nStep 2: b", 0.5),
-    ("step\n1 and st ep2", 0.5),
+    ("step\n1 and st ep2", 0.25),                          # only spaces are removed: "step\n1" does not count
+    ("Firstly, secondly, a third.", 0.25),                # whole words only
     ("\\BOXED{3}", 0.4),
     ("first first first", 0.25),
     ("FIRST SECOND THIRD step 1 step 2 \\boxed{}", 1.0),   # 1.65 capped

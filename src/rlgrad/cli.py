@@ -109,6 +109,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     return report_command(args.run_dir, args.output, args.dpi, args.max_steps)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export a run's records in another tool's layout (rewards: the seed's all_rewards.json)."""
+    from rlgrad.logging.rewards import export_rewards
+
+    out = export_rewards(args.run, args.output, args.format)
+    print(f"wrote {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rlgrad", description="Gradient-level analysis of RL fine-tuning of LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -146,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=6,
                    help="analysis steps drawn in full, evenly spaced, the last included (default 6; rlgrad plot draws all)")
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("export", help="export a run's records (rewards: the seed's all_rewards.json layout)")
+    p.add_argument("what", choices=["rewards"], help="what to export")
+    p.add_argument("run", help="the run directory")
+    p.add_argument("--format", default="json", choices=["json"], help="output format (default: json)")
+    p.add_argument("--output", help="output file (default: RUN/all_rewards.json)")
+    p.set_defaults(func=cmd_export)
     return parser
 
 

@@ -74,7 +74,7 @@ class RolloutConfig:
     top_k: int = _f(0, "Top-k sampling (0: off).")
     response_length: int = _f(8, "Maximum response tokens (verl: data.max_response_length).")
     val_do_sample: bool = _f(False, "Sample during validation (false: greedy, as verl's val_kwargs default).")
-    log_prob_micro_batch_size: int = _f(64, "Sequences per forward when computing old/ref log-probs.")
+    log_prob_micro_batch_size: int = _f(64, "Sequences per forward when computing old/ref log-probs (and, with gae, the critic's old values).")
     recompute_log_probs: bool = _f(False, "Recompute old log-probs with a separate forward (verl's default) instead of taking them from the rollout.")
     engine: str = _f("auto", "Rollout engine: hf (transformers generate) | native (rlgrad's decode loop for Qwen2/Llama/Mistral) | auto (native when the model supports it, else hf).", choices=("auto", "hf", "native"))
     rollout_filter_strategy: str = _f("top_p", "Group filter: top_p | top_k | top_k_abs | min_p.", choices=("top_p", "top_k", "top_k_abs", "min_p"))
@@ -98,7 +98,24 @@ class OptimConfig:
 
 
 @dataclass
-class ActorConfig:
+class RedoConfig:
+    """Neuron health (gradient / activation dormancy, zero-gradient and nullspace ratios) and ReDo-style reset.
+
+    The same fields sit flat under ``actor.`` and ``critic.`` (the seed's ``actor_rollout_ref.actor.redo_*`` are
+    aliases). See docs/architecture.md, "Neuron health".
+    """
+
+    redo_metric_freq: int = _f(0, "Neuron-health metrics every N steps (steps N, 2N, ...; 0: off): <role>/neuron/dormant_ratio, act_dormant_ratio, zero_grad_ratio, nullspace_ratio, <role>/param/zero_grad_ratio, and analysis/step_N/neurons.json.")
+    redo_reset_freq: int = _f(0, "Reset dormant neurons every N steps, after the optimizer step (0: off).")
+    redo_tau: float = _f(0.1, "Dormancy threshold: neuron i is dormant when s_i = a_i / mean_k a_k <= tau within its layer (a = mean |gradient| of its incoming weights; for act_dormant_ratio, mean |activation| over response tokens).")
+    redo_mode: str = _f("threshold", "Which neurons a reset takes: threshold (s <= tau) | percentage (the lowest redo_max_reset_frac of each layer) | hybrid (s <= tau, at most redo_max_reset_frac of each layer).", choices=("threshold", "percentage", "hybrid"))
+    redo_max_reset_frac: float = _f(0.1, "percentage/hybrid: fraction of a layer's neurons a reset may take (rounded down), in [0, 1].")
+    redo_nullspace_samples: int = _f(32, "Sequences (at most) sampled from the step's first mini-batch for the nullspace ratio and the activation scores (0: skip both).")
+    redo_reset_outgoing: str = _f("zero", "Outgoing weights of a reset neuron: zero | small (N(0, (0.01 x RMS of the layer's other outgoing columns)^2)).", choices=("zero", "small"))
+
+
+@dataclass
+class ActorConfig(RedoConfig):
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_epochs: int = _f(1, "Passes over each step's batch.")
     ppo_mini_batch_size: int | None = _f(None, "Prompts per optimizer step (x rollout.n samples); null: the whole batch, one step per epoch.")
@@ -117,9 +134,31 @@ class ActorConfig:
 
 
 @dataclass
+class CriticModelConfig:
+    path: str | None = _f(None, "Local Hugging Face directory the value model starts from (its base weights; a zero value head unless it has one). null: the actor's initial weights (model.path or the embedded default).")
+
+
+@dataclass
+class CriticConfig(RedoConfig):
+    """The value model of PPO with a critic; used only when algorithm.adv_estimator=gae (redo_*: its neuron health)."""
+
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_epochs: int = _f(1, "Passes of the critic over each step's batch.")
+    ppo_mini_batch_size: int | None = _f(None, "Prompts per critic optimizer step (x rollout.n samples); null: the whole batch.")
+    ppo_micro_batch_size: int = _f(64, "Samples per critic forward/backward (gradient accumulation; does not change the update).")
+    shuffle: bool = _f(True, "Shuffle samples into critic mini-batches each epoch.")
+    cliprange_value: float = _f(0.5, "Value clipping: the loss uses max((V-R)^2, (clip(V, V_old-c, V_old+c)-R)^2) / 2.")
+    loss_agg_mode: str | None = _f(None, "Aggregation of the value loss (null: actor.loss_agg_mode).", choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"))
+    max_grad_norm: float = _f(1.0, "Clip the critic's global gradient norm (the pre-clip norm is logged as critic/grad_norm).")
+
+
+@dataclass
 class AlgorithmConfig:
-    adv_estimator: str = _f("grpo", "Advantage estimator: grpo | rloo.", choices=("grpo", "rloo"))
+    adv_estimator: str = _f("grpo", "Advantage estimator: grpo | rloo (outcome, group baseline) | gae (PPO with a critic: token-level GAE on a learned value model, see critic.*).", choices=("grpo", "rloo", "gae"))
     norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's (unbiased) reward std + 1e-6.")
+    gamma: float = _f(1.0, "GAE discount factor over response tokens.")
+    lam: float = _f(1.0, "GAE lambda (bias/variance trade-off of the advantage; 1: Monte-Carlo return minus value).")
 
 
 @dataclass
@@ -140,6 +179,7 @@ class TrainerConfig:
     default_local_dir: str | None = _f(None, "Run directory (default: runs/<project_name>/<experiment_name>).")
     resume_mode: str = _f("auto", "auto: resume from the newest complete checkpoint if any; disable: start fresh (refuses a used directory); resume_path: trainer.resume_from_path.", choices=("auto", "disable", "resume_path"))
     resume_from_path: str | None = _f(None, "A global_step_N directory to resume from (resume_mode=resume_path).")
+    critic_warmup: int = _f(0, "adv_estimator=gae: the first N steps update only the critic (the actor update is skipped).")
     max_ckpt_to_keep: int | None = _f(None, "Keep only the newest N checkpoints (null: keep all).")
     logger: list[str] = _f(["console", "jsonl"], "Metric sinks: console, jsonl, tensorboard, wandb.")
     seed: int = _f(1, "Seed of data, sampling and initialisation.")
@@ -159,6 +199,9 @@ class AnalysisConfig:
     method: str = _f("fast", "Gradient engine: fast (one forward, one backward per term, buckets by linearity) | reference (the seeds' per-bucket passes).", choices=("fast", "reference"))
     save_batch: bool = _f(False, "Write analysis/step_N/batch.safetensors and loss.json so every number can be recomputed offline.")
     save_model: bool = _f(False, "Also write the probed actor to analysis/step_N/model/ (Hugging Face format).")
+    components_every: int = _f(0, "Reward-component gradient geometry (norms, cosines, shares of the policy gradient per reward component) when (step - 1) % every == 0; 0: off. Needs outcome advantages (grpo / rloo).")
+    components_mode: str = _f("shared_std", "Component advantages: shared_std (centred component reward / std of the TOTAL reward: they sum to the update's advantage, the gradients to its policy gradient) | own_std (each component through the advantage estimator on its own, the seed's behaviour).", choices=("shared_std", "own_std"))
+    save_component_gradients: bool = _f(False, "Also write every component's full per-parameter gradient to analysis/step_N/component_grads.npz (background writer).")
 
 
 @dataclass
@@ -167,6 +210,7 @@ class RLGradConfig:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -178,6 +222,8 @@ ALIASES: dict[str, str] = {
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "actor.ppo_micro_batch_size",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "rollout.log_prob_micro_batch_size",
     "actor_rollout_ref.model.path": "model.path",
+    "critic.ppo_micro_batch_size_per_gpu": "critic.ppo_micro_batch_size",
+    "critic.grad_clip": "critic.max_grad_norm",
     "model_path": "model.path",
     "data.max_response_length": "rollout.response_length",
     "es_manager.train.env_groups": "data.train_batch_size",
@@ -322,7 +368,7 @@ def _walk(node: Any, prefix: str = ""):
 def validate(cfg: RLGradConfig) -> None:
     for key, f, v in _walk(cfg):
         choices = f.metadata.get("choices")
-        if choices and v not in choices:
+        if choices and v is not None and v not in choices:  # None: an Optional key left unset
             hint = difflib.get_close_matches(str(v), choices, n=1)
             raise UserError(f"'{key}' must be one of {', '.join(choices)}, got '{v}'"
                             + (f"; did you mean '{hint[0]}'?" if hint else ""))
@@ -333,9 +379,20 @@ def validate(cfg: RLGradConfig) -> None:
     for k in positive:
         if values[k] is None or values[k] < 1:
             raise UserError(f"'{k}' must be a positive integer, got {values[k]}")
+    if cfg.analysis.components_every < 0:
+        raise UserError(f"'analysis.components_every' must be >= 0 (0: off), got {cfg.analysis.components_every}")
     mb = cfg.actor.ppo_mini_batch_size
     if mb is not None and (mb < 1 or cfg.data.train_batch_size % mb):
         raise UserError(f"'actor.ppo_mini_batch_size' ({mb}) must divide data.train_batch_size ({cfg.data.train_batch_size})")
+    for role in ("actor", "critic"):  # issue 5: neuron health
+        rc: RedoConfig = getattr(cfg, role)
+        for k in ("redo_metric_freq", "redo_reset_freq", "redo_nullspace_samples"):
+            if getattr(rc, k) < 0:
+                raise UserError(f"'{role}.{k}' must be >= 0 (0: off), got {getattr(rc, k)}")
+        if rc.redo_tau < 0:
+            raise UserError(f"'{role}.redo_tau' must be >= 0, got {rc.redo_tau}")
+        if not 0 <= rc.redo_max_reset_frac <= 1:
+            raise UserError(f"'{role}.redo_max_reset_frac' must be in [0, 1], got {rc.redo_max_reset_frac}")
     if not 0 < cfg.rollout.top_p <= 1:
         raise UserError(f"'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}")
     for s in cfg.trainer.logger:
@@ -343,8 +400,27 @@ def validate(cfg: RLGradConfig) -> None:
             raise UserError(f"'trainer.logger' entry '{s}' is not one of console, jsonl, tensorboard, wandb")
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise UserError("'trainer.resume_mode=resume_path' needs 'trainer.resume_from_path'")
+    if cfg.algorithm.adv_estimator == "gae":  # the critic's settings matter only then
+        validate_critic(cfg)
     if cfg.data.task == "math" and not cfg.data.train_files:
         raise UserError("'data.task=math' needs 'data.train_files' (local .jsonl or .parquet)")
+
+
+def validate_critic(cfg: RLGradConfig) -> None:
+    c = cfg.critic
+    for k in ("ppo_epochs", "ppo_micro_batch_size"):
+        if getattr(c, k) < 1:
+            raise UserError(f"'critic.{k}' must be a positive integer, got {getattr(c, k)}")
+    mb = c.ppo_mini_batch_size
+    if mb is not None and (mb < 1 or cfg.data.train_batch_size % mb):
+        raise UserError(f"'critic.ppo_mini_batch_size' ({mb}) must divide data.train_batch_size ({cfg.data.train_batch_size})")
+    if c.cliprange_value <= 0:
+        raise UserError(f"'critic.cliprange_value' must be positive, got {c.cliprange_value}")
+    if cfg.trainer.critic_warmup < 0:
+        raise UserError(f"'trainer.critic_warmup' must be >= 0, got {cfg.trainer.critic_warmup}")
+    p = c.model.path
+    if p is not None and not (Path(p).is_dir() and (Path(p) / "config.json").is_file()):
+        raise UserError(f"'critic.model.path' '{p}' is not a local Hugging Face model directory (no config.json)")
 
 
 def to_yaml(cfg: RLGradConfig) -> str:

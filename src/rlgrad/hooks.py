@@ -39,6 +39,7 @@ class StepContext:
     # "prepare": Batch -> Batch, adds old/ref log-probs and advantages;
     # "sample_batch": (groups, group_size) -> (prepared filtered batch, unfiltered batch), a separate
     #   rollout that leaves the training batch, data stream and RNG untouched.
+    # "reward_weights": {component: weight}, the task's reward weights (total = Σ weight · component).
     extras: dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,4 +1,5 @@
-"""Models, strictly offline: a local Hugging Face causal LM, or the embedded default.
+"""Models, strictly offline: a local Hugging Face causal LM, or the embedded default; value models
+(the critic) are the same architecture with a scalar head, loaded from the same weights.
 
 The embedded default is a ~1M-parameter Qwen2 with a character-level tokenizer saved in
 Hugging Face format, warm-started by a short supervised phase on the task so that RL
@@ -72,25 +73,63 @@ def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def load_pretrained(path: str | os.PathLike, dtype: str = "float32"):
+def _check_model_dir(path: str | os.PathLike, key: str) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise UserError(f"{key} '{path}' is not a directory (rlgrad only loads local models)")
+    if not (p / "config.json").is_file():
+        raise UserError(f"{key} '{path}' has no config.json: not a Hugging Face model directory")
+    return p
+
+
+def load_pretrained(path: str | os.PathLike, dtype: str = "float32", key: str = "model.path"):
     """Load a local HF causal LM and its tokenizer; a bad path is a UserError, never a hub lookup."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
-    p = Path(path)
-    if not p.is_dir():
-        raise UserError(f"model.path '{path}' is not a directory (rlgrad only loads local models)")
-    if not (p / "config.json").is_file():
-        raise UserError(f"model.path '{path}' has no config.json: not a Hugging Face model directory")
+    p = _check_model_dir(path, key)
     try:
         tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=_dtype(dtype))
     except (OSError, ValueError, KeyError) as e:
-        raise UserError(f"model.path '{path}' could not be loaded: {str(e).splitlines()[0]}") from None
+        raise UserError(f"{key} '{path}' could not be loaded: {str(e).splitlines()[0]}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return model, tokenizer
+
+
+def load_value_model(path: str | os.PathLike, dtype: str = "float32", key: str = "critic.model.path"):
+    """A value model: the architecture at ``path`` with one scalar output per token.
+
+    As verl does, this is ``AutoModelForTokenClassification`` with ``num_labels=1``: from a causal-LM
+    checkpoint it loads the base model's weights (the LM head is dropped) and adds a ``score`` head
+    (Linear hidden -> 1). A head missing from the checkpoint starts at ZERO (weight and bias), so the
+    first values are 0 and the base model starts exactly as the checkpoint (transformers' random init
+    would give arbitrary initial values, and would draw from the global RNG); a checkpoint that has the
+    head (a saved critic) keeps it. Classifier dropout is off, as in verl's critic.
+    """
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    _quiet_transformers()
+    p = _check_model_dir(path, key)
+    try:
+        config = AutoConfig.from_pretrained(p, local_files_only=True, num_labels=1)
+        config.classifier_dropout = 0.0
+        with torch.random.fork_rng(devices=[]):  # the fresh head's throwaway init must not shift the run's RNG
+            model, info = AutoModelForTokenClassification.from_pretrained(
+                p, config=config, local_files_only=True, dtype=_dtype(dtype), output_loading_info=True)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise UserError(f"{key} '{path}' could not be loaded as a value model: {str(e).splitlines()[0]}") from None
+    missing = set(info["missing_keys"])
+    head = model.score
+    if {n for n, _ in model.named_parameters()} & missing - {"score.weight", "score.bias"}:
+        raise UserError(f"{key} '{path}' lacks base-model weights: {sorted(missing)[:3]}")
+    with torch.no_grad():
+        for name, param in head.named_parameters():
+            if f"score.{name}" in missing:
+                param.zero_()
+    return model
 
 
 def cache_root(cfg: ModelConfig) -> Path:
@@ -175,7 +214,20 @@ def embedded_default(cfg: ModelConfig, task, seed: int, log=print):
     return final
 
 
+def initial_weights(cfg: ModelConfig, task, seed: int, log=print) -> str | Path:
+    """Where a run's initial actor weights live: model.path if set, else the (cached) embedded default."""
+    return cfg.path if cfg.path else embedded_default(cfg, task, seed, log=log)
+
+
 def load_actor(cfg: ModelConfig, task, seed: int, log=print):
     """The actor and tokenizer for a run: model.path if set, else the embedded default."""
-    path = cfg.path if cfg.path else embedded_default(cfg, task, seed, log=log)
-    return load_pretrained(path, cfg.dtype)
+    return load_pretrained(initial_weights(cfg, task, seed, log=log), cfg.dtype)
+
+
+def load_critic(cfg: ModelConfig, critic_path: str | None, task, seed: int, log=print):
+    """The value model for a run: ``critic_path`` (critic.model.path) if set, else the actor's initial
+    weights (the same checkpoint or warm-started default the actor starts from) with a zero value head."""
+    if critic_path:
+        return load_value_model(critic_path, cfg.dtype, key="critic.model.path")
+    return load_value_model(initial_weights(cfg, task, seed, log=log), cfg.dtype,
+                            key="model.path" if cfg.path else "embedded default")

@@ -95,6 +95,12 @@ class _SliceReducer:
         self.ranges = [(int(r[0]), len(r)) if len(r) and bool((r == torch.arange(int(r[0]), int(r[0]) + len(r),
                                                                                   device=r.device)).all()) else None
                        for r in self.rows]
+        # One slice per row, in row order (per-sample gradients, e.g. the nullspace ratio): each module's
+        # reduction runs batched over rows instead of looping over slices. None otherwise.
+        S, N = weights.shape
+        diag = weights.diagonal() if S == N else None
+        self.per_row = diag if diag is not None and bool((weights == torch.diag(diag)).all()) else None
+        self.per_row_ones = self.per_row is not None and bool((self.per_row == 1).all())
         self.acc: dict[int, torch.Tensor] = {}
         self.names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
         self.handles = []
@@ -131,7 +137,16 @@ class _SliceReducer:
             return
         self.acc[k] = self.acc[k] + per_slice if k in self.acc else per_slice
 
-    def _slices(self, g: torch.Tensor, x: torch.Tensor, reduce: Callable) -> torch.Tensor:
+    def _slices(self, g: torch.Tensor, x: torch.Tensor, reduce: Callable, rows: Callable | None = None
+                ) -> torch.Tensor:
+        if rows is not None and self.per_row is not None:
+            # rows(g [S, T, out], x [S, T, in] | ids [S, T]) -> [S, *param shape]: row s's own gradient.
+            g3 = g.reshape(g.shape[0], -1, g.shape[-1])
+            x3 = x.reshape(x.shape[0], -1, x.shape[-1]) if x.is_floating_point() else x.reshape(x.shape[0], -1)
+            out = rows(g3, x3)
+            if self.per_row_ones:
+                return out
+            return out * self.per_row.to(out.dtype).view(-1, *([1] * (out.dim() - 1)))
         # Each slice only touches its own rows: disjoint slices cost one weight gradient in total.
         # A slice whose rows share one weight (a bucket) scales the small result, not the big δ.
         out = []
@@ -155,9 +170,10 @@ class _SliceReducer:
 
     def _linear(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
-        self._add(m.weight, self._slices(g, x, lambda gg, xx: gg.t().float() @ xx.float()))
+        self._add(m.weight, self._slices(g, x, lambda gg, xx: gg.t().float() @ xx.float(),
+                                         lambda gg, xx: gg.float().transpose(1, 2) @ xx.float()))
         if m.bias is not None:
-            self._add(m.bias, self._slices(g, x, lambda gg, xx: gg.float().sum(0)))
+            self._add(m.bias, self._slices(g, x, lambda gg, xx: gg.float().sum(0), lambda gg, xx: gg.float().sum(1)))
 
     def _embedding(self, m: nn.Embedding, ids: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
@@ -166,18 +182,31 @@ class _SliceReducer:
         V = m.weight.shape[0]
         self._add(m.weight, self._slices(
             g, ids, lambda gg, ii: torch.zeros(V, gg.shape[-1], dtype=torch.float32, device=gg.device)
-            .index_add_(0, ii.reshape(-1), gg.float())))
+            .index_add_(0, ii.reshape(-1), gg.float()),
+            lambda gg, ii: torch.zeros(len(ii) * V, gg.shape[-1], dtype=torch.float32, device=gg.device)
+            .index_add_(0, (ii + V * torch.arange(len(ii), device=ii.device)[:, None]).reshape(-1),
+                        gg.reshape(-1, gg.shape[-1]).float()).view(len(ii), V, -1)))
 
     def _norm(self, m: nn.Module, x: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
         xh = _norm_input(m, x)
-        self._add(m.weight, self._slices(g, xh, lambda gg, xx: (gg.float() * xx.float()).sum(0)))
+        self._add(m.weight, self._slices(g, xh, lambda gg, xx: (gg.float() * xx.float()).sum(0),
+                                         lambda gg, xx: (gg.float() * xx.float()).sum(1)))
         if getattr(m, "bias", None) is not None:
-            self._add(m.bias, self._slices(g, xh, lambda gg, xx: gg.float().sum(0)))
+            self._add(m.bias, self._slices(g, xh, lambda gg, xx: gg.float().sum(0), lambda gg, xx: gg.float().sum(1)))
 
     def close(self) -> None:
         for h in self.handles:
             h.remove()
+
+
+def _gram_f64(flat: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+    """``flat @ flat.T`` accumulated in float64, converting a cache-sized block of columns at a time."""
+    K = torch.zeros(flat.shape[0], flat.shape[0], dtype=torch.float64, device=flat.device)
+    for i in range(0, flat.shape[1], chunk):
+        d = flat[:, i:i + chunk].double()
+        K.addmm_(d, d.t())
+    return K
 
 
 def _gram(grads: dict[str, torch.Tensor], derived: dict[str, dict[str, float]], base: list[str]
@@ -189,9 +218,8 @@ def _gram(grads: dict[str, torch.Tensor], derived: dict[str, dict[str, float]], 
         extra = [sum(c * g[base.index(b)] for b, c in combo.items()) for combo in derived.values()]
         gg = torch.cat([g, torch.stack(extra)]) if extra else g
         full[name] = gg
-        flat = gg.reshape(gg.shape[0], -1).double()
         grp = layer_group(name)
-        gram[grp] = gram.get(grp, 0) + flat @ flat.t()
+        gram[grp] = gram.get(grp, 0) + _gram_f64(gg.reshape(gg.shape[0], -1))
     return full, gram
 
 

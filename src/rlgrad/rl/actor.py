@@ -6,11 +6,15 @@ Each term is aggregated with ``loss_agg_mode`` against the denominators of the b
 optimised (``Denominators``), so micro-batch losses sum exactly to the mini-batch loss:
 gradient accumulation gives the same update as one big batch. The analysis instruments
 call ``actor_loss_terms`` too, so they measure exactly the loss the update uses.
+
+``ppo_update`` is the one epoch / mini-batch / micro-batch / clip / optimizer loop; the actor
+and the critic (``rlgrad.rl.critic``) each plug their per-micro-batch loss into it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +88,8 @@ class TokenLosses:
     clipfrac: torch.Tensor
     clipfrac_lower: torch.Tensor
     ppo_kl: torch.Tensor
+    # Per-token policy loss per unit of advantage: A·∇pg_unit = ∇pg token by token (core.policy_loss).
+    pg_unit: torch.Tensor | None = None
 
     def components(self, s: LossSettings) -> dict[str, torch.Tensor]:
         """The loss's terms with their coefficients, as the analyses name them: task, entropy, kl.
@@ -110,7 +116,8 @@ def token_losses(model, mb: Batch, s: LossSettings) -> TokenLosses:
                      clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
                      clip_ratio_c=s.clip_ratio_c, agg_mode=s.loss_agg_mode, horizon=s.horizon)
     kl = kl_penalty(logp, mb.ref_log_probs.to(device), s.kl_loss_type) * mask if s.use_kl_loss else None
-    return TokenLosses(mask, pg.loss_mat * mask, ent * mask, kl, pg.clipfrac, pg.clipfrac_lower, pg.ppo_kl)
+    return TokenLosses(mask, pg.loss_mat * mask, ent * mask, kl, pg.clipfrac, pg.clipfrac_lower, pg.ppo_kl,
+                       pg.unit_loss_mat * mask)
 
 
 def actor_loss_terms(model, mb: Batch, s: LossSettings, den: Denominators) -> LossTerms:
@@ -130,13 +137,22 @@ def minibatches(n: int, mini_size: int, shuffle: bool, generator: torch.Generato
     return [order[i:i + mini_size] for i in range(0, n, mini_size)]
 
 
-def update_actor(model, optimizer, batch: Batch, s: LossSettings, *, ppo_epochs: int, mini_batch_size: int,
-                 micro_batch_size: int, max_grad_norm: float, shuffle: bool, seed: int,
-                 scheduler=None, on_grads=None) -> dict[str, float]:
-    """PPO-style epochs over mini-batches, each one AdamW step over accumulated micro-batches.
+# (model, micro-batch, denominators of its mini-batch) -> (loss to backward, additive stats).
+# Each stat must be this micro-batch's share of the mini-batch value, so the shares sum to it.
+MicroLoss = Callable[[torch.nn.Module, Batch, Denominators], tuple[torch.Tensor, dict[str, float]]]
 
-    ``on_grads(model, minibatch)`` (optional) sees the accumulated gradient before clipping
-    and the step. A non-finite gradient norm skips that optimizer step (logged, no crash).
+
+def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, prefix: str, ppo_epochs: int,
+               mini_batch_size: int, micro_batch_size: int, max_grad_norm: float, shuffle: bool, seed: int,
+               scheduler=None, on_grads=None) -> dict[str, float]:
+    """The one update loop, for the actor and the critic alike: PPO-style epochs over shuffled
+    mini-batches, each one optimizer step over accumulated micro-batches.
+
+    ``micro_loss`` is evaluated against the denominators of the whole mini-batch, so the accumulated
+    gradient equals the mini-batch loss's gradient. ``on_grads(model, minibatch)`` (optional) sees the
+    accumulated gradient before clipping and the step. A non-finite gradient norm skips that optimizer
+    step (counted in ``<prefix>/nonfinite_grad_steps``, no crash). Stats are averaged over mini-batches;
+    ``<prefix>/grad_norm`` is the pre-clip norm, ``<prefix>/lr`` the learning rate after the update.
     """
     model.train()
     gen = torch.Generator().manual_seed(seed)
@@ -149,25 +165,17 @@ def update_actor(model, optimizer, batch: Batch, s: LossSettings, *, ppo_epochs:
             mini = batch.select(idx)
             den = Denominators.of(mini)
             optimizer.zero_grad(set_to_none=True)
-            stats = {"actor/pg_loss": 0.0, "actor/pg_clipfrac": 0.0, "actor/pg_clipfrac_lower": 0.0,
-                     "actor/ppo_kl": 0.0}
+            stats: dict[str, float] = {}
             for start in range(0, len(mini), micro_batch_size):
                 mb = mini.select(torch.arange(start, min(start + micro_batch_size, len(mini))))
-                terms = actor_loss_terms(model, mb, s, den)
-                terms.total(s).backward()
-                # pg is already normalised by the mini-batch denominators: summing gives the mini value.
-                w = float(mb.response_mask.sum()) / max(den.num_tokens, 1.0)
-                stats["actor/pg_loss"] += float(terms.pg.detach())
-                stats["actor/pg_clipfrac"] += float(terms.clipfrac) * w
-                stats["actor/pg_clipfrac_lower"] += float(terms.clipfrac_lower) * w
-                stats["actor/ppo_kl"] += float(terms.ppo_kl) * w
-                stats["actor/entropy"] = stats.get("actor/entropy", 0.0) + float(terms.entropy.detach())
-                if terms.kl is not None:
-                    stats["actor/kl_loss"] = stats.get("actor/kl_loss", 0.0) + float(terms.kl.detach())
+                loss, shares = micro_loss(model, mb, den)
+                loss.backward()
+                for k, v in shares.items():
+                    stats[k] = stats.get(k, 0.0) + v
             if on_grads is not None:
                 on_grads(model, mini)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
-            stats["actor/grad_norm"] = grad_norm
+            stats[f"{prefix}/grad_norm"] = grad_norm
             if math.isfinite(grad_norm):
                 optimizer.step()
                 if scheduler is not None:
@@ -179,6 +187,38 @@ def update_actor(model, optimizer, batch: Batch, s: LossSettings, *, ppo_epochs:
                 sums[k] = sums.get(k, 0.0) + v
             count += 1
     out = {k: v / max(count, 1) for k, v in sums.items()}
-    out["actor/lr"] = optimizer.param_groups[0]["lr"]
-    out["actor/nonfinite_grad_steps"] = float(skipped)
+    out[f"{prefix}/lr"] = optimizer.param_groups[0]["lr"]
+    out[f"{prefix}/nonfinite_grad_steps"] = float(skipped)
     return out
+
+
+def actor_micro_loss(s: LossSettings) -> MicroLoss:
+    """The actor's per-micro-batch loss for :func:`ppo_update`, with its metrics as additive shares."""
+
+    def loss(model, mb: Batch, den: Denominators) -> tuple[torch.Tensor, dict[str, float]]:
+        terms = actor_loss_terms(model, mb, s, den)
+        # pg / entropy / kl are already normalised by the mini-batch denominators: they sum to the mini value;
+        # the clip fractions and ppo_kl are token means of this micro-batch, weighted by its token share.
+        w = float(mb.response_mask.sum()) / max(den.num_tokens, 1.0)
+        stats = {"actor/pg_loss": float(terms.pg.detach()), "actor/pg_clipfrac": float(terms.clipfrac) * w,
+                 "actor/pg_clipfrac_lower": float(terms.clipfrac_lower) * w, "actor/ppo_kl": float(terms.ppo_kl) * w,
+                 "actor/entropy": float(terms.entropy.detach())}
+        if terms.kl is not None:
+            stats["actor/kl_loss"] = float(terms.kl.detach())
+        return terms.total(s), stats
+
+    return loss
+
+
+def update_actor(model, optimizer, batch: Batch, s: LossSettings, *, ppo_epochs: int, mini_batch_size: int,
+                 micro_batch_size: int, max_grad_norm: float, shuffle: bool, seed: int,
+                 scheduler=None, on_grads=None) -> dict[str, float]:
+    """PPO-style epochs over mini-batches, each one AdamW step over accumulated micro-batches.
+
+    ``on_grads(model, minibatch)`` (optional) sees the accumulated gradient before clipping
+    and the step. A non-finite gradient norm skips that optimizer step (logged, no crash).
+    """
+    return ppo_update(model, optimizer, batch, actor_micro_loss(s), prefix="actor", ppo_epochs=ppo_epochs,
+                      mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size,
+                      max_grad_norm=max_grad_norm, shuffle=shuffle, seed=seed, scheduler=scheduler,
+                      on_grads=on_grads)

@@ -1,4 +1,4 @@
-"""Core RL math: masked reductions, loss aggregation, outcome advantages, KL, policy losses.
+"""Core RL math: masked reductions, loss aggregation, outcome advantages, GAE, KL, policy and value losses.
 
 Pure functions on tensors, no trainer or config imports. Names follow verl's ``core_algos.py``.
 Shapes follow :mod:`rlgrad.batch`: per-token tensors are ``[N, L]`` over prompt+response and
@@ -185,6 +185,81 @@ def broadcast_to_tokens(per_sample: Tensor, response_mask: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
+# GAE: per-token advantages from a value model (PPO with a critic)
+# ---------------------------------------------------------------------------------------------
+
+
+def outcome_token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
+    """``[N]`` -> ``[N, L]``: the sequence score on the LAST response token of each row, 0 elsewhere.
+
+    verl's token-level reward for an outcome score (no KL-in-reward). A row without response tokens
+    gets no reward.
+    """
+    mask = response_mask.to(torch.bool)
+    cols = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask, cols, torch.full_like(cols, -1)).amax(-1)  # [N], -1 for an empty row
+    out = torch.zeros(mask.shape, dtype=scores.dtype if scores.is_floating_point() else torch.float32,
+                      device=mask.device)
+    rows = torch.nonzero(last >= 0).squeeze(-1)
+    out[rows, last[rows]] = scores[rows].to(out.dtype)
+    return out
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """(x − μ) / sqrt(σ² + eps) over the masked entries; 0 outside the mask.
+
+    μ = masked mean, σ² = masked variance with Bessel's correction n/(n − 1) (verl's ``masked_whiten``,
+    ``shift_mean=True``). With a single masked entry (n = 1) verl divides by zero; here σ² = 0 then.
+    """
+    m = mask.to(x.dtype)
+    n = m.sum()
+    mean = masked_mean(x, m)
+    var = masked_mean((x - mean) ** 2, m) * (n / (n - 1) if float(n) > 1 else 1.0)
+    return torch.where(m != 0, (x - mean) * torch.rsqrt(var + eps), torch.zeros_like(x))
+
+
+def gae_advantages(token_rewards: Tensor, values: Tensor, response_mask: Tensor, *, gamma: float,
+                   lam: float) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2015, arXiv:1506.02438), as verl computes it.
+
+    Over the response tokens of each row, backwards from its last token (V beyond it is 0):
+
+        TD error   δ_t = r_t + γ V_{t+1} − V_t
+        advantage  A_t = δ_t + γ λ A_{t+1}
+        return     R_t = A_t + V_t          (the critic's regression target, before whitening)
+
+    "t + 1" is the next RESPONSE token: masked-out columns are skipped (they carry V and A through).
+    The advantages are then whitened over all response tokens of the batch (``masked_whiten``).
+    Returns ``(advantages, returns)``, both ``[N, L]`` and 0 outside ``response_mask``.
+    """
+    m = response_mask.to(values.dtype)
+    values = values * m
+    rewards = token_rewards.to(values.dtype) * m
+    next_value = torch.zeros_like(values[:, 0])
+    next_adv = torch.zeros_like(values[:, 0])
+    adv = torch.zeros_like(values)
+    for t in reversed(range(values.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        a_t = delta + gamma * lam * next_adv
+        keep = m[:, t]
+        next_value = values[:, t] * keep + (1 - keep) * next_value  # masked column: carry V_{t+1} on
+        next_adv = a_t * keep + (1 - keep) * next_adv
+        adv[:, t] = next_adv * keep
+    returns = adv + values
+    return masked_whiten(adv, m), returns * m
+
+
+def explained_variance(returns: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+    """1 − Var[R − V] / (Var[R] + 1e-5) over the masked tokens (unbiased variances; verl's
+    ``critic/vf_explained_var``): 1 = the values predict the returns, 0 = no better than their mean."""
+    keep = mask.to(torch.bool)
+    r, v = returns[keep].double(), values[keep].double()
+    if r.numel() < 2:
+        return torch.zeros((), dtype=returns.dtype)
+    return (1.0 - torch.var(r - v) / (torch.var(r) + 1e-5)).to(returns.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
 # KL penalty (per token, http://joschu.net/blog/kl-approx.html)
 # ---------------------------------------------------------------------------------------------
 
@@ -253,6 +328,8 @@ class PolicyLossOutput:
     clipfrac_lower: Tensor  # dual-clip lower fraction (detached; 0 for cispo)
     ppo_kl: Tensor  # masked mean of (old_logp - logp) (detached)
     loss_mat: Tensor | None = None  # per-token loss before aggregation (differentiable)
+    # Per-token "unit-advantage" loss u: ∇loss_mat = A · ∇u token by token (see policy_loss).
+    unit_loss_mat: Tensor | None = None
 
 
 def policy_loss(
@@ -284,6 +361,15 @@ def policy_loss(
         loss_t = −sg(min(r, 1+ε_high)) · A · logp
       so every token keeps a gradient −min(r, 1+ε_high)·A·∇logp. clipfrac = mean[r > 1+ε_high].
 
+    ``unit_loss_mat`` u is the loss per unit of advantage: ∇loss_t = A_t·∇u_t exactly, with the clip
+    decisions of the advantage actually used. Which branch is live depends on A only through its sign:
+
+        ppo:   u = −r·live,  live = [r ≤ 1+ε_high] (A > 0),  [1−ε_low ≤ r ≤ c] (A < 0),  [1−ε_low ≤ r ≤ 1+ε_high] (A = 0)
+        cispo: u = −sg(min(r, 1+ε_high))·logp
+
+    So the gradient of Σ A'·u for any other advantage A' (a reward component's share of A) is that
+    advantage's policy gradient under the update's clipping; the shares of A sum to the update's gradient.
+
     ppo_kl = mean(logp_old − logp). Metrics are masked means over this (micro-)batch, detached.
     """
     mask = mask.to(log_probs.dtype)
@@ -302,13 +388,60 @@ def policy_loss(
         loss_mat = torch.where(neg, torch.minimum(clipped, pg3), clipped)
         clipfrac = masked_mean((pg2 > pg1).to(mask.dtype), mask)
         clipfrac_lower = masked_mean(((clipped > pg3) & neg).to(mask.dtype), mask)
+        r = ratio.detach()
+        low_ok, high_ok = r >= 1.0 - clip_ratio_low, r <= 1.0 + clip_ratio_high
+        live = torch.where(advantages > 0, high_ok, torch.where(neg, low_ok & (r <= clip_ratio_c), low_ok & high_ok))
+        unit = -ratio * live.to(ratio.dtype)
     elif kind == "cispo":
         weight = ratio.detach().clamp(max=1.0 + clip_ratio_high)
         loss_mat = -weight * advantages * log_probs
+        unit = -weight * log_probs
         clipfrac = masked_mean((ratio > 1.0 + clip_ratio_high).to(mask.dtype), mask)
         clipfrac_lower = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
     else:
         raise ValueError(f"unknown policy loss kind {kind!r}; expected 'ppo' or 'cispo'")
 
     loss = agg_loss(loss_mat, mask, agg_mode, horizon=horizon, num_tokens=num_tokens, num_seqs=num_seqs)
-    return PolicyLossOutput(loss, clipfrac.detach(), clipfrac_lower.detach(), ppo_kl, loss_mat)
+    return PolicyLossOutput(loss, clipfrac.detach(), clipfrac_lower.detach(), ppo_kl, loss_mat, unit)
+
+
+# ---------------------------------------------------------------------------------------------
+# Value loss (the critic)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ValueLossOutput:
+    loss: Tensor  # aggregated scalar
+    clipfrac: Tensor  # fraction of response tokens where the clipped term was the larger (detached)
+    loss_mat: Tensor  # per-token loss before aggregation (differentiable)
+
+
+def value_loss(
+    vpreds: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    cliprange_value: float,
+    agg_mode: str,
+    horizon: int,
+    num_tokens: float | Tensor | None = None,
+    num_seqs: float | Tensor | None = None,
+) -> ValueLossOutput:
+    """PPO's clipped value loss (verl ``compute_value_loss``), aggregated with :func:`agg_loss`:
+
+        V_clip = clip(V, V_old − c, V_old + c)
+        ℓ_t    = ½ · max((V − R)², (V_clip − R)²)
+
+    so the value cannot profit from moving more than ``c`` away from the value that computed the
+    advantages. clipfrac = mean[(V_clip − R)² > (V − R)²] over the masked tokens of this (micro-)batch.
+    """
+    mask = mask.to(vpreds.dtype)
+    clipped = torch.maximum(torch.minimum(vpreds, old_values + cliprange_value), old_values - cliprange_value)
+    l1 = (vpreds - returns) ** 2
+    l2 = (clipped - returns) ** 2
+    loss_mat = 0.5 * torch.maximum(l1, l2)
+    loss = agg_loss(loss_mat, mask, agg_mode, horizon=horizon, num_tokens=num_tokens, num_seqs=num_seqs)
+    clipfrac = masked_mean((l2 > l1).to(mask.dtype), mask).detach()
+    return ValueLossOutput(loss, clipfrac, loss_mat)

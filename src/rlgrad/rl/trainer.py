@@ -3,9 +3,10 @@
     for step in 1..total_training_steps:
         rollout   sample rollout.n responses for data.train_batch_size prompts, score them
         filter    keep prompt groups by reward variance (or another group metric)
-        prepare   old log-probs, reference log-probs, advantages (GRPO / RLOO)
+        prepare   old log-probs, reference log-probs, (critic values,) advantages (GRPO / RLOO / GAE)
+        critic    gae only: clipped value-loss epochs over mini-batches, fitting the GAE returns
         hooks     analysis hook point: sees the prepared batch, may stop the run
-        update    PPO / CISPO epochs over mini-batches (AdamW, gradient clipping)
+        update    PPO / CISPO epochs over mini-batches (AdamW, gradient clipping; skipped during critic_warmup)
         validate  greedy accuracy on the task's validation set (every test_freq, and last)
         log       one metrics.jsonl row per step
         save      global_step_N/ checkpoint (every save_freq, and last)
@@ -29,16 +30,21 @@ from rlgrad.batch import Batch
 from rlgrad.config import RLGradConfig, to_yaml
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, StepContext
+from rlgrad.logging.rewards import RewardComponentLog, reward_metrics
 from rlgrad.logging.sinks import ConsoleSink, JsonlSink, MetricLogger, TensorBoardSink, WandbSink
-from rlgrad.models import load_actor, load_pretrained
+from rlgrad.models import load_actor, load_critic, load_pretrained, load_value_model
 from rlgrad.rl import checkpoint as ckpt
 from rlgrad.rl.actor import LossSettings, update_actor
 from rlgrad.rl.core import (
     broadcast_to_tokens,
+    explained_variance,
+    gae_advantages,
     group_reward_std,
     grpo_advantages,
+    outcome_token_rewards,
     rloo_advantages,
 )
+from rlgrad.rl.critic import CriticSettings, compute_values, critic_token_loss, update_critic
 from rlgrad.rl.filter import rollout_filter
 from rlgrad.rl.rollout import compute_log_probs, generate
 from rlgrad.rundir import atomic_write_text, checkpoint_dirs, holds_a_run, read_jsonl, truncate_jsonl_after
@@ -83,6 +89,15 @@ def find_resume_point(cfg: RLGradConfig, run_dir: Path) -> Path | None:
     return None
 
 
+def build_optimizer(model: torch.nn.Module, o) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW and its linear warm-up schedule from an ``OptimConfig`` (actor.optim, critic.optim)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                                  weight_decay=o.weight_decay)
+    warm = o.lr_warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warm) if warm > 0 else 1.0)
+    return optimizer, scheduler
+
+
 def summarize(prefix: str, x: torch.Tensor) -> dict[str, float]:
     x = x.float()
     if x.numel() == 0:
@@ -118,25 +133,39 @@ class Trainer:
         if cfg.actor.use_kl_loss:  # the reference is the initial policy, also when resuming
             self.ref, _ = load_actor(cfg.model, self.task, t.seed, log=log)
             self.ref.to(self.device).eval().requires_grad_(False)
-        o = cfg.actor.optim
-        self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-                                           weight_decay=o.weight_decay)
-        warm = o.lr_warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda k: min(1.0, (k + 1) / warm) if warm > 0 else 1.0)
+        self.optimizer, self.scheduler = build_optimizer(self.actor, cfg.actor.optim)
         self.loss_settings = LossSettings.from_config(cfg)
+        self.critic = self.critic_optimizer = self.critic_scheduler = None
+        if cfg.algorithm.adv_estimator == "gae":  # PPO with a critic
+            self.critic = self._load_critic().to(self.device)
+            self.critic_optimizer, self.critic_scheduler = build_optimizer(self.critic, cfg.critic.optim)
+            self.critic_settings = CriticSettings.from_config(cfg)
         self.data_rng = random.Random(t.seed)
         self.step = 0
         self.empty_streak = 0
         self.summary: dict[str, float] = {}
+        self.reward_log: RewardComponentLog | None = None
         if self.resume_from is not None:
             self._restore(self.resume_from)
 
     # ------------------------------------------------------------------ state
+    def _load_critic(self) -> torch.nn.Module:
+        """From the checkpoint when resuming, else critic.model.path or the actor's initial weights."""
+        cfg = self.cfg
+        if self.resume_from is None:
+            return load_critic(cfg.model, cfg.critic.model.path, self.task, cfg.trainer.seed, log=self.log)
+        if not (self.resume_from / "critic").is_dir():
+            raise UserError(f"checkpoint '{self.resume_from}' has no critic/ (saved by a run without "
+                            "algorithm.adv_estimator=gae); it cannot resume a gae run")
+        return load_value_model(self.resume_from / "critic", cfg.model.dtype, key="checkpoint critic")
+
     def _restore(self, path: Path) -> None:
         state = ckpt.load_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.critic is not None:
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            self.critic_scheduler.load_state_dict(state["critic_scheduler"])
         ckpt.set_rng_state(state["rng"])
         self.data_rng.setstate(state["data_rng"])
         self.step = state["step"]
@@ -144,9 +173,13 @@ class Trainer:
         self.summary = dict(state.get("summary", {}))
 
     def _state(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "rng": ckpt.rng_state(), "data_rng": self.data_rng.getstate(), "step": self.step,
-                "empty_streak": self.empty_streak, "summary": self.summary}
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "rng": ckpt.rng_state(), "data_rng": self.data_rng.getstate(), "step": self.step,
+                 "empty_streak": self.empty_streak, "summary": self.summary}
+        if self.critic is not None:
+            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+            state["critic_scheduler"] = self.critic_scheduler.state_dict()
+        return state
 
     def _open_run_dir(self) -> MetricLogger:
         t, rd = self.cfg.trainer, self.run_dir
@@ -161,6 +194,7 @@ class Trainer:
         if moved:
             self.log(f"resuming at step {self.step}: {moved} metric rows past the checkpoint moved to metrics.discarded.jsonl")
         sinks: list = [JsonlSink(rd / "metrics.jsonl")]
+        self.reward_log = RewardComponentLog(rd)
         if "console" in t.logger:
             sinks.append(ConsoleSink(t.total_training_steps, initial=self.step))
         if "tensorboard" in t.logger:
@@ -185,7 +219,8 @@ class Trainer:
                       group_reward_std(total, group_ids), comps, old_log_probs=gen.log_probs)
         info = {"correct": torch.tensor([s.correct for s in scores], dtype=torch.float32),
                 "lengths": gen.response_lengths.float(), "truncated": gen.truncated.float(),
-                "responses": gen.responses}
+                "responses": gen.responses,
+                "actual_lengths": torch.tensor([s.actual_length for s in scores], dtype=torch.long)}
         return batch, info
 
     def validate(self) -> dict[str, float]:
@@ -198,13 +233,17 @@ class Trainer:
                 total.append(batch.scores)
         return {"val/accuracy": float(torch.cat(correct).mean()), "val/score/mean": float(torch.cat(total).mean())}
 
-    def advantages(self, batch: Batch) -> torch.Tensor:
+    def advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token advantages, and the critic's returns (gae only)."""
         a = self.cfg.algorithm
+        if a.adv_estimator == "gae":
+            rewards = outcome_token_rewards(batch.scores, batch.response_mask)
+            return gae_advantages(rewards, batch.values, batch.response_mask, gamma=a.gamma, lam=a.lam)
         if a.adv_estimator == "grpo":
             adv = grpo_advantages(batch.scores, batch.group_ids, norm_by_std=a.norm_adv_by_std_in_grpo)
         else:
             adv = rloo_advantages(batch.scores, batch.group_ids)
-        return broadcast_to_tokens(adv, batch.response_mask)
+        return broadcast_to_tokens(adv, batch.response_mask), None
 
     def prepare(self, batch: Batch, metrics: dict) -> Batch:
         r = self.cfg.rollout
@@ -218,8 +257,11 @@ class Trainer:
                 batch.ref_log_probs, _ = compute_log_probs(self.ref, batch.input_ids, batch.attention_mask,
                                                            batch.response_mask, temperature=r.temperature,
                                                            micro_batch_size=r.log_prob_micro_batch_size)
+        if self.critic is not None:
+            with timer(metrics, "values"):
+                batch.values = compute_values(self.critic, batch, micro_batch_size=r.log_prob_micro_batch_size)
         with timer(metrics, "adv"):
-            batch.advantages = self.advantages(batch)
+            batch.advantages, batch.returns = self.advantages(batch)
         return batch
 
     def filter(self, batch: Batch, info: dict) -> tuple[torch.Tensor, dict]:
@@ -270,18 +312,47 @@ class Trainer:
             self.log(f"step {step}: the rollout filter kept no group; step skipped")
             return m, False
         self.empty_streak = 0
-        batch = self.prepare(full.select(torch.nonzero(keep).squeeze(-1)), m)
+        kept = torch.nonzero(keep).squeeze(-1)
+        batch = self.prepare(full.select(kept), m)
         m.update(summarize("critic/score", batch.scores))
-        for name, v in batch.components.items():
-            m[f"reward/{name}/mean"] = float(v.mean())
+        m.update(reward_metrics(batch.components))
+        if self.reward_log is not None:  # main process only
+            self.reward_log.log_step(step, batch, self.task.weights, lengths=info["actual_lengths"][kept],
+                                     correct=info["correct"][kept])
         m.update(summarize("critic/advantages", batch.advantages[batch.response_mask.bool()]))
+        if self.critic is not None:
+            rm = batch.response_mask.bool()
+            m.update(summarize("critic/values", batch.values[rm]))
+            m.update(summarize("critic/returns", batch.returns[rm]))
+            m["critic/vf_explained_var"] = float(explained_variance(batch.returns, batch.values, rm))
 
         ctx = StepContext(step=step, batch=batch, actor=self.actor, optimizer=self.optimizer,
                           loss_settings=self.loss_settings, config=cfg, run_dir=self.run_dir, ref=self.ref,
+                          critic=self.critic, critic_optimizer=self.critic_optimizer,
                           tokenizer=self.tokenizer, is_main=self.is_main,
-                          extras={"unfiltered_batch": full, "examples": examples,
+                          extras={"unfiltered_batch": full, "examples": examples, "reward_weights": self.task.weights,
                                   "prepare": lambda b: self.prepare(b, {}),
                                   "sample_batch": lambda groups, size: self.analysis_batch(step, groups, size)})
+        if self.critic is not None:  # the value loss per token, for instruments that probe the critic
+            ctx.extras["critic_loss_fn"] = critic_token_loss(self.critic_settings)
+
+        def on_grads(role: str):
+            def call(model, mini):
+                for hook in self.hooks:
+                    extra = hook.on_grads(ctx, model, mini, role=role)
+                    if extra:
+                        m.update(extra)
+            return call if self.hooks else None
+
+        if self.critic is not None and not cfg.trainer.gradient_analysis_only:  # before the hook point (seeds)
+            c = cfg.critic
+            with timer(m, "update_critic"):
+                m.update(update_critic(self.critic, self.critic_optimizer, batch, self.critic_settings,
+                                       ppo_epochs=c.ppo_epochs,
+                                       mini_batch_size=(c.ppo_mini_batch_size or cfg.data.train_batch_size) * cfg.rollout.n,
+                                       micro_batch_size=c.ppo_micro_batch_size, max_grad_norm=c.max_grad_norm,
+                                       shuffle=c.shuffle, seed=cfg.trainer.seed * 100_019 + step,
+                                       scheduler=self.critic_scheduler, on_grads=on_grads("critic")))
         for hook in self.hooks:
             res = hook.before_update(ctx)
             if res is not None:
@@ -293,22 +364,17 @@ class Trainer:
                     self.log(f"step {step}: stopping before the actor update ({res.reason or 'requested by a hook'})")
                     return m, True
 
-        def on_grads(model, mini):
-            for hook in self.hooks:
-                extra = hook.on_grads(ctx, model, mini, role="actor")
-                if extra:
-                    m.update(extra)
-
         if cfg.trainer.gradient_analysis_only:  # probe mode: measure, never update
             m["timing_s/step"] = time.perf_counter() - t0
             return m, False
         a = cfg.actor
         mini_prompts = a.ppo_mini_batch_size or cfg.data.train_batch_size
-        with timer(m, "update_actor"):
-            m.update(update_actor(self.actor, self.optimizer, batch, self.loss_settings, ppo_epochs=a.ppo_epochs,
-                                  mini_batch_size=mini_prompts * cfg.rollout.n, micro_batch_size=a.ppo_micro_batch_size,
-                                  max_grad_norm=a.max_grad_norm, shuffle=a.shuffle, seed=cfg.trainer.seed * 100_003 + step,
-                                  scheduler=self.scheduler, on_grads=on_grads if self.hooks else None))
+        if self.critic is None or step > cfg.trainer.critic_warmup:  # critic warm-up: the actor waits
+            with timer(m, "update_actor"):
+                m.update(update_actor(self.actor, self.optimizer, batch, self.loss_settings, ppo_epochs=a.ppo_epochs,
+                                      mini_batch_size=mini_prompts * cfg.rollout.n, micro_batch_size=a.ppo_micro_batch_size,
+                                      max_grad_norm=a.max_grad_norm, shuffle=a.shuffle, seed=cfg.trainer.seed * 100_003 + step,
+                                      scheduler=self.scheduler, on_grads=on_grads("actor")))
         for hook in self.hooks:
             extra = hook.after_update(ctx)
             if extra:
@@ -343,7 +409,7 @@ class Trainer:
                 self.step = step
                 logger.log(step, metrics)
                 if self.is_main and (last or (t.save_freq > 0 and step % t.save_freq == 0)):
-                    models = {"actor": self.actor}
+                    models = {"actor": self.actor} if self.critic is None else {"actor": self.actor, "critic": self.critic}
                     ckpt.save_checkpoint(self.run_dir, step, models, self.tokenizer, self._state(), t.max_ckpt_to_keep)
         finally:
             logger.close()

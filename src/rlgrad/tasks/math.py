@@ -164,10 +164,15 @@ def correctness_score(response: str, ground_truth: str) -> float:
 
 
 def format_score(response: str) -> float:
+    """Step-by-step markers in the lower-cased text (the seed's rule), capped at 1:
+
+    +0.25 per whole word "first", "second", "third" ("firstly" does not count); +0.25 per "step1",
+    "step2" once spaces (only spaces) are removed ("Step 1" counts); +0.4 for ``\\boxed``.
+    """
     text = response.lower()
-    squeezed = re.sub(r"\s+", "", text)
-    score = 0.25 * sum(word in text for word in ("first", "second", "third"))
-    score += 0.25 * sum(step in squeezed for step in ("step1", "step2"))
+    no_spaces = text.replace(" ", "")
+    score = 0.25 * sum(re.search(rf"\b{word}\b", text) is not None for word in ("first", "second", "third"))
+    score += 0.25 * sum(step in no_spaces for step in ("step1", "step2"))
     score += 0.4 * ("\\boxed" in text)
     return min(1.0, score)
 

@@ -1,0 +1,343 @@
+"""Gradient geometry of reward components: how correctness, format and length pull on the policy.
+
+With outcome advantages (GRPO, RLOO) the advantage A_i is one number per response, and the policy
+loss's gradient is, token by token, A_i times the gradient of a "unit" loss u (``core.policy_loss``):
+
+    ∇L_pg = Σ_i (A_i / D) Σ_t ω_it ∇u_it            (ω, D: the loss aggregation, ``agg_token_weights``)
+
+So any split of A_i into per-component advantages A_c,i splits the gradient the same way, and ALL
+the component gradients come from one engine call: rows weighted W[c, i] = A_c,i / D, one forward,
+one backward (``analysis.engine``). Two splits:
+
+* ``shared_std``: A_c,i = w_c (r_c,i − mean_g r_c) / (std_g(total) + eps), the GRPO advantage with the
+  total reward's group std (RLOO: the leave-one-out baseline of w_c r_c). Linear in the reward, so
+  Σ_c A_c = A exactly and Σ_c g_c is the update's policy gradient; ``total`` is that sum. (A group whose
+  total reward is constant has A = 0, and all its A_c are set to 0.)
+* ``own_std``: A_c = the advantage estimator applied to the unweighted component reward alone (GRPO:
+  divided by the component's own group std), as the seed did. The components no longer add up; ``total``
+  is the update's own advantage, as one more slice.
+
+Reported: norms, pairwise cosines (all trainable parameters, and per layer group), and each
+component's share of the update, share_c = <g_c, g_total> / |g_total|² (the shares sum to 1 in
+``shared_std``). The clip decisions (PPO) are those of the update's own advantage, and the gradients are
+the policy-loss gradients before clipping of the gradient norm. No optimizer step is taken; weights,
+optimizer state, ``.grad`` and RNG streams are left as they were.
+"""
+
+from __future__ import annotations
+
+import io
+import queue
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlgrad.analysis import dist
+from rlgrad.analysis.engine import GradStats, layer_group, slice_gradients
+from rlgrad.batch import Batch
+from rlgrad.errors import UserError
+from rlgrad.hooks import Hook, HookResult, StepContext
+from rlgrad.rl.actor import LossSettings, token_losses
+from rlgrad.rl.core import agg_token_weights, group_stats, grpo_advantages, rloo_advantages
+from rlgrad.rundir import atomic_write_bytes, atomic_write_json
+
+MODES = ("shared_std", "own_std")
+ESTIMATORS = ("grpo", "rloo")
+TERM = "policy"
+
+
+# ---- per-component advantages ------------------------------------------------------------------
+
+def outcome_advantages(scores: torch.Tensor, group_ids: torch.Tensor, estimator: str, norm_by_std: bool) -> torch.Tensor:
+    """``[N]`` GRPO / RLOO advantage of per-sample scores (the trainer's estimator)."""
+    if estimator == "grpo":
+        return grpo_advantages(scores, group_ids, norm_by_std=norm_by_std)
+    if estimator == "rloo":
+        return rloo_advantages(scores, group_ids)
+    raise ValueError(f"component advantages need an outcome estimator ({', '.join(ESTIMATORS)}), got '{estimator}'")
+
+
+def component_advantages(components: dict[str, torch.Tensor], weights: dict[str, float], scores: torch.Tensor,
+                         group_ids: torch.Tensor, *, mode: str, estimator: str, norm_by_std: bool,
+                         eps: float = 1e-6) -> dict[str, torch.Tensor]:
+    """``{c: [N]}`` per-component advantages (module docstring). ``scores`` is the total reward the update's
+    advantage was computed from (Σ_c w_c r_c)."""
+    if mode == "own_std":
+        return {c: outcome_advantages(r.float(), group_ids, estimator, norm_by_std) for c, r in components.items()}
+    if mode != "shared_std":
+        raise ValueError(f"unknown component mode '{mode}' ({' | '.join(MODES)})")
+    missing = [c for c in components if c not in weights]
+    if missing:
+        raise ValueError(f"no reward weight for component(s) {', '.join(missing)}")
+    if estimator == "rloo":  # linear in the reward: the baselines of w_c r_c add up to the total's
+        return {c: rloo_advantages(weights[c] * r.float(), group_ids) for c, r in components.items()}
+    # GRPO: centre each weighted component in its group (a singleton keeps mean 0, as grpo_advantages does) ...
+    out = {c: grpo_advantages(weights[c] * r.float(), group_ids, norm_by_std=False) for c, r in components.items()}
+    if not norm_by_std:
+        return out
+    # ... and divide by the TOTAL reward's unbiased group std + eps (a singleton: std 1), grpo_advantages' convention.
+    # A group whose total is constant has A = 0 exactly; its components get 0 as well (still a split of A):
+    # components that vary but cancel would otherwise be blown up by 1/eps.
+    _, std, size = group_stats(scores.float(), group_ids)
+    std = torch.where(size <= 1, torch.ones_like(std), std)
+    flat = (size > 1) & (std == 0)
+    return {c: torch.where(flat, torch.zeros_like(a), a / (std + eps)) for c, a in out.items()}
+
+
+def per_sequence_advantage(batch: Batch) -> torch.Tensor:
+    """``[N]``: the advantage of each response; fails unless it is constant along the response."""
+    mask = batch.response_mask != 0
+    first = mask.to(torch.int8).argmax(-1, keepdim=True)  # the first response token (0 for an empty row)
+    a = batch.advantages.gather(1, first).squeeze(1) * mask.any(-1)
+    spread = torch.where(mask, (batch.advantages - a[:, None]).abs(), 0.0)
+    if mask.any() and float(spread.max()) > 1e-5 * (1.0 + float(a.abs().max())):
+        raise ValueError("reward-component gradients need an advantage that is constant along each response "
+                         "(outcome advantages: grpo, rloo)")
+    return a
+
+
+# ---- the analysis ------------------------------------------------------------------------------
+
+@dataclass
+class ComponentReport:
+    metrics: dict[str, float]  # grad_sim/<a>__<b>, grad_comp/<c>/norm|share, grad_comp/total/norm
+    summary: dict[str, Any]  # the content of analysis/step_N/components.json (without "step")
+    stats: GradStats  # slices: components..., total
+    advantages: dict[str, torch.Tensor]  # component -> [N]; "total" -> the update's [N] advantage
+
+
+def _global_gram(stats: GradStats) -> GradStats:
+    """Data parallel: each rank holds the gradient of its own rows; sum the gradients, then form the Grams."""
+    if dist.world_size() == 1:
+        return stats
+    grads = {n: dist.all_reduce_sum(g) for n, g in stats.grads[TERM].items()}
+    gram: dict[str, torch.Tensor] = {}
+    for n, g in grads.items():
+        flat = g.reshape(g.shape[0], -1).double()
+        gram[layer_group(n)] = gram.get(layer_group(n), 0) + flat @ flat.t()
+    return GradStats(stats.slices, {TERM: gram}, {TERM: grads}, stats.row_order)
+
+
+def _with_zero_slices(stats: GradStats, model, slices: list[str], keep: bool) -> GradStats:
+    """``stats`` over ``slices``: the slices it lacks get zero gradients (Gram rows and columns of 0)."""
+    idx = torch.tensor([slices.index(x) for x in stats.slices], dtype=torch.long)
+    S = len(slices)
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    gram = {layer_group(n): torch.zeros(S, S, dtype=torch.float64) for n, _ in params}
+    for g, m in stats.gram.get(TERM, {}).items():
+        gram[g][idx[:, None], idx[None, :]] = m.to("cpu", torch.float64)
+    grads = {}
+    if keep:
+        for n, p in params:
+            full = torch.zeros(S, *p.shape, dtype=torch.float32, device=p.device)
+            if n in stats.grads.get(TERM, {}):
+                full[idx.to(p.device)] = stats.grads[TERM][n].to(p.device, torch.float32)
+            grads[n] = full
+    return GradStats(list(slices), {TERM: gram}, {TERM: grads} if keep else {}, stats.row_order)
+
+
+def _geometry(gram: torch.Tensor, slices: list[str], names: list[str]) -> dict[str, dict[str, float | None]]:
+    """Norms, pairwise cosines of the components and shares of ``total`` from one Gram matrix."""
+    k = {s: i for i, s in enumerate(slices)}
+    norm = {s: float(gram[k[s], k[s]].clamp_min(0).sqrt()) for s in slices}
+
+    def cos(a: str, b: str) -> float | None:
+        d = norm[a] * norm[b]
+        return float(gram[k[a], k[b]]) / d if d > 0 else None
+
+    tt = float(gram[k["total"], k["total"]])
+    share = {c: (float(gram[k[c], k["total"]]) / tt if tt > 0 else None) for c in names}
+    return {"norm": norm, "cosine": {f"{a}__{b}": cos(a, b) for a, b in combinations(names, 2)}, "share": share}
+
+
+def analyse_components(model, batch: Batch, s: LossSettings, *, weights: dict[str, float], mode: str = "shared_std",
+                       estimator: str = "grpo", norm_by_std: bool = True, method: str = "fast",
+                       keep_grads: bool = False) -> ComponentReport:
+    """Every reward component's policy gradient (and ``total``) in one engine call, and their geometry.
+
+    ``batch`` is prepared (old log-probs, advantages) exactly as the update sees it; ``weights`` the task's
+    reward weights; ``estimator`` / ``norm_by_std`` the trainer's advantage settings.
+    """
+    names = list(batch.components)
+    if not names:
+        raise ValueError("the batch carries no reward components")
+    adv = per_sequence_advantage(batch)
+    comp = component_advantages(batch.components, weights, batch.scores, batch.group_ids, mode=mode,
+                                estimator=estimator, norm_by_std=norm_by_std)
+    _, u = agg_token_weights(batch.response_mask, s.loss_agg_mode, horizon=s.horizon)
+    denom = float(dist.all_reduce_sum(u.sum().double())) or 1.0  # the update's loss denominator
+    rows = [comp[c] for c in names]
+    slices, derived = list(names), {"total": {c: 1.0 for c in names}}
+    if mode == "own_std":  # the components do not add up: the update's advantage is its own slice
+        rows.append(adv)
+        slices, derived = names + ["total"], {}
+    W = torch.stack(rows).double().div(denom).float()
+
+    def loss_fn(m, b: Batch) -> dict[str, torch.Tensor]:
+        t = token_losses(m, b, s)
+        omega, _ = agg_token_weights(t.mask, s.loss_agg_mode, horizon=s.horizon)
+        return {TERM: t.pg_unit * omega.to(t.pg_unit.dtype)}
+
+    keep = keep_grads or dist.world_size() > 1
+    # A slice with no non-zero weight (a component constant in every group) has a zero gradient: the engine
+    # only sees the others (the reference engine cannot forward an empty sub-batch).
+    live = [k for k in range(len(slices)) if bool(W[k].any())]
+    live_names = [slices[k] for k in live]
+    live_derived = {d: {c: v for c, v in combo.items() if c in live_names} for d, combo in derived.items()}
+    live_derived = {d: combo for d, combo in live_derived.items() if combo}
+    stats = GradStats([], {})  # every advantage 0: every gradient is 0
+    if live:
+        with torch.random.fork_rng(devices=[]):  # nothing random should happen; make sure of it
+            try:
+                stats = slice_gradients(method, model, batch, loss_fn, W[live], live_names, live_derived,
+                                        keep_grads=keep)
+            except NotImplementedError as e:  # a model the fast engine's hooks do not cover: same numbers, slower
+                warnings.warn(f"{e}; falling back to analysis.method=reference", stacklevel=2)
+                stats = slice_gradients("reference", model, batch, loss_fn, W[live], live_names, live_derived,
+                                        keep_grads=keep)
+    stats = _global_gram(_with_zero_slices(stats, model, slices + list(derived), keep))
+    all_slices = stats.slices
+    groups = stats.gram[TERM]
+    total_gram = sum(groups.values())
+    glob = _geometry(total_gram, all_slices, names)
+    layers = {}
+    for g in sorted(groups, key=_group_order):
+        geo = _geometry(groups[g], all_slices, names)
+        layers[g] = {"norm": geo["norm"], "cosine": geo["cosine"]}
+    metrics: dict[str, float] = {}
+    for c in names:
+        metrics[f"grad_comp/{c}/norm"] = glob["norm"][c]
+        if glob["share"][c] is not None:
+            metrics[f"grad_comp/{c}/share"] = glob["share"][c]
+    metrics["grad_comp/total/norm"] = glob["norm"]["total"]
+    for pair, v in glob["cosine"].items():
+        if v is not None:  # a zero gradient has no direction
+            metrics[f"grad_sim/{pair}"] = v
+    summary = {"mode": mode, "components": names, "global": glob, "layers": layers}
+    return ComponentReport(metrics, summary, stats, {**comp, "total": adv})
+
+
+def _group_order(g: str) -> tuple:
+    if g == "embed":
+        return (0, 0)
+    if g.startswith("layer_") and g[6:].isdigit():
+        return (1, int(g[6:]))
+    return (2, {"final_norm": 0, "lm_head": 1}.get(g, 2), g)
+
+
+# ---- background writer -------------------------------------------------------------------------
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class BackgroundWriter:
+    """Writes ``.npz`` files on a worker thread, so saving gradients never blocks training.
+
+    ``submit`` only enqueues (tensors are moved to the CPU first, so the worker never touches the device).
+    ``close`` writes whatever is queued and stops the thread. A failed write is reported at once (``log``)
+    and kept in ``failures``; the writer goes on with the next file.
+    """
+
+    def __init__(self, log=_stderr):
+        self.log = log
+        self.failures: list[tuple[str, str]] = []
+        self.written: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, path: str | Path, arrays: dict[str, torch.Tensor]) -> None:
+        cpu = {k: v.detach().to("cpu", torch.float32) for k, v in arrays.items()}
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rlgrad-npz-writer", daemon=True)
+            self._thread.start()
+        self._queue.put((Path(path), cpu))
+
+    def _run(self) -> None:
+        import numpy as np
+
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                path, arrays = item
+                try:
+                    buf = io.BytesIO()
+                    np.savez_compressed(buf, **{k: v.numpy() for k, v in arrays.items()})
+                    atomic_write_bytes(path, buf.getvalue())
+                    self.written.append(str(path))
+                except Exception as e:  # reported, never lost silently; the writer carries on
+                    self.failures.append((str(path), f"{type(e).__name__}: {e}"))
+                    self.log(f"rlgrad: failed to write {path}: {type(e).__name__}: {e}")
+            finally:
+                self._queue.task_done()
+
+    def flush(self) -> None:
+        """Wait until everything submitted so far is written (or has failed)."""
+        if self._thread is not None:
+            self._queue.join()
+
+    def close(self) -> list[tuple[str, str]]:
+        """Write what is queued, stop the worker; returns the failed writes (path, error)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        return self.failures
+
+
+# ---- the hook ----------------------------------------------------------------------------------
+
+class ComponentGeometryHook(Hook):
+    """Reward-component gradient geometry at ``analysis.components_every`` steps, on the training batch
+    before the actor update: metrics, ``analysis/step_N/components.json`` and, with
+    ``analysis.save_component_gradients``, ``analysis/step_N/component_grads.npz`` (keys ``<slice>/<param>``)."""
+
+    def __init__(self, cfg, log=_stderr):
+        if cfg.algorithm.adv_estimator not in ESTIMATORS:
+            raise UserError(f"'analysis.components_every' needs outcome advantages (algorithm.adv_estimator: "
+                            f"{' | '.join(ESTIMATORS)}), got '{cfg.algorithm.adv_estimator}'")
+        self.cfg, self.log = cfg, log
+        self.writer = BackgroundWriter(log) if cfg.analysis.save_component_gradients else None
+
+    def due(self, step: int) -> bool:
+        every = self.cfg.analysis.components_every
+        return every > 0 and (step - 1) % every == 0
+
+    def before_update(self, ctx: StepContext) -> HookResult | None:
+        if not self.due(ctx.step):
+            return None
+        a, cfg = self.cfg.analysis, self.cfg
+        weights = ctx.extras.get("reward_weights")
+        if weights is None:
+            raise ValueError("ComponentGeometryHook needs ctx.extras['reward_weights'] (the task's reward weights)")
+        save = self.writer is not None
+        rep = analyse_components(ctx.actor, ctx.batch, ctx.loss_settings, weights=weights, mode=a.components_mode,
+                                 estimator=cfg.algorithm.adv_estimator, norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
+                                 method=a.method, keep_grads=save)
+        metrics = dict(rep.metrics)
+        if ctx.is_main:
+            step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"
+            atomic_write_json(step_dir / "components.json", {"step": ctx.step, **rep.summary})
+            if save:
+                grads = rep.stats.grads[TERM]
+                arrays = {f"{sl}/{name}": g[k] for name, g in grads.items() for k, sl in enumerate(rep.stats.slices)}
+                self.writer.submit(step_dir / "component_grads.npz", arrays)
+        if save:
+            metrics["grad_comp/save_failures"] = float(len(self.writer.failures))
+        return HookResult(metrics=metrics)
+
+    def close(self) -> None:
+        if self.writer is None:
+            return
+        failed = self.writer.close()
+        if failed:
+            self.log(f"rlgrad: {len(failed)} component-gradient file(s) could not be written: "
+                     + "; ".join(f"{p} ({e})" for p, e in failed))

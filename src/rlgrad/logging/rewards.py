@@ -1,0 +1,167 @@
+"""Per-step reward-component tracking: ``reward_components.jsonl`` and ``reward/<c>/mean|std``.
+
+One line per training step (format in docs/architecture.md, "Reward components"):
+
+    {"step": N, "timestamp": "...", "components": [...], "weights": {c: w},
+     "stats": {c: {"mean", "std", "min", "max"}}, "total": {"mean", "std"},
+     "num_correct": k, "num_valid_format": k, "mean_length": x, "num_samples": n,
+     "samples": [{"group_id": g, "components": {c: x}, "total": x, "length": n}, ...]}
+
+The samples are those of the batch the actor update sees (after the rollout filter). The file is
+only ever appended to (one write + flush per line), never rewritten: after a resume the steps past the
+checkpoint appear again, so readers keep the LAST line of each step (``read_reward_components``).
+Standard deviations are population ones (divide by n).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+FILE_NAME = "reward_components.jsonl"
+
+
+def _std(x: torch.Tensor) -> float:
+    return float(x.double().std(unbiased=False)) if x.numel() else 0.0
+
+
+def reward_metrics(components: dict[str, torch.Tensor]) -> dict[str, float]:
+    """``reward/<c>/mean`` and ``reward/<c>/std`` of each component over the batch."""
+    out = {}
+    for name, v in components.items():
+        if v.numel():
+            out[f"reward/{name}/mean"] = float(v.double().mean())
+            out[f"reward/{name}/std"] = _std(v)
+    return out
+
+
+def step_record(step: int, components: dict[str, torch.Tensor], weights: dict[str, float], total: torch.Tensor,
+                group_ids: torch.Tensor, lengths: torch.Tensor, correct: torch.Tensor) -> dict:
+    """One line of ``reward_components.jsonl``; every per-sample tensor is ``[N]``.
+
+    ``lengths`` are the actual response lengths the length reward sees (``reward.length_unit``);
+    ``correct`` the task's correctness flags. A valid format is a format reward > 0 (the seed's count).
+    """
+    names = list(components)
+    stats = {c: {"mean": float(v.double().mean()), "std": _std(v), "min": float(v.min()), "max": float(v.max())}
+             for c, v in components.items()}
+    fmt = components.get("format")
+    cols = {c: components[c].tolist() for c in names}
+    tot, gids, lens = total.tolist(), group_ids.tolist(), lengths.tolist()
+    samples = [{"group_id": int(gids[i]), "components": {c: cols[c][i] for c in names}, "total": tot[i],
+                "length": int(lens[i])} for i in range(len(tot))]
+    return {
+        "step": int(step), "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "components": names,
+        "weights": {c: float(weights[c]) for c in names}, "stats": stats,
+        "total": {"mean": float(total.double().mean()), "std": _std(total)},
+        "num_correct": int(correct.bool().sum()), "num_valid_format": int((fmt > 0).sum()) if fmt is not None else 0,
+        "mean_length": float(lengths.double().mean()), "num_samples": len(tot), "samples": samples,
+    }
+
+
+class RewardComponentLog:
+    """Appends one line per step to ``RUN/reward_components.jsonl``. Only the main process makes one."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / FILE_NAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair_torn_tail()
+
+    def _repair_torn_tail(self) -> None:
+        """A crash mid-append leaves a line without its newline; end it so the next line stays whole."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with open(self.path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            torn = f.read(1) != b"\n"
+        if torn:
+            with open(self.path, "a") as f:
+                f.write("\n")
+
+    def log_step(self, step: int, batch, weights: dict[str, float], *, lengths: torch.Tensor,
+                 correct: torch.Tensor) -> None:
+        """Append the line of one step for ``batch`` (a ``rlgrad.batch.Batch``; ``lengths``/``correct`` ``[N]``)."""
+        self.append(step_record(step, batch.components, weights, batch.scores, batch.group_ids, lengths, correct))
+
+    def append(self, record: dict) -> None:
+        line = json.dumps(record)
+        with open(self.path, "a") as f:  # one write + flush per line: a crash loses at most a torn line
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def read_reward_components(path: str | os.PathLike) -> list[dict]:
+    """The lines of a ``reward_components.jsonl``, the LAST one of each step, by step; torn lines skipped."""
+    p = Path(path)
+    by_step: dict[int, dict] = {}
+    for line in p.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            by_step[row["step"]] = row
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def _seed_key(component: str) -> str:
+    """The seed's per-sample key of a component (its length reward is ``length_reward``)."""
+    return "length_reward" if component == "length" else component
+
+
+def to_seed_layout(rows: list[dict], metadata: dict) -> dict:
+    """The seed's ``all_rewards.json``: ``{"metadata": {...}, "steps": [{step, timestamp, num_samples,
+    statistics: {avg_<c>, avg_actual_length, correct_count, format_valid_count, total_samples}, samples:
+    [{idx, <c>, actual_length}]}]}`` with ``length`` spelled ``length_reward`` as in the seed."""
+    steps = []
+    for r in rows:
+        stats = {f"avg_{_seed_key(c)}": r["stats"][c]["mean"] for c in r["components"]}
+        stats.update({"avg_actual_length": r["mean_length"], "correct_count": r["num_correct"],
+                      "format_valid_count": r["num_valid_format"], "total_samples": r["num_samples"]})
+        samples = [{"idx": i, **{_seed_key(c): s["components"][c] for c in r["components"]},
+                    "actual_length": s["length"]} for i, s in enumerate(r["samples"])]
+        steps.append({"step": r["step"], "timestamp": r.get("timestamp"), "num_samples": r["num_samples"],
+                      "statistics": stats, "samples": samples})
+    return {"metadata": metadata, "steps": steps}
+
+
+
+def export_rewards(run_dir: str | os.PathLike, output: str | os.PathLike | None = None, fmt: str = "json") -> Path:
+    """Write a run's reward tracking in the seed's ``all_rewards.json`` layout; returns the path written.
+
+    Default output: ``RUN/all_rewards.json``. A directory that is not a run with reward tracking is a UserError.
+    """
+    from rlgrad.errors import UserError
+    from rlgrad.rundir import atomic_write_json
+
+    if fmt != "json":
+        raise UserError(f"export format '{fmt}' is not supported (json)")
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise UserError(f"run directory '{run}' does not exist")
+    src = run / FILE_NAME
+    if not src.is_file():
+        raise UserError(f"'{run}' has no {FILE_NAME} (not an rlgrad run directory, or no training step finished)")
+    try:
+        rows = read_reward_components(src)
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {src}: {e}") from None
+    if not rows:
+        raise UserError(f"{src} holds no complete step")
+    model, dataset = None, None
+    if (run / "config.yaml").is_file():
+        from rlgrad.config import from_yaml_file
+
+        cfg = from_yaml_file(run / "config.yaml")
+        model = cfg.model.path or "embedded default (tiny Qwen2)"
+        dataset = cfg.data.task + (f" ({', '.join(cfg.data.train_files)})" if cfg.data.train_files else "")
+    metadata = {"created_at": rows[0].get("timestamp"), "model": model, "dataset": dataset,
+                "last_saved": time.strftime("%Y-%m-%d %H:%M:%S"), "run_dir": str(run)}
+    out = Path(output) if output is not None else run / "all_rewards.json"
+    atomic_write_json(out, to_seed_layout(rows, metadata))
+    return out
