@@ -44,11 +44,13 @@ def _rows(run_dir):
 
 @pytest.fixture(scope="session")
 def recorded_run(tmp_path_factory, model_cache):
-    """A real tiny run: 2 steps, bucket analysis every step, KL and entropy on, some reward variance."""
+    """A real tiny run: 2 steps, bucket analysis, component geometry and neuron health every step, KL and
+    entropy on, some reward variance."""
     run = tmp_path_factory.mktemp("viz") / "tiny-run"
     ov = [o for o in tiny_overrides(model_cache, run) if not o.startswith("model.warmstart_steps")]
     ov += ["model.warmstart_steps=40", "trainer.total_training_steps=2", "trainer.gradient_analysis_every=1",
-           "actor.use_kl_loss=true", "actor.entropy_coeff=0.01", "trainer.test_freq=1"]
+           "actor.use_kl_loss=true", "actor.entropy_coeff=0.01", "trainer.test_freq=1",
+           "analysis.components_every=1", "actor.redo_metric_freq=1"]
     Trainer(load_config(overrides=ov), log=lambda *a: None).fit()
     return run
 
@@ -86,6 +88,20 @@ def _add_synthetic_analyses(run_dir):
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in rows.items()))
 
 
+def test_plot_draws_the_real_producers_files(recorded_run, tmp_path):
+    """components.json / neurons.json as the trainer writes them (not the synthetic copies) are drawn."""
+    for step in (1, 2):
+        assert (recorded_run / "analysis" / f"step_{step}" / "components.json").exists()
+        assert (recorded_run / "analysis" / f"step_{step}" / "neurons.json").exists()
+    out = tmp_path / "plots"
+    assert main(["plot", str(recorded_run), "--step", "2", "--output-dir", str(out), "--dpi", DPI]) == 0
+    for name in ("components", "neurons"):
+        png = out / f"gradient_analysis_{name}_step_2.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        img = mpimg.imread(png)
+        assert img.std() > 0.01
+
+
 @pytest.fixture(scope="session")
 def rich_run(recorded_run, tmp_path_factory):
     run = tmp_path_factory.mktemp("viz-rich") / "rich-run"
@@ -120,10 +136,18 @@ def test_plot_writes_every_file_with_the_run_contents(rich_run, plotted):
     assert not list(plotted.glob(".*"))  # atomic writes leave no temp files
 
 
-def test_a_plain_run_gets_only_the_figures_it_has_data_for(recorded_run):
+def test_a_run_gets_only_the_figures_it_has_data_for(recorded_run, tmp_path):
     run = D.load_run(recorded_run)
     assert run.name == "tiny-run"  # the default output directory: gradient_analysis_outputs/tiny-run/
-    assert list(step_figures(run, 2)) == SEED_FILES + ["layers"]  # no components / neurons figure without data
+    assert list(step_figures(run, 2)) == SEED_FILES + ["layers", "components", "neurons"]
+    plain = tmp_path / "plain-run"  # the same run without its component / neuron files
+    shutil.copytree(recorded_run, plain, ignore=shutil.ignore_patterns("global_step_*", "components.json",
+                                                                       "neurons.json"))
+    rows = _rows(plain)
+    rows = {s: {k: v for k, v in d.items() if "/neuron/" not in k and not k.startswith(("grad_comp/", "grad_sim/"))
+                and "zero_grad" not in k} for s, d in rows.items()}
+    (plain / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in rows.items()))
+    assert list(step_figures(D.load_run(plain), 2)) == SEED_FILES + ["layers"]
 
 
 def test_list_steps(recorded_run, capsys):
