@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from rlgrad.analysis.dist import all_gather_sizes, all_reduce_max, all_reduce_sum, rank
 from rlgrad.batch import Batch
+from rlgrad.distributed import grad_sync
 from rlgrad.rl.core import agg_loss, kl_penalty, policy_loss
 from rlgrad.rl.rollout import forward_log_probs
 
@@ -53,6 +55,13 @@ class Denominators:
     @classmethod
     def of(cls, batch: Batch) -> Denominators:
         return cls(float(batch.response_mask.sum()), float(len(batch)))
+
+    @classmethod
+    def global_of(cls, batch: Batch) -> Denominators:
+        """Totals over every rank's part of the batch (``of`` in one process): local losses then sum to the
+        global loss over ranks."""
+        t = all_reduce_sum(torch.tensor([float(batch.response_mask.sum()), float(len(batch))], dtype=torch.float64))
+        return cls(float(t[0]), float(t[1]))
 
 
 @dataclass
@@ -137,6 +146,14 @@ def update_actor(model, optimizer, batch: Batch, s: LossSettings, *, ppo_epochs:
 
     ``on_grads(model, minibatch)`` (optional) sees the accumulated gradient before clipping
     and the step. A non-finite gradient norm skips that optimizer step (logged, no crash).
+
+    Data parallel (``model`` wrapped by ``rlgrad.distributed.wrap``, which SUMS gradients over ranks):
+    ``batch`` is this rank's contiguous share of the global batch, ranks in order, and
+    ``mini_batch_size`` is global. Mini-batches are drawn over the global row indices exactly as in one
+    process and each rank takes the rows it holds; denominators are global (``Denominators.global_of``),
+    every rank runs the same number of micro-batches (padding with ``Batch.blank_rows``, zero loss) and
+    reduces gradients on the last one only. The step then equals the one-process step, and the logged
+    losses are summed over ranks.
     """
     model.train()
     gen = torch.Generator().manual_seed(seed)
@@ -144,29 +161,40 @@ def update_actor(model, optimizer, batch: Batch, s: LossSettings, *, ppo_epochs:
     count = 0
     skipped = 0
     params = [p for p in model.parameters() if p.requires_grad]
+    sizes = all_gather_sizes(len(batch))
+    offset, n_global = sum(sizes[:rank()]), sum(sizes)
     for _ in range(ppo_epochs):
-        for idx in minibatches(len(batch), mini_batch_size, shuffle, gen):
-            mini = batch.select(idx)
-            den = Denominators.of(mini)
+        for gidx in minibatches(n_global, mini_batch_size, shuffle, gen):
+            mine = gidx[(gidx >= offset) & (gidx < offset + len(batch))] - offset
+            mini = batch.select(mine)
+            den = Denominators.global_of(mini)
+            n_micro = max(int(all_reduce_max(torch.tensor(-(-len(mini) // micro_batch_size)))), 1)
             optimizer.zero_grad(set_to_none=True)
             stats = {"actor/pg_loss": 0.0, "actor/pg_clipfrac": 0.0, "actor/pg_clipfrac_lower": 0.0,
-                     "actor/ppo_kl": 0.0}
-            for start in range(0, len(mini), micro_batch_size):
-                mb = mini.select(torch.arange(start, min(start + micro_batch_size, len(mini))))
-                terms = actor_loss_terms(model, mb, s, den)
-                terms.total(s).backward()
+                     "actor/ppo_kl": 0.0, "actor/entropy": 0.0}
+            if s.use_kl_loss:
+                stats["actor/kl_loss"] = 0.0
+            for k in range(n_micro):
+                start = k * micro_batch_size
+                mb = (mini.select(torch.arange(start, min(start + micro_batch_size, len(mini)))) if start < len(mini)
+                      else batch.blank_rows(1))  # this rank is out of rows: a zero-loss pass keeps the collectives in step
+                with grad_sync(model, k == n_micro - 1):
+                    terms = actor_loss_terms(model, mb, s, den)
+                    terms.total(s).backward()
                 # pg is already normalised by the mini-batch denominators: summing gives the mini value.
                 w = float(mb.response_mask.sum()) / max(den.num_tokens, 1.0)
                 stats["actor/pg_loss"] += float(terms.pg.detach())
                 stats["actor/pg_clipfrac"] += float(terms.clipfrac) * w
                 stats["actor/pg_clipfrac_lower"] += float(terms.clipfrac_lower) * w
                 stats["actor/ppo_kl"] += float(terms.ppo_kl) * w
-                stats["actor/entropy"] = stats.get("actor/entropy", 0.0) + float(terms.entropy.detach())
+                stats["actor/entropy"] += float(terms.entropy.detach())
                 if terms.kl is not None:
-                    stats["actor/kl_loss"] = stats.get("actor/kl_loss", 0.0) + float(terms.kl.detach())
+                    stats["actor/kl_loss"] += float(terms.kl.detach())
+            stats = dict(zip(stats, all_reduce_sum(torch.tensor(list(stats.values()), dtype=torch.float64)).tolist()))
             if on_grads is not None:
                 on_grads(model, mini)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP2: a DTensor
             stats["actor/grad_norm"] = grad_norm
             if math.isfinite(grad_norm):
                 optimizer.step()
