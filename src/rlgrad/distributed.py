@@ -24,7 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from rlgrad.analysis.dist import initialized, is_main, rank, set_replicated_grads, world_size
+from rlgrad.analysis.dist import initialized, is_main, set_replicated_grads, world_size
 from rlgrad.errors import UserError
 
 STRATEGIES = ("ddp", "fsdp2")
