@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from rlgrad import distributed
-from rlgrad.analysis.dist import all_gather_cat, all_reduce_sum, world_size
+from rlgrad.analysis.dist import all_gather_cat, all_reduce_sum, is_main, rank, world_size
 from rlgrad.batch import Batch
 from rlgrad.config import RLGradConfig, to_yaml
 from rlgrad.errors import UserError
@@ -116,7 +116,7 @@ class Trainer:
             torch.set_num_threads(t.num_threads)
         self.device = torch.device("cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available()) else "cpu")
         self.run_dir = resolve_run_dir(cfg)
-        self.is_main = distributed.is_main()
+        self.is_main = is_main()
         self.log = log if self.is_main else (lambda *a, **k: None)
         self.group_seeded = (cfg.rollout.group_seeded_sampling if cfg.rollout.group_seeded_sampling is not None
                              else world_size() > 1)
@@ -132,6 +132,8 @@ class Trainer:
         if self.resume_from is not None:
             self.actor, self.tokenizer = distributed.agree(lambda: load_pretrained(self.resume_from / "actor", cfg.model.dtype))
         else:
+            if world_size() > 1:  # rank 0 builds the warm-start cache once, the others then read it
+                distributed.decide(lambda: load_actor(cfg.model, self.task, t.seed, log=self.log) and None)
             self.actor, self.tokenizer = distributed.agree(lambda: load_actor(cfg.model, self.task, t.seed, log=self.log))
         self.actor.to(self.device)
         # train_actor: what the update runs on (DDP / FSDP2 wrapper); actor: a plain module with the same
@@ -199,7 +201,7 @@ class Trainer:
     # ------------------------------------------------------------------ pieces
     def shard(self, num_groups: int) -> tuple[int, int]:
         """This rank's contiguous range ``[lo, hi)`` of ``num_groups`` prompt groups (ranks in order)."""
-        ws, r = world_size(), distributed.rank()
+        ws, r = world_size(), rank()
         return r * num_groups // ws, (r + 1) * num_groups // ws
 
     def rollout(self, examples, n: int, do_sample: bool, first_group: int = 0, stream: int = 0,
