@@ -64,6 +64,27 @@ class Batch:
                 out[f.name] = v
         return Batch(**out)
 
+    def blank_rows(self, n: int = 1) -> Batch:
+        """``n`` rows that carry no loss (response_mask 0, every position attended, group id -1).
+
+        What a rank runs when it holds no sample of something but must still join the collectives of
+        a forward/backward (FSDP2 all-gathers, DDP gradient reduction): its loss and gradient are
+        exactly zero."""
+        width = max(self.input_ids.shape[1], 2)
+        zeros = torch.zeros(n, width)
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                out[f.name] = (zeros if v.dim() == 2 else zeros[:, 0]).to(v.dtype)
+            elif isinstance(v, dict):
+                out[f.name] = {k: zeros[:, 0].to(t.dtype) for k, t in v.items()}
+            else:
+                out[f.name] = v
+        out["attention_mask"] = torch.ones(n, width, dtype=self.attention_mask.dtype)
+        out["group_ids"] = torch.full((n,), -1, dtype=self.group_ids.dtype)
+        return Batch(**out)
+
     def to(self, device: torch.device | str) -> Batch:
         out = {}
         for f in dataclasses.fields(self):

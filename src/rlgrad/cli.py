@@ -18,14 +18,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlgrad.config import load_config
 
     cfg = load_config(args.config_name, args.config_file, args.overrides)  # before the heavy imports: fast errors
+    from rlgrad import distributed
     from rlgrad.rl.trainer import RunStopped, Trainer
 
-    trainer = Trainer(cfg)
+    distributed.setup(cfg)  # torchrun: join the process group (a no-op in one process)
     try:
-        summary = trainer.fit()
-    except RunStopped as e:
-        print(f"rlgrad: run stopped: {e}", file=sys.stderr)
-        return 1
+        trainer = Trainer(cfg)
+        try:
+            summary = trainer.fit()
+        except RunStopped as e:
+            if trainer.is_main:
+                print(f"rlgrad: run stopped: {e}", file=sys.stderr)
+            return 1
+    finally:
+        distributed.teardown()
+    if not trainer.is_main:
+        return 0
     before, after = summary.get("val/accuracy_before"), summary.get("val/accuracy_after")
     print()
     if before is not None and after is not None:
@@ -72,10 +80,17 @@ def cmd_probe(args: argparse.Namespace) -> int:
     ]
     cfg = load_config(args.config_name, args.config_file, forced + args.overrides,
                       base_file=str(run_cfg) if run_cfg.is_file() else None)
+    from rlgrad import distributed
     from rlgrad.rl.trainer import Trainer
 
-    trainer = Trainer(cfg)
-    trainer.fit()
+    distributed.setup(cfg)
+    try:
+        trainer = Trainer(cfg)
+        trainer.fit()
+    finally:
+        distributed.teardown()
+    if not trainer.is_main:
+        return 0
     print(f"\nprobe of {ckpt} (step {step}) written to {trainer.run_dir}")
     print(f"  metrics: {trainer.run_dir / 'metrics.jsonl'}   per-layer norms: {trainer.run_dir / 'analysis'}")
     return 0
@@ -169,8 +184,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UserError as e:
-        print(f"rlgrad: error: {e}", file=sys.stderr)
+        # Under torchrun: rank 0 prints an error every rank shares (marked silent elsewhere); another rank
+        # prints its own with its rank; before the process group exists only rank 0 speaks.
+        from rlgrad import distributed
+
+        r = distributed.env_rank()
+        if not getattr(e, "silent", False) and (r == 0 or distributed.was_setup()):
+            print(f"rlgrad: error: {f'rank {r}: ' if r else ''}{e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        import torch.distributed as dist
+
+        if isinstance(e, dist.DistError) or "gloo" in str(e).lower() or "nccl" in str(e).lower():
+            from rlgrad.distributed import failure_message
+
+            print(f"rlgrad: error: {failure_message(e)}", file=sys.stderr)
+            return 1
+        raise
     except KeyboardInterrupt:
         print("rlgrad: interrupted", file=sys.stderr)
         return 130

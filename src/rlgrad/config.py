@@ -86,6 +86,7 @@ class RolloutConfig:
     rollout_filter_empty_stop_steps: int = _f(5, "Stop the run after this many consecutive steps whose filter kept nothing.")
     gradient_analysis_num_buckets: int = _f(6, "Gradient analysis: number of quantile buckets of prompt groups by reward std.")
     gradient_analysis_bucket_mode: str = _f("quantile", "Gradient analysis buckets: quantile (equal group counts) | fixed_rv ([0,1) .. [5,inf)).", choices=("quantile", "fixed_rv"))
+    group_seeded_sampling: bool | None = _f(None, "Draw each prompt group's samples from its own generator seeded by (seed, step, group id), so the global batch does not depend on how groups are split over ranks (a 1-process run with true reproduces an N-process run). null: on when running under torchrun with more than one process.")
 
 
 @dataclass
@@ -192,6 +193,10 @@ class TrainerConfig:
     gradient_analysis_env_groups: int | None = _f(None, "Analyse a separate batch of this many prompt groups (null: the training batch).")
     gradient_analysis_group_size: int | None = _f(None, "Samples per group of the separate analysis batch (null: rollout.n).")
     gradient_analysis_log_prefilter: bool = _f(False, "Also analyse the batch before the rollout filter (grad_norm_prefilter/...).")
+    strategy: str = _f("ddp", "Data parallelism under torchrun: ddp (replicated weights) | fsdp2 (torch fully_shard on each decoder layer and the root). Unused in one process.", choices=("ddp", "fsdp2"))
+    nnodes: int = _f(1, "Nodes (verl key). Under torchrun the environment wins: WORLD_SIZE / LOCAL_WORLD_SIZE.")
+    n_gpus_per_node: int = _f(1, "Processes per node (verl key). Under torchrun the environment wins: LOCAL_WORLD_SIZE. Also the divisor of analysis.dp_trim (x nnodes).")
+    dist_timeout_s: float = _f(600.0, "Collective timeout in seconds: a rank that died or hangs ends the run with an error after this long instead of a hang.")
 
 
 @dataclass
@@ -202,6 +207,7 @@ class AnalysisConfig:
     components_every: int = _f(0, "Reward-component gradient geometry (norms, cosines, shares of the policy gradient per reward component) when (step - 1) % every == 0; 0: off. Needs outcome advantages (grpo / rloo).")
     components_mode: str = _f("shared_std", "Component advantages: shared_std (centred component reward / std of the TOTAL reward: they sum to the update's advantage, the gradients to its policy gradient) | own_std (each component through the advantage estimator on its own, the seed's behaviour).", choices=("shared_std", "own_std"))
     save_component_gradients: bool = _f(False, "Also write every component's full per-parameter gradient to analysis/step_N/component_grads.npz (background writer).")
+    dp_trim: bool = _f(False, "The seeds' data-parallel trimming: drop each bucket's last samples that do not divide by trainer.nnodes x trainer.n_gpus_per_node (the number of processes under torchrun). Off: buckets keep every sample and norms are exact global ones (no trimming is needed for that).")
 
 
 @dataclass
@@ -374,7 +380,8 @@ def validate(cfg: RLGradConfig) -> None:
                             + (f"; did you mean '{hint[0]}'?" if hint else ""))
     positive = ["data.train_batch_size", "rollout.n", "trainer.gradient_analysis_every",
                 "rollout.gradient_analysis_num_buckets", "rollout.response_length", "actor.ppo_epochs",
-                "actor.ppo_micro_batch_size", "trainer.total_training_steps", "data.val_size"]
+                "actor.ppo_micro_batch_size", "trainer.total_training_steps", "data.val_size",
+                "trainer.nnodes", "trainer.n_gpus_per_node"]
     values = {k: v for k, _, v in _walk(cfg)}
     for k in positive:
         if values[k] is None or values[k] < 1:
@@ -393,6 +400,8 @@ def validate(cfg: RLGradConfig) -> None:
             raise UserError(f"'{role}.redo_tau' must be >= 0, got {rc.redo_tau}")
         if not 0 <= rc.redo_max_reset_frac <= 1:
             raise UserError(f"'{role}.redo_max_reset_frac' must be in [0, 1], got {rc.redo_max_reset_frac}")
+    if not cfg.trainer.dist_timeout_s > 0:
+        raise UserError(f"'trainer.dist_timeout_s' must be positive, got {cfg.trainer.dist_timeout_s}")
     if not 0 < cfg.rollout.top_p <= 1:
         raise UserError(f"'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}")
     for s in cfg.trainer.logger:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlgrad.analysis.dist import all_gather_cat, all_gather_sizes, rank
+
 FIXED_RV_EDGES = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, float("inf"))
 
 
@@ -80,3 +82,34 @@ def dp_trim(rows: torch.Tensor, world_size: int) -> torch.Tensor:
     """The seeds' data-parallel trimming: drop the remainder that does not divide by the ranks."""
     keep = len(rows) - len(rows) % world_size
     return rows[:keep]
+
+
+def global_buckets(group_ids: torch.Tensor, reward_std: torch.Tensor, *, mode: str = "quantile",
+                   num_buckets: int = 6, trim: int = 0) -> Buckets:
+    """``make_buckets`` over the groups of EVERY rank; ``rows`` index this rank's samples.
+
+    Each rank holds whole prompt groups (``group_ids`` are global), so gathering one (id, std) pair per
+    group gives every rank the same buckets, names and group table; a bucket this rank holds no sample
+    of has empty local rows. Rows whose group id is unknown (``Batch.blank_rows``) belong to no bucket.
+    ``trim > 1``: the seeds' DP trimming -- a bucket keeps the largest multiple of ``trim`` of its
+    samples, dropping its LAST samples in global order (rank by rank); a bucket left empty is skipped
+    and ``all`` becomes the union of the trimmed buckets. One process: ``make_buckets`` (then trimmed).
+    """
+    gids, stds = group_table(group_ids, reward_std)
+    gids, stds = all_gather_cat(gids), all_gather_cat(stds)
+    per_group = make_buckets(gids, stds, mode=mode, num_buckets=num_buckets)
+    rows = {"all": torch.nonzero(torch.isin(group_ids, gids)).squeeze(-1)}
+    for name in per_group.names[1:]:
+        rows[name] = torch.nonzero(torch.isin(group_ids, gids[per_group.rows[name]])).squeeze(-1)
+    groups = per_group.groups
+    if trim > 1:
+        for name in list(rows)[1:]:
+            counts = all_gather_sizes(len(rows[name]))
+            keep = sum(counts) - sum(counts) % trim
+            before = sum(counts[:rank()])
+            rows[name] = rows[name][:min(max(keep - before, 0), len(rows[name]))]
+            if keep == 0:
+                del rows[name]
+        rows["all"] = torch.sort(torch.cat([rows["all"][:0]] + [rows[n] for n in list(rows)[1:]])).values
+        groups = [g for g in groups if g[0] in rows]
+    return Buckets(rows, groups)

@@ -4,12 +4,19 @@ Every analysis statistic is built from additive partial sums (per-slice gradient
 sums of |g|, zero counts, Gram matrices of parameter shards) so that ONE ``all_reduce_sum`` makes
 it global and exact. Call these in the same order on every rank, also when a rank holds no
 sample of the thing being measured (pass zeros): a skipped collective is a hang.
+
+Gradients after the update's backward are a special case: under DDP every rank holds the same
+(already summed) gradient, under FSDP2 each rank holds a disjoint shard of it. ``grad_sum`` sums a
+statistic of the local gradients so that it is global under both (``set_replicated_grads`` is
+called by ``rlgrad.distributed.wrap``).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+_REPLICATED_GRADS = True  # DDP (and one process): every rank holds the whole gradient
 
 
 def initialized() -> bool:
@@ -28,10 +35,73 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def _device() -> torch.device:
+    # NCCL only moves CUDA tensors; gloo only CPU ones.
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum of ``t`` over all ranks (a new tensor; ``t`` is left alone)."""
     if not initialized() or world_size() == 1:
         return t
-    out = t.detach().clone()
+    out = t.detach().to(_device(), copy=True)
     dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out.to(t.device)
+
+
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    """Element-wise max of ``t`` over all ranks (a new tensor)."""
+    if not initialized() or world_size() == 1:
+        return t
+    out = t.detach().to(_device(), copy=True)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return out.to(t.device)
+
+
+def all_reduce_sum_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``all_reduce_sum`` of every tensor of a dict in ONE collective (one flat buffer, dict order)."""
+    if not initialized() or world_size() == 1 or not tensors:
+        return tensors
+    dtype = tensors[next(iter(tensors))].dtype
+    for t in tensors.values():
+        dtype = torch.promote_types(dtype, t.dtype)
+    flat = torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors.values()])
+    flat = all_reduce_sum(flat)
+    out, k = {}, 0
+    for name, t in tensors.items():
+        out[name] = flat[k:k + t.numel()].view(t.shape).to(t.dtype)
+        k += t.numel()
     return out
+
+
+def all_gather_cat(t: torch.Tensor) -> torch.Tensor:
+    """Concatenation along dim 0 of every rank's ``t`` in rank order (first dims may differ)."""
+    if not initialized() or world_size() == 1:
+        return t
+    sizes = all_gather_sizes(t.shape[0])
+    dev = _device()
+    buf = torch.zeros((max(sizes), *t.shape[1:]), dtype=t.dtype, device=dev)
+    buf[:t.shape[0]] = t.to(dev)
+    parts = [torch.empty_like(buf) for _ in sizes]
+    dist.all_gather(parts, buf)
+    return torch.cat([p[:n] for p, n in zip(parts, sizes)]).to(t.device)
+
+
+def all_gather_sizes(n: int) -> list[int]:
+    """Every rank's ``n``, in rank order."""
+    if not initialized() or world_size() == 1:
+        return [n]
+    one_hot = torch.zeros(world_size(), dtype=torch.long)
+    one_hot[rank()] = n
+    return [int(x) for x in all_reduce_sum(one_hot)]
+
+
+def set_replicated_grads(replicated: bool) -> None:
+    global _REPLICATED_GRADS
+    _REPLICATED_GRADS = replicated
+
+
+def grad_sum(t: torch.Tensor) -> torch.Tensor:
+    """Global value of a sum over this rank's gradient entries: DDP -> as is (the gradient is whole on
+    every rank), FSDP2 -> summed over ranks (each rank holds a disjoint shard)."""
+    return t if _REPLICATED_GRADS else all_reduce_sum(t)

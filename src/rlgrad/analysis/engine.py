@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from rlgrad.analysis.dist import all_reduce_sum_dict
 from rlgrad.batch import Batch
 
 
@@ -211,7 +212,13 @@ def _gram_f64(flat: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
 
 def _gram(grads: dict[str, torch.Tensor], derived: dict[str, dict[str, float]], base: list[str]
           ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Append derived slices to every per-slice gradient; Gram matrices per layer group."""
+    """Append derived slices to every per-slice gradient; Gram matrices per layer group.
+
+    Data parallel: each rank's slice gradients cover its own rows, so they are summed over ranks
+    first (one all-reduce per term, every rank calls it in the same order, with zeros for slices it
+    holds no row of). Gram matrices are NOT additive over ranks; they are formed from the sums.
+    """
+    grads = all_reduce_sum_dict(grads)
     full: dict[str, torch.Tensor] = {}
     gram: dict[str, torch.Tensor] = {}
     for name, g in grads.items():
@@ -284,6 +291,8 @@ def reference_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights
     per_term: dict[str, dict[str, list[torch.Tensor]]] = {}
     for w in weights:
         rows = torch.nonzero(w).squeeze(-1)
+        if len(rows) == 0:  # (a rank holding) no row of this slice: a weight-0 row gives its zero gradient
+            rows = torch.zeros(1, dtype=torch.long)
         sub = batch.select(rows)
         first = loss_fn(model, sub)
         for j, term in enumerate(first):

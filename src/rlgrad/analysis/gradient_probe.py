@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from rlgrad.analysis.buckets import Buckets, make_buckets
+from rlgrad.analysis.buckets import Buckets, global_buckets
+from rlgrad.analysis.dist import all_reduce_sum
 from rlgrad.analysis.engine import GradStats, slice_gradients
 from rlgrad.batch import Batch
 from rlgrad.hooks import Hook, HookResult, StepContext
@@ -35,18 +36,36 @@ class BucketReport:
 
 
 def analyse_buckets(model, batch: Batch, s: LossSettings, *, bucket_mode: str = "quantile", num_buckets: int = 6,
-                    method: str = "fast", prefix: str = "grad_norm", keep_grads: bool = False) -> BucketReport:
-    """Every bucket's (and ``all``'s) gradient norm per loss component, in one engine call."""
-    buckets = make_buckets(batch.group_ids, batch.reward_std, mode=bucket_mode, num_buckets=num_buckets)
+                    method: str = "fast", prefix: str = "grad_norm", keep_grads: bool = False,
+                    dp_trim: int = 0) -> BucketReport:
+    """Every bucket's (and ``all``'s) gradient norm per loss component, in one engine call.
+
+    Data parallel: ``batch`` is this rank's share (whole prompt groups, global group ids); buckets,
+    counts, denominators and losses are global (``global_buckets`` + sums over ranks), the engine sums
+    slice gradients over ranks, so every number equals the one-process number on the global batch.
+    ``dp_trim > 1``: the seeds' trimming of each bucket to a multiple of ``dp_trim`` samples.
+    """
+    buckets = global_buckets(batch.group_ids, batch.reward_std, mode=bucket_mode, num_buckets=num_buckets,
+                             trim=dp_trim)
+    given = batch
+    if len(batch) == 0:  # this rank holds nothing: one zero-loss row still runs the engine's collectives
+        batch = batch.blank_rows(1)
     real = [n for n in buckets.names if n != "all"]
     omega, u = agg_token_weights(batch.response_mask, s.loss_agg_mode, horizon=s.horizon)
-    denom = {n: float(u[buckets.rows[n]].sum()) for n in buckets.names}
+    # count, response tokens and the aggregation denominator of each bucket, over all ranks
+    sizes = all_reduce_sum(torch.tensor([[len(buckets.rows[n]), float(batch.response_mask[buckets.rows[n]].sum()),
+                                          float(u[buckets.rows[n]].sum())] for n in buckets.names], dtype=torch.float64))
+    count = {n: float(sizes[k, 0]) for k, n in enumerate(buckets.names)}
+    tokens = {n: float(sizes[k, 1]) for k, n in enumerate(buckets.names)}
+    denom = {n: float(sizes[k, 2]) for k, n in enumerate(buckets.names)}
     weights = torch.zeros(len(real), len(batch))
     for k, n in enumerate(real):
         weights[k, buckets.rows[n]] = 1.0 / max(denom[n], 1e-8)
     derived = {"all": {n: denom[n] / max(denom["all"], 1e-8) for n in real}}
     if method == "reference":  # the seeds' procedure: `all` is one more sub-batch, probed on its own
-        weights = torch.cat([weights, torch.full((1, len(batch)), 1.0 / max(denom["all"], 1e-8))])
+        w_all = torch.zeros(1, len(batch))
+        w_all[0, buckets.rows["all"]] = 1.0 / max(denom["all"], 1e-8)
+        weights = torch.cat([weights, w_all])
         real, derived = real + ["all"], {}
 
     stash: list[tuple[Batch, TokenLosses]] = []
@@ -63,8 +82,8 @@ def analyse_buckets(model, batch: Batch, s: LossSettings, *, bucket_mode: str = 
         except NotImplementedError as e:  # a model the fast engine's hooks do not cover: same numbers, slower
             import warnings
             warnings.warn(f"{e}; falling back to analysis.method=reference", stacklevel=2)
-            return analyse_buckets(model, batch, s, bucket_mode=bucket_mode, num_buckets=num_buckets,
-                                   method="reference", prefix=prefix, keep_grads=keep_grads)
+            return analyse_buckets(model, given, s, bucket_mode=bucket_mode, num_buckets=num_buckets,
+                                   method="reference", prefix=prefix, keep_grads=keep_grads, dp_trim=dp_trim)
         if not (stash and len(stash[0][0]) == len(batch)):  # reference: one no-grad forward for the loss values
             with torch.no_grad():
                 stash = [(batch, token_losses(model, batch, s))]
@@ -77,24 +96,22 @@ def analyse_buckets(model, batch: Batch, s: LossSettings, *, bucket_mode: str = 
         terms = {k: v[inv.to(v.device)] for k, v in terms.items()}
     omega = omega.to(t.pg.device)
 
+    # each bucket's loss terms: local numerators, summed over ranks (one collective)
+    nums = all_reduce_sum(torch.tensor([[float((v[buckets.rows[n]] * omega[buckets.rows[n]]).sum()) for v in terms.values()]
+                                        for n in buckets.names], dtype=torch.float64))
     metrics: dict[str, float] = {}
     layers: dict[str, dict[str, dict[str, float]]] = {}
-    n_total = len(batch)
-    group_stds = {g: sd for _, g, sd in buckets.groups}
-    for name in buckets.names:
-        rows = buckets.rows[name]
+    n_total = float(all_reduce_sum(torch.tensor(float((batch.group_ids >= 0).sum()))))
+    for b, name in enumerate(buckets.names):
         key = f"{prefix}/{name}"
-        count = len(rows)
-        tokens = float(batch.response_mask[rows].sum())
-        metrics[f"{key}/sample_count"] = float(count)
-        metrics[f"{key}/sample_pct"] = 100.0 * count / max(n_total, 1)
-        gids = sorted({int(g) for g in batch.group_ids[rows]})
-        stds = torch.tensor([group_stds[g] for g in gids])
-        metrics[f"{key}/group_rv_count"] = float(len(gids))
+        metrics[f"{key}/sample_count"] = count[name]
+        metrics[f"{key}/sample_pct"] = 100.0 * count[name] / max(n_total, 1)
+        stds = torch.tensor([sd for bk, _, sd in buckets.groups if name == "all" or bk == name])
+        metrics[f"{key}/group_rv_count"] = float(len(stds))
         metrics[f"{key}/reward_std_mean"] = float(stds.mean())
         metrics[f"{key}/reward_std_min"] = float(stds.min())
         metrics[f"{key}/reward_std_max"] = float(stds.max())
-        losses = {k: float((v[rows] * omega[rows]).sum()) / max(denom[name], 1e-8) for k, v in terms.items()}
+        losses = {k: float(nums[b, j]) / max(denom[name], 1e-8) for j, k in enumerate(terms)}
         total = losses["policy"] - s.entropy_coeff * losses["entropy"]
         if "kl" in losses:
             total += s.kl_loss_coef * losses["kl"]
@@ -104,8 +121,8 @@ def analyse_buckets(model, batch: Batch, s: LossSettings, *, bucket_mode: str = 
         for comp in stats.gram:
             norm = stats.norm(comp, name)
             metrics[f"{key}/{comp}"] = norm
-            metrics[f"{key}/per_sample/{comp}"] = norm / max(count, 1)
-            metrics[f"{key}/per_token/{comp}"] = norm / max(tokens, 1.0)
+            metrics[f"{key}/per_sample/{comp}"] = norm / max(count[name], 1)
+            metrics[f"{key}/per_token/{comp}"] = norm / max(tokens[name], 1.0)
             layers[name][comp] = {g: stats.norm(comp, name, g) for g in sorted(stats.gram[comp])}
     return BucketReport(metrics, layers, buckets, stats)
 
@@ -179,12 +196,14 @@ class GradientAnalysisHook(Hook):
         if t.gradient_analysis_log_prefilter and unfiltered is not None:
             runs.append(("grad_norm_prefilter", ctx.extras["prepare"](unfiltered)))
         layers_out = {}
+        trim = t.nnodes * t.n_gpus_per_node if cfg.analysis.dp_trim else 0
         for prefix, b in runs:
-            if b is None or len(b) == 0:
+            # skipped only when the batch is empty on every rank (b is None is decided globally)
+            if b is None or float(all_reduce_sum(torch.tensor(float(len(b))))) == 0:
                 continue
             rep = analyse_buckets(ctx.actor, b, ctx.loss_settings, bucket_mode=r.gradient_analysis_bucket_mode,
                                   num_buckets=r.gradient_analysis_num_buckets, method=cfg.analysis.method,
-                                  prefix=prefix)
+                                  prefix=prefix, dp_trim=trim)
             result.metrics.update(rep.metrics)
             layers_out[prefix] = rep.layers
             rows = [[bk, g, sd] for bk, g, sd in rep.buckets.groups]

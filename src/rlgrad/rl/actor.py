@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from rlgrad.analysis.dist import all_gather_sizes, all_reduce_max, all_reduce_sum, rank
 from rlgrad.batch import Batch
+from rlgrad.distributed import grad_sync
 from rlgrad.rl.core import agg_loss, kl_penalty, policy_loss
 from rlgrad.rl.rollout import forward_log_probs
 
@@ -57,6 +59,13 @@ class Denominators:
     @classmethod
     def of(cls, batch: Batch) -> Denominators:
         return cls(float(batch.response_mask.sum()), float(len(batch)))
+
+    @classmethod
+    def global_of(cls, batch: Batch) -> Denominators:
+        """Totals over every rank's part of the batch (``of`` in one process): local losses then sum to the
+        global loss over ranks."""
+        t = all_reduce_sum(torch.tensor([float(batch.response_mask.sum()), float(len(batch))], dtype=torch.float64))
+        return cls(float(t[0]), float(t[1]))
 
 
 @dataclass
@@ -153,6 +162,14 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, prefix:
     accumulated gradient before clipping and the step. A non-finite gradient norm skips that optimizer
     step (counted in ``<prefix>/nonfinite_grad_steps``, no crash). Stats are averaged over mini-batches;
     ``<prefix>/grad_norm`` is the pre-clip norm, ``<prefix>/lr`` the learning rate after the update.
+
+    Data parallel (``model`` wrapped by ``rlgrad.distributed.wrap``, which SUMS gradients over ranks):
+    ``batch`` is this rank's contiguous share of the global batch, ranks in order, and
+    ``mini_batch_size`` is global. Mini-batches are drawn over the global row indices exactly as in one
+    process and each rank takes the rows it holds; denominators are global (``Denominators.global_of``),
+    every rank runs the same number of micro-batches (padding with ``Batch.blank_rows``, zero loss) and
+    reduces gradients on the last one only. The step then equals the one-process step, and the logged
+    stats are summed over ranks.
     """
     model.train()
     gen = torch.Generator().manual_seed(seed)
@@ -160,21 +177,31 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, prefix:
     count = 0
     skipped = 0
     params = [p for p in model.parameters() if p.requires_grad]
+    sizes = all_gather_sizes(len(batch))
+    offset, n_global = sum(sizes[:rank()]), sum(sizes)
     for _ in range(ppo_epochs):
-        for idx in minibatches(len(batch), mini_batch_size, shuffle, gen):
-            mini = batch.select(idx)
-            den = Denominators.of(mini)
+        for gidx in minibatches(n_global, mini_batch_size, shuffle, gen):
+            mine = gidx[(gidx >= offset) & (gidx < offset + len(batch))] - offset
+            mini = batch.select(mine)
+            den = Denominators.global_of(mini)
+            n_micro = max(int(all_reduce_max(torch.tensor(-(-len(mini) // micro_batch_size)))), 1)
             optimizer.zero_grad(set_to_none=True)
             stats: dict[str, float] = {}
-            for start in range(0, len(mini), micro_batch_size):
-                mb = mini.select(torch.arange(start, min(start + micro_batch_size, len(mini))))
-                loss, shares = micro_loss(model, mb, den)
-                loss.backward()
-                for k, v in shares.items():
-                    stats[k] = stats.get(k, 0.0) + v
+            for k in range(n_micro):
+                start = k * micro_batch_size
+                mb = (mini.select(torch.arange(start, min(start + micro_batch_size, len(mini)))) if start < len(mini)
+                      else batch.blank_rows(1))  # this rank is out of rows: a zero-loss pass keeps the collectives in step
+                with grad_sync(model, k == n_micro - 1):
+                    loss, shares = micro_loss(model, mb, den)
+                    loss.backward()
+                for key, v in shares.items():
+                    stats[key] = stats.get(key, 0.0) + v
+            keys = sorted(stats)  # the same keys on every rank: the loss function's, in a fixed order
+            stats = dict(zip(keys, all_reduce_sum(torch.tensor([stats[k] for k in keys], dtype=torch.float64)).tolist()))
             if on_grads is not None:
                 on_grads(model, mini)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP2: a DTensor
             stats[f"{prefix}/grad_norm"] = grad_norm
             if math.isfinite(grad_norm):
                 optimizer.step()

@@ -15,7 +15,9 @@ module-call overhead. For every block, on the new tokens::
 Prompts are left-padded; a padded key is masked out for every query. The ``n`` samples of a prompt
 share its prefill (computed once, copied into their cache rows). Sampling mirrors ``generate``'s
 processors (min_new_tokens, temperature, top-k, top-p, in that order) and draws with
-``torch.multinomial`` from the global RNG, so it consumes the RNG exactly as ``generate`` does.
+``torch.multinomial`` from the global RNG, so it consumes the RNG exactly as ``generate`` does --
+or, given one ``torch.Generator`` per prompt, draws each prompt's samples from its own generator,
+so a prompt group's samples do not depend on which other prompts share the batch (or the rank).
 """
 
 from __future__ import annotations
@@ -101,8 +103,12 @@ def blocks(model, h, cos, sin, k_cache, v_cache, s: int, e: int, bias) -> torch.
     return rms_norm(h[:, -1], model.model.norm)
 
 
-def sample(scores: torch.Tensor, *, do_sample: bool, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """Next tokens [B] from processed scores [B, V], as generate's warpers would pick them."""
+def sample(scores: torch.Tensor, *, do_sample: bool, temperature: float, top_k: int, top_p: float,
+           generators: list[torch.Generator] | None = None) -> torch.Tensor:
+    """Next tokens [B] from processed scores [B, V], as generate's warpers would pick them.
+
+    ``generators``: one per consecutive block of ``B / len(generators)`` rows (a prompt's samples);
+    None: the global RNG."""
     if not do_sample:
         return scores.argmax(-1)
     if temperature != 1.0:
@@ -115,19 +121,25 @@ def sample(scores: torch.Tensor, *, do_sample: bool, temperature: float, top_k: 
         drop = sorted_scores.softmax(-1).cumsum(-1) <= 1 - top_p
         drop[:, -1] = False  # always keep the most likely token
         scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    return torch.multinomial(scores.softmax(-1), 1)[:, 0]
+    probs = scores.softmax(-1)
+    if generators is None:
+        return torch.multinomial(probs, 1)[:, 0]
+    per = probs.shape[0] // len(generators)
+    return torch.cat([torch.multinomial(p, 1, generator=g)[:, 0] for p, g in zip(probs.split(per), generators)])
 
 
 @torch.no_grad()
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int, eos_token_id: int,
            pad_token_id: int, do_sample: bool, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-           top_k: int = 0, min_new_tokens: int = 0, on_logits=None) -> tuple[torch.Tensor, torch.Tensor]:
+           top_k: int = 0, min_new_tokens: int = 0, on_logits=None, generators: list[torch.Generator] | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generate up to ``max_new_tokens`` after each of the left-padded prompts ``[B0, P]``, ``n`` times each.
 
     Returns ``(tokens, log_probs)``, both ``[B0 * n, steps]`` (rows i*n .. i*n+n-1 continue prompt i):
     the new tokens (``pad_token_id`` after a row's EOS; stops once every row has emitted EOS) and, for
     each, log softmax(raw logits / temperature) at that token -- the sampling policy's log-prob before
     top-k / top-p (verl's old log-prob), 0 after EOS. ``on_logits(t, logits)`` sees each step's raw logits.
+    ``generators`` (optional, one per prompt, on the model's device): the RNG of each prompt's samples.
     """
     B0, P = input_ids.shape
     B, T, dev, neg_inf = B0 * n, P + max_new_tokens, input_ids.device, float("-inf")
@@ -163,7 +175,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
         if t < min_new_tokens:  # no EOS before min_new_tokens
             scores = scores.clone()
             scores[:, eos_token_id] = neg_inf
-        nxt = sample(scores, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+        nxt = sample(scores, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                     generators=generators)
         nxt = nxt.masked_fill(done, pad_token_id)  # finished rows are padded
         logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, -1)
         tokens.append(nxt)

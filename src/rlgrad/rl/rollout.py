@@ -93,13 +93,17 @@ def resolve_engine(model, engine: str, max_len: int | None = None) -> str:
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, n: int, max_new_tokens: int, do_sample: bool,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_prompt_length: int = 256,
-             micro_batch_size: int = 256, engine: str = "hf") -> Generation:
+             micro_batch_size: int = 256, engine: str = "hf", seeds: list[int] | None = None) -> Generation:
     """Sample ``n`` responses per prompt (samples of prompt i are rows i*n .. i*n+n-1).
 
     ``engine``: ``hf`` (transformers ``generate``), ``native`` (``rlgrad.rl.decode``; its micro-batches
     hold whole prompt groups, ``max(1, micro_batch_size // n)`` prompts) or ``auto`` (native when the
     model supports it). Both also return each response token's log-prob under the raw logits /
     ``temperature`` (``Generation.log_probs``, also when greedy).
+
+    ``seeds`` (optional, one per prompt): prompt i's samples are drawn from a generator seeded with
+    ``seeds[i]`` instead of the global RNG, so they do not depend on the other prompts of the call
+    (how prompts are split over micro-batches or ranks). ``hf`` then generates prompt by prompt.
     """
     from rlgrad.rl.decode import decode
 
@@ -118,10 +122,21 @@ def generate(model, tokenizer, prompts: list[str], *, n: int, max_new_tokens: in
         if engine == "native":  # whole prompt groups per micro-batch: a prompt is prefilled once for its n samples
             per = max(1, micro_batch_size // n)
             for s in range(0, prompt_ids.shape[0], per):
+                gens = None if seeds is None else [torch.Generator(device=device).manual_seed(int(x))
+                                                   for x in seeds[s:s + per]]
                 out, lp = decode(model, prompt_ids[s:s + per].to(device), prompt_att[s:s + per].to(device), n=n,
                                  max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
                                  do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
-                                 min_new_tokens=getattr(model.generation_config, "min_new_tokens", None) or 0)
+                                 min_new_tokens=getattr(model.generation_config, "min_new_tokens", None) or 0,
+                                 generators=gens)
+                outs.append(out.cpu())
+                lps.append(lp.float().cpu())
+        elif seeds is not None:  # prompt by prompt, each from its own seed (the global RNG left as it was)
+            for i, seed in enumerate(seeds):
+                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                    torch.manual_seed(int(seed))
+                    out, lp = _hf_generate(model, ids[i * n:(i + 1) * n].to(device),
+                                           att[i * n:(i + 1) * n].to(device), kwargs, temperature)
                 outs.append(out.cpu())
                 lps.append(lp.float().cpu())
         else:
@@ -194,6 +209,9 @@ def compute_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Masked log-probs (and entropies) for a whole batch, in micro-batches, without grad."""
     device = next(model.parameters()).device
+    if input_ids.shape[0] == 0:  # a rank whose share the filter emptied
+        z = torch.zeros(input_ids.shape, dtype=torch.float32)
+        return z, (z if with_entropy else None)
     start = response_start(response_mask)  # no logits for prompt positions
     lps, ents = [], []
     for s in range(0, input_ids.shape[0], micro_batch_size):

@@ -13,6 +13,12 @@
 
 Metrics are logged before the checkpoint of the same step, so a resumed run never lacks a
 row; rows past the resumed checkpoint are recomputed (and the stale ones moved aside).
+
+Under torchrun (``rlgrad.distributed``) every rank draws the same prompts and rolls out a contiguous
+share of the prompt groups (``shard``), with global group ids; everything a metric or a decision
+needs from other ranks (filter metrics, scores, lengths, validation counts) is gathered, so the
+logged numbers, the rollout filter's choice and the update are those of one process on the
+global batch. Only rank 0 writes files and prints.
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ from pathlib import Path
 
 import torch
 
+from rlgrad import distributed
+from rlgrad.analysis.dist import all_gather_cat, all_reduce_sum, is_main, rank, world_size
 from rlgrad.batch import Batch
 from rlgrad.config import RLGradConfig, to_yaml
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, StepContext
-from rlgrad.logging.rewards import RewardComponentLog, reward_metrics
+from rlgrad.logging.rewards import RewardComponentLog, reward_metrics, step_record
 from rlgrad.logging.sinks import ConsoleSink, JsonlSink, MetricLogger, TensorBoardSink, WandbSink
 from rlgrad.models import load_actor, load_critic, load_pretrained, load_value_model
 from rlgrad.rl import checkpoint as ckpt
@@ -98,6 +106,12 @@ def build_optimizer(model: torch.nn.Module, o) -> tuple[torch.optim.Optimizer, t
     return optimizer, scheduler
 
 
+def group_seed(seed: int, stream: int, step: int, group: int) -> int:
+    """Seed of one prompt group's sampling generator (``rollout.group_seeded_sampling``); stream 0: training,
+    1: separate analysis batches, 2: validation."""
+    return (((seed * 1_000_003 + stream) * 1_000_033 + step) * 1_000_037 + group) % (1 << 62)
+
+
 def summarize(prefix: str, x: torch.Tensor) -> dict[str, float]:
     x = x.float()
     if x.numel() == 0:
@@ -110,35 +124,46 @@ class Trainer:
         """``hooks`` run after the analysis hooks the config asks for (``rlgrad.analysis.hooks_from_config``)."""
         from rlgrad.analysis import hooks_from_config
 
-        self.cfg, self.log = cfg, log
+        self.cfg = cfg
         self.hooks = hooks_from_config(cfg) + list(hooks or [])
         t = cfg.trainer
         if t.num_threads:
             torch.set_num_threads(t.num_threads)
         self.device = torch.device("cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available()) else "cpu")
         self.run_dir = resolve_run_dir(cfg)
-        self.is_main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-        # Everything that can reject the input happens before anything is written.
-        self.task = build_task(cfg.data.task, seed=t.seed, val_size=cfg.data.val_size, weights=dict(cfg.reward.weights),
-                               train_files=list(cfg.data.train_files), val_files=list(cfg.data.val_files),
-                               length_max=cfg.reward.length_max, length_unit=cfg.reward.length_unit)
-        self.resume_from = find_resume_point(cfg, self.run_dir)
+        self.is_main = is_main()
+        self.log = log if self.is_main else (lambda *a, **k: None)
+        self.group_seeded = (cfg.rollout.group_seeded_sampling if cfg.rollout.group_seeded_sampling is not None
+                             else world_size() > 1)
+        # Everything that can reject the input happens before anything is written; under torchrun all
+        # ranks reject it together (rank 0 alone looks at the run directory).
+        distributed.agree(lambda: distributed.check_config(cfg))
+        self.task = distributed.agree(lambda: build_task(
+            cfg.data.task, seed=t.seed, val_size=cfg.data.val_size, weights=dict(cfg.reward.weights),
+            train_files=list(cfg.data.train_files), val_files=list(cfg.data.val_files),
+            length_max=cfg.reward.length_max, length_unit=cfg.reward.length_unit))
+        self.resume_from = distributed.decide(lambda: find_resume_point(cfg, self.run_dir))
         torch.manual_seed(t.seed)
         if self.resume_from is not None:
-            self.actor, self.tokenizer = load_pretrained(self.resume_from / "actor", cfg.model.dtype)
+            self.actor, self.tokenizer = distributed.agree(lambda: load_pretrained(self.resume_from / "actor", cfg.model.dtype))
         else:
-            self.actor, self.tokenizer = load_actor(cfg.model, self.task, t.seed, log=log)
+            if world_size() > 1:  # rank 0 builds the warm-start cache once, the others then read it
+                distributed.decide(lambda: load_actor(cfg.model, self.task, t.seed, log=self.log) and None)
+            self.actor, self.tokenizer = distributed.agree(lambda: load_actor(cfg.model, self.task, t.seed, log=self.log))
         self.actor.to(self.device)
+        # train_actor: what the update runs on (DDP / FSDP2 wrapper); actor: a plain module with the same
+        # weights (rollouts, log-probs, hooks, checkpoints). The same object in one process.
+        self.train_actor, self.actor = distributed.wrap(self.actor, t.strategy)
         self.ref = None
         if cfg.actor.use_kl_loss:  # the reference is the initial policy, also when resuming
             self.ref, _ = load_actor(cfg.model, self.task, t.seed, log=log)
             self.ref.to(self.device).eval().requires_grad_(False)
-        self.optimizer, self.scheduler = build_optimizer(self.actor, cfg.actor.optim)
+        self.optimizer, self.scheduler = build_optimizer(self.train_actor, cfg.actor.optim)
         self.loss_settings = LossSettings.from_config(cfg)
-        self.critic = self.critic_optimizer = self.critic_scheduler = None
+        self.critic = self.train_critic = self.critic_optimizer = self.critic_scheduler = None
         if cfg.algorithm.adv_estimator == "gae":  # PPO with a critic
-            self.critic = self._load_critic().to(self.device)
-            self.critic_optimizer, self.critic_scheduler = build_optimizer(self.critic, cfg.critic.optim)
+            self.train_critic, self.critic = distributed.wrap(self._load_critic().to(self.device), t.strategy)
+            self.critic_optimizer, self.critic_scheduler = build_optimizer(self.train_critic, cfg.critic.optim)
             self.critic_settings = CriticSettings.from_config(cfg)
         self.data_rng = random.Random(t.seed)
         self.step = 0
@@ -161,10 +186,16 @@ class Trainer:
 
     def _restore(self, path: Path) -> None:
         state = ckpt.load_state(path)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if all(isinstance(k, int) for k in state["optimizer"]["state"]):  # a checkpoint from before rlgrad.distributed
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            distributed.load_optimizer_state(self.train_actor, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.critic is not None:
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            if all(isinstance(k, int) for k in state["critic_optimizer"]["state"]):
+                self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            else:
+                distributed.load_optimizer_state(self.train_critic, self.critic_optimizer, state["critic_optimizer"])
             self.critic_scheduler.load_state_dict(state["critic_scheduler"])
         ckpt.set_rng_state(state["rng"])
         self.data_rng.setstate(state["data_rng"])
@@ -173,11 +204,13 @@ class Trainer:
         self.summary = dict(state.get("summary", {}))
 
     def _state(self) -> dict:
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "rng": ckpt.rng_state(), "data_rng": self.data_rng.getstate(), "step": self.step,
-                 "empty_streak": self.empty_streak, "summary": self.summary}
+        # every rank calls this (FSDP2 gathers the sharded optimizer state); rank 0 saves it
+        state = {"optimizer": distributed.optimizer_state(self.train_actor, self.optimizer),
+                 "scheduler": self.scheduler.state_dict(), "rng": ckpt.rng_state(),
+                 "data_rng": self.data_rng.getstate(), "step": self.step, "empty_streak": self.empty_streak,
+                 "summary": self.summary}
         if self.critic is not None:
-            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+            state["critic_optimizer"] = distributed.optimizer_state(self.train_critic, self.critic_optimizer)
             state["critic_scheduler"] = self.critic_scheduler.state_dict()
         return state
 
@@ -204,15 +237,25 @@ class Trainer:
         return MetricLogger(sinks)
 
     # ------------------------------------------------------------------ pieces
-    def rollout(self, examples, n: int, do_sample: bool) -> tuple[Batch, dict]:
+    def shard(self, num_groups: int) -> tuple[int, int]:
+        """This rank's contiguous range ``[lo, hi)`` of ``num_groups`` prompt groups (ranks in order)."""
+        ws, r = world_size(), rank()
+        return r * num_groups // ws, (r + 1) * num_groups // ws
+
+    def rollout(self, examples, n: int, do_sample: bool, first_group: int = 0, stream: int = 0,
+                step: int = 0) -> tuple[Batch, dict]:
+        """Sample ``n`` responses for each of ``examples`` (this rank's groups; ``first_group``: the global id
+        of the first) and score them. ``stream``/``step`` seed the group generators of group-seeded sampling."""
         cfg, r = self.cfg, self.cfg.rollout
+        seeds = ([group_seed(cfg.trainer.seed, stream, step, first_group + i) for i in range(len(examples))]
+                 if self.group_seeded and do_sample else None)
         gen = generate(self.actor, self.tokenizer, [e.prompt for e in examples], n=n,
                        max_new_tokens=r.response_length, do_sample=do_sample, temperature=r.temperature,
                        top_p=r.top_p, top_k=r.top_k, max_prompt_length=cfg.data.max_prompt_length,
-                       engine=r.engine)
+                       engine=r.engine, seeds=seeds)
         scores = [self.task.score(text, examples[i // n], num_tokens=int(gen.response_lengths[i]))
                   for i, text in enumerate(gen.responses)]
-        group_ids = torch.arange(len(examples)).repeat_interleave(n)
+        group_ids = torch.arange(first_group, first_group + len(examples)).repeat_interleave(n)
         total = torch.tensor([s.total for s in scores], dtype=torch.float32)
         comps = {k: torch.tensor([s.components[k] for s in scores], dtype=torch.float32) for k in scores[0].components}
         batch = Batch(gen.input_ids, gen.attention_mask, gen.response_mask, group_ids, total,
@@ -225,13 +268,16 @@ class Trainer:
 
     def validate(self) -> dict[str, float]:
         examples = self.task.val_examples()
+        lo, hi = self.shard(len(examples))
         with torch.random.fork_rng(devices=[]):  # validation never shifts the training RNG stream
-            correct, total = [], []
-            for s in range(0, len(examples), 256):
-                batch, info = self.rollout(examples[s:s + 256], n=1, do_sample=self.cfg.rollout.val_do_sample)
+            correct, total = [torch.zeros(0)], [torch.zeros(0)]
+            for s in range(lo, hi, 256):
+                batch, info = self.rollout(examples[s:min(s + 256, hi)], n=1, do_sample=self.cfg.rollout.val_do_sample,
+                                           first_group=s, stream=2, step=self.step)
                 correct.append(info["correct"])
                 total.append(batch.scores)
-        return {"val/accuracy": float(torch.cat(correct).mean()), "val/score/mean": float(torch.cat(total).mean())}
+        correct, total = all_gather_cat(torch.cat(correct)), all_gather_cat(torch.cat(total))
+        return {"val/accuracy": float(correct.mean()), "val/score/mean": float(total.mean())}
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token advantages, and the critic's returns (gae only)."""
@@ -272,35 +318,43 @@ class Trainer:
                                        temperature=r.temperature, micro_batch_size=r.log_prob_micro_batch_size,
                                        with_entropy=True)
             entropies = ent.sum(-1) / batch.response_mask.sum(-1).clamp(min=1)
-        res = rollout_filter(batch.group_ids, batch.scores, strategy=r.rollout_filter_strategy,
+        g = all_gather_cat  # one global decision, on every rank, from every rank's groups
+        res = rollout_filter(g(batch.group_ids), g(batch.scores), strategy=r.rollout_filter_strategy,
                              value=r.rollout_filter_value, filter_type=r.rollout_filter_type,
                              metric=r.rollout_filter_metric, top_p_prob_mode=r.rollout_filter_top_p_prob_mode,
-                             include_zero=r.rollout_filter_include_zero, entropies=entropies, lengths=info["lengths"])
-        return res.keep, res.metrics
+                             include_zero=r.rollout_filter_include_zero,
+                             entropies=None if entropies is None else g(entropies), lengths=g(info["lengths"]))
+        keep = torch.isin(batch.group_ids, torch.tensor(res.kept_groups, dtype=batch.group_ids.dtype))
+        return keep, res.metrics
 
     def analysis_batch(self, step: int, groups: int, size: int) -> tuple[Batch | None, Batch]:
         """A separate rollout for analysis: own data stream, forked RNG, training batch untouched."""
         rng = random.Random(self.cfg.trainer.seed * 1_000_003 + step)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.cfg.trainer.seed * 1_000_003 + step)
-            full, info = self.rollout(self.task.train_examples(groups, rng), n=size, do_sample=True)
+            examples = self.task.train_examples(groups, rng)
+            lo, hi = self.shard(len(examples))
+            full, info = self.rollout(examples[lo:hi], n=size, do_sample=True, first_group=lo, stream=1, step=step)
             keep, _ = self.filter(full, info)
-            kept = self.prepare(full.select(torch.nonzero(keep).squeeze(-1)), {}) if bool(keep.any()) else None
+            kept = (self.prepare(full.select(torch.nonzero(keep).squeeze(-1)), {})
+                    if float(all_reduce_sum(keep.sum())) > 0 else None)
         return kept, full
 
     # ------------------------------------------------------------------ the loop
     def train_step(self, step: int, logger: MetricLogger) -> tuple[dict[str, float], bool]:
         cfg, m = self.cfg, {}
         t0 = time.perf_counter()
-        examples = self.task.train_examples(cfg.data.train_batch_size, self.data_rng)
+        examples = self.task.train_examples(cfg.data.train_batch_size, self.data_rng)  # the same on every rank
+        lo, hi = self.shard(len(examples))
         with timer(m, "gen"):
-            full, info = self.rollout(examples, n=cfg.rollout.n, do_sample=True)
-        m["rollout/accuracy"] = float(info["correct"].mean())
-        m.update(summarize("response_length", info["lengths"]))
-        m["response_length/clip_ratio"] = float(info["truncated"].mean())
+            full, info = self.rollout(examples[lo:hi], n=cfg.rollout.n, do_sample=True, first_group=lo, step=step)
+        g = all_gather_cat  # global metrics: every rank's samples
+        m["rollout/accuracy"] = float(g(info["correct"]).mean())
+        m.update(summarize("response_length", g(info["lengths"])))
+        m["response_length/clip_ratio"] = float(g(info["truncated"]).mean())
         keep, fm = self.filter(full, info)
         m.update(fm)
-        if not bool(keep.any()):
+        if float(all_reduce_sum(keep.sum())) == 0:
             self.empty_streak += 1
             m["rollout/filter_empty"] = 1.0
             m["timing_s/step"] = time.perf_counter() - t0
@@ -314,30 +368,39 @@ class Trainer:
         self.empty_streak = 0
         kept = torch.nonzero(keep).squeeze(-1)
         batch = self.prepare(full.select(kept), m)
-        m.update(summarize("critic/score", batch.scores))
-        m.update(reward_metrics(batch.components))
+        g = all_gather_cat  # global metrics: every rank's samples
+        comps, scores = {k: g(v) for k, v in batch.components.items()}, g(batch.scores)
+        m.update(summarize("critic/score", scores))
+        m.update(reward_metrics(comps))
+        lengths, correct, gids = g(info["actual_lengths"][kept]), g(info["correct"][kept]), g(batch.group_ids)
         if self.reward_log is not None:  # main process only
-            self.reward_log.log_step(step, batch, self.task.weights, lengths=info["actual_lengths"][kept],
-                                     correct=info["correct"][kept])
-        m.update(summarize("critic/advantages", batch.advantages[batch.response_mask.bool()]))
+            self.reward_log.append(step_record(step, comps, self.task.weights, scores, gids, lengths, correct))
+        rm = batch.response_mask.bool()
+        m.update(summarize("critic/advantages", g(batch.advantages[rm])))
         if self.critic is not None:
-            rm = batch.response_mask.bool()
-            m.update(summarize("critic/values", batch.values[rm]))
-            m.update(summarize("critic/returns", batch.returns[rm]))
-            m["critic/vf_explained_var"] = float(explained_variance(batch.returns, batch.values, rm))
+            values, returns = g(batch.values[rm]), g(batch.returns[rm])
+            m.update(summarize("critic/values", values))
+            m.update(summarize("critic/returns", returns))
+            m["critic/vf_explained_var"] = float(explained_variance(returns, values, torch.ones_like(values)))
 
+        # Under torchrun ctx.batch is this rank's share; ctx.actor is a plain module with the current
+        # weights (FSDP2: a full replica, refreshed after the update -- a hook that changes weights on
+        # purpose changes extras["train_actor"] and calls extras["sync_policy"]()).
         ctx = StepContext(step=step, batch=batch, actor=self.actor, optimizer=self.optimizer,
                           loss_settings=self.loss_settings, config=cfg, run_dir=self.run_dir, ref=self.ref,
                           critic=self.critic, critic_optimizer=self.critic_optimizer,
                           tokenizer=self.tokenizer, is_main=self.is_main,
                           extras={"unfiltered_batch": full, "examples": examples, "reward_weights": self.task.weights,
+                                  "train_actor": self.train_actor,
+                                  "sync_policy": lambda: distributed.sync_policy(self.train_actor, self.actor),
                                   "prepare": lambda b: self.prepare(b, {}),
                                   "sample_batch": lambda groups, size: self.analysis_batch(step, groups, size)})
         if self.critic is not None:  # the value loss per token, for instruments that probe the critic
             ctx.extras["critic_loss_fn"] = critic_token_loss(self.critic_settings)
 
         def on_grads(role: str):
-            def call(model, mini):
+            def call(model, mini):  # DDP: the inner module (whole summed gradient); FSDP2: the sharded module
+                model = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
                 for hook in self.hooks:
                     extra = hook.on_grads(ctx, model, mini, role=role)
                     if extra:
@@ -347,12 +410,13 @@ class Trainer:
         if self.critic is not None and not cfg.trainer.gradient_analysis_only:  # before the hook point (seeds)
             c = cfg.critic
             with timer(m, "update_critic"):
-                m.update(update_critic(self.critic, self.critic_optimizer, batch, self.critic_settings,
+                m.update(update_critic(self.train_critic, self.critic_optimizer, batch, self.critic_settings,
                                        ppo_epochs=c.ppo_epochs,
                                        mini_batch_size=(c.ppo_mini_batch_size or cfg.data.train_batch_size) * cfg.rollout.n,
                                        micro_batch_size=c.ppo_micro_batch_size, max_grad_norm=c.max_grad_norm,
                                        shuffle=c.shuffle, seed=cfg.trainer.seed * 100_019 + step,
                                        scheduler=self.critic_scheduler, on_grads=on_grads("critic")))
+                distributed.sync_policy(self.train_critic, self.critic)
         for hook in self.hooks:
             res = hook.before_update(ctx)
             if res is not None:
@@ -371,10 +435,11 @@ class Trainer:
         mini_prompts = a.ppo_mini_batch_size or cfg.data.train_batch_size
         if self.critic is None or step > cfg.trainer.critic_warmup:  # critic warm-up: the actor waits
             with timer(m, "update_actor"):
-                m.update(update_actor(self.actor, self.optimizer, batch, self.loss_settings, ppo_epochs=a.ppo_epochs,
+                m.update(update_actor(self.train_actor, self.optimizer, batch, self.loss_settings, ppo_epochs=a.ppo_epochs,
                                       mini_batch_size=mini_prompts * cfg.rollout.n, micro_batch_size=a.ppo_micro_batch_size,
                                       max_grad_norm=a.max_grad_norm, shuffle=a.shuffle, seed=cfg.trainer.seed * 100_003 + step,
                                       scheduler=self.scheduler, on_grads=on_grads("actor")))
+                distributed.sync_policy(self.train_actor, self.actor)  # FSDP2: the rollout replica gets the new weights
         for hook in self.hooks:
             extra = hook.after_update(ctx)
             if extra:
@@ -388,9 +453,10 @@ class Trainer:
         if self.step >= total:
             self.log(f"the run in {self.run_dir} already finished step {self.step}; raise trainer.total_training_steps to continue")
             return self.summary
-        logger = self._open_run_dir()
+        logger = distributed.agree(self._open_run_dir)
         try:
-            has_row = any(r.get("step") == self.step for r in read_jsonl(self.run_dir / "metrics.jsonl"))
+            has_row = distributed.decide(
+                lambda: any(r.get("step") == self.step for r in read_jsonl(self.run_dir / "metrics.jsonl")))
             if t.val_before_train and not has_row:
                 val = self.validate()
                 self.summary.setdefault("val/accuracy_before", val["val/accuracy"])
@@ -408,9 +474,11 @@ class Trainer:
                     self.summary["val/accuracy_after"] = metrics["val/accuracy"]
                 self.step = step
                 logger.log(step, metrics)
-                if self.is_main and (last or (t.save_freq > 0 and step % t.save_freq == 0)):
-                    models = {"actor": self.actor} if self.critic is None else {"actor": self.actor, "critic": self.critic}
-                    ckpt.save_checkpoint(self.run_dir, step, models, self.tokenizer, self._state(), t.max_ckpt_to_keep)
+                if last or (t.save_freq > 0 and step % t.save_freq == 0):
+                    state = self._state()  # every rank: FSDP2 gathers the optimizer state
+                    if self.is_main:
+                        models = {"actor": self.actor} if self.critic is None else {"actor": self.actor, "critic": self.critic}
+                        ckpt.save_checkpoint(self.run_dir, step, models, self.tokenizer, state, t.max_ckpt_to_keep)
         finally:
             logger.close()
             for hook in self.hooks:
