@@ -49,6 +49,23 @@ def bench_batch(vocab: int, groups: int = 16, n: int = 8, prompt: int = 16, resp
     return b
 
 
+def interleaved_times(fns: dict, repeats: int) -> dict[str, list[float]]:
+    """Warm each function up once, then time them in interleaved rounds (all share whatever else the
+    machine is doing, so per-round ratios move less than single times); prints each one's median."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    width = max(map(len, fns))
+    for name, ts in times.items():
+        print(f"{name:>{width}}: median {statistics.median(ts):.3f} s over {repeats} (all: {', '.join(f'{t:.3f}' for t in ts)})")
+    return times
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
@@ -73,17 +90,7 @@ def main() -> None:
         return lambda: analyse_buckets(model, batch, s, num_buckets=6, method=method)
 
     fns = {"update": plain_update, "fast": run("fast"), "reference": run("reference")}
-    for fn in fns.values():
-        fn()  # warm-up
-    # Interleaved rounds: the three share whatever else the machine is doing; ratios are per round.
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(args.repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    for name, ts in times.items():
-        print(f"{name:>9}: median {statistics.median(ts):.3f} s over {args.repeats} (all: {', '.join(f'{t:.3f}' for t in ts)})")
+    times = interleaved_times(fns, args.repeats)
     fast_update = statistics.median(f / u for f, u in zip(times["fast"], times["update"]))
     ref_fast = statistics.median(r / f for r, f in zip(times["reference"], times["fast"]))
     rep = analyse_buckets(model, batch, s, num_buckets=6, method="fast")

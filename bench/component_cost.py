@@ -18,13 +18,12 @@ import argparse
 import copy
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from analysis_cost import bench_batch  # noqa: E402  (the same batch as the bucket-analysis benchmark)
+from analysis_cost import bench_batch, interleaved_times  # noqa: E402  (the same batch as the bucket-analysis benchmark)
 
 from rlgrad.analysis.components import analyse_components, outcome_advantages  # noqa: E402
 from rlgrad.config import ModelConfig, TinyModelConfig  # noqa: E402
@@ -68,17 +67,7 @@ def main() -> None:
         analyse_components(model, batch, s, weights=WEIGHTS, mode=args.mode, method="fast")
 
     fns = {"update": plain_update, "components": components}
-    for fn in fns.values():
-        fn()  # warm-up
-    # Interleaved rounds: both share whatever else the machine is doing; the ratio is taken per round.
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(args.repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    for name, ts in times.items():
-        print(f"{name:>10}: median {statistics.median(ts):.3f} s over {args.repeats} (all: {', '.join(f'{t:.3f}' for t in ts)})")
+    times = interleaved_times(fns, args.repeats)
     rep = analyse_components(model, batch, s, weights=WEIGHTS, mode=args.mode, method="fast")
     print(f"model {params / 1e6:.2f}M params, batch {n} x {batch.input_ids.shape[1]} tokens, mode {args.mode}, "
           f"slices {rep.stats.slices}, threads {torch.get_num_threads()}")

@@ -309,15 +309,9 @@ def reward_components(run: RunData) -> dict[int, dict]:
     f = run.run_dir / "reward_components.jsonl"
     if not f.is_file():
         return {}
-    out: dict[int, dict] = {}
-    for line in f.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            out[row["step"]] = row
-    return dict(sorted(out.items()))
+    from rlgrad.logging.rewards import read_reward_components
+
+    return {row["step"]: row for row in read_reward_components(f)}
 
 
 # ---------------------------------------------------------------- series
