@@ -96,12 +96,22 @@ class _SliceReducer:
         self.ranges = [(int(r[0]), len(r)) if len(r) and bool((r == torch.arange(int(r[0]), int(r[0]) + len(r),
                                                                                   device=r.device)).all()) else None
                        for r in self.rows]
-        # One slice per row, in row order (per-sample gradients, e.g. the nullspace ratio): each module's
-        # reduction runs batched over rows instead of looping over slices. None otherwise.
+        # Each slice at most one row and each row in at most one slice (per-sample gradients, e.g. the
+        # nullspace ratio; under data parallel a rank may hold only some of the sampled rows): every
+        # module's reduction runs batched over rows and the results are placed in their slices.
         S, N = weights.shape
-        diag = weights.diagonal() if S == N else None
-        self.per_row = diag if diag is not None and bool((weights == torch.diag(diag)).all()) else None
-        self.per_row_ones = self.per_row is not None and bool((self.per_row == 1).all())
+        nz = weights != 0
+        self.place = None
+        if bool((nz.sum(0) <= 1).all()) and bool((nz.sum(1) <= 1).all()):
+            slot, col = torch.nonzero(nz, as_tuple=True)
+            w = weights[slot, col]
+            self.place = (None if torch.equal(col, torch.arange(N, device=col.device)) else col, slot,
+                          None if bool((w == 1).all()) else w)
+        # Slices that overlap (reward components: every slice covers every row): a Linear's weight
+        # gradient per slice costs a full weight-gradient matmul each, so form the per-row gradients
+        # once (a batched matmul as large as ONE weight gradient) and combine them with the weights,
+        # S·N·in·out more multiply-adds instead of (S - 1)·N·T·in·out.
+        self.combine = self.place is None and int(nz.sum()) >= 1.5 * N
         self.acc: dict[int, torch.Tensor] = {}
         self.names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
         self.handles = []
@@ -138,16 +148,34 @@ class _SliceReducer:
             return
         self.acc[k] = self.acc[k] + per_slice if k in self.acc else per_slice
 
-    def _slices(self, g: torch.Tensor, x: torch.Tensor, reduce: Callable, rows: Callable | None = None
-                ) -> torch.Tensor:
-        if rows is not None and self.per_row is not None:
-            # rows(g [S, T, out], x [S, T, in] | ids [S, T]) -> [S, *param shape]: row s's own gradient.
+    def _slices(self, g: torch.Tensor, x: torch.Tensor, reduce: Callable, rows: Callable | None = None,
+                combine: bool = False) -> torch.Tensor:
+        """Per-slice gradients [S, *shape] from δ ``g`` and input ``x`` (rows first).
+
+        ``reduce(g [n, out], x [n, in] | ids [n])`` sums over tokens; ``rows(g [R, T, out], x [R, T, in])``
+        gives each row's own gradient [R, *shape]. ``combine``: this module's per-row gradients are worth
+        forming for overlapping slices (see ``self.combine``).
+        """
+        if rows is not None and (self.place is not None or (combine and self.combine)):
             g3 = g.reshape(g.shape[0], -1, g.shape[-1])
             x3 = x.reshape(x.shape[0], -1, x.shape[-1]) if x.is_floating_point() else x.reshape(x.shape[0], -1)
-            out = rows(g3, x3)
-            if self.per_row_ones:
-                return out
-            return out * self.per_row.to(out.dtype).view(-1, *([1] * (out.dim() - 1)))
+            if self.place is not None:
+                col, slot, w = self.place
+                per_row = rows(g3, x3) if col is None else rows(g3.index_select(0, col), x3.index_select(0, col))
+                if w is not None:
+                    per_row = per_row * w.to(per_row.dtype).view(-1, *([1] * (per_row.dim() - 1)))
+                if len(slot) == len(self.weights) and torch.equal(slot, torch.arange(len(slot), device=slot.device)):
+                    return per_row
+                out = per_row.new_zeros(len(self.weights), *per_row.shape[1:])
+                return out.index_copy_(0, slot, per_row)
+            W = self.weights.to(torch.float32)
+            out = None
+            step = max(1, (1 << 24) // (g3.shape[-1] * x3.shape[-1]))  # at most 16M per-row gradient elements
+            for i in range(0, g3.shape[0], step):
+                per_row = rows(g3[i:i + step], x3[i:i + step])
+                part = W[:, i:i + step] @ per_row.reshape(per_row.shape[0], -1)
+                out = part if out is None else out.add_(part)
+            return out.view(len(W), *per_row.shape[1:])
         # Each slice only touches its own rows: disjoint slices cost one weight gradient in total.
         # A slice whose rows share one weight (a bucket) scales the small result, not the big δ.
         out = []
@@ -172,7 +200,7 @@ class _SliceReducer:
     def _linear(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
         self._add(m.weight, self._slices(g, x, lambda gg, xx: gg.t().float() @ xx.float(),
-                                         lambda gg, xx: gg.float().transpose(1, 2) @ xx.float()))
+                                         lambda gg, xx: gg.float().transpose(1, 2) @ xx.float(), combine=True))
         if m.bias is not None:
             self._add(m.bias, self._slices(g, x, lambda gg, xx: gg.float().sum(0), lambda gg, xx: gg.float().sum(1)))
 
