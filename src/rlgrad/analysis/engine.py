@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from rlgrad.analysis.dist import all_reduce_sum_dict
+from rlgrad.analysis import dist
 from rlgrad.batch import Batch
 
 
@@ -112,6 +112,12 @@ class _SliceReducer:
         # once (a batched matmul as large as ONE weight gradient) and combine them with the weights,
         # S·N·in·out more multiply-adds instead of (S - 1)·N·T·in·out.
         self.combine = self.place is None and int(nz.sum()) >= 1.5 * N
+        # Otherwise a slice whose rows share one weight (a bucket) is reduced unweighted and scaled at
+        # the end, in the small Gram (scale_i·scale_j·K_ij), never in each module's parameter-sized result.
+        fold = self.place is None and not self.combine
+        self.folded = [c and fold for c in self.const]
+        self.scale = torch.tensor([float(w[r[0]]) if f else 1.0 for w, r, f in zip(weights, self.rows, self.folded)],
+                                  dtype=torch.float64)
         self.acc: dict[int, torch.Tensor] = {}
         self.names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
         self.handles = []
@@ -123,16 +129,16 @@ class _SliceReducer:
             elif isinstance(mod, nn.Embedding):
                 self._watch(mod, self._embedding)
             elif isinstance(mod, nn.LayerNorm) or _is_rmsnorm(mod):
-                self._watch(mod, self._norm)
+                self._watch(mod, self._norm, _norm_input)  # x̂ once per forward, not once per term
 
-    def _watch(self, mod: nn.Module, fn: Callable) -> None:
+    def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None) -> None:
         params = [p for p in mod.parameters(recurse=False) if id(p) in self.names]
         if not params:
             return
         self.covered.update(id(p) for p in params)
 
         def fwd(module, inputs, output):
-            x = inputs[0].detach()
+            x = inputs[0].detach() if prep is None else prep(module, inputs[0].detach())
             if isinstance(module, nn.Embedding) and not output.requires_grad:
                 # The input embedding: make its output the leaf the backward stops at.
                 output = output.detach().requires_grad_(True)
@@ -177,10 +183,9 @@ class _SliceReducer:
                 out = part if out is None else out.add_(part)
             return out.view(len(W), *per_row.shape[1:])
         # Each slice only touches its own rows: disjoint slices cost one weight gradient in total.
-        # A slice whose rows share one weight (a bucket) scales the small result, not the big δ.
         out = []
         n = g.shape[0]
-        for w, rows, const, rng in zip(self.weights, self.rows, self.const, self.ranges):
+        for w, rows, const, folded, rng in zip(self.weights, self.rows, self.const, self.folded, self.ranges):
             if len(rows) == 0:
                 out.append(reduce(g[:0].flatten(0, -2), x[:0].flatten(0, -2) if x.dim() > 2 else x[:0]))
                 continue
@@ -191,7 +196,8 @@ class _SliceReducer:
             else:
                 gs, xs = g.index_select(0, rows), x.index_select(0, rows)
             if const:
-                out.append(reduce(gs.flatten(0, -2), xs.flatten(0, -2) if xs.dim() > 2 else xs) * w[rows[0]])
+                r = reduce(gs.flatten(0, -2), xs.flatten(0, -2) if xs.dim() > 2 else xs)
+                out.append(r if folded else r * w[rows[0]])
             else:
                 gs = gs * w[rows].to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
                 out.append(reduce(gs.flatten(0, -2), xs.flatten(0, -2) if xs.dim() > 2 else xs))
@@ -216,9 +222,8 @@ class _SliceReducer:
             .index_add_(0, (ii + V * torch.arange(len(ii), device=ii.device)[:, None]).reshape(-1),
                         gg.reshape(-1, gg.shape[-1]).float()).view(len(ii), V, -1)))
 
-    def _norm(self, m: nn.Module, x: torch.Tensor, g: torch.Tensor) -> None:
+    def _norm(self, m: nn.Module, xh: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
-        xh = _norm_input(m, x)
         self._add(m.weight, self._slices(g, xh, lambda gg, xx: (gg.float() * xx.float()).sum(0),
                                          lambda gg, xx: (gg.float() * xx.float()).sum(1)))
         if getattr(m, "bias", None) is not None:
@@ -238,24 +243,39 @@ def _gram_f64(flat: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
     return K
 
 
-def _gram(grads: dict[str, torch.Tensor], derived: dict[str, dict[str, float]], base: list[str]
+def _gram(grads: dict[str, torch.Tensor], derived: dict[str, dict[str, float]], base: list[str],
+          scale: torch.Tensor | None = None, keep: bool = False
           ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Append derived slices to every per-slice gradient; Gram matrices per layer group.
+    """Gram matrices per layer group of the slices ``base + derived``; with ``keep`` their gradients too.
+
+    ``grads[name]`` is ``[len(base), *shape]``, slice b's gradient divided by ``scale[b]``. With
+    A = [diag(scale); C·diag(scale)] (C: the derived slices' coefficients) every slice's gradient
+    is a row of A·G, so its Gram is A (G Gᵀ) Aᵀ: the base Gram in float64, then a tiny product,
+    and the derived gradients are formed only when they are kept.
 
     Data parallel: each rank's slice gradients cover its own rows, so they are summed over ranks
     first (one all-reduce per term, every rank calls it in the same order, with zeros for slices it
     holds no row of). Gram matrices are NOT additive over ranks; they are formed from the sums.
     """
-    grads = all_reduce_sum_dict(grads)
+    S = len(base)
+    scale = torch.ones(S, dtype=torch.float64) if scale is None else scale.to(torch.float64)
+    if dist.world_size() > 1 and not bool((scale == 1).all()):
+        # Ranks may disagree on which slices are scaled (a rank without a slice's rows): sum scaled gradients.
+        grads = {n: g * scale.to(g.device, g.dtype).view(-1, *([1] * (g.dim() - 1))) for n, g in grads.items()}
+        scale = torch.ones(S, dtype=torch.float64)
+    grads = dist.all_reduce_sum_dict(grads)
+    C = torch.tensor([[combo.get(b, 0.0) for b in base] for combo in derived.values()],
+                     dtype=torch.float64).reshape(len(derived), S)
+    A = torch.cat([torch.eye(S, dtype=torch.float64), C]) * scale[None, :]
     full: dict[str, torch.Tensor] = {}
-    gram: dict[str, torch.Tensor] = {}
+    base_gram: dict[str, torch.Tensor] = {}
     for name, g in grads.items():
-        extra = [sum(c * g[base.index(b)] for b, c in combo.items()) for combo in derived.values()]
-        gg = torch.cat([g, torch.stack(extra)]) if extra else g
-        full[name] = gg
         grp = layer_group(name)
-        gram[grp] = gram.get(grp, 0) + _gram_f64(gg.reshape(gg.shape[0], -1))
-    return full, gram
+        k = _gram_f64(g.reshape(S, -1))
+        base_gram[grp] = base_gram[grp] + k if grp in base_gram else k
+        if keep:
+            full[name] = (A.to(g.device, g.dtype) @ g.reshape(S, -1)).view(len(A), *g.shape[1:])
+    return full, {grp: A @ k.cpu() @ A.t() for grp, k in base_gram.items()}
 
 
 LossFn = Callable[[nn.Module, Batch], dict[str, torch.Tensor]]  # -> term -> per-token loss [N, L] (weighted)
@@ -300,7 +320,7 @@ def fast_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: tor
             for p, name in zip(params, names_in_order):
                 g = reducer.acc.get(id(p))
                 grads[name] = g if g is not None else torch.zeros(len(slices), *p.shape)
-            full, gram = _gram(grads, derived, slices)
+            full, gram = _gram(grads, derived, slices, reducer.scale, keep_grads)
             stats.gram[term] = gram
             if keep_grads:
                 stats.grads[term] = full
@@ -334,7 +354,7 @@ def reference_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights
     stats = GradStats(slices + list(derived), {}, {})
     for term, store in per_term.items():
         grads = {n: torch.stack(v) for n, v in store.items()}
-        full, gram = _gram(grads, derived, slices)
+        full, gram = _gram(grads, derived, slices, keep=keep_grads)
         stats.gram[term] = gram
         if keep_grads:
             stats.grads[term] = full
