@@ -361,8 +361,8 @@ def _assert_neurons_equal(got, want, what):
     # The per-sequence Gram itself: slice j is sequence j's gradient, not a sum of two ranks' sequences.
     torch.testing.assert_close(got["gram"], want["gram"], rtol=1e-5, atol=1e-12 * float(want["gram"].abs().max()))
     for name, (g, a) in want["layers"].items():
-        torch.testing.assert_close(got["layers"][name][0], g, rtol=1e-5, atol=1e-12), (what, name)
-        torch.testing.assert_close(got["layers"][name][1], a, rtol=1e-5, atol=1e-12), (what, name)
+        torch.testing.assert_close(got["layers"][name][0], g, rtol=1e-5, atol=1e-12, msg=f"{what} {name} grad")
+        torch.testing.assert_close(got["layers"][name][1], a, rtol=1e-5, atol=1e-12, msg=f"{what} {name} act")
     assert got["counts"] == want["counts"] and sum(want["counts"].values()) > 0, what
     assert all(torch.equal(got["chosen"][k], v) for k, v in want["chosen"].items()), what
     # Weights after the reset (fresh rows and small outgoing columns drawn alike, from a global RMS) and the
