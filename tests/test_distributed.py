@@ -4,8 +4,12 @@
   with fewer micro-batches, padded with zero-loss rows) equals the one-process update; the bucket
   analysis with a rank that holds no sample of some buckets (or none at all) runs every collective,
   does not hang, and equals the one-process analysis -- also with the seeds' DP trimming.
+* neuron health (unit level) under DDP and FSDP2 on a shuffled mini-batch whose ranks interleave: the same
+  metrics, per-layer sums, sampled sequences and per-sequence Gram matrix, and the same reset (weights and
+  optimizer moments) as one process; reward-component geometry with a rank holding none / part of a component.
 * end to end (torchrun): DDP for step 1, then FSDP2 resuming from DDP's checkpoint for step 2, give the
-  one-process run's metrics.jsonl (group-seeded sampling makes the batch layout-independent) and weights.
+  one-process run's metrics.jsonl (group-seeded sampling makes the batch layout-independent) and weights,
+  with reward-component and neuron-health metrics on and a neuron reset at step 2 (under FSDP2).
 * a killed rank ends the run quickly, torchrun naming the rank.
 """
 
@@ -23,8 +27,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlgrad.analysis.components import analyse_components
 from rlgrad.analysis.gradient_probe import analyse_buckets
-from rlgrad.config import load_config
+from rlgrad.analysis.neurons import actor_loss_fn, measure, reset_dormant, select_reset
+from rlgrad.config import RedoConfig, load_config
 from rlgrad.rl.actor import LossSettings, update_actor
 from rlgrad.rl.trainer import Trainer
 from rlgrad.rundir import read_jsonl
@@ -61,8 +67,14 @@ def _share(batch, groups):
     return batch.select(torch.nonzero(torch.isin(batch.group_ids, torch.tensor(groups, dtype=torch.long))).squeeze(-1))
 
 
+def _adamw(model):
+    # eps well above the gradients' round-off: Adam's g / sqrt(v) would otherwise turn the last-bit
+    # differences of a summed (2-process) gradient in near-zero elements into +-lr steps.
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3)
+
+
 def _update(model, batch):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = _adamw(model)
     out = update_actor(model, opt, batch, S, ppo_epochs=2, mini_batch_size=8, micro_batch_size=3, max_grad_norm=1.0,
                        shuffle=True, seed=5)
     return out
@@ -77,6 +89,68 @@ def _analyses(model, batch_of):
             for case in CASES}
 
 
+# Neuron health on the first mini-batch of a shuffled update (ranks interleave in it), a 5-of-8 nullspace
+# sample (which rows are drawn matters), then the reset after the update, as NeuronHealthHook does.
+RC = RedoConfig(redo_mode="percentage", redo_max_reset_frac=0.5, redo_nullspace_samples=5,
+                redo_reset_outgoing="small")
+
+
+def _neuron_update(train, replica, batch):
+    """(report, reset counts, full weights, full optimizer state) of one neuron-measured update with a reset."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from rlgrad.distributed import optimizer_state
+
+    opt = _adamw(train)
+    seen = []
+
+    def on_grads(model, mini):
+        model = getattr(model, "module", model)  # DDP: the inner module, as the trainer passes it
+        if not seen:
+            seen.append(measure(model, mini, RC, role="actor", seed=1, step=3, loss_fn=actor_loss_fn(S),
+                                replica=replica))
+
+    # seed 6: the first mini-batch is global rows [10, 11, 17, 12, 14, 2, 19, 7], rank 1's 17 and 19 in between
+    update_actor(train, opt, batch, S, ppo_epochs=1, mini_batch_size=8, micro_batch_size=3, max_grad_norm=1.0,
+                 shuffle=True, seed=6, on_grads=on_grads)
+    rep = seen[0]
+    chosen = {s.layer.name: select_reset(s.score, RC.redo_tau, RC.redo_mode, RC.redo_max_reset_frac)
+              for s in rep.layers}
+    counts = reset_dormant(rep, opt, RC, seed=1, step=3)
+    if train is replica:  # one process
+        weights = {n: p.detach().clone() for n, p in train.named_parameters()}
+        names = {p: n for n, p in train.named_parameters()}
+        state = {names[p]: {k: v.clone() for k, v in st.items()} for p, st in opt.state.items()}
+    else:
+        weights = get_model_state_dict(train, options=StateDictOptions(full_state_dict=True))
+        weights = {k: v.detach().clone() for k, v in weights.items()}
+        state = optimizer_state(train, opt).get("state")  # rank 0 alone gets the full state
+    layers = {s.layer.name: (s.grad_sum.clone(), s.act_sum.clone()) for s in rep.layers}
+    return {"metrics": rep.metrics(), "gram": rep.gram, "rows": rep.sample_rows, "layers": layers,
+            "counts": counts, "chosen": chosen, "weights": weights, "state": state}
+
+
+def _components(model, batch_of):
+    """Reward-component geometry for each split and mode; component c varies only in group 4 (rank 1's)."""
+    out = {}
+    for split in SPLITS:
+        b = batch_of(split)
+        for mode in ("shared_std", "own_std"):
+            out[(split, mode)] = analyse_components(model, b, S, weights=CW, mode=mode).metrics
+    return out
+
+
+def _with_components(batch):
+    g = torch.Generator().manual_seed(2)
+    ra = torch.rand(len(batch), generator=g)
+    rc = torch.where(batch.group_ids == 4, torch.rand(len(batch), generator=g), torch.zeros(len(batch)))
+    batch.components = {"a": ra, "b": 2 * batch.scores - ra, "c": rc}  # 0.5 a + 0.5 b = the score
+    return batch
+
+
+CW = {"a": 0.5, "b": 0.5, "c": 0.0}
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     import copy
 
@@ -89,7 +163,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))
     model, batch = _model_batch()
-    results = {"analysis": _analyses(model, lambda split: _share(batch, SPLITS[split][rank]))}
+    batch = _with_components(batch)
+    results = {"analysis": _analyses(model, lambda split: _share(batch, SPLITS[split][rank])),
+               "components": _components(model, lambda split: _share(batch, SPLITS[split][rank]))}
     for strategy in ("ddp", "fsdp2"):
         from rlgrad.analysis.dist import set_replicated_grads
 
@@ -98,6 +174,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         stats = _update(train, _share(batch, SPLITS["uneven"][rank]))
         full = get_model_state_dict(train, options=StateDictOptions(full_state_dict=True))
         results[strategy] = (stats, {k: v.detach().clone() for k, v in full.items()})
+        train, plain = wrap(copy.deepcopy(model), strategy)
+        results[f"neurons/{strategy}"] = _neuron_update(train, plain, _share(batch, SPLITS["uneven"][rank]))
     if rank == 0:
         torch.save(results, os.path.join(out_dir, "results.pt"))
     dist.destroy_process_group()
@@ -118,6 +196,12 @@ def test_two_ranks_equal_one_process_update_and_analysis(tmp_path):
     assert [t3[f"grad_norm/bucket_{i}/sample_count"] for i in (1, 2, 3)] == [3.0, 3.0, 12.0]
     assert t3["grad_norm/all/sample_count"] == 18.0 and t3["grad_norm/all/sample_pct"] == 90.0
 
+    want_c = _components(model, lambda split: _with_components(batch))
+    for case, metrics in want_c.items():
+        assert set(got["components"][case]) == set(metrics) and "grad_comp/c/norm" in metrics, case
+        for k, v in metrics.items():
+            assert close(got["components"][case][k], v), (case, k, got["components"][case][k], v)
+
     plain = _model_batch()[0]
     stats = _update(plain, batch)
     for strategy in ("ddp", "fsdp2"):
@@ -131,6 +215,11 @@ def test_two_ranks_equal_one_process_update_and_analysis(tmp_path):
                 continue
             assert torch.allclose(weights[name], p.detach(), rtol=1e-5, atol=1e-7), (strategy, name)
 
+    one = _model_batch()[0]
+    want_n = _neuron_update(one, one, batch)
+    for strategy in ("ddp", "fsdp2"):
+        _assert_neurons_equal(got[f"neurons/{strategy}"], want_n, strategy)
+
 
 # ----------------------------------------------------------------------------------- end to end
 def _torchrun(args: list[str], timeout: int = 240, script: str | None = None):
@@ -142,7 +231,17 @@ def _torchrun(args: list[str], timeout: int = 240, script: str | None = None):
 
 
 E2E = ["trainer.gradient_analysis_every=1", "rollout.gradient_analysis_num_buckets=3", "actor.ppo_mini_batch_size=2",
-       "actor.use_kl_loss=true", "actor.entropy_coeff=0.01", "trainer.save_freq=1", "actor.ppo_micro_batch_size=3"]
+       "actor.use_kl_loss=true", "actor.entropy_coeff=0.01", "trainer.save_freq=1", "actor.ppo_micro_batch_size=3",
+       # reward-component geometry, and neuron health every step (a 5-of-8 nullspace sample of the first shuffled
+       # mini-batch) with a reset at step 2, i.e. under FSDP2 in the 2-process run
+       "analysis.components_every=1", "actor.redo_metric_freq=1", "actor.redo_reset_freq=2",
+       "actor.redo_nullspace_samples=5", "actor.redo_mode=percentage", "actor.redo_max_reset_frac=0.1",
+       "actor.redo_reset_outgoing=small",
+       # the shipped tiny math data: a length reward (length_max 3 chars) varies within groups, so the policy
+       # gradient and the component gradients are not zero
+       "data.task=math", f"data.train_files=[{REPO / 'tests/data/math_verl.parquet'}]",
+       f"data.val_files=[{REPO / 'tests/data/math_val.jsonl'}]", "reward.length_max=3"]
+NEURON_KEYS = {f"actor/neuron/{k}" for k in ("dormant_ratio", "act_dormant_ratio", "zero_grad_ratio", "nullspace_ratio")}
 
 
 def test_torchrun_ddp_then_fsdp2_resume_equal_one_process(tiny, tmp_path):
@@ -158,6 +257,11 @@ def test_torchrun_ddp_then_fsdp2_resume_equal_one_process(tiny, tmp_path):
     a, b = read_jsonl(one / "metrics.jsonl"), read_jsonl(two / "metrics.jsonl")
     assert [x["step"] for x in a] == [x["step"] for x in b] == [0, 1, 2]  # one file, no duplicated rows
     assert {"grad_norm/all/task", "grad_norm/bucket_1/kl", "actor/grad_norm", "val/accuracy"} <= set(b[2]["data"])
+    for step in (1, 2):  # compared below with every other number: present, so not compared vacuously
+        # (only the length reward varies in this tiny run: the cosines are the unit test's)
+        assert NEURON_KEYS | {"actor/param/zero_grad_ratio", "grad_comp/length/share"} <= set(b[step]["data"]), step
+        assert b[step]["data"]["grad_comp/length/norm"] > 0, step
+    assert b[2]["data"]["actor/neuron/reset_count"] > 0
     for x, y in zip(a, b):
         extra = {"val/accuracy", "val/score/mean"} if x["step"] == 1 else set()  # step 1 was the first run's last
         assert set(y["data"]) - set(x["data"]) == extra and set(x["data"]) <= set(y["data"])
@@ -171,10 +275,20 @@ def test_torchrun_ddp_then_fsdp2_resume_equal_one_process(tiny, tmp_path):
             for comp, groups in comps.items():
                 for g, v in groups.items():
                     assert close(v, lb["grad_norm"][bucket][comp][g]), (step, bucket, comp, g)
+        na = json.loads((one / "analysis" / f"step_{step}" / "neurons.json").read_text())["actor"]
+        nb = json.loads((two / "analysis" / f"step_{step}" / "neurons.json").read_text())["actor"]
+        assert na["layers"] == nb["layers"], step  # per-layer counts: dormant, zero-gradient, reset
+        ca = json.loads((one / "analysis" / f"step_{step}" / "components.json").read_text())
+        cb = json.loads((two / "analysis" / f"step_{step}" / "components.json").read_text())
+        for g, geo in ca["layers"].items():
+            for c, v in geo["norm"].items():
+                assert close(v, cb["layers"][g]["norm"][c]), (step, g, c)
+    # the weights after step 2's reset under FSDP2 (fresh rows written shard by shard) equal one process's
     wa = load_file(one / "global_step_2" / "actor" / "model.safetensors")
     wb = load_file(two / "global_step_2" / "actor" / "model.safetensors")
     for k in wa:
-        assert torch.allclose(wa[k], wb[k], rtol=1e-5, atol=1e-7), k
+        if "k_proj.bias" not in k:  # a gradient of pure round-off, which Adam amplifies (see the unit test)
+            assert torch.allclose(wa[k], wb[k], rtol=1e-5, atol=1e-7), k
 
 
 def test_bad_input_under_torchrun_is_one_line(tiny, tmp_path):
@@ -237,3 +351,35 @@ def test_group_seeded_sampling_does_not_depend_on_the_split(engine):
     state = torch.get_rng_state()
     generate(model, tok, prompts, seeds=seeds, **kw)
     assert torch.equal(state, torch.get_rng_state())  # the global stream is left alone
+
+
+def _assert_neurons_equal(got, want, what):
+    assert set(got["metrics"]) == set(want["metrics"]), what
+    for k, v in want["metrics"].items():
+        assert close(got["metrics"][k], v), (what, k, got["metrics"][k], v)
+    assert torch.equal(got["rows"], want["rows"]), what  # the same 5 of the mini-batch's 8 sequences
+    # The per-sequence Gram itself: slice j is sequence j's gradient, not a sum of two ranks' sequences.
+    torch.testing.assert_close(got["gram"], want["gram"], rtol=1e-5, atol=1e-12 * float(want["gram"].abs().max()))
+    for name, (g, a) in want["layers"].items():
+        torch.testing.assert_close(got["layers"][name][0], g, rtol=1e-5, atol=1e-12, msg=f"{what} {name} grad")
+        torch.testing.assert_close(got["layers"][name][1], a, rtol=1e-5, atol=1e-12, msg=f"{what} {name} act")
+    assert got["counts"] == want["counts"] and sum(want["counts"].values()) > 0, what
+    assert all(torch.equal(got["chosen"][k], v) for k, v in want["chosen"].items()), what
+    # Weights after the reset (fresh rows and small outgoing columns drawn alike, from a global RMS) and the
+    # optimizer moments (zeroed on exactly the reset rows / columns) equal one process's.
+    skip = "k_proj.bias"  # its gradient is round-off (see above): Adam amplifies it arbitrarily
+    for name, w in want["weights"].items():
+        if skip not in name:
+            assert torch.allclose(got["weights"][name], w, rtol=1e-5, atol=1e-7), (what, name)
+        for k in ("exp_avg", "exp_avg_sq"):
+            a, b = got["state"][name][k], want["state"][name][k]
+            if skip not in name:
+                assert torch.allclose(a, b, rtol=1e-5, atol=1e-6 * float(b.abs().max())), (what, name, k)
+            assert torch.equal(a == 0, b == 0) or skip in name, (what, name, k)
+    mlp = "model.layers.0.mlp"
+    rows = want["chosen"][mlp]
+    for name, dim in ((f"{mlp}.gate_proj.weight", 0), (f"{mlp}.up_proj.weight", 0), (f"{mlp}.down_proj.weight", 1)):
+        m = got["state"][name]["exp_avg"]
+        others = torch.tensor([i for i in range(m.shape[dim]) if i not in set(rows.tolist())])
+        assert bool((m.index_select(dim, rows) == 0).all()), (what, name)
+        assert bool((m.index_select(dim, others) != 0).all(dim=1 - dim).all()), (what, name)  # not vacuous

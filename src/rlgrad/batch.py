@@ -13,7 +13,10 @@ Alignment convention (used everywhere in rlgrad):
   token ``t`` and is zero wherever ``response_mask`` is zero.
 
 Per-sample tensors are ``[N]``. ``group_ids`` are global prompt-group ids: the
-``rollout.n`` samples of one prompt share a group id.
+``rollout.n`` samples of one prompt share a group id. ``global_index`` (optional) is each row's
+position in the global order of a batch split over ranks: ``rl.actor.ppo_update`` sets it on the
+mini-batch it hands to ``on_grads``, so an instrument that samples rows (the nullspace ratio) picks
+the rows one process would pick, whatever the split.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Batch:
     advantages: torch.Tensor | None = None  # [N, L]
     values: torch.Tensor | None = None  # [N, L]
     returns: torch.Tensor | None = None  # [N, L]
+    global_index: torch.Tensor | None = None  # [N] long; None: the rows are in global order (ranks in order)
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -83,6 +87,7 @@ class Batch:
                 out[f.name] = v
         out["attention_mask"] = torch.ones(n, width, dtype=self.attention_mask.dtype)
         out["group_ids"] = torch.full((n,), -1, dtype=self.group_ids.dtype)
+        out["global_index"] = None  # not a row of the global batch
         return Batch(**out)
 
     def to(self, device: torch.device | str) -> Batch:

@@ -196,12 +196,6 @@ def check_config(cfg) -> None:
                             "each rank samples whole prompt groups")
     if cfg.analysis.save_batch:
         raise UserError("'analysis.save_batch=true' is not supported with more than one process yet")
-    if t.strategy == "fsdp2":  # neuron health reads whole gradient rows; FSDP2 shards them (see docs/scaling.md)
-        for role in ("actor", "critic"):
-            rc = getattr(cfg, role)
-            if rc.redo_metric_freq or rc.redo_reset_freq:
-                raise UserError(f"'{role}.redo_metric_freq' / '{role}.redo_reset_freq' (neuron health) are not "
-                                "supported with trainer.strategy=fsdp2 yet; use trainer.strategy=ddp")
 
 
 def failure_message(exc: BaseException) -> str:

@@ -59,7 +59,10 @@ class Hook:
 
     def on_grads(self, ctx: StepContext, model: torch.nn.Module, minibatch: Batch,
                  role: str = "actor") -> dict[str, float] | None:
-        """After a mini-batch's backward, before clipping and the optimizer step; ``role``: actor | critic."""
+        """After a mini-batch's backward, before clipping and the optimizer step; ``role``: actor | critic.
+
+        Under torchrun ``minibatch`` is this rank's share and ``minibatch.global_index`` the positions of its
+        rows in the mini-batch one process would see; ``model`` is DDP's inner module or the FSDP2 module."""
         return None
 
     def after_update(self, ctx: StepContext) -> dict[str, float] | None:

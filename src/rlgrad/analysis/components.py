@@ -112,18 +112,6 @@ class ComponentReport:
     advantages: dict[str, torch.Tensor]  # component -> [N]; "total" -> the update's [N] advantage
 
 
-def _global_gram(stats: GradStats) -> GradStats:
-    """Data parallel: each rank holds the gradient of its own rows; sum the gradients, then form the Grams."""
-    if dist.world_size() == 1:
-        return stats
-    grads = {n: dist.all_reduce_sum(g) for n, g in stats.grads[TERM].items()}
-    gram: dict[str, torch.Tensor] = {}
-    for n, g in grads.items():
-        flat = g.reshape(g.shape[0], -1).double()
-        gram[layer_group(n)] = gram.get(layer_group(n), 0) + flat @ flat.t()
-    return GradStats(stats.slices, {TERM: gram}, {TERM: grads}, stats.row_order)
-
-
 def _with_zero_slices(stats: GradStats, model, slices: list[str], keep: bool) -> GradStats:
     """``stats`` over ``slices``: the slices it lacks get zero gradients (Gram rows and columns of 0)."""
     idx = torch.tensor([slices.index(x) for x in stats.slices], dtype=torch.long)
@@ -167,11 +155,15 @@ def analyse_components(model, batch: Batch, s: LossSettings, *, weights: dict[st
     names = list(batch.components)
     if not names:
         raise ValueError("the batch carries no reward components")
+    empty = len(batch) == 0
+    if empty:  # this rank holds nothing: one zero-weight row still runs the engine's collectives
+        batch = batch.blank_rows(1)
     adv = per_sequence_advantage(batch)
     comp = component_advantages(batch.components, weights, batch.scores, batch.group_ids, mode=mode,
                                 estimator=estimator, norm_by_std=norm_by_std)
     _, u = agg_token_weights(batch.response_mask, s.loss_agg_mode, horizon=s.horizon)
-    denom = float(dist.all_reduce_sum(u.sum().double())) or 1.0  # the update's loss denominator
+    local = torch.zeros((), dtype=torch.float64) if empty else u.sum().double()  # a blank row is no sequence
+    denom = float(dist.all_reduce_sum(local)) or 1.0  # the update's loss denominator
     rows = [comp[c] for c in names]
     slices, derived = list(names), {"total": {c: 1.0 for c in names}}
     if mode == "own_std":  # the components do not add up: the update's advantage is its own slice
@@ -184,10 +176,11 @@ def analyse_components(model, batch: Batch, s: LossSettings, *, weights: dict[st
         omega, _ = agg_token_weights(t.mask, s.loss_agg_mode, horizon=s.horizon)
         return {TERM: t.pg_unit * omega.to(t.pg_unit.dtype)}
 
-    keep = keep_grads or dist.world_size() > 1
-    # A slice with no non-zero weight (a component constant in every group) has a zero gradient: the engine
-    # only sees the others (the reference engine cannot forward an empty sub-batch).
-    live = [k for k in range(len(slices)) if bool(W[k].any())]
+    keep = keep_grads
+    # A slice with no non-zero weight on any rank (a component constant in every group) has a zero gradient:
+    # the engine only sees the others. Decided over all ranks: the engine's all-reduce has one size everywhere.
+    live_any = dist.all_reduce_sum(W.ne(0).any(1).to(torch.float64))
+    live = [k for k in range(len(slices)) if float(live_any[k]) > 0]
     live_names = [slices[k] for k in live]
     live_derived = {d: {c: v for c, v in combo.items() if c in live_names} for d, combo in derived.items()}
     live_derived = {d: combo for d, combo in live_derived.items() if combo}
@@ -201,7 +194,8 @@ def analyse_components(model, batch: Batch, s: LossSettings, *, weights: dict[st
                 warnings.warn(f"{e}; falling back to analysis.method=reference", stacklevel=2)
                 stats = slice_gradients("reference", model, batch, loss_fn, W[live], live_names, live_derived,
                                         keep_grads=keep)
-    stats = _global_gram(_with_zero_slices(stats, model, slices + list(derived), keep))
+    # The engine summed every slice's gradient over ranks before forming its Grams: they are global already.
+    stats = _with_zero_slices(stats, model, slices + list(derived), keep)
     all_slices = stats.slices
     groups = stats.gram[TERM]
     total_gram = sum(groups.values())

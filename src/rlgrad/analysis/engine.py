@@ -220,7 +220,7 @@ class _SliceReducer:
             .index_add_(0, ii.reshape(-1), gg.float()),
             lambda gg, ii: torch.zeros(len(ii) * V, gg.shape[-1], dtype=torch.float32, device=gg.device)
             .index_add_(0, (ii + V * torch.arange(len(ii), device=ii.device)[:, None]).reshape(-1),
-                        gg.reshape(-1, gg.shape[-1]).float()).view(len(ii), V, -1)))
+                        gg.reshape(-1, gg.shape[-1]).float()).view(len(ii), V, gg.shape[-1])))
 
     def _norm(self, m: nn.Module, xh: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
@@ -339,9 +339,12 @@ def reference_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights
     per_term: dict[str, dict[str, list[torch.Tensor]]] = {}
     for w in weights:
         rows = torch.nonzero(w).squeeze(-1)
-        if len(rows) == 0:  # (a rank holding) no row of this slice: a weight-0 row gives its zero gradient
-            rows = torch.zeros(1, dtype=torch.long)
-        sub = batch.select(rows)
+        if len(rows) == 0:
+            # (A rank holding) no row of this slice: a zero-loss blank row gives its zero gradient and, unlike
+            # a real row at weight 0, adds nothing to what forward hooks observe (activation statistics).
+            sub, rows, w = batch.blank_rows(1), torch.zeros(1, dtype=torch.long), torch.zeros(1)
+        else:
+            sub = batch.select(rows)
         first = loss_fn(model, sub)
         for j, term in enumerate(first):
             per_token = first[term] if j == 0 else loss_fn(model, sub)[term]  # a forward per term, as the seeds do

@@ -115,6 +115,26 @@ def find_neurons(model: nn.Module) -> list[NeuronLayer]:
 
 
 # ----------------------------------------------------------------------------- gradient statistics
+def _shard(t: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
+    """``(local tensor, global index of its first row, sharded?)`` of a parameter, gradient or optimizer state.
+
+    A plain tensor is whole. An FSDP2 DTensor is sharded along dim 0 in rank order (torch.chunk sizes): the
+    local tensor is this rank's rows and shares its storage, so in-place writes to it change the DTensor.
+    """
+    if not hasattr(t, "to_local"):
+        return t.detach(), 0, False
+    from torch.distributed.tensor import Shard
+
+    if len(t.placements) != 1 or not t.placements[0].is_shard(0):
+        raise NotImplementedError(f"neuron health supports DTensors sharded along dim 0 on one mesh dimension "
+                                  f"(FSDP2's default), not {t.placements}")
+    size, offset = Shard.local_shard_size_and_offset(t.shape[0], t.device_mesh.size(), t.device_mesh.get_local_rank())
+    local = t.to_local().detach()
+    if local.shape[0] != size:  # a layout other than torch.chunk's: row offsets would be wrong
+        raise NotImplementedError(f"unexpected FSDP2 shard: {local.shape[0]} rows where {size} were expected")
+    return local, int(offset), True
+
+
 def _local_grad(p: nn.Parameter) -> tuple[torch.Tensor | None, int, bool]:
     """The gradient this process holds for ``p``: (local tensor, global index of its first row, sharded?).
 
@@ -122,13 +142,9 @@ def _local_grad(p: nn.Parameter) -> tuple[torch.Tensor | None, int, bool]:
     so statistics need no reduction and the ranks agree. FSDP2: ``p.grad`` is a DTensor holding rows
     ``[offset, offset + rows)``; the per-neuron sums built from it are partial and must be all-reduced.
     """
-    g = p.grad
-    if g is None:
-        return None, 0, False
-    if hasattr(g, "to_local"):  # a DTensor shard
-        raise NotImplementedError("neuron health on FSDP2-sharded gradients: return the local shard, its global "
-                                  "row offset and sharded=True here")
-    return g.detach(), 0, False
+    if p.grad is None:
+        return None, 0, hasattr(p, "to_local")
+    return _shard(p.grad)
 
 
 @dataclass
@@ -170,8 +186,9 @@ class NeuronReport:
     nullspace_ratio: float | None = None
     nullspace_samples: int = 0
     gram: torch.Tensor | None = None  # K = G Gᵀ of the sampled sequences' gradients (unnormalised), for tests
-    sample_rows: torch.Tensor | None = None
+    sample_rows: torch.Tensor | None = None  # global positions in the mini-batch (``global_sample``)
     reset: dict[str, int] = field(default_factory=dict)  # layer name -> neurons reset
+    sharded: bool = False  # measured on FSDP2 shards: a reset writes shards and the replica needs a refresh
 
     def _counts(self, s: LayerStats) -> dict:
         act = s.act_score
@@ -211,7 +228,7 @@ def gradient_stats(model: nn.Module, layers: list[NeuronLayer]) -> tuple[list[La
         s = torch.zeros(la.n, dtype=torch.float64)
         c = torch.zeros(la.n, dtype=torch.float64)
         for _, p in la.incoming:
-            per_row = p[0].numel() if p.dim() > 1 else 1  # elements of one global row
+            per_row = math.prod(p.shape[1:])  # elements of one global row
             c += la.width * per_row
             g, off, sh = _local_grad(p)
             sharded |= sh
@@ -228,7 +245,10 @@ def gradient_stats(model: nn.Module, layers: list[NeuronLayer]) -> tuple[list[La
         numel += p.numel()  # the global size: a DTensor parameter reports its full shape
         g, _, sh = _local_grad(p)
         sharded |= sh
-        zero += float(p.numel()) if g is None else (g == 0).sum().double().cpu()
+        if g is None:  # no gradient: all zeros, counted once over the shards
+            zero += float(_shard(p)[0].numel())
+        else:
+            zero += (g == 0).sum().double().cpu()
     flat = torch.cat([*sums, zero.view(1)]) if sums else zero.view(1)
     if sharded:  # partial sums over parameter shards -> global; DDP and one process: already global
         flat = dist.all_reduce_sum(flat)
@@ -294,31 +314,67 @@ class _Activations:
             h.remove()
 
 
-def sample_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, stats: list[LayerStats], rows: torch.Tensor,
-                method: str = "fast") -> torch.Tensor:
-    """Per-sequence gradient Gram K of ``rows`` from the gradient engine; fills each layer's activation sums.
+def global_sample(batch: Batch, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The nullspace sample, drawn over the GLOBAL mini-batch: ``(rows, local, slot)``.
 
-    ``loss_fn(model, batch)`` returns per-token losses already multiplied by their aggregation weights;
-    its terms are summed, so K is the Gram of the gradients of the one loss the update optimises.
+    ``rows``: ``min(k, N)`` sorted global positions (N: rows over all ranks), the same on every rank, and
+    in one process exactly ``sample_rows(len(batch), k, seed)``. ``local``: the rows of ``batch`` that were
+    sampled, ``slot``: the index in ``rows`` of each (ascending). A row's global position is
+    ``batch.global_index`` when set (``ppo_update``'s mini-batch: its place in the one-process mini-batch,
+    which shuffled mini-batches need -- ranks interleave there), else ranks in order. Every rank must call it.
     """
-    sample = batch.select(rows)
-    S = len(sample)
-    acts = _Activations([s.layer for s in stats])
+    sizes = dist.all_gather_sizes(len(batch))
+    rows = sample_rows(sum(sizes), k, seed)
+    if batch.global_index is not None:
+        pos = batch.global_index.cpu()
+    else:
+        pos = sum(sizes[:dist.rank()]) + torch.arange(len(batch))
+    local = torch.nonzero(torch.isin(pos, rows)).squeeze(-1)
+    slot = torch.searchsorted(rows, pos[local])
+    order = torch.argsort(slot)
+    return rows, local[order], slot[order]
+
+
+def sample_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, stats: list[LayerStats], local: torch.Tensor,
+                slot: torch.Tensor, num_samples: int, method: str = "fast") -> torch.Tensor:
+    """Per-sequence gradient Gram K of the sample from the gradient engine; fills each layer's activation sums.
+
+    Rows ``local`` of ``batch`` are sampled sequences ``slot`` of ``num_samples`` (``global_sample``); the
+    engine gets a partial one-hot weight matrix ``[num_samples, len(local)]`` and sums the slices over ranks,
+    so slice j is sequence j's gradient wherever it lives. ``loss_fn(model, batch)`` returns per-token losses
+    already multiplied by their aggregation weights; its terms are summed, so K is the Gram of the
+    gradients of the one loss the update optimises. ``model`` must be a plain module (FSDP2: the replica);
+    its neuron layers are matched to ``stats`` by name.
+    """
+    S = num_samples
+    if len(local):
+        sample = batch.select(local)
+        weights = torch.zeros(S, len(local))
+        weights[slot, torch.arange(len(local))] = 1.0
+    else:  # none of the sample is here: a zero-loss row keeps this rank in the engine's collectives
+        sample, weights = batch.blank_rows(1), torch.zeros(S, 1)
+    by_name = {la.name: la for la in find_neurons(model)}
+    missing = [s.layer.name for s in stats if s.layer.name not in by_name]
+    if missing:
+        raise ValueError(f"the model for the nullspace pass lacks neuron layer(s) {', '.join(missing[:3])}")
+    acts = _Activations([by_name[s.layer.name] for s in stats])
     summed = acts.watch(lambda m, b: {"loss": sum(loss_fn(m, b).values())})
+    names = [f"seq_{i}" for i in range(S)]
     device = next(model.parameters()).device
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             try:
-                g = slice_gradients(method, model, sample, summed, torch.eye(S), [f"seq_{i}" for i in range(S)])
+                g = slice_gradients(method, model, sample, summed, weights, names)
             except NotImplementedError as e:  # a model the fast hooks do not cover: same numbers, S passes
                 warnings.warn(f"{e}; neuron health falls back to analysis.method=reference", stacklevel=2)
                 acts.sums = [torch.zeros_like(s) for s in acts.sums]
                 acts.tokens.zero_()
-                g = slice_gradients("reference", model, sample, summed, torch.eye(S), [f"seq_{i}" for i in range(S)])
+                g = slice_gradients("reference", model, sample, summed, weights, names)
     finally:
         acts.close()
+    # K is already global: the engine summed each sequence's gradient over ranks before forming it.
     K = g.total_gram("loss") if "loss" in g.gram else torch.zeros(S, S, dtype=torch.float64)
-    # Activations are sums over each process's own data: always additive. K is additive over parameter shards.
+    # Activation sums and token counts cover this rank's sampled rows only: summed over ranks.
     flat = dist.all_reduce_sum(torch.cat([*acts.sums, acts.tokens.view(1)]))
     parts = flat[:-1].split([s.layer.n for s in stats])
     for s, a in zip(stats, parts):
@@ -338,23 +394,34 @@ def actor_loss_fn(s) -> LossFn:
     return fn
 
 
-def measure(model: nn.Module, batch: Batch, rc, *, role: str, seed: int, step: int, loss_fn: LossFn | None = None,
-            method: str = "fast") -> NeuronReport:
+def _is_sharded(model: nn.Module) -> bool:
+    return any(hasattr(p, "to_local") for p in model.parameters())
+
+
+def measure(model: nn.Module, batch: Batch | None, rc, *, role: str, seed: int, step: int,
+            loss_fn: LossFn | None = None, method: str = "fast", replica: nn.Module | None = None) -> NeuronReport:
     """Neuron health of ``model`` from its current ``.grad`` (and, with ``loss_fn``, a sample of ``batch``).
 
     ``rc``: a RedoConfig (redo_tau, redo_mode, redo_nullspace_samples). Without ``loss_fn`` or with
     ``redo_nullspace_samples=0`` only the gradient statistics are computed. Weights, gradients and the
-    global RNG are left as they were.
+    global RNG are left as they were. Data parallel: ``batch`` is this rank's share of the mini-batch and
+    every rank calls this; under FSDP2 ``model`` is the sharded module and ``replica`` a plain module with
+    the same weights, which the per-sequence pass runs on.
     """
     layers = find_neurons(model)
     stats, zero, numel = gradient_stats(model, layers)
     grad_total = float(sum(s.grad_sum.sum() for s in stats)) if stats else 0.0
-    rep = NeuronReport(role, float(rc.redo_tau), rc.redo_mode, stats, float(zero), numel, grad_total)
-    if loss_fn is not None and rc.redo_nullspace_samples > 0 and len(batch) > 0:
-        rows = sample_rows(len(batch), rc.redo_nullspace_samples, _seed(seed, step, role, "nullspace"))
-        K = sample_pass(model, batch, loss_fn, stats, rows, method)
-        rep.gram, rep.sample_rows, rep.nullspace_samples = K, rows, len(rows)
-        rep.nullspace_ratio = nullspace_ratio(K)
+    rep = NeuronReport(role, float(rc.redo_tau), rc.redo_mode, stats, float(zero), numel, grad_total,
+                       sharded=_is_sharded(model))
+    if loss_fn is not None and rc.redo_nullspace_samples > 0 and batch is not None:
+        runner = replica if replica is not None else model
+        if _is_sharded(runner):
+            raise ValueError("the nullspace pass needs a plain module: pass measure(..., replica=) under FSDP2")
+        rows, local, slot = global_sample(batch, rc.redo_nullspace_samples, _seed(seed, step, role, "nullspace"))
+        if len(rows):  # the global mini-batch is not empty (the same answer on every rank)
+            K = sample_pass(runner, batch, loss_fn, stats, local, slot, len(rows), method)
+            rep.gram, rep.sample_rows, rep.nullspace_samples = K, rows, len(rows)
+            rep.nullspace_ratio = nullspace_ratio(K)
     return rep
 
 
@@ -372,19 +439,28 @@ def select_reset(score: torch.Tensor, tau: float, mode: str, max_frac: float) ->
     return idx.sort().values
 
 
-def _rms(x: torch.Tensor) -> float:
-    return float(x.double().pow(2).mean().sqrt()) if x.numel() else 0.0
-
-
 def _zero_moments(optimizer: torch.optim.Optimizer | None, p: nn.Parameter, idx: torch.Tensor, dim: int) -> None:
-    """Zero the rows (dim 0) / columns (dim 1) ``idx`` of every per-element optimizer state of ``p``.
+    """Zero the rows (dim 0) / columns (dim 1) ``idx`` (global indices) of every per-element optimizer state
+    of ``p``; a sharded state (FSDP2) zeroes those in its local rows.
 
     AdamW: exp_avg, exp_avg_sq (and max_exp_avg_sq); the scalar ``step`` is left alone."""
     if optimizer is None:
         return
     for v in optimizer.state.get(p, {}).values():
         if torch.is_tensor(v) and v.shape == p.shape:
-            v.index_fill_(dim, idx.to(v.device), 0)
+            local, off, _ = _shard(v)
+            if dim == 0:
+                idx_here = idx[(idx >= off) & (idx < off + local.shape[0])] - off
+            else:  # sharding splits rows: every column is whole in each shard
+                idx_here = idx
+            local.index_fill_(dim, idx_here.to(local.device), 0)
+
+
+def _sq_sums(x: torch.Tensor, keep: torch.Tensor) -> list[float]:
+    """[Σx², count] over the rows of ``x`` that ``keep`` marks, then over all its rows."""
+    x = x.double()
+    kept = x[keep]
+    return [float(kept.pow(2).sum()), float(kept.numel()), float(x.pow(2).sum()), float(x.numel())]
 
 
 @torch.no_grad()
@@ -394,33 +470,56 @@ def reset_layer(layer: NeuronLayer, neurons: torch.Tensor, optimizer: torch.opti
     outgoing columns zero (or small random), and the matching optimizer moments zeroed.
 
     Draws come from a CPU generator seeded by (seed, step, role, parameter name): identical on every
-    process, and torch's global RNG stream is not touched.
+    process, and torch's global RNG stream is not touched. FSDP2 (parameters and optimizer states are
+    row shards): every rank draws the whole block, the RMS comes from sums over all shards (one
+    all-reduce per layer), and each rank writes the rows it holds.
     """
     if len(neurons) == 0:
         return
     w = layer.width
-    cols = (neurons[:, None] * w + torch.arange(w)).reshape(-1)  # the neurons' rows/columns
+    cols = (neurons[:, None] * w + torch.arange(w)).reshape(-1)  # the neurons' rows/columns (global)
     keep = torch.ones(layer.n * w, dtype=torch.bool)
     keep[cols] = False
-    for name, p in layer.incoming:
-        idx = cols.to(p.device)
+    incoming = [(name, p, *_shard(p)) for name, p in layer.incoming]
+    out = [(name, p, *_shard(p)) for name, p in layer.outgoing]
+    # The RMS of each drawn-into matrix over the survivors, from additive sums of squares.
+    sums = []
+    for _, p, local, off, _ in incoming:
+        if p.dim() > 1:
+            sums.append(_sq_sums(local, keep[off:off + local.shape[0]].to(local.device)))
+    if outgoing == "small":
+        for *_, local, _, _ in out:
+            sums.append(_sq_sums(local.t(), keep.to(local.device)))  # columns are neurons; rows may be sharded
+    if sums:
+        tot = torch.tensor(sums, dtype=torch.float64)
+        if any(sh for *_, sh in incoming + out):
+            tot = dist.all_reduce_sum(tot)
+        rms = [(float((a / n) ** 0.5) if n else 0.0, float((b / m) ** 0.5) if m else 0.0) for a, n, b, m in tot.tolist()]
+    k = 0
+    for name, p, local, off, _ in incoming:
+        mine = (cols >= off) & (cols < off + local.shape[0])
+        rows = (cols[mine] - off).to(local.device)
         if p.dim() == 1:
-            p.index_fill_(0, idx, 0.0)
+            local.index_fill_(0, rows, 0.0)
         else:
-            rms = _rms(p[keep.to(p.device)]) or _rms(p) or p.shape[1] ** -0.5
+            keep_rms, all_rms = rms[k]
+            k += 1
+            scale = keep_rms or all_rms or p.shape[1] ** -0.5
             gen = torch.Generator().manual_seed(_seed(seed, step, role, name))
-            fresh = torch.randn(len(cols), *p.shape[1:], generator=gen, dtype=torch.float32) * rms
-            p.index_copy_(0, idx, fresh.to(p.device, p.dtype))
+            fresh = torch.randn(len(cols), *p.shape[1:], generator=gen, dtype=torch.float32) * scale
+            local.index_copy_(0, rows, fresh[mine].to(local.device, local.dtype))
         _zero_moments(optimizer, p, cols, 0)
-    for name, p in layer.outgoing:
-        idx = cols.to(p.device)
+    for name, p, local, off, _ in out:
+        idx = cols.to(local.device)
         if outgoing == "small":
-            rms = _rms(p[:, keep.to(p.device)]) or _rms(p)
+            keep_rms, all_rms = rms[k]
+            k += 1
             gen = torch.Generator().manual_seed(_seed(seed, step, role, name))
-            fresh = torch.randn(p.shape[0], len(cols), generator=gen, dtype=torch.float32) * (SMALL_OUTGOING * rms)
-            p.index_copy_(1, idx, fresh.to(p.device, p.dtype))
+            fresh = torch.randn(p.shape[0], len(cols), generator=gen, dtype=torch.float32) * (
+                SMALL_OUTGOING * (keep_rms or all_rms))
+            local.index_copy_(1, idx, fresh[off:off + local.shape[0]].to(local.device, local.dtype))
         else:
-            p.index_fill_(1, idx, 0.0)
+            local.index_fill_(1, idx, 0.0)
         _zero_moments(optimizer, p, cols, 1)
 
 
@@ -448,7 +547,13 @@ class NeuronHealthHook(Hook):
     Roles: ``actor`` (loss from ``ctx.loss_settings``; optimizer ``ctx.optimizer``) and ``critic``
     (loss from ``ctx.extras["critic_loss_fn"]``, a LossFn like ``actor_loss_fn``'s; optimizer
     ``ctx.critic_optimizer``). Config: ``<role>.redo_*``.
+
+    Under FSDP2 ``on_grads`` sees the sharded module: the per-sequence pass runs on the plain replica
+    (``ctx.actor`` / ``ctx.critic``, whose weights are the ones the gradient was taken at), and after a
+    reset of the shards the replica is refreshed (``ctx.extras["sync_policy"]`` / ``["sync_critic"]``).
     """
+
+    SYNC = {"actor": "sync_policy", "critic": "sync_critic"}
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -469,8 +574,10 @@ class NeuronHealthHook(Hook):
         if not (metric or reset) or self.pending.get(role, (None,))[0] == ctx.step:
             return None  # later mini-batches of the step: the first one's gradient is the one measured
         t0 = time.perf_counter()
+        replica = getattr(ctx, role, None) if _is_sharded(model) else model
         rep = measure(model, minibatch, rc, role=role, seed=self.cfg.trainer.seed, step=ctx.step,
-                      loss_fn=self.loss_fn(ctx, role) if metric else None, method=self.cfg.analysis.method)
+                      loss_fn=self.loss_fn(ctx, role) if metric else None, method=self.cfg.analysis.method,
+                      replica=replica)
         self.pending[role] = (ctx.step, rep)
         return {**rep.metrics(), f"timing_s/neuron/{role}": time.perf_counter() - t0}
 
@@ -485,6 +592,12 @@ class NeuronHealthHook(Hook):
             if self._due(rc.redo_reset_freq, ctx.step):
                 counts = reset_dormant(rep, optimizers.get(role), rc, seed=self.cfg.trainer.seed, step=ctx.step)
                 out[f"{role}/neuron/reset_count"] = float(sum(counts.values()))
+                if rep.sharded and sum(counts.values()):  # the same decision on every rank: all join the gather
+                    sync = ctx.extras.get(self.SYNC[role])
+                    if sync is None:
+                        raise RuntimeError(f"neuron reset on FSDP2 shards needs ctx.extras['{self.SYNC[role]}'] "
+                                           "to refresh the replica")
+                    sync()
             doc[role] = rep.to_json()
         self.pending.clear()
         if ctx.is_main and len(doc) > 1:

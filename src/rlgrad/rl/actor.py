@@ -169,7 +169,8 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, prefix:
     process and each rank takes the rows it holds; denominators are global (``Denominators.global_of``),
     every rank runs the same number of micro-batches (padding with ``Batch.blank_rows``, zero loss) and
     reduces gradients on the last one only. The step then equals the one-process step, and the logged
-    stats are summed over ranks.
+    stats are summed over ranks. The mini-batch ``on_grads`` sees carries ``global_index``: each row's
+    position in the one-process mini-batch.
     """
     model.train()
     gen = torch.Generator().manual_seed(seed)
@@ -181,8 +182,10 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, prefix:
     offset, n_global = sum(sizes[:rank()]), sum(sizes)
     for _ in range(ppo_epochs):
         for gidx in minibatches(n_global, mini_batch_size, shuffle, gen):
-            mine = gidx[(gidx >= offset) & (gidx < offset + len(batch))] - offset
-            mini = batch.select(mine)
+            held = (gidx >= offset) & (gidx < offset + len(batch))
+            mini = batch.select(gidx[held] - offset)
+            # Where each row sits in the mini-batch one process would hold: ranks interleave when shuffled.
+            mini.global_index = torch.nonzero(held).squeeze(-1)
             den = Denominators.global_of(mini)
             n_micro = max(int(all_reduce_max(torch.tensor(-(-len(mini) // micro_batch_size)))), 1)
             optimizer.zero_grad(set_to_none=True)

@@ -397,6 +397,7 @@ class Trainer:
                                   "sample_batch": lambda groups, size: self.analysis_batch(step, groups, size)})
         if self.critic is not None:  # the value loss per token, for instruments that probe the critic
             ctx.extras["critic_loss_fn"] = critic_token_loss(self.critic_settings)
+            ctx.extras["sync_critic"] = lambda: distributed.sync_policy(self.train_critic, self.critic)
 
         def on_grads(role: str):
             def call(model, mini):  # DDP: the inner module (whole summed gradient); FSDP2: the sharded module
