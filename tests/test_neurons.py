@@ -311,6 +311,16 @@ def test_engine_overlapping_slices_combine_per_row_gradients_in_chunks(tok, monk
         _assert_engines_agree(engine.fast_gradients(model, b, fn, w, list("abc"), derived, keep_grads=True), ref)
 
 
+def test_engine_edge_cases_no_slices_and_unknown_derived_slice(tok):
+    from rlgrad.analysis.engine import fast_gradients
+    model = qwen(tok, kv_heads=1)
+    b = make_batch(len(tok), n=3)
+    fn = actor_loss_fn(S)
+    assert fast_gradients(model, b, fn, torch.zeros(0, 3), []).gram == {}
+    with pytest.raises(ValueError, match="unknown slice"):
+        fast_gradients(model, b, fn, torch.ones(1, 3), ["a"], {"sum": {"a": 1.0, "typo": 1.0}})
+
+
 def test_nullspace_ratio_math_and_sampling():
     v = torch.tensor([[1.0, 0, 0], [2.0, 0, 0], [0, 1.0, 0], [0, 0, 0]], dtype=torch.float64)  # dup direction, zero row
     assert nullspace_ratio(v @ v.t()) == pytest.approx(2 / 4)

@@ -176,7 +176,6 @@ def analyse_components(model, batch: Batch, s: LossSettings, *, weights: dict[st
         omega, _ = agg_token_weights(t.mask, s.loss_agg_mode, horizon=s.horizon)
         return {TERM: t.pg_unit * omega.to(t.pg_unit.dtype)}
 
-    keep = keep_grads
     # A slice with no non-zero weight on any rank (a component constant in every group) has a zero gradient:
     # the engine only sees the others. Decided over all ranks: the engine's all-reduce has one size everywhere.
     live_any = dist.all_reduce_sum(W.ne(0).any(1).to(torch.float64))
@@ -189,13 +188,13 @@ def analyse_components(model, batch: Batch, s: LossSettings, *, weights: dict[st
         with torch.random.fork_rng(devices=[]):  # nothing random should happen; make sure of it
             try:
                 stats = slice_gradients(method, model, batch, loss_fn, W[live], live_names, live_derived,
-                                        keep_grads=keep)
+                                        keep_grads=keep_grads)
             except NotImplementedError as e:  # a model the fast engine's hooks do not cover: same numbers, slower
                 warnings.warn(f"{e}; falling back to analysis.method=reference", stacklevel=2)
                 stats = slice_gradients("reference", model, batch, loss_fn, W[live], live_names, live_derived,
-                                        keep_grads=keep)
+                                        keep_grads=keep_grads)
     # The engine summed every slice's gradient over ranks before forming its Grams: they are global already.
-    stats = _with_zero_slices(stats, model, slices + list(derived), keep)
+    stats = _with_zero_slices(stats, model, slices + list(derived), keep_grads)
     all_slices = stats.slices
     groups = stats.gram[TERM]
     total_gram = sum(groups.values())
@@ -214,7 +213,10 @@ def analyse_components(model, batch: Batch, s: LossSettings, *, weights: dict[st
         if v is not None:  # a zero gradient has no direction
             metrics[f"grad_sim/{pair}"] = v
     summary = {"mode": mode, "components": names, "global": glob, "layers": layers}
-    return ComponentReport(metrics, summary, stats, {**comp, "total": adv})
+    advantages = {**comp, "total": adv}
+    if empty:  # the blank row is not a sequence of this rank's
+        advantages = {k: v[:0] for k, v in advantages.items()}
+    return ComponentReport(metrics, summary, stats, advantages)
 
 
 def _group_order(g: str) -> tuple:

@@ -36,6 +36,11 @@ from torch import nn
 from rlgrad.analysis import dist
 from rlgrad.batch import Batch
 
+# Overlapping slices: per-row Linear gradients are combined a chunk of rows at a time, at most this many
+# elements per chunk (at least one row). At the bench's shapes (Linears of 64k-200k weights) 2M ran 2x
+# faster than 16M; a Linear with more weights than this goes one row at a time.
+ROW_CHUNK_ELEMENTS = 1 << 21
+
 
 def layer_group(name: str) -> str:
     """Layer group of a parameter name: embed, layer_<i>, final_norm, lm_head (or head)."""
@@ -105,13 +110,15 @@ class _SliceReducer:
         if bool((nz.sum(0) <= 1).all()) and bool((nz.sum(1) <= 1).all()):
             slot, col = torch.nonzero(nz, as_tuple=True)
             w = weights[slot, col]
-            self.place = (None if torch.equal(col, torch.arange(N, device=col.device)) else col, slot,
+            self.place = (None if torch.equal(col, torch.arange(N, device=col.device)) else col,
+                          None if torch.equal(slot, torch.arange(S, device=slot.device)) else slot,
                           None if bool((w == 1).all()) else w)
         # Slices that overlap (reward components: every slice covers every row): a Linear's weight
         # gradient per slice costs a full weight-gradient matmul each, so form the per-row gradients
         # once (a batched matmul as large as ONE weight gradient) and combine them with the weights,
         # S·N·in·out more multiply-adds instead of (S - 1)·N·T·in·out.
         self.combine = self.place is None and int(nz.sum()) >= 1.5 * N
+        self.weights_f32 = weights.to(torch.float32)
         # Otherwise a slice whose rows share one weight (a bucket) is reduced unweighted and scaled at
         # the end, in the small Gram (scale_i·scale_j·K_ij), never in each module's parameter-sized result.
         fold = self.place is None and not self.combine
@@ -170,17 +177,17 @@ class _SliceReducer:
                 per_row = rows(g3, x3) if col is None else rows(g3.index_select(0, col), x3.index_select(0, col))
                 if w is not None:
                     per_row = per_row * w.to(per_row.dtype).view(-1, *([1] * (per_row.dim() - 1)))
-                if len(slot) == len(self.weights) and torch.equal(slot, torch.arange(len(slot), device=slot.device)):
+                if slot is None:  # slice k is row k
                     return per_row
                 out = per_row.new_zeros(len(self.weights), *per_row.shape[1:])
                 return out.index_copy_(0, slot, per_row)
-            W = self.weights.to(torch.float32)
+            W = self.weights_f32
             out = None
             step = max(1, ROW_CHUNK_ELEMENTS // (g3.shape[-1] * x3.shape[-1]))
             for i in range(0, g3.shape[0], step):
                 per_row = rows(g3[i:i + step], x3[i:i + step])
-                part = W[:, i:i + step] @ per_row.reshape(per_row.shape[0], -1)
-                out = part if out is None else out.add_(part)
+                flat = per_row.reshape(per_row.shape[0], -1)
+                out = W[:, i:i + step] @ flat if out is None else out.addmm_(W[:, i:i + step], flat)
             return out.view(len(W), *per_row.shape[1:])
         # Each slice only touches its own rows: disjoint slices cost one weight gradient in total.
         out = []
@@ -261,9 +268,12 @@ def _gram(grads: dict[str, torch.Tensor], derived: dict[str, dict[str, float]], 
     scale = torch.ones(S, dtype=torch.float64) if scale is None else scale.to(torch.float64)
     if dist.world_size() > 1 and not bool((scale == 1).all()):
         # Ranks may disagree on which slices are scaled (a rank without a slice's rows): sum scaled gradients.
-        grads = {n: g * scale.to(g.device, g.dtype).view(-1, *([1] * (g.dim() - 1))) for n, g in grads.items()}
+        grads = {n: g.mul_(scale.to(g.device, g.dtype).view(-1, *([1] * (g.dim() - 1)))) for n, g in grads.items()}
         scale = torch.ones(S, dtype=torch.float64)
     grads = dist.all_reduce_sum_dict(grads)
+    unknown = sorted({b for combo in derived.values() for b in combo} - set(base))
+    if unknown:
+        raise ValueError(f"derived slices name unknown slice(s) {', '.join(unknown)}")
     C = torch.tensor([[combo.get(b, 0.0) for b in base] for combo in derived.values()],
                      dtype=torch.float64).reshape(len(derived), S)
     A = torch.cat([torch.eye(S, dtype=torch.float64), C]) * scale[None, :]
@@ -278,10 +288,6 @@ def _gram(grads: dict[str, torch.Tensor], derived: dict[str, dict[str, float]], 
     return full, {grp: A @ k.cpu() @ A.t() for grp, k in base_gram.items()}
 
 
-# Per-row gradients are combined a chunk of rows at a time, at most this many elements per chunk: kept
-# cache-sized, the combination ran 2x faster than with 16M-element chunks (bench/component_cost.py shapes).
-ROW_CHUNK_ELEMENTS = 1 << 21
-
 LossFn = Callable[[nn.Module, Batch], dict[str, torch.Tensor]]  # -> term -> per-token loss [N, L] (weighted)
 
 
@@ -293,6 +299,8 @@ def fast_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: tor
     aggregation weights ω (so ``Σ_i W[s,i] Σ_t term`` is slice s's loss). ``weights`` is ``[S, N]``.
     """
     derived = derived or {}
+    if len(weights) == 0:  # nothing to measure: no pass at all, as the reference engine does
+        return reference_gradients(model, batch, loss_fn, weights, slices, derived, keep_grads)
     # Order rows by the first slice they belong to, so disjoint slices become contiguous row ranges.
     owner = torch.where(weights != 0, torch.arange(len(weights))[:, None], len(weights)).min(0).values
     perm = torch.sort(owner, stable=True).indices
@@ -323,7 +331,7 @@ def fast_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: tor
             grads = {}
             for p, name in zip(params, names_in_order):
                 g = reducer.acc.get(id(p))
-                grads[name] = g if g is not None else torch.zeros(len(slices), *p.shape)
+                grads[name] = g if g is not None else torch.zeros(len(slices), *p.shape, device=p.device)
             full, gram = _gram(grads, derived, slices, reducer.scale, keep_grads)
             stats.gram[term] = gram
             if keep_grads:
@@ -352,7 +360,7 @@ def reference_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights
         first = loss_fn(model, sub)
         for j, term in enumerate(first):
             per_token = first[term] if j == 0 else loss_fn(model, sub)[term]  # a forward per term, as the seeds do
-            loss = (per_token * w[rows].to(per_token.dtype)[:, None]).sum()
+            loss = (per_token * w[rows].to(per_token.device, per_token.dtype)[:, None]).sum()
             gs = (torch.autograd.grad(loss, [p for _, p in named], allow_unused=True) if loss.requires_grad
                   else [None] * len(named))
             store = per_term.setdefault(term, {n: [] for n, _ in named})

@@ -22,11 +22,13 @@ Scores (on the gradient the update uses, after backward and before clipping):
     nullspace K = G Gᵀ of B per-sequence gradients (G: B x params), normalised to unit diagonal;
               nullspace_ratio = #{λ_k(K) < (1e-5)² · λ_max} / B  (a zero gradient is a null direction)
 
-Every statistic is a ratio of additive partial sums (per-neuron Σ|g| and element counts, zero counts,
-Σ|activation| and token counts, Gram matrices of parameter shards), so making it global is one
-``dist.all_reduce_sum`` before the division: see ``_local_grad`` for when a gradient sum needs it.
-The per-sequence gradients come from the one gradient engine (``engine.slice_gradients``, a one-hot
-slice per sampled sequence), whose single forward also yields the activations.
+Every gradient and activation statistic is a ratio of additive partial sums (per-neuron Σ|g| and element
+counts, zero counts, Σ|activation| and token counts), so making it global is one ``dist.all_reduce_sum``
+before the division: see ``_local_grad`` for when a gradient sum needs it. The per-sequence gradients come
+from the one gradient engine (``engine.slice_gradients``): the sample is drawn over the global mini-batch
+(``global_sample``), each rank passes the sampled rows it holds as a partial one-hot slice matrix, and the
+engine sums every sequence's gradient over ranks before forming K. Its single forward also yields the
+activations; under FSDP2 it runs on the plain replica.
 """
 
 from __future__ import annotations
@@ -123,12 +125,13 @@ def _shard(t: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
     """
     if not hasattr(t, "to_local"):
         return t.detach(), 0, False
-    from torch.distributed.tensor import Shard
-
     if len(t.placements) != 1 or not t.placements[0].is_shard(0):
         raise NotImplementedError(f"neuron health supports DTensors sharded along dim 0 on one mesh dimension "
                                   f"(FSDP2's default), not {t.placements}")
-    size, offset = Shard.local_shard_size_and_offset(t.shape[0], t.device_mesh.size(), t.device_mesh.get_local_rank())
+    # torch.chunk's layout (what Shard(0) uses), computed here: the public helper is missing from older torch.
+    n, chunk = t.shape[0], -(-t.shape[0] // t.device_mesh.size())
+    offset = min(t.device_mesh.get_local_rank() * chunk, n)
+    size = max(0, min(chunk, n - offset))
     local = t.to_local().detach()
     if local.shape[0] != size:  # a layout other than torch.chunk's: row offsets would be wrong
         raise NotImplementedError(f"unexpected FSDP2 shard: {local.shape[0]} rows where {size} were expected")

@@ -185,7 +185,7 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, prefix:
             held = (gidx >= offset) & (gidx < offset + len(batch))
             mini = batch.select(gidx[held] - offset)
             # Where each row sits in the mini-batch one process would hold: ranks interleave when shuffled.
-            mini.global_index = torch.nonzero(held).squeeze(-1)
+            mini.global_index = torch.nonzero(held).squeeze(-1).to(mini.input_ids.device)
             den = Denominators.global_of(mini)
             n_micro = max(int(all_reduce_max(torch.tensor(-(-len(mini) // micro_batch_size)))), 1)
             optimizer.zero_grad(set_to_none=True)
