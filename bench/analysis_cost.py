@@ -49,6 +49,14 @@ def bench_batch(vocab: int, groups: int = 16, n: int = 8, prompt: int = 16, resp
     return b
 
 
+def bench_model():
+    """(model, tokenizer): the ~4M-parameter Qwen2 every analysis benchmark measures (5 blocks, width 256)."""
+    tok = build_char_tokenizer()
+    cfg = ModelConfig(tiny=TinyModelConfig(hidden_size=256, num_hidden_layers=5, num_attention_heads=4,
+                                           num_key_value_heads=2, intermediate_size=768))
+    return build_tiny_model(cfg, tok, seed=0), tok
+
+
 def interleaved_times(fns: dict, repeats: int) -> dict[str, list[float]]:
     """Warm each function up once, then time them in interleaved rounds (all share whatever else the
     machine is doing, so per-round ratios move less than single times); prints each one's median."""
@@ -73,10 +81,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    tok = build_char_tokenizer()
-    cfg = ModelConfig(tiny=TinyModelConfig(hidden_size=256, num_hidden_layers=5, num_attention_heads=4,
-                                           num_key_value_heads=2, intermediate_size=768))
-    model = build_tiny_model(cfg, tok, seed=0)
+    model, tok = bench_model()
     params = sum(p.numel() for p in model.parameters())
     batch = bench_batch(len(tok))
     s = LossSettings(use_kl_loss=True, kl_loss_coef=0.001, entropy_coeff=0.001, horizon=48)

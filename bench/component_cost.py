@@ -23,11 +23,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from analysis_cost import bench_batch, interleaved_times  # noqa: E402  (the same batch as the bucket-analysis benchmark)
+from analysis_cost import bench_batch, bench_model, interleaved_times  # noqa: E402  (the same batch as the bucket-analysis benchmark)
 
 from rlgrad.analysis.components import analyse_components, outcome_advantages  # noqa: E402
-from rlgrad.config import ModelConfig, TinyModelConfig  # noqa: E402
-from rlgrad.models import build_char_tokenizer, build_tiny_model  # noqa: E402
 from rlgrad.rl.actor import LossSettings, update_actor  # noqa: E402
 
 WEIGHTS = {"correctness": 0.34, "format": 0.33, "length": 0.33}
@@ -41,10 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    tok = build_char_tokenizer()
-    cfg = ModelConfig(tiny=TinyModelConfig(hidden_size=256, num_hidden_layers=5, num_attention_heads=4,
-                                           num_key_value_heads=2, intermediate_size=768))
-    model = build_tiny_model(cfg, tok, seed=0)
+    model, tok = bench_model()
     params = sum(p.numel() for p in model.parameters())
     batch = bench_batch(len(tok))
     g = torch.Generator().manual_seed(1)

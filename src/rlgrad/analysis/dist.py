@@ -40,22 +40,22 @@ def _device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum of ``t`` over all ranks (a new tensor; ``t`` is left alone)."""
+def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
     if not initialized() or world_size() == 1:
         return t
     out = t.detach().to(_device(), copy=True)
-    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    dist.all_reduce(out, op=op)
     return out.to(t.device)
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of ``t`` over all ranks (a new tensor; ``t`` is left alone)."""
+    return _all_reduce(t, dist.ReduceOp.SUM)
 
 
 def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     """Element-wise max of ``t`` over all ranks (a new tensor)."""
-    if not initialized() or world_size() == 1:
-        return t
-    out = t.detach().to(_device(), copy=True)
-    dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return out.to(t.device)
+    return _all_reduce(t, dist.ReduceOp.MAX)
 
 
 def all_reduce_sum_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

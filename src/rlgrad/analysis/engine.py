@@ -192,21 +192,21 @@ class _SliceReducer:
         # Each slice only touches its own rows: disjoint slices cost one weight gradient in total.
         out = []
         n = g.shape[0]
-        for w, rows, const, folded, rng in zip(self.weights, self.rows, self.const, self.folded, self.ranges):
-            if len(rows) == 0:
+        for w, idx, const, folded, rng in zip(self.weights, self.rows, self.const, self.folded, self.ranges):
+            if len(idx) == 0:
                 out.append(reduce(g[:0].flatten(0, -2), x[:0].flatten(0, -2) if x.dim() > 2 else x[:0]))
                 continue
-            if len(rows) == n:
+            if len(idx) == n:
                 gs, xs = g, x
             elif rng is not None:
                 gs, xs = g.narrow(0, rng[0], rng[1]), x.narrow(0, rng[0], rng[1])
             else:
-                gs, xs = g.index_select(0, rows), x.index_select(0, rows)
+                gs, xs = g.index_select(0, idx), x.index_select(0, idx)
             if const:
                 r = reduce(gs.flatten(0, -2), xs.flatten(0, -2) if xs.dim() > 2 else xs)
-                out.append(r if folded else r * w[rows[0]])
+                out.append(r if folded else r * w[idx[0]])
             else:
-                gs = gs * w[rows].to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
+                gs = gs * w[idx].to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
                 out.append(reduce(gs.flatten(0, -2), xs.flatten(0, -2) if xs.dim() > 2 else xs))
         return torch.stack(out)
 
