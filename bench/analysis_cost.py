@@ -21,9 +21,9 @@ import torch
 from rlgrad.analysis.gradient_probe import analyse_buckets
 from rlgrad.batch import Batch
 from rlgrad.config import ModelConfig, TinyModelConfig
+from rlgrad.core import group_reward_std, grpo_advantages
+from rlgrad.loss import Denominators, LossSettings, actor_loss_terms
 from rlgrad.models import build_char_tokenizer, build_tiny_model
-from rlgrad.rl.actor import Denominators, LossSettings, actor_loss_terms
-from rlgrad.rl.core import group_reward_std, grpo_advantages
 
 
 def bench_batch(vocab: int, groups: int = 16, n: int = 8, prompt: int = 16, response: int = 48) -> Batch:

@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from analysis_cost import bench_batch, bench_model, interleaved_times  # noqa: E402  (the same batch as the bucket-analysis benchmark)
 
 from rlgrad.analysis.components import analyse_components, outcome_advantages  # noqa: E402
-from rlgrad.rl.actor import LossSettings, update_actor  # noqa: E402
+from rlgrad.loss import LossSettings  # noqa: E402
+from rlgrad.rl.actor import update_actor  # noqa: E402
 
 WEIGHTS = {"correctness": 0.34, "format": 0.33, "length": 0.33}
 

@@ -1,4 +1,4 @@
-"""Cost of the neuron-health metrics: a training step with actor.redo_metric_freq=1 against one without.
+"""Cost of the neuron-health metrics: a training step with analysis.neurons.actor.metric_every=1 against one without.
 
 One Trainer (the default configuration: the embedded 4-block width-128 Qwen2, 16 prompts x 8 samples,
 8 response tokens; no warm start, no bucket analysis), whose NeuronHealthHook is switched on and off
@@ -6,7 +6,7 @@ on alternate steps; each pair of steps gives a ratio (with / without) and the me
 (wall clock, and in brackets the same from process CPU time, which other jobs on a shared machine disturb less).
 The measured part is ``Trainer.train_step``: rollout, filter, log-probs, advantages, actor update and,
 when on, the hook's statistics (gradient scores, plus the nullspace / activation pass on
-``actor.redo_nullspace_samples`` sequences).
+``analysis.neurons.actor.nullspace_samples`` sequences).
 
     python bench/neuron_cost.py [--steps 10] [--threads N] [--samples 32] [key=value overrides ...]
 
@@ -22,26 +22,26 @@ import time
 
 import torch
 
-from rlgrad.analysis.neurons import NeuronHealthHook
+from rlgrad.analysis.redo import NeuronHealthHook
 from rlgrad.config import load_config
 from rlgrad.logging.sinks import MetricLogger
-from rlgrad.rl.trainer import Trainer
+from rlgrad.recipes import make_trainer
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10, help="timed pairs of steps")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--samples", type=int, default=32, help="actor.redo_nullspace_samples")
+    ap.add_argument("--samples", type=int, default=32, help="analysis.neurons.actor.nullspace_samples")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(overrides=[
-            "model.warmstart_steps=0", "trainer.gradient_analysis_mode=false", "trainer.logger=[]",
-            f"trainer.default_local_dir={tmp}/run", "actor.redo_metric_freq=1",
-            f"actor.redo_nullspace_samples={args.samples}", "actor.entropy_coeff=0.001",
+            "model.warmstart_steps=0", "analysis.buckets.enable=false", "trainer.logger=[]",
+            f"trainer.default_local_dir={tmp}/run", "analysis.neurons.actor.metric_every=1",
+            f"analysis.neurons.actor.nullspace_samples={args.samples}", "actor.entropy_coeff=0.001",
             *([f"trainer.num_threads={args.threads}"] if args.threads else []), *args.overrides])
-        tr = Trainer(cfg, log=lambda *a: None)
+        tr = make_trainer(cfg, log=lambda *a: None)
         hook = next(h for h in tr.hooks if isinstance(h, NeuronHealthHook))
         logger = MetricLogger([])
         times: dict[bool, list[float]] = {True: [], False: []}

@@ -7,9 +7,10 @@ import torch
 
 from rlgrad.batch import Batch, position_ids_from_mask
 from rlgrad.config import ModelConfig, TinyModelConfig
+from rlgrad.core import group_reward_std, grpo_advantages
+from rlgrad.loss import Denominators, LossSettings, actor_loss_terms
 from rlgrad.models import build_char_tokenizer, build_tiny_model
-from rlgrad.rl.actor import Denominators, LossSettings, actor_loss_terms, update_actor
-from rlgrad.rl.core import group_reward_std, grpo_advantages
+from rlgrad.rl.actor import update_actor
 from rlgrad.rl.rollout import compute_log_probs, generate
 
 

@@ -10,9 +10,9 @@ from rlgrad.analysis.engine import fast_gradients, layer_group
 from rlgrad.analysis.gradient_probe import GradientAnalysisHook, analyse_buckets
 from rlgrad.batch import Batch
 from rlgrad.config import ModelConfig, TinyModelConfig
+from rlgrad.core import group_reward_std, grpo_advantages
+from rlgrad.loss import Denominators, LossSettings, actor_loss_terms
 from rlgrad.models import build_char_tokenizer, build_tiny_model
-from rlgrad.rl.actor import Denominators, LossSettings, actor_loss_terms
-from rlgrad.rl.core import group_reward_std, grpo_advantages
 from rlgrad.rl.rollout import compute_log_probs, generate
 
 
@@ -62,7 +62,7 @@ def test_fixed_rv_buckets_skip_empty():
 def test_cadence():
     from rlgrad.config import load_config
     hook = GradientAnalysisHook(load_config(overrides=["trainer.gradient_analysis_every=3"]))
-    assert [s for s in range(1, 11) if hook.due(s)] == [1, 4, 7, 10]
+    assert [s for s in range(1, 11) if hook.schedule.due(s)] == [1, 4, 7, 10]
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -140,7 +140,7 @@ def test_bucket_gradients_sum_to_full_gradient_for_every_parameter(model_tok):
     kinds = {n.split(".")[-2] if "norm" in n else n.split(".")[-1] for n in names}
     assert {"weight", "bias"} <= kinds
     real = [n for n in rep.buckets.names if n != "all"]
-    from rlgrad.rl.core import agg_token_weights
+    from rlgrad.core import agg_token_weights
     _, u = agg_token_weights(b.response_mask, s.loss_agg_mode, horizon=s.horizon)
     for n, p in m.named_parameters():
         k_all = rep.stats.slices.index("all")

@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 
 from rlgrad.batch import Batch
 from rlgrad.config import load_config
-from rlgrad.rl.actor import Denominators, LossSettings, actor_loss_terms
-from rlgrad.rl.trainer import Trainer
+from rlgrad.loss import Denominators, LossSettings, actor_loss_terms
+from rlgrad.recipes import make_trainer
 from rlgrad.rundir import read_jsonl
 
 from .conftest import run_cli
@@ -19,7 +19,7 @@ QUIET = dict(log=lambda *a: None)
 
 
 def _run(overrides):
-    return Trainer(load_config(overrides=overrides), **QUIET).fit()
+    return make_trainer(load_config(overrides=overrides), **QUIET).fit()
 
 
 def test_analysis_every_step_leaves_training_bitwise_unchanged(tiny, tmp_path):
@@ -62,14 +62,29 @@ def test_exit_after_analysis_stops_before_update(tiny, tmp_path):
     assert not list((tmp_path / "run").glob("global_step_*")) and summary["stopped_at_step"] == 1
 
 
-def test_analysis_only_never_updates(tiny, tmp_path):
-    _run(tiny + ["trainer.total_training_steps=2", "trainer.gradient_analysis_only=true",
-                 "trainer.gradient_analysis_every=1", "trainer.save_freq=1"])
-    a = load_file(tmp_path / "run" / "global_step_1" / "actor" / "model.safetensors")
-    b = load_file(tmp_path / "run" / "global_step_2" / "actor" / "model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert all("grad_norm/all/task" in r["data"] and "actor/pg_loss" not in r["data"] for r in rows[1:])
+def test_probe_never_updates(tiny, tmp_path, capsys):
+    """RAGEN's analysis-only mode is `rlgrad probe` (Trainer.probe): the actor and the critic keep their
+    weights, nothing is checkpointed; `rlgrad train trainer.gradient_analysis_only=true` points there."""
+    from rlgrad.cli import main
+    from rlgrad.recipes import make_prober
+
+    _run(tiny + ["trainer.total_training_steps=1", "trainer.save_freq=1", "algorithm.adv_estimator=gae"])
+    probe_dir = tmp_path / "probe"
+    overrides = [o for o in tiny if not o.startswith("trainer.default_local_dir")]
+    cfg = load_config(overrides=overrides + [
+        "algorithm.adv_estimator=gae", "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={tmp_path / 'run' / 'global_step_1'}", f"trainer.default_local_dir={probe_dir}"])
+    prober = make_prober(cfg, log=lambda *a: None)
+    before = [p.detach().clone() for m in (prober.actor, prober.critic) for p in m.parameters()]
+    row = prober.probe()
+    after = [p for m in (prober.actor, prober.critic) for p in m.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert "grad_norm/all/task" in row and "actor/pg_loss" not in row and "critic/vf_loss" not in row
+    assert not list(probe_dir.glob("global_step_*"))
+    assert [r["step"] for r in read_jsonl(probe_dir / "metrics.jsonl")] == [1, 2]  # validation, the probe
+    assert main(["train", *tiny, "trainer.gradient_analysis_only=true"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "trainer.gradient_analysis_only" in err[0] and "rlgrad probe" in err[0]
 
 
 def test_separate_batch_and_prefilter(tiny, tmp_path):

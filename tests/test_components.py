@@ -19,12 +19,12 @@ from rlgrad.analysis.components import (
 from rlgrad.batch import Batch
 from rlgrad.cli import main as cli_main
 from rlgrad.config import ModelConfig, TinyModelConfig, load_config
+from rlgrad.core import agg_token_weights, group_reward_std, policy_loss
 from rlgrad.logging.rewards import read_reward_components, to_seed_layout
+from rlgrad.loss import Denominators, LossSettings, actor_loss_terms, token_losses
 from rlgrad.models import build_char_tokenizer, build_tiny_model
-from rlgrad.rl.actor import Denominators, LossSettings, actor_loss_terms, token_losses
-from rlgrad.rl.core import agg_token_weights, group_reward_std, policy_loss
+from rlgrad.recipes import make_trainer
 from rlgrad.rl.rollout import compute_log_probs, generate
-from rlgrad.rl.trainer import Trainer
 from rlgrad.rundir import read_jsonl
 from rlgrad.tasks import Example, build_task
 from rlgrad.tasks.math import correctness_score, format_score, length_score
@@ -365,7 +365,7 @@ def test_train_with_components_end_to_end_and_export(tiny, tmp_path, math_files,
     common = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + [
         "trainer.total_training_steps=2", "data.task=math", f"data.train_files=[{train}]", f"data.val_files=[{val}]",
         "reward.length_max=3", "trainer.gradient_analysis_mode=false", "trainer.test_freq=-1"]
-    Trainer(load_config(overrides=common + [f"trainer.default_local_dir={tmp_path / 'plain'}"]), **QUIET).fit()
+    make_trainer(load_config(overrides=common + [f"trainer.default_local_dir={tmp_path / 'plain'}"]), **QUIET).fit()
     run = tmp_path / "comp"
     assert cli_main(["train", *common, f"trainer.default_local_dir={run}", "analysis.components_every=1",
                      "analysis.save_component_gradients=true", "analysis.components_mode=own_std"]) == 0
@@ -441,13 +441,13 @@ def test_resume_keeps_reward_components_readable(tiny, tmp_path):
     run = tmp_path / "run"
     base = tiny + ["trainer.save_freq=1", "trainer.test_freq=-1", "trainer.gradient_analysis_mode=false",
                    "analysis.components_every=2"]
-    Trainer(load_config(overrides=base + ["trainer.total_training_steps=3"]), **QUIET).fit()
+    make_trainer(load_config(overrides=base + ["trainer.total_training_steps=3"]), **QUIET).fit()
     first = read_reward_components(run / "reward_components.jsonl")
     # A crash after step 3 was logged but before its checkpoint completed, mid-way through a later append.
     (run / "global_step_3" / "COMPLETE").unlink()
     with open(run / "reward_components.jsonl", "a") as f:
         f.write('{"step": 4, "compo')
-    Trainer(load_config(overrides=base + ["trainer.total_training_steps=4"]), **QUIET).fit()
+    make_trainer(load_config(overrides=base + ["trainer.total_training_steps=4"]), **QUIET).fit()
     lines = (run / "reward_components.jsonl").read_text().splitlines()
     assert len(lines) == 6  # steps 1, 2, 3, the torn fragment (ended, never rewritten), 3 again, 4
     recs = read_reward_components(run / "reward_components.jsonl")
@@ -464,7 +464,7 @@ def test_config_cadence_and_bad_settings():
 
     hooks = hooks_from_config(load_config(overrides=["analysis.components_every=3"]))
     assert isinstance(hooks[0], ComponentGeometryHook)  # before the bucket analysis, which may stop the run
-    assert [s for s in range(1, 11) if hooks[0].due(s)] == [1, 4, 7, 10]
+    assert [s for s in range(1, 11) if hooks[0].schedule.due(s)] == [1, 4, 7, 10]
     assert not any(isinstance(h, ComponentGeometryHook) for h in hooks_from_config(load_config()))
     with pytest.raises(UserError, match="components_every"):
         load_config(overrides=["analysis.components_every=-1"])

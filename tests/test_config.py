@@ -21,10 +21,10 @@ def test_defaults_and_overrides_are_typed():
     ("es_manager.train.env_groups", "data.train_batch_size", "32", 32),
     ("es_manager.train.group_size", "rollout.n", "16", 16),
     ("data.max_response_length", "rollout.response_length", "12", 12),
-    ("actor_rollout_ref.rollout.gradient_analysis_num_buckets", "rollout.gradient_analysis_num_buckets", "4", 4),
-    ("actor_rollout_ref.rollout.gradient_analysis_bucket_mode", "rollout.gradient_analysis_bucket_mode", "fixed_rv", "fixed_rv"),
+    ("actor_rollout_ref.rollout.gradient_analysis_num_buckets", "analysis.buckets.num_buckets", "4", 4),
+    ("actor_rollout_ref.rollout.gradient_analysis_bucket_mode", "analysis.buckets.bucket_mode", "fixed_rv", "fixed_rv"),
     ("actor_rollout_ref.rollout.rollout_filter_top_p_prob_mode", "rollout.rollout_filter_top_p_prob_mode", "softmax", "softmax"),
-    ("trainer.gradient_analysis_env_groups", "trainer.gradient_analysis_env_groups", "128", 128),
+    ("trainer.gradient_analysis_env_groups", "analysis.buckets.env_groups", "128", 128),
 ])
 
 
@@ -51,7 +51,7 @@ def test_seed_probe_command_lines():
                  "trainer.gradient_analysis_mode=True", "trainer.gradient_analysis_every=1",
                  "trainer.exit_after_gradient_analysis=True", "trainer.resume_from_path=/x/global_step_100"]
     cfg = load_config(overrides=supported)
-    assert (cfg.data.train_batch_size, cfg.rollout.n, cfg.trainer.gradient_analysis_every) == (32, 16, 1)
+    assert (cfg.data.train_batch_size, cfg.rollout.n, cfg.analysis.buckets.every) == (32, 16, 1)
     for unsupported in ["actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
                         "actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
                         "actor_rollout_ref.actor.filter_loss_scaling=none"]:

@@ -1,11 +1,11 @@
-"""rlgrad.rl.core against values worked out by hand (written out below, not re-derived in code)."""
+"""rlgrad.core against values worked out by hand (written out below, not re-derived in code)."""
 
 import math
 
 import pytest
 import torch
 
-from rlgrad.rl.core import (
+from rlgrad.core import (
     agg_loss,
     broadcast_to_tokens,
     entropy_from_logits,

@@ -8,10 +8,7 @@ from safetensors.torch import load_file
 
 from rlgrad.batch import Batch, position_ids_from_mask
 from rlgrad.config import ModelConfig, TinyModelConfig, load_config
-from rlgrad.errors import UserError
-from rlgrad.hooks import Hook
-from rlgrad.models import build_char_tokenizer, build_tiny_model, load_value_model
-from rlgrad.rl.core import (
+from rlgrad.core import (
     agg_loss,
     explained_variance,
     gae_advantages,
@@ -19,9 +16,13 @@ from rlgrad.rl.core import (
     outcome_token_rewards,
     value_loss,
 )
-from rlgrad.rl.critic import CriticSettings, compute_values, forward_values, update_critic
+from rlgrad.errors import UserError
+from rlgrad.hooks import Hook
+from rlgrad.loss import CriticSettings, forward_values
+from rlgrad.models import build_char_tokenizer, build_tiny_model, load_value_model
+from rlgrad.recipes import make_trainer
+from rlgrad.rl.critic import compute_values, update_critic
 from rlgrad.rl.rollout import generate
-from rlgrad.rl.trainer import Trainer
 from rlgrad.rundir import read_jsonl
 
 from .conftest import run_cli
@@ -215,7 +216,7 @@ def _without_dir(tiny):
 
 
 def test_critic_starts_from_the_actor(tiny):
-    t = Trainer(load_config(overrides=tiny + GAE), **QUIET)
+    t = make_trainer(load_config(overrides=tiny + GAE), **QUIET)
     actor, critic = t.actor.state_dict(), t.critic.state_dict()
     base = [k for k in critic if k.startswith("model.")]
     assert len(base) == len([k for k in actor if k.startswith("model.")])
@@ -246,7 +247,7 @@ def test_train_gae_cli_metrics_checkpoint_and_warmup(tiny, tmp_path):
     assert c3.score.weight.shape == (1, 32) and c3.score.weight.any()
     # During the warm-up the actor does not move; afterwards it does. The critic moves from step 1.
     a1, a2 = (load_file(run / f"global_step_{s}" / "actor" / "model.safetensors") for s in (1, 2))
-    t0 = Trainer(load_config(overrides=[o for o in tiny if not o.startswith("trainer.default_local_dir")] + GAE
+    t0 = make_trainer(load_config(overrides=[o for o in tiny if not o.startswith("trainer.default_local_dir")] + GAE
                              + [f"trainer.default_local_dir={tmp_path / 'fresh'}"]), **QUIET)
     a0 = t0.actor.state_dict()
     assert all(torch.equal(a1[k], a0[k]) for k in a1)
@@ -273,15 +274,15 @@ def test_gae_resume_is_bitwise_equal_to_uninterrupted(tiny, tmp_path):
     base = _without_dir(tiny) + ["trainer.save_freq=1", "trainer.critic_warmup=1", "critic.ppo_epochs=2",
                                  "critic.optim.lr_warmup_steps=3"]
     order = Order()
-    Trainer(load_config(overrides=base + ["trainer.total_training_steps=3", f"trainer.default_local_dir={tmp_path / 'a'}"]),
+    make_trainer(load_config(overrides=base + ["trainer.total_training_steps=3", f"trainer.default_local_dir={tmp_path / 'a'}"]),
             hooks=[order], **QUIET).fit()
     # The critic (two epochs, one mini-batch each) updates before the hook point; the actor after it.
     assert order.events == [(1, "critic"), (1, "critic"), (1, "before_update"),
                             (2, "critic"), (2, "critic"), (2, "before_update"), (2, "actor"),
                             (3, "critic"), (3, "critic"), (3, "before_update"), (3, "actor")]
     b = base + [f"trainer.default_local_dir={tmp_path / 'b'}"]
-    Trainer(load_config(overrides=b + ["trainer.total_training_steps=2"]), **QUIET).fit()
-    t = Trainer(load_config(overrides=b + ["trainer.total_training_steps=3"]), **QUIET)
+    make_trainer(load_config(overrides=b + ["trainer.total_training_steps=2"]), **QUIET).fit()
+    t = make_trainer(load_config(overrides=b + ["trainer.total_training_steps=3"]), **QUIET)
     assert t.step == 2 and t.critic_optimizer.state  # the critic's Adam moments came back
     t.fit()
     for role in ("actor", "critic"):
@@ -300,10 +301,10 @@ def test_gae_resume_is_bitwise_equal_to_uninterrupted(tiny, tmp_path):
 
 
 def test_gae_resume_needs_a_critic_checkpoint(tiny, tmp_path):
-    Trainer(load_config(overrides=tiny + ["trainer.total_training_steps=1", "trainer.gradient_analysis_mode=false"]),
+    make_trainer(load_config(overrides=tiny + ["trainer.total_training_steps=1", "trainer.gradient_analysis_mode=false"]),
             **QUIET).fit()
     with pytest.raises(UserError, match="has no critic/"):
-        Trainer(load_config(overrides=tiny + GAE + ["trainer.total_training_steps=2"]), **QUIET)
+        make_trainer(load_config(overrides=tiny + GAE + ["trainer.total_training_steps=2"]), **QUIET)
 
 
 def test_critic_keys_unused_without_gae_and_checked_with_it(tmp_path):

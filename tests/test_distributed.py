@@ -29,10 +29,12 @@ from safetensors.torch import load_file
 
 from rlgrad.analysis.components import analyse_components
 from rlgrad.analysis.gradient_probe import analyse_buckets
-from rlgrad.analysis.neurons import actor_loss_fn, measure, reset_dormant, select_reset
-from rlgrad.config import RedoConfig, load_config
-from rlgrad.rl.actor import LossSettings, update_actor
-from rlgrad.rl.trainer import Trainer
+from rlgrad.analysis.neurons import measure
+from rlgrad.analysis.redo import reset_dormant, select_reset
+from rlgrad.config import NeuronHealthConfig, load_config
+from rlgrad.loss import ActorLoss, LossSettings
+from rlgrad.recipes import make_trainer
+from rlgrad.rl.actor import update_actor
 from rlgrad.rundir import read_jsonl
 
 from .conftest import REPO
@@ -91,8 +93,8 @@ def _analyses(model, batch_of):
 
 # Neuron health on the first mini-batch of a shuffled update (ranks interleave in it), a 5-of-8 nullspace
 # sample (which rows are drawn matters), then the reset after the update, as NeuronHealthHook does.
-RC = RedoConfig(redo_mode="percentage", redo_max_reset_frac=0.5, redo_nullspace_samples=5,
-                redo_reset_outgoing="small")
+RC = NeuronHealthConfig(mode="percentage", max_reset_frac=0.5, nullspace_samples=5,
+                reset_outgoing="small")
 
 
 def _neuron_update(train, replica, batch):
@@ -107,14 +109,14 @@ def _neuron_update(train, replica, batch):
     def on_grads(model, mini):
         model = getattr(model, "module", model)  # DDP: the inner module, as the trainer passes it
         if not seen:
-            seen.append(measure(model, mini, RC, role="actor", seed=1, step=3, loss_fn=actor_loss_fn(S),
+            seen.append(measure(model, mini, RC, role="actor", seed=1, step=3, loss_fn=ActorLoss(S),
                                 replica=replica))
 
     # seed 6: the first mini-batch is global rows [10, 11, 17, 12, 14, 2, 19, 7], rank 1's 17 and 19 in between
     update_actor(train, opt, batch, S, ppo_epochs=1, mini_batch_size=8, micro_batch_size=3, max_grad_norm=1.0,
                  shuffle=True, seed=6, on_grads=on_grads)
     rep = seen[0]
-    chosen = {s.layer.name: select_reset(s.score, RC.redo_tau, RC.redo_mode, RC.redo_max_reset_frac)
+    chosen = {s.layer.name: select_reset(s.score, RC.tau, RC.mode, RC.max_reset_frac)
               for s in rep.layers}
     counts = reset_dormant(rep, opt, RC, seed=1, step=3)
     if train is replica:  # one process
@@ -167,9 +169,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     results = {"analysis": _analyses(model, lambda split: _share(batch, SPLITS[split][rank])),
                "components": _components(model, lambda split: _share(batch, SPLITS[split][rank]))}
     for strategy in ("ddp", "fsdp2"):
-        from rlgrad.analysis.dist import set_replicated_grads
-
-        set_replicated_grads(strategy == "ddp")
         train, plain = wrap(copy.deepcopy(model), strategy)
         stats = _update(train, _share(batch, SPLITS["uneven"][rank]))
         full = get_model_state_dict(train, options=StateDictOptions(full_state_dict=True))
@@ -247,7 +246,7 @@ NEURON_KEYS = {f"actor/neuron/{k}" for k in ("dormant_ratio", "act_dormant_ratio
 def test_torchrun_ddp_then_fsdp2_resume_equal_one_process(tiny, tmp_path):
     base = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + E2E
     one, two = tmp_path / "one", tmp_path / "two"
-    Trainer(load_config(overrides=base + ["trainer.total_training_steps=2", "rollout.group_seeded_sampling=true",
+    make_trainer(load_config(overrides=base + ["trainer.total_training_steps=2", "rollout.group_seeded_sampling=true",
                                           f"trainer.default_local_dir={one}"]), log=lambda *a: None).fit()
     r = _torchrun(base + ["trainer.total_training_steps=1", f"trainer.default_local_dir={two}"])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -306,7 +305,7 @@ KILL = textwrap.dedent("""
     from rlgrad import distributed
     from rlgrad.config import load_config
     from rlgrad.hooks import Hook
-    from rlgrad.rl.trainer import Trainer
+    from rlgrad.recipes import make_trainer
 
     class Kill(Hook):
         def before_update(self, ctx):
@@ -316,7 +315,7 @@ KILL = textwrap.dedent("""
     cfg = load_config(overrides=sys.argv[1:])
     distributed.setup(cfg)
     try:
-        Trainer(cfg, hooks=[Kill()]).fit()
+        make_trainer(cfg, hooks=[Kill()]).fit()
     except RuntimeError as e:
         print("rlgrad: error:", distributed.failure_message(e), file=sys.stderr)
         sys.exit(1)
@@ -326,7 +325,7 @@ KILL = textwrap.dedent("""
 def test_killed_rank_ends_the_run_naming_it(tiny, tmp_path):
     script = tmp_path / "kill.py"
     script.write_text(KILL)
-    Trainer(load_config(overrides=tiny), log=lambda *a: None)  # the warm-start cache: longer than the 5 s timeout
+    make_trainer(load_config(overrides=tiny), log=lambda *a: None)  # the warm-start cache: longer than the 5 s timeout
     t0 = time.monotonic()
     r = _torchrun([*tiny, "trainer.dist_timeout_s=20", "trainer.gradient_analysis_mode=false",
                    "trainer.val_before_train=false"], timeout=120, script=str(script))

@@ -9,23 +9,14 @@ import torch
 from torch import nn
 
 from rlgrad.analysis import hooks_from_config
-from rlgrad.analysis.neurons import (
-    NeuronHealthHook,
-    actor_loss_fn,
-    find_neurons,
-    gradient_stats,
-    measure,
-    nullspace_ratio,
-    reset_dormant,
-    sample_rows,
-    select_reset,
-)
+from rlgrad.analysis.neurons import find_neurons, gradient_stats, measure, nullspace_ratio, sample_rows
+from rlgrad.analysis.redo import NeuronHealthHook, reset_dormant, select_reset
 from rlgrad.batch import Batch
-from rlgrad.config import ModelConfig, RedoConfig, TinyModelConfig, load_config
+from rlgrad.config import ModelConfig, NeuronHealthConfig, TinyModelConfig, load_config
 from rlgrad.errors import UserError
 from rlgrad.hooks import StepContext
+from rlgrad.loss import ActorLoss, Denominators, LossSettings, actor_loss_terms, per_token_loss
 from rlgrad.models import build_char_tokenizer, build_tiny_model
-from rlgrad.rl.actor import Denominators, LossSettings, actor_loss_terms
 from rlgrad.rundir import read_jsonl
 
 from .conftest import run_cli
@@ -152,7 +143,7 @@ def test_grama_scores_and_zero_ratios_by_hand():
     assert stats[0].score.tolist() == [1.0, 0.0, 2.0]
     assert (zero, numel) == (3 + 5 + 1, 14.0)
     for tau, ratio in ((0.1, 1 / 3), (1.0, 2 / 3), (2.0, 1.0)):
-        rep = measure(net, None, RedoConfig(redo_tau=tau), role="critic", seed=0, step=1)
+        rep = measure(net, None, NeuronHealthConfig(tau=tau), role="critic", seed=0, step=1)
         m = rep.metrics()
         assert m["critic/neuron/dormant_ratio"] == pytest.approx(ratio)
         assert m["critic/neuron/zero_grad_ratio"] == pytest.approx(1 / 3)
@@ -164,7 +155,7 @@ def test_head_score_averages_its_rows_and_biases(tok):
     for kv in (2, 1):
         model = qwen(tok, kv_heads=kv)
         backward(model, make_batch(len(tok)))
-        rep = measure(model, None, RedoConfig(), role="actor", seed=0, step=1)
+        rep = measure(model, None, NeuronHealthConfig(), role="actor", seed=0, step=1)
         s = next(s for s in rep.layers if s.layer.name == "model.layers.1.self_attn")
         att = model.model.layers[1].self_attn
         hd = att.head_dim
@@ -185,7 +176,7 @@ def test_planted_dead_neurons_found_by_both_scores_mlp(tok):
         m.mlp[2].bias[17] = 0
     b = make_batch(len(tok))
     backward(m, b)
-    rep = measure(m, b, RedoConfig(), role="actor", seed=0, step=1, loss_fn=actor_loss_fn(S))
+    rep = measure(m, b, NeuronHealthConfig(), role="actor", seed=0, step=1, loss_fn=ActorLoss(S))
     planted = {"mlp.0": {4, 9}, "mlp.2": {17}}
     assert flagged(rep, "grad") == planted
     assert flagged(rep, "act") == planted
@@ -208,7 +199,7 @@ def test_planted_dead_neurons_found_by_both_scores_qwen(tok):
     planted = plant_qwen(model)
     b = make_batch(len(tok))
     backward(model, b)
-    rep = measure(model, b, RedoConfig(), role="actor", seed=0, step=1, loss_fn=actor_loss_fn(S))
+    rep = measure(model, b, NeuronHealthConfig(), role="actor", seed=0, step=1, loss_fn=ActorLoss(S))
     assert flagged(rep, "grad") == planted
     assert flagged(rep, "act") == planted
     assert flagged(rep, "zero") == planted
@@ -220,8 +211,8 @@ def test_planted_dead_neurons_found_by_both_scores_qwen(tok):
     b2 = make_batch(len(tok))
     b2.response_mask[:, :] = 0
     b2.response_mask[:, -1] = 1
-    rep2 = measure(model, b2, RedoConfig(redo_nullspace_samples=3), role="actor", seed=0, step=1,
-                   loss_fn=actor_loss_fn(S))
+    rep2 = measure(model, b2, NeuronHealthConfig(nullspace_samples=3), role="actor", seed=0, step=1,
+                   loss_fn=ActorLoss(S))
     assert float(rep2.layers[0].act_count[0]) == 3 * 16  # 3 sequences x 1 response token x head_dim channels
 
 
@@ -232,13 +223,13 @@ def test_nullspace_counts_duplicates_and_gram_equals_plain_autograd(tok):
     dup = torch.tensor([0, 1, 2, 0, 0, 1])  # rows 3, 4 repeat row 0; row 5 repeats row 1: rank 3
     b = b.select(dup)
     backward(model, b)
-    rep = measure(model, b, RedoConfig(redo_nullspace_samples=32), role="actor", seed=0, step=1,
-                  loss_fn=actor_loss_fn(S))
+    rep = measure(model, b, NeuronHealthConfig(nullspace_samples=32), role="actor", seed=0, step=1,
+                  loss_fn=ActorLoss(S))
     assert rep.sample_rows.tolist() == list(range(6))
     assert rep.nullspace_ratio == pytest.approx(3 / 6)
     assert rep.metrics()["actor/neuron/nullspace_ratio"] == pytest.approx(0.5)
     # Oracle: plain autograd of each sequence's own weighted loss, G Gᵀ.
-    fn = actor_loss_fn(S)
+    fn = ActorLoss(S)
     params = [p for p in model.parameters()]
     G = []
     for i in range(6):
@@ -247,7 +238,7 @@ def test_nullspace_counts_duplicates_and_gram_equals_plain_autograd(tok):
     G = torch.stack(G)
     torch.testing.assert_close(rep.gram, G @ G.t(), rtol=1e-4, atol=1e-10)
     # distinct sequences: no null direction
-    assert measure(model, make_batch(len(tok), n=6), RedoConfig(), role="actor", seed=0, step=1,
+    assert measure(model, make_batch(len(tok), n=6), NeuronHealthConfig(), role="actor", seed=0, step=1,
                    loss_fn=fn).nullspace_ratio == 0.0
 
 
@@ -256,7 +247,7 @@ def test_engine_per_row_path_equals_reference(tok):
     model = qwen(tok, kv_heads=1)
     b = make_batch(len(tok), n=4)
     w = torch.diag(torch.tensor([0.5, 2.0, -1.0, 1.0]))  # one slice per row, in order: the batched reduction
-    fn = actor_loss_fn(S)
+    fn = ActorLoss(S)
     fast = fast_gradients(model, b, fn, w, list("abcd"), keep_grads=True)
     ref = reference_gradients(model, b, fn, w, list("abcd"), keep_grads=True)
     for term in ref.grads:
@@ -285,7 +276,7 @@ def test_engine_partial_placement_equals_reference(tok):
     probe = _SliceReducer(model, w)
     probe.close()
     assert probe.place is not None
-    fn = actor_loss_fn(S)
+    fn = ActorLoss(S)
     fast = fast_gradients(model, b, fn, w, list("abcde"), keep_grads=True)
     ref = reference_gradients(model, b, fn, w, list("abcde"), keep_grads=True)
     _assert_engines_agree(fast, ref)
@@ -303,7 +294,7 @@ def test_engine_overlapping_slices_combine_per_row_gradients_in_chunks(tok, monk
     probe = engine._SliceReducer(model, w)
     probe.close()
     assert probe.combine
-    fn = actor_loss_fn(S)
+    fn = ActorLoss(S)
     derived = {"sum": {"a": 1.0, "b": 1.0, "c": 1.0}}
     ref = engine.reference_gradients(model, b, fn, w, list("abc"), derived, keep_grads=True)
     for chunk in (1, engine.ROW_CHUNK_ELEMENTS):
@@ -315,7 +306,7 @@ def test_engine_edge_cases_no_slices_and_unknown_derived_slice(tok):
     from rlgrad.analysis.engine import fast_gradients
     model = qwen(tok, kv_heads=1)
     b = make_batch(len(tok), n=3)
-    fn = actor_loss_fn(S)
+    fn = ActorLoss(S)
     assert fast_gradients(model, b, fn, torch.zeros(0, 3), []).gram == {}
     with pytest.raises(ValueError, match="unknown slice"):
         fast_gradients(model, b, fn, torch.ones(1, 3), ["a"], {"sum": {"a": 1.0, "typo": 1.0}})
@@ -347,14 +338,14 @@ def test_select_reset_modes():
 
 
 def test_reset_draws_from_the_survivors_rms_by_hand():
-    from rlgrad.analysis.neurons import _seed
+    from rlgrad.analysis.neurons import seed_of as _seed
     net = nn.Sequential(nn.Linear(3, 4, bias=False), nn.ReLU(), nn.Linear(4, 2))
     with torch.no_grad():
         net[0].weight.copy_(torch.tensor([[2.0, -2, 2], [-2, 2, 2], [0, 0, 0], [0, 0, 0]]))  # survivors' RMS: 2
     net[0].weight.grad = torch.tensor([[1.0, 1, 1], [1, 1, 1], [0, 0, 0], [0, 0, 0]])
     net[2].weight.grad = torch.ones(2, 4)
-    rep = measure(net, None, RedoConfig(), role="actor", seed=4, step=9)
-    assert reset_dormant(rep, None, RedoConfig(), seed=4, step=9) == {"0": 2}
+    rep = measure(net, None, NeuronHealthConfig(), role="actor", seed=4, step=9)
+    assert reset_dormant(rep, None, NeuronHealthConfig(), seed=4, step=9) == {"0": 2}
     draw = torch.randn(2, 3, generator=torch.Generator().manual_seed(_seed(4, 9, "actor", "0.weight")))
     torch.testing.assert_close(net[0].weight[2:].detach(), 2.0 * draw)
     assert net[0].weight[:2].tolist() == [[2.0, -2, 2], [-2, 2, 2]]
@@ -439,7 +430,7 @@ def test_reset_revives_planted_neurons_and_zeroes_exactly_their_moments(tok, tmp
 
     # The planted neurons receive gradient again (through the outgoing weights: at once if small, else after a step).
     def incoming_grad_zero():
-        rep = measure(model, None, RedoConfig(), role="actor", seed=0, step=2)
+        rep = measure(model, None, NeuronHealthConfig(), role="actor", seed=0, step=2)
         return flagged(rep, "zero")
 
     backward(model, b)
@@ -453,13 +444,13 @@ def test_reset_revives_planted_neurons_and_zeroes_exactly_their_moments(tok, tmp
 
 def test_reset_is_deterministic_and_leaves_global_rng_alone(tok):
     model, opt, b, planted = _trained(tok, steps=1)
-    rc = RedoConfig(redo_tau=0.1)
+    rc = NeuronHealthConfig(tau=0.1)
     copies = [copy.deepcopy((model, opt)) for _ in range(3)]
     rng = torch.get_rng_state()
     results = []
     for (m, o), step in zip(copies, (5, 5, 6)):
         backward(m, b)
-        rep = measure(m, b, rc, role="actor", seed=1, step=step, loss_fn=actor_loss_fn(S))
+        rep = measure(m, b, rc, role="actor", seed=1, step=step, loss_fn=ActorLoss(S))
         counts = reset_dormant(rep, o, rc, seed=1, step=step)
         assert sum(counts.values()) == 4
         results.append(m.model.layers[0].mlp.gate_proj.weight.detach().clone())
@@ -475,9 +466,9 @@ def test_no_reset_on_a_step_without_gradient(tok):
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     before = copy.deepcopy(model.state_dict())
-    rep = measure(model, None, RedoConfig(), role="actor", seed=0, step=1)
+    rep = measure(model, None, NeuronHealthConfig(), role="actor", seed=0, step=1)
     assert rep.metrics()["actor/neuron/zero_grad_ratio"] == 1.0
-    assert reset_dormant(rep, None, RedoConfig(), seed=0, step=1) == {}
+    assert reset_dormant(rep, None, NeuronHealthConfig(), seed=0, step=1) == {}
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
 
 
@@ -505,7 +496,7 @@ def test_critic_role(tok, tmp_path):
     b = make_batch(len(tok))
     b.returns = torch.randn(b.response_mask.shape, generator=torch.Generator().manual_seed(1)) * b.response_mask
 
-    def value_loss(model, mb):  # per-token 0.5 (V - R)² with token-mean weights (the mask)
+    def value_loss(model, mb):  # per-token 0.5 (V - R)² on the response tokens (token-mean)
         v = model(mb.input_ids, mb.attention_mask)
         return {"vf": 0.5 * (v - mb.returns) ** 2 * mb.response_mask}
 
@@ -516,7 +507,7 @@ def test_critic_role(tok, tmp_path):
     cfg = load_config(overrides=["critic.redo_metric_freq=1", "critic.redo_reset_freq=1", "critic.redo_tau=0.05"])
     hook = NeuronHealthHook(cfg)
     ctx = StepContext(step=1, batch=b, actor=None, optimizer=None, loss_settings=None, config=cfg, run_dir=tmp_path,
-                      critic=critic, critic_optimizer=opt, extras={"critic_loss_fn": value_loss})
+                      critic=critic, critic_optimizer=opt, critic_loss=per_token_loss(value_loss))
     met = hook.on_grads(ctx, critic, b, role="critic")
     assert met["critic/neuron/dormant_ratio"] == pytest.approx(1 / 100)
     assert met["critic/neuron/act_dormant_ratio"] == pytest.approx(1 / 100)
@@ -534,8 +525,9 @@ def test_critic_role(tok, tmp_path):
 def test_config_keys_aliases_and_bad_values():
     cfg = load_config(overrides=["actor_rollout_ref.actor.redo_metric_freq=5", "actor_rollout_ref.actor.redo_tau=0.2",
                                  "critic.redo_reset_freq=7", "critic.redo_mode=hybrid"])
-    assert (cfg.actor.redo_metric_freq, cfg.actor.redo_tau, cfg.actor.redo_mode) == (5, 0.2, "threshold")
-    assert (cfg.critic.redo_reset_freq, cfg.critic.redo_mode, cfg.critic.redo_nullspace_samples) == (7, "hybrid", 32)
+    actor, critic = cfg.analysis.neurons.actor, cfg.analysis.neurons.critic
+    assert (actor.metric_every, actor.tau, actor.mode) == (5, 0.2, "threshold")
+    assert (critic.reset_every, critic.mode, critic.nullspace_samples) == (7, "hybrid", 32)
     assert any(isinstance(h, NeuronHealthHook) for h in hooks_from_config(cfg))
     assert not any(isinstance(h, NeuronHealthHook) for h in hooks_from_config(load_config()))
     for bad, culprit in (("actor.redo_metric_freq=-1", "actor.redo_metric_freq"),
@@ -547,7 +539,7 @@ def test_config_keys_aliases_and_bad_values():
 
 
 def test_metrics_alone_leave_the_training_trajectory_bitwise_unchanged(model_cache, tmp_path):
-    from rlgrad.rl.trainer import Trainer
+    from rlgrad.recipes import make_trainer
 
     from .conftest import tiny_overrides
 
@@ -556,7 +548,7 @@ def test_metrics_alone_leave_the_training_trajectory_bitwise_unchanged(model_cac
         cfg = load_config(overrides=tiny_overrides(model_cache, tmp_path / name) + extra + [
             "trainer.total_training_steps=2", "trainer.gradient_analysis_mode=false", "trainer.val_before_train=false",
             "actor.entropy_coeff=0.01", "actor.ppo_mini_batch_size=2"])  # 2 mini-batches per step
-        tr = Trainer(cfg, log=lambda *a: None)
+        tr = make_trainer(cfg, log=lambda *a: None)
         tr.fit()
         finals.append(({n: p.detach().clone() for n, p in tr.actor.named_parameters()}, torch.get_rng_state()))
     assert all(torch.equal(finals[0][0][n], finals[1][0][n]) for n in finals[0][0])

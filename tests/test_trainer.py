@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from rlgrad.config import load_config
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult
-from rlgrad.rl.trainer import Trainer
+from rlgrad.recipes import make_trainer
 from rlgrad.rundir import read_jsonl
 
 from .conftest import REPO
@@ -32,7 +32,7 @@ def test_end_to_end(tiny, tmp_path):
     cfg = load_config(overrides=tiny + ["trainer.total_training_steps=3", "trainer.save_freq=2", "trainer.test_freq=2",
                                         "actor.use_kl_loss=true", "actor.entropy_coeff=0.01",
                                         "trainer.logger=[jsonl,tensorboard]"])
-    summary = Trainer(cfg, log=lambda *a: None).fit()
+    summary = make_trainer(cfg, log=lambda *a: None).fit()
     run = tmp_path / "run"
     r = rows(run)
     assert [x["step"] for x in r] == [0, 1, 2, 3]
@@ -60,17 +60,17 @@ def test_end_to_end(tiny, tmp_path):
 def test_resume_continues_without_lost_or_duplicated_rows(tiny, tmp_path):
     run = tmp_path / "run"
     base = tiny + ["trainer.save_freq=1", "trainer.test_freq=2"]
-    Trainer(load_config(overrides=base + ["trainer.total_training_steps=4"]), log=lambda *a: None).fit()
+    make_trainer(load_config(overrides=base + ["trainer.total_training_steps=4"]), log=lambda *a: None).fit()
     straight = weights(run / "global_step_4")
 
     run2 = tmp_path / "run2"
     b2 = [o for o in base if not o.startswith("trainer.default_local_dir")] + [f"trainer.default_local_dir={run2}"]
-    Trainer(load_config(overrides=b2 + ["trainer.total_training_steps=2"]), log=lambda *a: None).fit()
+    make_trainer(load_config(overrides=b2 + ["trainer.total_training_steps=2"]), log=lambda *a: None).fit()
     # Rows past the checkpoint (as a crash after logging would leave them) must be moved aside, not duplicated.
     with open(run2 / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"step": 3, "data": {"stale": 1.0}}) + "\n" + '{"step": 4, "da')
     (run2 / "global_step_2" / "COMPLETE").unlink()  # the newest checkpoint is incomplete: resume from step 1
-    t = Trainer(load_config(overrides=b2 + ["trainer.total_training_steps=4"]), log=lambda *a: None)
+    t = make_trainer(load_config(overrides=b2 + ["trainer.total_training_steps=4"]), log=lambda *a: None)
     assert t.step == 1
     t.fit()
     assert [x["step"] for x in rows(run2)] == [0, 1, 2, 3, 4]
@@ -91,14 +91,14 @@ KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     from rlgrad.config import load_config
     from rlgrad.hooks import Hook
-    from rlgrad.rl.trainer import Trainer
+    from rlgrad.recipes import make_trainer
 
     class Kill(Hook):
         def before_update(self, ctx):
             if ctx.step == int(os.environ["KILL_AT"]):
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    Trainer(load_config(overrides=sys.argv[1:]), hooks=[Kill()], log=lambda *a: None).fit()
+    make_trainer(load_config(overrides=sys.argv[1:]), hooks=[Kill()], log=lambda *a: None).fit()
 """)
 
 
@@ -106,7 +106,7 @@ def test_sigkill_and_resume_equals_uninterrupted(tiny, tmp_path):
     steps = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=-1"]
     straight_dir = tmp_path / "straight"
     ov = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + steps
-    Trainer(load_config(overrides=ov + [f"trainer.default_local_dir={straight_dir}"]), log=lambda *a: None).fit()
+    make_trainer(load_config(overrides=ov + [f"trainer.default_local_dir={straight_dir}"]), log=lambda *a: None).fit()
 
     killed_dir = tmp_path / "killed"
     script = tmp_path / "kill.py"
@@ -128,17 +128,17 @@ def test_sigkill_and_resume_equals_uninterrupted(tiny, tmp_path):
 
 def test_new_run_never_overwrites(tiny, tmp_path):
     cfg = load_config(overrides=tiny + ["trainer.total_training_steps=1", "trainer.save_freq=-1"])
-    Trainer(cfg, log=lambda *a: None).fit()
+    make_trainer(cfg, log=lambda *a: None).fit()
     run = tmp_path / "run"
     before = (run / "metrics.jsonl").read_bytes()
     with pytest.raises(UserError, match="already holds a run"):
-        Trainer(load_config(overrides=tiny + ["trainer.resume_mode=disable"]), log=lambda *a: None)
+        make_trainer(load_config(overrides=tiny + ["trainer.resume_mode=disable"]), log=lambda *a: None)
     # A directory with run files but no checkpoint cannot be resumed, and is not overwritten either.
     for p in run.glob("global_step_*"):
         import shutil
         shutil.rmtree(p)
     with pytest.raises(UserError, match="no complete checkpoint"):
-        Trainer(load_config(overrides=tiny + ["trainer.total_training_steps=2"]), log=lambda *a: None)
+        make_trainer(load_config(overrides=tiny + ["trainer.total_training_steps=2"]), log=lambda *a: None)
     assert (run / "metrics.jsonl").read_bytes() == before
 
 
@@ -156,7 +156,7 @@ class StopAt(Hook):
 def test_hook_sees_prepared_batch_and_can_stop(tiny, tmp_path):
     hook = StopAt(2)
     cfg = load_config(overrides=tiny + ["trainer.total_training_steps=5", "trainer.save_freq=1"])
-    summary = Trainer(cfg, hooks=[hook], log=lambda *a: None).fit()
+    summary = make_trainer(cfg, hooks=[hook], log=lambda *a: None).fit()
     assert hook.seen == [(1, 16, True), (2, 16, True)]
     r = rows(tmp_path / "run")
     assert [x["step"] for x in r] == [0, 1, 2] and r[-1]["data"]["probe/x"] == 1.0
@@ -172,7 +172,7 @@ def test_empty_filter_skips_then_stops(tiny, tmp_path):
                                         "reward.weights={correctness: 0.0, format: 0.0}",
                                         "rollout.rollout_filter_empty_stop_steps=2"])
     with pytest.raises(RunStopped, match="2 consecutive steps"):
-        Trainer(cfg, log=lambda *a: None).fit()
+        make_trainer(cfg, log=lambda *a: None).fit()
     r = rows(tmp_path / "run")
     assert [x["step"] for x in r] == [0, 1, 2]
     assert r[1]["data"]["rollout/filter_empty"] == 1.0 and r[1]["data"]["rollout/filter_kept_count"] == 0.0
@@ -183,7 +183,7 @@ def test_wandb_offline(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = load_config(overrides=tiny + ["trainer.total_training_steps=1", "trainer.logger=[jsonl,wandb]"])
-    Trainer(cfg, log=lambda *a: None).fit()
+    make_trainer(cfg, log=lambda *a: None).fit()
     run = tmp_path / "run"
     run_id = (run / "wandb_run_id.txt").read_text().strip()
     assert any(run_id in p.name for p in (run / "wandb").glob("offline-run-*"))

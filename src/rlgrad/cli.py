@@ -19,11 +19,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config_name, args.config_file, args.overrides)  # before the heavy imports: fast errors
     from rlgrad import distributed
-    from rlgrad.rl.trainer import RunStopped, Trainer
+    from rlgrad.recipes import make_trainer
+    from rlgrad.rl.trainer import RunStopped
 
     distributed.setup(cfg)  # torchrun: join the process group (a no-op in one process)
     try:
-        trainer = Trainer(cfg)
+        trainer = make_trainer(cfg)
         try:
             summary = trainer.fit()
         except RunStopped as e:
@@ -57,11 +58,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    """The seeds' checkpoint probe: reload global_step_N, run one analysis pass, exit."""
+    """RAGEN's checkpoint probe: reload global_step_N, analyse the batch of step N+1, write, exit."""
     import time
     from pathlib import Path
 
-    from rlgrad.config import load_config
+    from rlgrad.config import PROBE_ONLY_KEY, load_config
     from rlgrad.rl.checkpoint import checkpoint_step
 
     ckpt = Path(args.resume_from_path)
@@ -70,29 +71,25 @@ def cmd_probe(args: argparse.Namespace) -> int:
     step = checkpoint_step(ckpt)
     run_cfg = ckpt.parent / "config.yaml"
     name = f"{ckpt.parent.name}_probe_step{step}_{time.strftime('%Y%m%d-%H%M%S')}"
-    forced = [
-        "trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}",
-        "trainer.gradient_analysis_mode=true", "trainer.gradient_analysis_every=1",
-        "trainer.exit_after_gradient_analysis=true", "trainer.gradient_analysis_only=true",
-        f"trainer.total_training_steps={step + 1}", f"trainer.val_before_train={str(args.with_val).lower()}",
-        "trainer.test_freq=-1", "trainer.save_freq=-1", f"trainer.experiment_name={name}",
-        f"trainer.default_local_dir={ckpt.parent.parent / name}",
-    ]
-    cfg = load_config(args.config_name, args.config_file, forced + args.overrides,
+    where = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}",
+             f"trainer.val_before_train={str(args.with_val).lower()}", f"trainer.experiment_name={name}",
+             f"trainer.default_local_dir={ckpt.parent.parent / name}"]
+    overrides = [o for o in args.overrides if not o.startswith(PROBE_ONLY_KEY + "=")]  # what a probe is anyway
+    cfg = load_config(args.config_name, args.config_file, where + overrides,
                       base_file=str(run_cfg) if run_cfg.is_file() else None)
     from rlgrad import distributed
-    from rlgrad.rl.trainer import Trainer
+    from rlgrad.recipes import make_prober
 
     distributed.setup(cfg)
     try:
-        trainer = Trainer(cfg)
-        trainer.fit()
+        prober = make_prober(cfg)
+        prober.probe()
     finally:
         distributed.teardown()
-    if not trainer.is_main:
+    if not prober.is_main:
         return 0
-    print(f"\nprobe of {ckpt} (step {step}) written to {trainer.run_dir}")
-    print(f"  metrics: {trainer.run_dir / 'metrics.jsonl'}   per-layer norms: {trainer.run_dir / 'analysis'}")
+    print(f"\nprobe of {ckpt} (step {step}) written to {prober.run_dir}")
+    print(f"  metrics: {prober.run_dir / 'metrics.jsonl'}   per-layer norms: {prober.run_dir / 'analysis'}")
     return 0
 
 
@@ -125,7 +122,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Export a run's records in another tool's layout (rewards: the seed's all_rewards.json)."""
+    """Export a run's records in another tool's layout (rewards: rldynamic's all_rewards.json)."""
     from rlgrad.logging.rewards import export_rewards
 
     out = export_rewards(args.run, args.output, args.format)
@@ -170,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=6,
                    help="analysis steps drawn in full, evenly spaced, the last included (default 6; rlgrad plot draws all)")
     p.set_defaults(func=cmd_report)
-    p = sub.add_parser("export", help="export a run's records (rewards: the seed's all_rewards.json layout)")
+    p = sub.add_parser("export", help="export a run's records (rewards: rldynamic's all_rewards.json layout)")
     p.add_argument("what", choices=["rewards"], help="what to export")
     p.add_argument("run", help="the run directory")
     p.add_argument("--format", default="json", choices=["json"], help="output format (default: json)")

@@ -1,9 +1,10 @@
 """Typed configuration: dataclass schema, YAML presets, verl-style ``key=value`` overrides.
 
 The field docs below are the user documentation of every setting. Key names follow
-verl where one exists (``actor.ppo_mini_batch_size``, ``rollout.n`` ...); the seeds'
-spellings (``actor_rollout_ref.actor.*``, ``es_manager.train.*`` ...) are accepted as
-aliases, see ``ALIASES``.
+verl where one exists (``actor.ppo_mini_batch_size``, ``rollout.n`` ...); verl's and RAGEN's
+spellings (``actor_rollout_ref.actor.*``, ``es_manager.train.*``, ``trainer.gradient_analysis_*``,
+``actor_rollout_ref.actor.redo_*`` ...) are accepted as aliases, see ``ALIASES``. Every instrument's
+settings live under ``analysis.``.
 
 Resolution order: schema defaults < preset (``--config-name`` / ``--config``) < overrides.
 """
@@ -84,8 +85,6 @@ class RolloutConfig:
     rollout_filter_top_p_prob_mode: str = _f("linear", "top_p probabilities: metric/sum (linear) or softmax.", choices=("linear", "softmax"))
     rollout_filter_include_zero: bool = _f(True, "Keep groups whose metric is exactly zero.")
     rollout_filter_empty_stop_steps: int = _f(5, "Stop the run after this many consecutive steps whose filter kept nothing.")
-    gradient_analysis_num_buckets: int = _f(6, "Gradient analysis: number of quantile buckets of prompt groups by reward std.")
-    gradient_analysis_bucket_mode: str = _f("quantile", "Gradient analysis buckets: quantile (equal group counts) | fixed_rv ([0,1) .. [5,inf)).", choices=("quantile", "fixed_rv"))
     group_seeded_sampling: bool | None = _f(None, "Draw each prompt group's samples from its own generator seeded by (seed, step, group id), so the global batch does not depend on how groups are split over ranks (a 1-process run with true reproduces an N-process run). null: on when running under torchrun with more than one process.")
 
 
@@ -99,24 +98,7 @@ class OptimConfig:
 
 
 @dataclass
-class RedoConfig:
-    """Neuron health (gradient / activation dormancy, zero-gradient and nullspace ratios) and ReDo-style reset.
-
-    The same fields sit flat under ``actor.`` and ``critic.`` (the seed's ``actor_rollout_ref.actor.redo_*`` are
-    aliases). See docs/architecture.md, "Neuron health".
-    """
-
-    redo_metric_freq: int = _f(0, "Neuron-health metrics every N steps (steps N, 2N, ...; 0: off): <role>/neuron/dormant_ratio, act_dormant_ratio, zero_grad_ratio, nullspace_ratio, <role>/param/zero_grad_ratio, and analysis/step_N/neurons.json.")
-    redo_reset_freq: int = _f(0, "Reset dormant neurons every N steps, after the optimizer step (0: off).")
-    redo_tau: float = _f(0.1, "Dormancy threshold: neuron i is dormant when s_i = a_i / mean_k a_k <= tau within its layer (a = mean |gradient| of its incoming weights; for act_dormant_ratio, mean |activation| over response tokens).")
-    redo_mode: str = _f("threshold", "Which neurons a reset takes: threshold (s <= tau) | percentage (the lowest redo_max_reset_frac of each layer) | hybrid (s <= tau, at most redo_max_reset_frac of each layer).", choices=("threshold", "percentage", "hybrid"))
-    redo_max_reset_frac: float = _f(0.1, "percentage/hybrid: fraction of a layer's neurons a reset may take (rounded down), in [0, 1].")
-    redo_nullspace_samples: int = _f(32, "Sequences (at most) sampled from the step's first mini-batch for the nullspace ratio and the activation scores (0: skip both).")
-    redo_reset_outgoing: str = _f("zero", "Outgoing weights of a reset neuron: zero | small (N(0, (0.01 x RMS of the layer's other outgoing columns)^2)).", choices=("zero", "small"))
-
-
-@dataclass
-class ActorConfig(RedoConfig):
+class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_epochs: int = _f(1, "Passes over each step's batch.")
     ppo_mini_batch_size: int | None = _f(None, "Prompts per optimizer step (x rollout.n samples); null: the whole batch, one step per epoch.")
@@ -140,8 +122,8 @@ class CriticModelConfig:
 
 
 @dataclass
-class CriticConfig(RedoConfig):
-    """The value model of PPO with a critic; used only when algorithm.adv_estimator=gae (redo_*: its neuron health)."""
+class CriticConfig:
+    """The value model of PPO with a critic; used only when algorithm.adv_estimator=gae."""
 
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -186,28 +168,68 @@ class TrainerConfig:
     seed: int = _f(1, "Seed of data, sampling and initialisation.")
     device: str = _f("auto", "cpu | cuda | auto.", choices=("auto", "cpu", "cuda"))
     num_threads: int | None = _f(None, "torch CPU threads (null: torch's default).")
-    gradient_analysis_mode: bool = _f(True, "Probe the actor's gradient by reward-variance bucket and loss component (no optimizer step).")
-    gradient_analysis_every: int = _f(50, "Analyse when (global_steps - 1) % every == 0: steps 1, 1+every, ...")
-    exit_after_gradient_analysis: bool = _f(False, "Log the analysis, then stop before the actor update, checkpoint and validation.")
-    gradient_analysis_only: bool = _f(False, "Probe mode: no actor (or critic) updates at all.")
-    gradient_analysis_env_groups: int | None = _f(None, "Analyse a separate batch of this many prompt groups (null: the training batch).")
-    gradient_analysis_group_size: int | None = _f(None, "Samples per group of the separate analysis batch (null: rollout.n).")
-    gradient_analysis_log_prefilter: bool = _f(False, "Also analyse the batch before the rollout filter (grad_norm_prefilter/...).")
     strategy: str = _f("ddp", "Data parallelism under torchrun: ddp (replicated weights) | fsdp2 (torch fully_shard on each decoder layer and the root). Unused in one process.", choices=("ddp", "fsdp2"))
     nnodes: int = _f(1, "Nodes (verl key). Under torchrun the environment wins: WORLD_SIZE / LOCAL_WORLD_SIZE.")
-    n_gpus_per_node: int = _f(1, "Processes per node (verl key). Under torchrun the environment wins: LOCAL_WORLD_SIZE. Also the divisor of analysis.dp_trim (x nnodes).")
+    n_gpus_per_node: int = _f(1, "Processes per node (verl key). Under torchrun the environment wins: LOCAL_WORLD_SIZE. Also the divisor of analysis.buckets.dp_trim (x nnodes).")
     dist_timeout_s: float = _f(600.0, "Collective timeout in seconds: a rank that died or hangs ends the run with an error after this long instead of a hang.")
 
 
 @dataclass
-class AnalysisConfig:
-    method: str = _f("fast", "Gradient engine: fast (one forward, one backward per term, buckets by linearity) | reference (the seeds' per-bucket passes).", choices=("fast", "reference"))
+class BucketAnalysisConfig:
+    """The gradient by reward-variance bucket and loss term (RAGEN's gradient analysis): ``grad_norm/...``."""
+
+    enable: bool = _f(True, "Probe the actor's gradient by reward-variance bucket and loss term (no optimizer step). RAGEN: trainer.gradient_analysis_mode.")
+    every: int = _f(50, "Analyse at steps 1, 1+every, 1+2·every, ... (RAGEN's (global_steps - 1) % every == 0). RAGEN: trainer.gradient_analysis_every.")
+    num_buckets: int = _f(6, "Number of quantile buckets of prompt groups by in-group reward std. RAGEN: actor_rollout_ref.rollout.gradient_analysis_num_buckets.")
+    bucket_mode: str = _f("quantile", "quantile (equal group counts) | fixed_rv ([0,1) .. [5,inf)). RAGEN: actor_rollout_ref.rollout.gradient_analysis_bucket_mode.", choices=("quantile", "fixed_rv"))
+    env_groups: int | None = _f(None, "Analyse a separate batch of this many prompt groups (null: the training batch). RAGEN: trainer.gradient_analysis_env_groups.")
+    group_size: int | None = _f(None, "Samples per group of the separate analysis batch (null: rollout.n). RAGEN: trainer.gradient_analysis_group_size.")
+    log_prefilter: bool = _f(False, "Also analyse the batch before the rollout filter (grad_norm_prefilter/...). RAGEN: trainer.gradient_analysis_log_prefilter.")
+    exit_after: bool = _f(False, "Log the analysis, then stop before the actor update, checkpoint and validation. RAGEN: trainer.exit_after_gradient_analysis.")
     save_batch: bool = _f(False, "Write analysis/step_N/batch.safetensors and loss.json so every number can be recomputed offline.")
     save_model: bool = _f(False, "Also write the probed actor to analysis/step_N/model/ (Hugging Face format).")
-    components_every: int = _f(0, "Reward-component gradient geometry (norms, cosines, shares of the policy gradient per reward component) when (step - 1) % every == 0; 0: off. Needs outcome advantages (grpo / rloo).")
-    components_mode: str = _f("shared_std", "Component advantages: shared_std (centred component reward / std of the TOTAL reward: they sum to the update's advantage, the gradients to its policy gradient) | own_std (each component through the advantage estimator on its own, the seed's behaviour).", choices=("shared_std", "own_std"))
-    save_component_gradients: bool = _f(False, "Also write every component's full per-parameter gradient to analysis/step_N/component_grads.npz (background writer).")
-    dp_trim: bool = _f(False, "The seeds' data-parallel trimming: drop each bucket's last samples that do not divide by trainer.nnodes x trainer.n_gpus_per_node (the number of processes under torchrun). Off: buckets keep every sample and norms are exact global ones (no trimming is needed for that).")
+    dp_trim: bool = _f(False, "RAGEN's data-parallel trimming: drop each bucket's last samples that do not divide by trainer.nnodes x trainer.n_gpus_per_node (the number of processes under torchrun). Off: buckets keep every sample and norms are exact global ones (no trimming is needed for that).")
+
+
+@dataclass
+class ComponentAnalysisConfig:
+    """The gradient of each reward component (rldynamic's custom_main_ppo.py): ``grad_comp/...``, ``grad_sim/...``."""
+
+    every: int = _f(0, "Reward-component gradient geometry (norms, cosines, shares of the policy gradient per reward component) at steps 1, 1+every, ...; 0: off. Needs outcome advantages (grpo / rloo).")
+    mode: str = _f("shared_std", "Component advantages: shared_std (centred component reward / std of the TOTAL reward: they sum to the update's advantage, the gradients to its policy gradient) | own_std (each component through the advantage estimator on its own, as rldynamic's custom_main_ppo.py does).", choices=("shared_std", "own_std"))
+    save_gradients: bool = _f(False, "Also write every component's full per-parameter gradient to analysis/step_N/component_grads.npz (background writer).")
+
+
+@dataclass
+class NeuronHealthConfig:
+    """Neuron health of one model (gradient / activation dormancy, zero-gradient and nullspace ratios) and
+    its ReDo-style reset. verl/RAGEN spellings: ``<role>.redo_metric_freq`` etc. (``actor_rollout_ref.actor.redo_*``).
+    See docs/architecture.md, "Neuron health"."""
+
+    metric_every: int = _f(0, "Neuron-health metrics at steps N, 2N, ... (redo_metric_freq's step % N == 0; 0: off): <role>/neuron/dormant_ratio, act_dormant_ratio, zero_grad_ratio, nullspace_ratio, <role>/param/zero_grad_ratio, and analysis/step_N/neurons.json.")
+    reset_every: int = _f(0, "Reset dormant neurons at steps N, 2N, ..., after the optimizer step (redo_reset_freq; 0: off).")
+    tau: float = _f(0.1, "Dormancy threshold (redo_tau): neuron i is dormant when s_i = a_i / mean_k a_k <= tau within its layer (a = mean |gradient| of its incoming weights; for act_dormant_ratio, mean |activation| over response tokens).")
+    mode: str = _f("threshold", "Which neurons a reset takes (redo_mode): threshold (s <= tau) | percentage (the lowest max_reset_frac of each layer) | hybrid (s <= tau, at most max_reset_frac of each layer).", choices=("threshold", "percentage", "hybrid"))
+    max_reset_frac: float = _f(0.1, "percentage/hybrid: fraction of a layer's neurons a reset may take (rounded down), in [0, 1] (redo_max_reset_frac).")
+    nullspace_samples: int = _f(32, "Sequences (at most) sampled from the step's first mini-batch for the nullspace ratio and the activation scores (0: skip both; redo_nullspace_samples).")
+    reset_outgoing: str = _f("zero", "Outgoing weights of a reset neuron (redo_reset_outgoing): zero | small (N(0, (0.01 x RMS of the layer's other outgoing columns)^2)).", choices=("zero", "small"))
+
+
+@dataclass
+class NeuronsConfig:
+    actor: NeuronHealthConfig = field(default_factory=NeuronHealthConfig)
+    critic: NeuronHealthConfig = field(default_factory=NeuronHealthConfig)
+
+
+@dataclass
+class AnalysisConfig:
+    """Every instrument's settings. The instruments run at the trainer's hook points and never change training."""
+
+    every: int | None = _f(None, "Run EVERY instrument at steps 1, 1+every, ...: the bucket analysis, the reward-component geometry (outcome advantages only) and neuron-health metrics of the actor (and of the critic with gae). Overrides each instrument's own cadence and switch; resets keep theirs. null: each instrument's own setting.")
+    method: str = _f("fast", "Gradient engine: fast (one forward, one backward per term, buckets by linearity) | reference (RAGEN's per-bucket passes: a sub-batch, a forward and a backward per bucket and term).", choices=("fast", "reference"))
+    buckets: BucketAnalysisConfig = field(default_factory=BucketAnalysisConfig)
+    components: ComponentAnalysisConfig = field(default_factory=ComponentAnalysisConfig)
+    neurons: NeuronsConfig = field(default_factory=NeuronsConfig)
 
 
 @dataclass
@@ -223,7 +245,8 @@ class RLGradConfig:
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
 
 
-# The seeds' spellings -> ours. Prefix entries end with '.'; exact entries win over prefixes.
+# verl's, RAGEN's and earlier rlgrad spellings -> ours. Prefix entries end with '.'; exact entries win over
+# prefixes; an alias may lead to another (resolved until it names a key of the schema).
 ALIASES: dict[str, str] = {
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "actor.ppo_micro_batch_size",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "rollout.log_prob_micro_batch_size",
@@ -234,10 +257,33 @@ ALIASES: dict[str, str] = {
     "data.max_response_length": "rollout.response_length",
     "es_manager.train.env_groups": "data.train_batch_size",
     "es_manager.train.group_size": "rollout.n",
+    # RAGEN's gradient analysis
+    "trainer.gradient_analysis_mode": "analysis.buckets.enable",
+    "trainer.gradient_analysis_every": "analysis.buckets.every",
+    "trainer.exit_after_gradient_analysis": "analysis.buckets.exit_after",
+    "trainer.gradient_analysis_env_groups": "analysis.buckets.env_groups",
+    "trainer.gradient_analysis_group_size": "analysis.buckets.group_size",
+    "trainer.gradient_analysis_log_prefilter": "analysis.buckets.log_prefilter",
+    "rollout.gradient_analysis_num_buckets": "analysis.buckets.num_buckets",
+    "rollout.gradient_analysis_bucket_mode": "analysis.buckets.bucket_mode",
+    "analysis.save_batch": "analysis.buckets.save_batch",
+    "analysis.save_model": "analysis.buckets.save_model",
+    "analysis.dp_trim": "analysis.buckets.dp_trim",
+    # reward components (rlgrad 0.1 spellings)
+    "analysis.components_every": "analysis.components.every",
+    "analysis.components_mode": "analysis.components.mode",
+    "analysis.save_component_gradients": "analysis.components.save_gradients",
+    # neuron health and ReDo (verl / RAGEN: actor_rollout_ref.actor.redo_*, critic.redo_*)
+    **{f"{role}.redo_{old}": f"analysis.neurons.{role}.{new}" for role in ("actor", "critic") for old, new in (
+        ("metric_freq", "metric_every"), ("reset_freq", "reset_every"), ("tau", "tau"), ("mode", "mode"),
+        ("max_reset_frac", "max_reset_frac"), ("nullspace_samples", "nullspace_samples"),
+        ("reset_outgoing", "reset_outgoing"))},
     "actor_rollout_ref.actor.": "actor.",
     "actor_rollout_ref.rollout.": "rollout.",
     "actor_rollout_ref.model.": "model.",
 }
+# RAGEN's checkpoint-probe mode, which `rlgrad probe` is: no key of `rlgrad train`.
+PROBE_ONLY_KEY = "trainer.gradient_analysis_only"
 
 CONFIG_DIRS = [Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs"]
 
@@ -258,11 +304,14 @@ _DICT_KEYS = {"reward.weights"}  # free-form mappings: their sub-keys are user d
 
 
 def resolve_alias(key: str) -> str:
-    if key in ALIASES:
-        return ALIASES[key]
-    for src, dst in ALIASES.items():
-        if src.endswith(".") and key.startswith(src):
-            return dst + key[len(src):]
+    for _ in range(4):  # an alias may lead to another (actor_rollout_ref.actor.redo_tau -> actor.redo_tau -> ...)
+        if key in ALIASES:
+            key = ALIASES[key]
+            continue
+        prefix = next((src for src in ALIASES if src.endswith(".") and key.startswith(src)), None)
+        if prefix is None:
+            break
+        key = ALIASES[prefix] + key[len(prefix):]
     return key
 
 
@@ -349,16 +398,30 @@ def load_config(preset: str | None = None, config_file: str | None = None,
     layers.append(("override", ov))
 
     cfg: DictConfig = OmegaConf.structured(RLGradConfig)
+    spelled: dict[str, str] = {}  # our key -> the alias the user wrote, so errors name what they wrote
     for origin, flat in layers:
         for key, value in flat.items():
+            if resolve_alias(key) == PROBE_ONLY_KEY:  # false (as a saved run config holds it) changes nothing
+                if value:
+                    raise UserError(f"{origin}: '{key}' is RAGEN's checkpoint-probe mode; run "
+                                    "`rlgrad probe --resume-from-path RUN/global_step_N` instead")
+                continue
             ours = check_key(key, origin)
+            if ours != key:
+                spelled[ours] = key
             try:
                 OmegaConf.update(cfg, ours, value, merge=False)
             except OmegaConfBaseException as e:
                 reason = str(e).splitlines()[0]
                 raise UserError(f"{origin}: bad value {value!r} for '{key}': {reason}") from None
     obj = OmegaConf.to_object(cfg)
-    validate(obj)
+    try:
+        validate(obj)
+    except UserError as e:
+        msg = str(e)
+        for ours, theirs in spelled.items():
+            msg = msg.replace(f"'{ours}'", f"'{theirs}' ({ours})", 1)
+        raise UserError(msg) from None
     return obj
 
 
@@ -378,28 +441,18 @@ def validate(cfg: RLGradConfig) -> None:
             hint = difflib.get_close_matches(str(v), choices, n=1)
             raise UserError(f"'{key}' must be one of {', '.join(choices)}, got '{v}'"
                             + (f"; did you mean '{hint[0]}'?" if hint else ""))
-    positive = ["data.train_batch_size", "rollout.n", "trainer.gradient_analysis_every",
-                "rollout.gradient_analysis_num_buckets", "rollout.response_length", "actor.ppo_epochs",
+    positive = ["data.train_batch_size", "rollout.n", "analysis.buckets.every",
+                "analysis.buckets.num_buckets", "rollout.response_length", "actor.ppo_epochs",
                 "actor.ppo_micro_batch_size", "trainer.total_training_steps", "data.val_size",
                 "trainer.nnodes", "trainer.n_gpus_per_node"]
     values = {k: v for k, _, v in _walk(cfg)}
     for k in positive:
         if values[k] is None or values[k] < 1:
             raise UserError(f"'{k}' must be a positive integer, got {values[k]}")
-    if cfg.analysis.components_every < 0:
-        raise UserError(f"'analysis.components_every' must be >= 0 (0: off), got {cfg.analysis.components_every}")
+    validate_analysis(cfg)
     mb = cfg.actor.ppo_mini_batch_size
     if mb is not None and (mb < 1 or cfg.data.train_batch_size % mb):
         raise UserError(f"'actor.ppo_mini_batch_size' ({mb}) must divide data.train_batch_size ({cfg.data.train_batch_size})")
-    for role in ("actor", "critic"):  # issue 5: neuron health
-        rc: RedoConfig = getattr(cfg, role)
-        for k in ("redo_metric_freq", "redo_reset_freq", "redo_nullspace_samples"):
-            if getattr(rc, k) < 0:
-                raise UserError(f"'{role}.{k}' must be >= 0 (0: off), got {getattr(rc, k)}")
-        if rc.redo_tau < 0:
-            raise UserError(f"'{role}.redo_tau' must be >= 0, got {rc.redo_tau}")
-        if not 0 <= rc.redo_max_reset_frac <= 1:
-            raise UserError(f"'{role}.redo_max_reset_frac' must be in [0, 1], got {rc.redo_max_reset_frac}")
     if not cfg.trainer.dist_timeout_s > 0:
         raise UserError(f"'trainer.dist_timeout_s' must be positive, got {cfg.trainer.dist_timeout_s}")
     if not 0 < cfg.rollout.top_p <= 1:
@@ -413,6 +466,31 @@ def validate(cfg: RLGradConfig) -> None:
         validate_critic(cfg)
     if cfg.data.task == "math" and not cfg.data.train_files:
         raise UserError("'data.task=math' needs 'data.train_files' (local .jsonl or .parquet)")
+
+
+def validate_analysis(cfg: RLGradConfig) -> None:
+    """The instruments' settings, and what they need from the rest of the run."""
+    a = cfg.analysis
+    if a.every is not None and a.every < 1:
+        raise UserError(f"'analysis.every' must be a positive integer or null, got {a.every}")
+    if a.components.every < 0:
+        raise UserError(f"'analysis.components.every' must be >= 0 (0: off), got {a.components.every}")
+    if a.components.every > 0 and cfg.algorithm.adv_estimator not in ("grpo", "rloo"):
+        raise UserError("'analysis.components.every' needs outcome advantages (algorithm.adv_estimator: grpo | rloo), "
+                        f"got '{cfg.algorithm.adv_estimator}'")
+    for key in ("env_groups", "group_size"):
+        v = getattr(a.buckets, key)
+        if v is not None and v < 1:
+            raise UserError(f"'analysis.buckets.{key}' must be a positive integer or null, got {v}")
+    for role in ("actor", "critic"):
+        n: NeuronHealthConfig = getattr(a.neurons, role)
+        for k in ("metric_every", "reset_every", "nullspace_samples"):
+            if getattr(n, k) < 0:
+                raise UserError(f"'analysis.neurons.{role}.{k}' must be >= 0 (0: off), got {getattr(n, k)}")
+        if n.tau < 0:
+            raise UserError(f"'analysis.neurons.{role}.tau' must be >= 0, got {n.tau}")
+        if not 0 <= n.max_reset_frac <= 1:
+            raise UserError(f"'analysis.neurons.{role}.max_reset_frac' must be in [0, 1], got {n.max_reset_frac}")
 
 
 def validate_critic(cfg: RLGradConfig) -> None:

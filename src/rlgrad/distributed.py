@@ -24,7 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from rlgrad.analysis.dist import initialized, is_main, set_replicated_grads, world_size
+from rlgrad.collectives import initialized, is_main, world_size
 from rlgrad.errors import UserError
 
 STRATEGIES = ("ddp", "fsdp2")
@@ -57,7 +57,6 @@ def setup(cfg) -> None:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=t.dist_timeout_s))
-    set_replicated_grads(t.strategy == "ddp")
     _SETUP = True
 
 
@@ -188,14 +187,13 @@ def check_config(cfg) -> None:
     ws = world_size()
     if ws == 1:
         return
-    t = cfg.trainer
     for key, groups in (("data.train_batch_size", cfg.data.train_batch_size),
-                        ("trainer.gradient_analysis_env_groups", t.gradient_analysis_env_groups)):
+                        ("analysis.buckets.env_groups", cfg.analysis.buckets.env_groups)):
         if groups is not None and groups < ws:
             raise UserError(f"'{key}' ({groups}) must be at least the number of processes ({ws}): "
                             "each rank samples whole prompt groups")
-    if cfg.analysis.save_batch:
-        raise UserError("'analysis.save_batch=true' is not supported with more than one process yet")
+    if cfg.analysis.buckets.save_batch:
+        raise UserError("'analysis.buckets.save_batch=true' is not supported with more than one process yet")
 
 
 def failure_message(exc: BaseException) -> str:

@@ -6,41 +6,76 @@ the models, the optimizer and the step in a ``StepContext`` and answers with met
 (and, optionally, a request to stop the run before the actor update). ``on_grads`` sees
 the accumulated gradient of each mini-batch after backward, before clipping and the step.
 
+The trainer is handed its hooks (``rlgrad train`` builds them from the config with
+``rlgrad.analysis.hooks_from_config``); it never imports an instrument.
+
 Hooks must be side-effect free unless they say otherwise: they must not change weights,
 optimizer state, gradients or RNG streams (``torch.random.fork_rng`` helps).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlgrad.batch import Batch
+from rlgrad.loss import LossFn, LossSettings
+
+if TYPE_CHECKING:
+    from rlgrad.config import RLGradConfig
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The one step rule every instrument uses: due at steps ``first, first + every, ...`` (``every <= 0``: never).
+
+    RAGEN's bucket analysis runs when ``(step - 1) % every == 0`` (``first = 1``: steps 1, 51, 101); ReDo-style
+    neuron health when ``step % freq == 0`` (``first = every``: steps N, 2N). ``analysis.every`` puts every
+    instrument on RAGEN's steps."""
+
+    every: int
+    first: int = 1
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step >= self.first and (step - self.first) % self.every == 0
 
 
 @dataclass
 class StepContext:
+    """What a hook sees of one training step. Under torchrun ``batch`` is this rank's share and ``actor`` /
+    ``critic`` are plain modules with the current weights (FSDP2: full replicas)."""
+
     step: int
     batch: Batch  # the filtered batch with advantages: exactly what the actor update will see
     actor: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    loss_settings: Any  # rlgrad.rl.actor.LossSettings: the loss the update optimises
-    config: Any  # rlgrad.config.RLGradConfig
+    loss_settings: LossSettings  # the actor loss the update optimises
+    config: RLGradConfig
     run_dir: Path
     ref: torch.nn.Module | None = None
     critic: torch.nn.Module | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
-    tokenizer: Any = None
+    critic_loss: LossFn | None = None  # the critic's per-token value loss (adv_estimator=gae)
+    tokenizer: Any = None  # a Hugging Face tokenizer
     is_main: bool = True  # rank 0: the only process that writes files
-    # "unfiltered_batch": the batch before the rollout filter (not prepared);
-    # "prepare": Batch -> Batch, adds old/ref log-probs and advantages;
-    # "sample_batch": (groups, group_size) -> (prepared filtered batch, unfiltered batch), a separate
-    #   rollout that leaves the training batch, data stream and RNG untouched.
-    # "reward_weights": {component: weight}, the task's reward weights (total = Σ weight · component).
-    extras: dict[str, Any] = field(default_factory=dict)
+    unfiltered_batch: Batch | None = None  # the batch before the rollout filter (not prepared)
+    reward_weights: dict[str, float] = field(default_factory=dict)  # the task's: total = Σ weight · component
+    # Batch -> Batch: adds old/ref log-probs (critic values) and advantages, as for the training batch.
+    prepare: Callable[[Batch], Batch] | None = None
+    # (groups, group_size) -> (prepared filtered batch or None when the filter kept nothing, unfiltered batch):
+    # a separate rollout that leaves the training batch, the data stream and the RNG untouched.
+    sample_batch: Callable[[int, int], tuple[Batch | None, Batch]] | None = None
+    # FSDP2: refresh the plain replica from the sharded module after a hook changed weights on purpose.
+    sync_actor: Callable[[], None] = _nothing
+    sync_critic: Callable[[], None] = _nothing
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlgrad.analysis.dist import all_gather_cat, all_gather_sizes, rank
+from rlgrad.collectives import all_gather_cat, all_gather_sizes, rank
 
 FIXED_RV_EDGES = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, float("inf"))
 

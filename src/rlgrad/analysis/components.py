@@ -14,7 +14,7 @@ one backward (``analysis.engine``). Two splits:
   Σ_c A_c = A exactly and Σ_c g_c is the update's policy gradient; ``total`` is that sum. (A group whose
   total reward is constant has A = 0, and all its A_c are set to 0.)
 * ``own_std``: A_c = the advantage estimator applied to the unweighted component reward alone (GRPO:
-  divided by the component's own group std), as the seed did. The components no longer add up; ``total``
+  divided by the component's own group std), as rldynamic's custom_main_ppo.py does. The components no longer add up; ``total``
   is the update's own advantage, as one more slice.
 
 Reported: norms, pairwise cosines (all trainable parameters, and per layer group), and each
@@ -30,22 +30,25 @@ import io
 import queue
 import sys
 import threading
-import warnings
+import time
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
-from rlgrad.analysis import dist
+from rlgrad import collectives
 from rlgrad.analysis.engine import GradStats, layer_group, slice_gradients
 from rlgrad.batch import Batch
-from rlgrad.errors import UserError
-from rlgrad.hooks import Hook, HookResult, StepContext
-from rlgrad.rl.actor import LossSettings, token_losses
-from rlgrad.rl.core import agg_token_weights, group_stats, grpo_advantages, rloo_advantages
+from rlgrad.core import group_stats, grpo_advantages, rloo_advantages
+from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
+from rlgrad.loss import ActorLoss, LossFn, LossSettings, PerTokenLoss
 from rlgrad.rundir import atomic_write_bytes, atomic_write_json
+
+if TYPE_CHECKING:
+    from rlgrad.config import RLGradConfig
 
 MODES = ("shared_std", "own_std")
 ESTIMATORS = ("grpo", "rloo")
@@ -144,55 +147,46 @@ def _geometry(gram: torch.Tensor, slices: list[str], names: list[str]) -> dict[s
     return {"norm": norm, "cosine": {f"{a}__{b}": cos(a, b) for a, b in combinations(names, 2)}, "share": share}
 
 
-def analyse_components(model, batch: Batch, s: LossSettings, *, weights: dict[str, float], mode: str = "shared_std",
-                       estimator: str = "grpo", norm_by_std: bool = True, method: str = "fast",
-                       keep_grads: bool = False) -> ComponentReport:
+def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettings | None = None, *,
+                       weights: dict[str, float], mode: str = "shared_std", estimator: str = "grpo",
+                       norm_by_std: bool = True, method: str = "fast", keep_grads: bool = False) -> ComponentReport:
     """Every reward component's policy gradient (and ``total``) in one engine call, and their geometry.
 
     ``batch`` is prepared (old log-probs, advantages) exactly as the update sees it; ``weights`` the task's
-    reward weights; ``estimator`` / ``norm_by_std`` the trainer's advantage settings.
+    reward weights; ``estimator`` / ``norm_by_std`` the trainer's advantage settings. ``loss``: the policy
+    loss PER UNIT OF ADVANTAGE as a ``LossFn`` with one term (REINFORCE: ``-log π``; see the module
+    docstring), or the ``LossSettings`` of rlgrad's PPO / CISPO loss (default: its defaults).
     """
+    unit = loss if loss is not None and not isinstance(loss, LossSettings) else ActorLoss(loss).unit()
     names = list(batch.components)
     if not names:
         raise ValueError("the batch carries no reward components")
-    empty = len(batch) == 0
-    if empty:  # this rank holds nothing: one zero-weight row still runs the engine's collectives
-        batch = batch.blank_rows(1)
     adv = per_sequence_advantage(batch)
     comp = component_advantages(batch.components, weights, batch.scores, batch.group_ids, mode=mode,
                                 estimator=estimator, norm_by_std=norm_by_std)
-    _, u = agg_token_weights(batch.response_mask, s.loss_agg_mode, horizon=s.horizon)
-    local = torch.zeros((), dtype=torch.float64) if empty else u.sum().double()  # a blank row is no sequence
-    denom = float(dist.all_reduce_sum(local)) or 1.0  # the update's loss denominator
+    _, u = unit.agg.weights(batch.response_mask)
+    denom = float(collectives.all_reduce_sum(u.sum().double())) or 1.0  # the update's loss denominator
     rows = [comp[c] for c in names]
     slices, derived = list(names), {"total": {c: 1.0 for c in names}}
     if mode == "own_std":  # the components do not add up: the update's advantage is its own slice
         rows.append(adv)
         slices, derived = names + ["total"], {}
-    W = torch.stack(rows).double().div(denom).float()
+    W = torch.stack(rows).double().div(denom).float().reshape(len(rows), len(batch))
 
-    def loss_fn(m, b: Batch) -> dict[str, torch.Tensor]:
-        t = token_losses(m, b, s)
-        omega, _ = agg_token_weights(t.mask, s.loss_agg_mode, horizon=s.horizon)
-        return {TERM: t.pg_unit * omega.to(t.pg_unit.dtype)}
+    def one_term(m: nn.Module, b: Batch) -> dict[str, torch.Tensor]:
+        return {TERM: sum(unit(m, b).values())}
 
     # A slice with no non-zero weight on any rank (a component constant in every group) has a zero gradient:
     # the engine only sees the others. Decided over all ranks: the engine's all-reduce has one size everywhere.
-    live_any = dist.all_reduce_sum(W.ne(0).any(1).to(torch.float64))
+    live_any = collectives.all_reduce_sum(W.ne(0).any(1).to(torch.float64))
     live = [k for k in range(len(slices)) if float(live_any[k]) > 0]
     live_names = [slices[k] for k in live]
     live_derived = {d: {c: v for c, v in combo.items() if c in live_names} for d, combo in derived.items()}
     live_derived = {d: combo for d, combo in live_derived.items() if combo}
     stats = GradStats([], {})  # every advantage 0: every gradient is 0
     if live:
-        with torch.random.fork_rng(devices=[]):  # nothing random should happen; make sure of it
-            try:
-                stats = slice_gradients(method, model, batch, loss_fn, W[live], live_names, live_derived,
-                                        keep_grads=keep_grads)
-            except NotImplementedError as e:  # a model the fast engine's hooks do not cover: same numbers, slower
-                warnings.warn(f"{e}; falling back to analysis.method=reference", stacklevel=2)
-                stats = slice_gradients("reference", model, batch, loss_fn, W[live], live_names, live_derived,
-                                        keep_grads=keep_grads)
+        stats = slice_gradients(method, model, batch, PerTokenLoss(one_term, unit.agg), W[live], live_names,
+                                live_derived, keep_grads=keep_grads)
     # The engine summed every slice's gradient over ranks before forming its Grams: they are global already.
     stats = _with_zero_slices(stats, model, slices + list(derived), keep_grads)
     all_slices = stats.slices
@@ -213,10 +207,7 @@ def analyse_components(model, batch: Batch, s: LossSettings, *, weights: dict[st
         if v is not None:  # a zero gradient has no direction
             metrics[f"grad_sim/{pair}"] = v
     summary = {"mode": mode, "components": names, "global": glob, "layers": layers}
-    advantages = {**comp, "total": adv}
-    if empty:  # the blank row is not a sequence of this rank's
-        advantages = {k: v[:0] for k, v in advantages.items()}
-    return ComponentReport(metrics, summary, stats, advantages)
+    return ComponentReport(metrics, summary, stats, {**comp, "total": adv})
 
 
 def _group_order(g: str) -> tuple:
@@ -292,32 +283,25 @@ class BackgroundWriter:
 # ---- the hook ----------------------------------------------------------------------------------
 
 class ComponentGeometryHook(Hook):
-    """Reward-component gradient geometry at ``analysis.components_every`` steps, on the training batch
+    """Reward-component gradient geometry at ``analysis.components`` steps, on the training batch
     before the actor update: metrics, ``analysis/step_N/components.json`` and, with
-    ``analysis.save_component_gradients``, ``analysis/step_N/component_grads.npz`` (keys ``<slice>/<param>``)."""
+    ``analysis.components.save_gradients``, ``analysis/step_N/component_grads.npz`` (keys ``<slice>/<param>``)."""
 
-    def __init__(self, cfg, log=_stderr):
-        if cfg.algorithm.adv_estimator not in ESTIMATORS:
-            raise UserError(f"'analysis.components_every' needs outcome advantages (algorithm.adv_estimator: "
-                            f"{' | '.join(ESTIMATORS)}), got '{cfg.algorithm.adv_estimator}'")
+    def __init__(self, cfg: RLGradConfig, schedule: Schedule | None = None, log=_stderr):
         self.cfg, self.log = cfg, log
-        self.writer = BackgroundWriter(log) if cfg.analysis.save_component_gradients else None
-
-    def due(self, step: int) -> bool:
-        every = self.cfg.analysis.components_every
-        return every > 0 and (step - 1) % every == 0
+        self.schedule = schedule or Schedule(cfg.analysis.components.every)
+        self.writer = BackgroundWriter(log) if cfg.analysis.components.save_gradients else None
 
     def before_update(self, ctx: StepContext) -> HookResult | None:
-        if not self.due(ctx.step):
+        if not self.schedule.due(ctx.step):
             return None
-        a, cfg = self.cfg.analysis, self.cfg
-        weights = ctx.extras.get("reward_weights")
-        if weights is None:
-            raise ValueError("ComponentGeometryHook needs ctx.extras['reward_weights'] (the task's reward weights)")
+        t0 = time.perf_counter()
+        c, cfg = self.cfg.analysis.components, self.cfg
         save = self.writer is not None
-        rep = analyse_components(ctx.actor, ctx.batch, ctx.loss_settings, weights=weights, mode=a.components_mode,
-                                 estimator=cfg.algorithm.adv_estimator, norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
-                                 method=a.method, keep_grads=save)
+        rep = analyse_components(ctx.actor, ctx.batch, ctx.loss_settings, weights=ctx.reward_weights, mode=c.mode,
+                                 estimator=cfg.algorithm.adv_estimator,
+                                 norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo, method=cfg.analysis.method,
+                                 keep_grads=save)
         metrics = dict(rep.metrics)
         if ctx.is_main:
             step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"
@@ -328,6 +312,7 @@ class ComponentGeometryHook(Hook):
                 self.writer.submit(step_dir / "component_grads.npz", arrays)
         if save:
             metrics["grad_comp/save_failures"] = float(len(self.writer.failures))
+        metrics["timing_s/analysis/components"] = time.perf_counter() - t0
         return HookResult(metrics=metrics)
 
     def close(self) -> None:

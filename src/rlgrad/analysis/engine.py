@@ -22,19 +22,26 @@ gradients themselves.
 
 ``reference`` does the literal thing: for each slice its own sub-batch, a forward and a backward
 per term through plain autograd. It is the oracle the tests hold ``fast`` to.
+
+``slice_gradients`` is the one entry point instruments call: it applies the loss's aggregation
+weights ω, falls back from ``fast`` to ``reference`` for a model the hooks do not cover, runs a rank
+that holds no row on one zero-loss blank row (the collectives stay in step), and leaves the RNG
+streams as they were.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from rlgrad.analysis import dist
+from rlgrad import collectives
 from rlgrad.batch import Batch
+from rlgrad.loss import LossFn
 
 # Overlapping slices: per-row Linear gradients are combined a chunk of rows at a time, at most this many
 # elements per chunk (at least one row). At the bench's shapes (Linears of 64k-200k weights) 2M ran 2x
@@ -266,11 +273,11 @@ def _gram(grads: dict[str, torch.Tensor], derived: dict[str, dict[str, float]], 
     """
     S = len(base)
     scale = torch.ones(S, dtype=torch.float64) if scale is None else scale.to(torch.float64)
-    if dist.world_size() > 1 and not bool((scale == 1).all()):
+    if collectives.world_size() > 1 and not bool((scale == 1).all()):
         # Ranks may disagree on which slices are scaled (a rank without a slice's rows): sum scaled gradients.
         grads = {n: g.mul_(scale.to(g.device, g.dtype).view(-1, *([1] * (g.dim() - 1)))) for n, g in grads.items()}
         scale = torch.ones(S, dtype=torch.float64)
-    grads = dist.all_reduce_sum_dict(grads)
+    grads = collectives.all_reduce_sum_dict(grads)
     unknown = sorted({b for combo in derived.values() for b in combo} - set(base))
     if unknown:
         raise ValueError(f"derived slices name unknown slice(s) {', '.join(unknown)}")
@@ -288,15 +295,40 @@ def _gram(grads: dict[str, torch.Tensor], derived: dict[str, dict[str, float]], 
     return full, {grp: A @ k.cpu() @ A.t() for grp, k in base_gram.items()}
 
 
-LossFn = Callable[[nn.Module, Batch], dict[str, torch.Tensor]]  # -> term -> per-token loss [N, L] (weighted)
+def _weighted_terms(loss_fn: LossFn, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+    """Each term's per-token loss times its aggregation weight ω: ``Σ_i W[s,i] Σ_t`` of it is slice s's loss."""
+    terms = loss_fn(model, batch)
+    if not terms:
+        return terms
+    first = next(iter(terms.values()))
+    omega, _ = loss_fn.agg.weights(batch.response_mask.to(first.device))
+    return {k: v * omega.to(v.dtype) for k, v in terms.items()}
+
+
+def fast_unsupported(model: nn.Module) -> str | None:
+    """Why the fast engine cannot run on ``model`` (None: it can), decided before any forward."""
+    names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
+    covered = set()
+    embedding = False
+    for mod in model.modules():
+        if isinstance(mod, (nn.Linear, nn.Embedding, nn.LayerNorm)) or _is_rmsnorm(mod):
+            covered.update(id(p) for p in mod.parameters(recurse=False))
+            embedding |= isinstance(mod, nn.Embedding)
+    missing = [n for k, n in names.items() if k not in covered]
+    if missing:
+        return f"the fast gradient engine does not cover parameter(s) {', '.join(missing[:3])}"
+    if not embedding:
+        return "the fast gradient engine needs an nn.Embedding input layer"
+    return None
 
 
 def fast_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: torch.Tensor, slices: list[str],
                    derived: dict[str, dict[str, float]] | None = None, keep_grads: bool = False) -> GradStats:
     """One forward, one backward per term; per-slice gradients reduced in module hooks.
 
-    ``loss_fn(model, batch)`` returns each term's per-token loss already multiplied by the
-    aggregation weights ω (so ``Σ_i W[s,i] Σ_t term`` is slice s's loss). ``weights`` is ``[S, N]``.
+    ``loss_fn(model, batch)`` returns each term's per-token loss; the engine multiplies it by the
+    aggregation weights ω of ``loss_fn.agg`` (so ``Σ_i W[s,i] Σ_t ω·term`` is slice s's loss).
+    ``weights`` is ``[S, N]``.
     """
     derived = derived or {}
     if len(weights) == 0:  # nothing to measure: no pass at all, as the reference engine does
@@ -317,7 +349,7 @@ def fast_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: tor
     try:
         for p in params:
             p.requires_grad_(False)  # weight gradients come from the hooks, never from autograd
-        terms = loss_fn(model, batch)
+        terms = _weighted_terms(loss_fn, model, batch)
         if not reducer.embed_leaf:
             raise NotImplementedError("the fast gradient engine needs an nn.Embedding input layer; "
                                       "use analysis.method=reference")
@@ -357,9 +389,10 @@ def reference_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights
             sub, rows, w = batch.blank_rows(1), torch.zeros(1, dtype=torch.long), torch.zeros(1)
         else:
             sub = batch.select(rows)
-        first = loss_fn(model, sub)
+        first = _weighted_terms(loss_fn, model, sub)
         for j, term in enumerate(first):
-            per_token = first[term] if j == 0 else loss_fn(model, sub)[term]  # a forward per term, as the seeds do
+            # a forward per term, as RAGEN's per-component backward passes do
+            per_token = first[term] if j == 0 else _weighted_terms(loss_fn, model, sub)[term]
             loss = (per_token * w[rows].to(per_token.device, per_token.dtype)[:, None]).sum()
             gs = (torch.autograd.grad(loss, [p for _, p in named], allow_unused=True) if loss.requires_grad
                   else [None] * len(named))
@@ -376,9 +409,25 @@ def reference_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights
     return stats
 
 
-def slice_gradients(method: str, *args, **kwargs) -> GradStats:
+def slice_gradients(method: str, model: nn.Module, batch: Batch, loss_fn: LossFn, weights: torch.Tensor,
+                    slices: list[str], derived: dict[str, dict[str, float]] | None = None,
+                    keep_grads: bool = False) -> GradStats:
+    """The gradients of every slice's loss (``fast`` or ``reference``): what every instrument calls.
+
+    A batch with no row (a rank holding none of the rows under data parallel) runs one zero-loss blank
+    row, so the engine's collectives stay in step. ``fast`` on a model its hooks do not cover warns and
+    runs ``reference`` (the same numbers, slower). The global RNG streams are left as they were.
+    """
+    if method not in ("fast", "reference"):
+        raise ValueError(f"unknown analysis.method '{method}' (fast | reference)")
+    if len(batch) == 0:
+        batch, weights = batch.blank_rows(1), weights.new_zeros(len(weights), 1)
     if method == "fast":
-        return fast_gradients(*args, **kwargs)
-    if method == "reference":
-        return reference_gradients(*args, **kwargs)
-    raise ValueError(f"unknown analysis.method '{method}' (fast | reference)")
+        why = fast_unsupported(model)
+        if why:
+            warnings.warn(f"{why}; falling back to analysis.method=reference", stacklevel=2)
+            method = "reference"
+    engine = fast_gradients if method == "fast" else reference_gradients
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # nothing random should happen
+        return engine(model, batch, loss_fn, weights, slices, derived, keep_grads)

@@ -1,6 +1,6 @@
 """Gradient analysis by reward-variance bucket and loss component (task / entropy / KL).
 
-``grad_norm/<bucket>/<component>`` is the global L2 norm, over all trainable parameters, of the
+``grad_norm/<bucket>/<term>`` is the global L2 norm, over all trainable parameters, of the
 gradient of that bucket's aggregated component loss (with its coefficient: ``-entropy_coeff·H``,
 ``kl_loss_coef·KL``), before clipping, aggregated with ``loss_agg_mode`` over the bucket's samples
 alone. It is one whole-bucket gradient, not a mean of mini-batch norms. No optimizer step is taken
@@ -11,19 +11,25 @@ from __future__ import annotations
 
 import csv
 import io
+import shutil
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from rlgrad.analysis.buckets import Buckets, global_buckets
-from rlgrad.analysis.dist import all_reduce_sum
 from rlgrad.analysis.engine import GradStats, slice_gradients
 from rlgrad.batch import Batch
-from rlgrad.hooks import Hook, HookResult, StepContext
-from rlgrad.rl.actor import LossSettings, TokenLosses, token_losses
-from rlgrad.rl.core import agg_token_weights
+from rlgrad.collectives import all_reduce_sum
+from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
+from rlgrad.loss import LossFn, LossSettings, PerTokenLoss, as_loss_fn
 from rlgrad.rundir import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+if TYPE_CHECKING:
+    from rlgrad.config import RLGradConfig
 
 
 @dataclass
@@ -35,74 +41,46 @@ class BucketReport:
     extra: dict = field(default_factory=dict)
 
 
-def analyse_buckets(model, batch: Batch, s: LossSettings, *, bucket_mode: str = "quantile", num_buckets: int = 6,
-                    method: str = "fast", prefix: str = "grad_norm", keep_grads: bool = False,
-                    dp_trim: int = 0) -> BucketReport:
-    """Every bucket's (and ``all``'s) gradient norm per loss component, in one engine call.
+def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings | None = None, *,
+                    bucket_mode: str = "quantile", num_buckets: int = 6, method: str = "fast",
+                    prefix: str = "grad_norm", keep_grads: bool = False, dp_trim: int = 0) -> BucketReport:
+    """Every bucket's (and ``all``'s) gradient norm per loss term, in one engine call.
 
-    Data parallel: ``batch`` is this rank's share (whole prompt groups, global group ids); buckets,
-    counts, denominators and losses are global (``global_buckets`` + sums over ranks), the engine sums
-    slice gradients over ranks, so every number equals the one-process number on the global batch.
-    ``dp_trim > 1``: the seeds' trimming of each bucket to a multiple of ``dp_trim`` samples.
+    ``loss``: any ``LossFn`` (``rlgrad.loss.per_token_loss`` wraps a training loop's own), or the
+    ``LossSettings`` of rlgrad's actor loss (default: its defaults). Data parallel: ``batch`` is this
+    rank's share (whole prompt groups, global group ids); buckets, counts, denominators and losses are
+    global (``global_buckets`` + sums over ranks), the engine sums slice gradients over ranks, so every
+    number equals the one-process number on the global batch. ``dp_trim > 1``: RAGEN's trimming of each
+    bucket to a multiple of ``dp_trim`` samples.
     """
+    loss_fn = as_loss_fn(loss)
     buckets = global_buckets(batch.group_ids, batch.reward_std, mode=bucket_mode, num_buckets=num_buckets,
                              trim=dp_trim)
-    given = batch
-    if len(batch) == 0:  # this rank holds nothing: one zero-loss row still runs the engine's collectives
-        batch = batch.blank_rows(1)
+    count, tokens, denom = _bucket_sizes(batch, buckets, loss_fn)
     real = [n for n in buckets.names if n != "all"]
-    omega, u = agg_token_weights(batch.response_mask, s.loss_agg_mode, horizon=s.horizon)
-    # count, response tokens and the aggregation denominator of each bucket, over all ranks
-    sizes = all_reduce_sum(torch.tensor([[len(buckets.rows[n]), float(batch.response_mask[buckets.rows[n]].sum()),
-                                          float(u[buckets.rows[n]].sum())] for n in buckets.names], dtype=torch.float64))
-    count = {n: float(sizes[k, 0]) for k, n in enumerate(buckets.names)}
-    tokens = {n: float(sizes[k, 1]) for k, n in enumerate(buckets.names)}
-    denom = {n: float(sizes[k, 2]) for k, n in enumerate(buckets.names)}
     weights = torch.zeros(len(real), len(batch))
     for k, n in enumerate(real):
         weights[k, buckets.rows[n]] = 1.0 / max(denom[n], 1e-8)
     derived = {"all": {n: denom[n] / max(denom["all"], 1e-8) for n in real}}
-    if method == "reference":  # the seeds' procedure: `all` is one more sub-batch, probed on its own
+    if method == "reference":  # RAGEN's procedure: `all` is one more sub-batch, probed on its own
         w_all = torch.zeros(1, len(batch))
         w_all[0, buckets.rows["all"]] = 1.0 / max(denom["all"], 1e-8)
         weights = torch.cat([weights, w_all])
         real, derived = real + ["all"], {}
+    seen: list[tuple[Batch, dict]] = []
 
-    stash: list[tuple[Batch, TokenLosses]] = []
+    def capture(m: nn.Module, b: Batch) -> dict[str, torch.Tensor]:
+        out = loss_fn(m, b)
+        seen.append((b, out))
+        return out
 
-    def loss_fn(m, b: Batch) -> dict[str, torch.Tensor]:
-        t = token_losses(m, b, s)
-        stash.append((b, t))
-        w, _ = agg_token_weights(t.mask, s.loss_agg_mode, horizon=s.horizon)
-        return {k: v * w.to(v.dtype) for k, v in t.components(s).items()}
-
-    with torch.random.fork_rng(devices=[]):  # nothing random should happen; make sure of it
-        try:
-            stats = slice_gradients(method, model, batch, loss_fn, weights, real, derived, keep_grads=keep_grads)
-        except NotImplementedError as e:  # a model the fast engine's hooks do not cover: same numbers, slower
-            import warnings
-            warnings.warn(f"{e}; falling back to analysis.method=reference", stacklevel=2)
-            return analyse_buckets(model, given, s, bucket_mode=bucket_mode, num_buckets=num_buckets,
-                                   method="reference", prefix=prefix, keep_grads=keep_grads, dp_trim=dp_trim)
-        if not (stash and len(stash[0][0]) == len(batch)):  # reference: one no-grad forward for the loss values
-            with torch.no_grad():
-                stash = [(batch, token_losses(model, batch, s))]
-    t = stash[0][1]
-    terms = {"policy": t.pg.detach(), "entropy": t.entropy.detach()}
-    if t.kl is not None:
-        terms["kl"] = t.kl.detach()
-    if stats.row_order is not None:  # the fast engine ran its forward on rows sorted by bucket
-        inv = torch.argsort(stats.row_order)
-        terms = {k: v[inv.to(v.device)] for k, v in terms.items()}
-    omega = omega.to(t.pg.device)
-
-    # each bucket's loss terms: local numerators, summed over ranks (one collective)
-    nums = all_reduce_sum(torch.tensor([[float((v[buckets.rows[n]] * omega[buckets.rows[n]]).sum()) for v in terms.values()]
-                                        for n in buckets.names], dtype=torch.float64))
+    stats = slice_gradients(method, model, batch, PerTokenLoss(capture, loss_fn.agg), weights, real, derived,
+                            keep_grads=keep_grads)
+    values = _loss_values(model, batch, loss_fn, seen, stats.row_order, buckets)
     metrics: dict[str, float] = {}
     layers: dict[str, dict[str, dict[str, float]]] = {}
     n_total = float(all_reduce_sum(torch.tensor(float((batch.group_ids >= 0).sum()))))
-    for b, name in enumerate(buckets.names):
+    for name in buckets.names:
         key = f"{prefix}/{name}"
         metrics[f"{key}/sample_count"] = count[name]
         metrics[f"{key}/sample_pct"] = 100.0 * count[name] / max(n_total, 1)
@@ -111,24 +89,57 @@ def analyse_buckets(model, batch: Batch, s: LossSettings, *, bucket_mode: str = 
         metrics[f"{key}/reward_std_mean"] = float(stds.mean())
         metrics[f"{key}/reward_std_min"] = float(stds.min())
         metrics[f"{key}/reward_std_max"] = float(stds.max())
-        losses = {k: float(nums[b, j]) / max(denom[name], 1e-8) for j, k in enumerate(terms)}
-        total = losses["policy"] - s.entropy_coeff * losses["entropy"]
-        if "kl" in losses:
-            total += s.kl_loss_coef * losses["kl"]
-        for k, v in {**losses, "total": total}.items():
-            metrics[f"{key}/loss/{k}"] = v
+        for k, v in values[name].items():
+            metrics[f"{key}/loss/{k}"] = v / max(denom[name], 1e-8)
         layers[name] = {}
-        for comp in stats.gram:
-            norm = stats.norm(comp, name)
-            metrics[f"{key}/{comp}"] = norm
-            metrics[f"{key}/per_sample/{comp}"] = norm / max(count[name], 1)
-            metrics[f"{key}/per_token/{comp}"] = norm / max(tokens[name], 1.0)
-            layers[name][comp] = {g: stats.norm(comp, name, g) for g in sorted(stats.gram[comp])}
+        for term in stats.gram:
+            norm = stats.norm(term, name)
+            metrics[f"{key}/{term}"] = norm
+            metrics[f"{key}/per_sample/{term}"] = norm / max(count[name], 1)
+            metrics[f"{key}/per_token/{term}"] = norm / max(tokens[name], 1.0)
+            layers[name][term] = {g: stats.norm(term, name, g) for g in sorted(stats.gram[term])}
     return BucketReport(metrics, layers, buckets, stats)
 
 
+def _bucket_sizes(batch: Batch, buckets: Buckets, loss_fn: LossFn
+                  ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Each bucket's samples, response tokens and aggregation denominator (Σ u), over all ranks."""
+    _, u = loss_fn.agg.weights(batch.response_mask)
+    sizes = all_reduce_sum(torch.tensor([[len(buckets.rows[n]), float(batch.response_mask[buckets.rows[n]].sum()),
+                                          float(u[buckets.rows[n]].sum())] for n in buckets.names],
+                                        dtype=torch.float64).reshape(len(buckets.names), 3))
+    return tuple({n: float(sizes[k, j]) for k, n in enumerate(buckets.names)} for j in range(3))
+
+
+def _loss_values(model: nn.Module, batch: Batch, loss_fn: LossFn, seen: list[tuple[Batch, dict]],
+                 row_order: torch.Tensor | None, buckets: Buckets) -> dict[str, dict[str, float]]:
+    """bucket -> {name: Σ ω·value over the bucket's rows, all ranks}: the loss values' numerators.
+
+    The values are the loss's ``logged`` quantities (``rlgrad.loss.Terms``), else its terms and their total.
+    They come from the fast engine's single forward over the whole batch; otherwise (reference, or a rank
+    with no rows) from one no-grad forward."""
+    probe = batch if len(batch) else batch.blank_rows(1)
+    if not (seen and len(seen[0][0]) == len(probe)):
+        with torch.no_grad():
+            seen, row_order = [(probe, loss_fn(model, probe))], None
+    out = seen[0][1]
+    logged = getattr(out, "logged", None)
+    if logged is None:
+        logged = {k: v.detach() for k, v in out.items()}
+        logged["total"] = sum(logged.values())
+    if row_order is not None:  # the fast engine ran its forward on rows sorted by bucket
+        inv = torch.argsort(row_order)
+        logged = {k: v[inv.to(v.device)] for k, v in logged.items()}
+    first = next(iter(logged.values()))
+    omega, _ = loss_fn.agg.weights(probe.response_mask.to(first.device))
+    nums = all_reduce_sum(torch.tensor([[float((v[buckets.rows[n]] * omega[buckets.rows[n]]).sum())
+                                         for v in logged.values()] for n in buckets.names],
+                                       dtype=torch.float64).reshape(len(buckets.names), len(logged)))
+    return {n: {k: float(nums[b, j]) for j, k in enumerate(logged)} for b, n in enumerate(buckets.names)}
+
+
 def actor_summary(metrics: dict[str, float], prefix: str = "grad_norm") -> dict[str, float]:
-    """The ``all`` bucket's values, copied to ``actor/loss/*`` and ``actor/grad_norm/*``, as the seeds do."""
+    """The ``all`` bucket's values, copied to ``actor/loss/*`` and ``actor/grad_norm/*``, as RAGEN does."""
     out = {}
     for k in ("policy", "entropy", "kl", "total"):
         if f"{prefix}/all/loss/{k}" in metrics:
@@ -166,61 +177,61 @@ def save_probe_bundle(out_dir: Path, batch: Batch, buckets: Buckets, s: LossSett
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        import shutil
         shutil.rmtree(out_dir / "model", ignore_errors=True)
         tmp.rename(out_dir / "model")
 
 
 class GradientAnalysisHook(Hook):
-    """The bucket analysis at the trainer's hook point, with the seeds' cadence and exits."""
+    """The bucket analysis at the trainer's hook point, with RAGEN's cadence and exit (``analysis.buckets``)."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: RLGradConfig, schedule: Schedule | None = None):
         self.cfg = cfg
-
-    def due(self, step: int) -> bool:
-        t = self.cfg.trainer
-        return t.gradient_analysis_mode and (step - 1) % t.gradient_analysis_every == 0
+        self.schedule = schedule or Schedule(cfg.analysis.buckets.every)
 
     def before_update(self, ctx: StepContext) -> HookResult | None:
-        if not self.due(ctx.step):
+        if not self.schedule.due(ctx.step):
             return None
-        cfg, t, r = self.cfg, self.cfg.trainer, self.cfg.rollout
-        batch, unfiltered = ctx.batch, ctx.extras.get("unfiltered_batch")
-        if t.gradient_analysis_env_groups or t.gradient_analysis_group_size:
-            groups = t.gradient_analysis_env_groups or cfg.data.train_batch_size
-            size = t.gradient_analysis_group_size or r.n
-            batch, unfiltered = ctx.extras["sample_batch"](groups, size)
-        result = HookResult()
-        step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"
+        t0 = time.perf_counter()
+        b = self.cfg.analysis.buckets
+        batch, unfiltered = ctx.batch, ctx.unfiltered_batch
+        if b.env_groups or b.group_size:
+            batch, unfiltered = ctx.sample_batch(b.env_groups or self.cfg.data.train_batch_size,
+                                                 b.group_size or self.cfg.rollout.n)
         runs = [("grad_norm", batch)]
-        if t.gradient_analysis_log_prefilter and unfiltered is not None:
-            runs.append(("grad_norm_prefilter", ctx.extras["prepare"](unfiltered)))
-        layers_out = {}
-        trim = t.nnodes * t.n_gpus_per_node if cfg.analysis.dp_trim else 0
-        for prefix, b in runs:
-            # skipped only when the batch is empty on every rank (b is None is decided globally)
-            if b is None or float(all_reduce_sum(torch.tensor(float(len(b))))) == 0:
+        if b.log_prefilter and unfiltered is not None:
+            runs.append(("grad_norm_prefilter", ctx.prepare(unfiltered)))
+        result, layers = HookResult(), {}
+        for prefix, rows in runs:
+            # skipped only when the batch is empty on every rank (rows is None is decided globally)
+            if rows is None or float(all_reduce_sum(torch.tensor(float(len(rows))))) == 0:
                 continue
-            rep = analyse_buckets(ctx.actor, b, ctx.loss_settings, bucket_mode=r.gradient_analysis_bucket_mode,
-                                  num_buckets=r.gradient_analysis_num_buckets, method=cfg.analysis.method,
-                                  prefix=prefix, dp_trim=trim)
+            rep = self._analyse(ctx, rows, prefix)
             result.metrics.update(rep.metrics)
-            layers_out[prefix] = rep.layers
-            rows = [[bk, g, sd] for bk, g, sd in rep.buckets.groups]
-            result.tables[f"{prefix}/group_rv_table"] = (["bucket", "group_id", "reward_std"], rows)
-            if ctx.is_main:
-                name = "group_rv_table.csv" if prefix == "grad_norm" else "group_rv_table_prefilter.csv"
-                atomic_write_text(step_dir / name, group_table_csv(rep.buckets))
-                if prefix == "grad_norm" and cfg.analysis.save_batch:
-                    extra = {"step": ctx.step, "bucket_mode": r.gradient_analysis_bucket_mode,
-                             "num_buckets": r.gradient_analysis_num_buckets, "method": cfg.analysis.method,
-                             "buckets": [n for n in rep.buckets.names]}
-                    save_probe_bundle(step_dir, b, rep.buckets, ctx.loss_settings, extra,
-                                      ctx.actor if cfg.analysis.save_model else None, ctx.tokenizer)
+            layers[prefix] = rep.layers
+            result.tables[f"{prefix}/group_rv_table"] = (["bucket", "group_id", "reward_std"],
+                                                         [list(g) for g in rep.buckets.groups])
         result.metrics.update(actor_summary(result.metrics))
         if ctx.is_main:
-            atomic_write_json(step_dir / "layers.json", layers_out)
-        if t.exit_after_gradient_analysis:
+            atomic_write_json(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "layers.json", layers)
+        if b.exit_after:
             result.metrics["trainer/exited_after_gradient_analysis"] = 1.0
-            result.stop, result.reason = True, "trainer.exit_after_gradient_analysis"
+            result.stop, result.reason = True, "analysis.buckets.exit_after (trainer.exit_after_gradient_analysis)"
+        result.metrics["timing_s/analysis/buckets"] = time.perf_counter() - t0
         return result
+
+    def _analyse(self, ctx: StepContext, batch: Batch, prefix: str) -> BucketReport:
+        """One bucket analysis of ``batch``, its group table and (``save_batch``) its probe bundle on disk."""
+        cfg, b = self.cfg, self.cfg.analysis.buckets
+        trim = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node if b.dp_trim else 0
+        rep = analyse_buckets(ctx.actor, batch, ctx.loss_settings, bucket_mode=b.bucket_mode,
+                              num_buckets=b.num_buckets, method=cfg.analysis.method, prefix=prefix, dp_trim=trim)
+        if ctx.is_main:
+            step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"
+            name = "group_rv_table.csv" if prefix == "grad_norm" else "group_rv_table_prefilter.csv"
+            atomic_write_text(step_dir / name, group_table_csv(rep.buckets))
+            if prefix == "grad_norm" and b.save_batch:
+                extra = {"step": ctx.step, "bucket_mode": b.bucket_mode, "num_buckets": b.num_buckets,
+                         "method": cfg.analysis.method, "buckets": list(rep.buckets.names)}
+                save_probe_bundle(step_dir, batch, rep.buckets, ctx.loss_settings, extra,
+                                  ctx.actor if b.save_model else None, ctx.tokenizer)
+        return rep

@@ -1,4 +1,6 @@
-"""Neuron health for any trained model (actor or critic): dormancy, zero gradients, nullspace, ReDo-style reset.
+"""Neuron health for any trained model (actor or critic): dormancy, zero gradients, nullspace.
+
+The ReDo-style reset that acts on these scores, and the hook, are in ``rlgrad.analysis.redo``.
 
 A *neuron* is a hidden unit that can die, found structurally (``find_neurons``):
 
@@ -23,7 +25,7 @@ Scores (on the gradient the update uses, after backward and before clipping):
               nullspace_ratio = #{λ_k(K) < (1e-5)² · λ_max} / B  (a zero gradient is a null direction)
 
 Every gradient and activation statistic is a ratio of additive partial sums (per-neuron Σ|g| and element
-counts, zero counts, Σ|activation| and token counts), so making it global is one ``dist.all_reduce_sum``
+counts, zero counts, Σ|activation| and token counts), so making it global is one ``collectives.all_reduce_sum``
 before the division: see ``_local_grad`` for when a gradient sum needs it. The per-sequence gradients come
 from the one gradient engine (``engine.slice_gradients``): the sample is drawn over the global mini-batch
 (``global_sample``), each rank passes the sampled rows it holds as a partial one-hot slice matrix, and the
@@ -35,22 +37,22 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from rlgrad.analysis import dist
-from rlgrad.analysis.engine import LossFn, slice_gradients
+from rlgrad import collectives
+from rlgrad.analysis.engine import slice_gradients
 from rlgrad.batch import Batch
-from rlgrad.hooks import Hook, StepContext
-from rlgrad.rundir import atomic_write_json
+from rlgrad.loss import LossFn, PerTokenLoss
+
+if TYPE_CHECKING:
+    from rlgrad.config import NeuronHealthConfig
 
 NULL_EPS = 1e-5  # λ_k < NULL_EPS² · λ_max counts as a null direction
-SMALL_OUTGOING = 0.01  # redo_reset_outgoing=small: N(0, (SMALL_OUTGOING · RMS of the surviving columns)²)
 
 
 # ----------------------------------------------------------------------------- structure
@@ -254,14 +256,14 @@ def gradient_stats(model: nn.Module, layers: list[NeuronLayer]) -> tuple[list[La
             zero += (g == 0).sum().double().cpu()
     flat = torch.cat([*sums, zero.view(1)]) if sums else zero.view(1)
     if sharded:  # partial sums over parameter shards -> global; DDP and one process: already global
-        flat = dist.all_reduce_sum(flat)
+        flat = collectives.all_reduce_sum(flat)
     parts = list(flat[:-1].split([la.n for la in layers])) if layers else []
     stats = [LayerStats(la, s, c) for la, s, c in zip(layers, parts, counts)]
     return stats, float(flat[-1]), numel
 
 
 # ----------------------------------------------------------------------------- sampled sequences
-def _seed(*parts) -> int:
+def seed_of(*parts) -> int:
     """A stable 63-bit seed from (seed, step, role, name ...): the same on every process and every run."""
     digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
@@ -305,12 +307,13 @@ class _Activations:
         return fn
 
     def watch(self, loss_fn: LossFn) -> LossFn:
-        """``loss_fn`` that tells the hooks which tokens are response tokens (the engine may reorder rows)."""
-        def fn(model, b: Batch):
+        """``loss_fn`` with its terms summed into one, telling the hooks which tokens are response tokens
+        (the engine may reorder rows)."""
+        def fn(model: nn.Module, b: Batch) -> dict[str, torch.Tensor]:
             self.mask = b.response_mask
             self.tokens += float(b.response_mask.sum())
-            return loss_fn(model, b)
-        return fn
+            return {"loss": sum(loss_fn(model, b).values())}
+        return PerTokenLoss(fn, loss_fn.agg)
 
     def close(self) -> None:
         for h in self.handles:
@@ -326,12 +329,12 @@ def global_sample(batch: Batch, k: int, seed: int) -> tuple[torch.Tensor, torch.
     ``batch.global_index`` when set (``ppo_update``'s mini-batch: its place in the one-process mini-batch,
     which shuffled mini-batches need -- ranks interleave there), else ranks in order. Every rank must call it.
     """
-    sizes = dist.all_gather_sizes(len(batch))
+    sizes = collectives.all_gather_sizes(len(batch))
     rows = sample_rows(sum(sizes), k, seed)
     if batch.global_index is not None:
         pos = batch.global_index.cpu()
     else:
-        pos = sum(sizes[:dist.rank()]) + torch.arange(len(batch))
+        pos = sum(sizes[:collectives.rank()]) + torch.arange(len(batch))
     local = torch.nonzero(torch.isin(pos, rows)).squeeze(-1)
     slot = torch.searchsorted(rows, pos[local])
     order = torch.argsort(slot)
@@ -344,69 +347,43 @@ def sample_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, stats: list[Lay
 
     Rows ``local`` of ``batch`` are sampled sequences ``slot`` of ``num_samples`` (``global_sample``); the
     engine gets a partial one-hot weight matrix ``[num_samples, len(local)]`` and sums the slices over ranks,
-    so slice j is sequence j's gradient wherever it lives. ``loss_fn(model, batch)`` returns per-token losses
-    already multiplied by their aggregation weights; its terms are summed, so K is the Gram of the
-    gradients of the one loss the update optimises. ``model`` must be a plain module (FSDP2: the replica);
-    its neuron layers are matched to ``stats`` by name.
+    so slice j is sequence j's gradient wherever it lives. The loss's terms are summed, so K is the Gram
+    of the gradients of the one loss the update optimises (each sequence's un-normalised aggregated loss).
+    ``model`` must be a plain module (FSDP2: the replica); its neuron layers are matched to ``stats`` by name.
     """
     S = num_samples
-    if len(local):
-        sample = batch.select(local)
-        weights = torch.zeros(S, len(local))
-        weights[slot, torch.arange(len(local))] = 1.0
-    else:  # none of the sample is here: a zero-loss row keeps this rank in the engine's collectives
-        sample, weights = batch.blank_rows(1), torch.zeros(S, 1)
+    weights = torch.zeros(S, len(local))
+    weights[slot, torch.arange(len(local))] = 1.0
     by_name = {la.name: la for la in find_neurons(model)}
     missing = [s.layer.name for s in stats if s.layer.name not in by_name]
     if missing:
         raise ValueError(f"the model for the nullspace pass lacks neuron layer(s) {', '.join(missing[:3])}")
     acts = _Activations([by_name[s.layer.name] for s in stats])
-    summed = acts.watch(lambda m, b: {"loss": sum(loss_fn(m, b).values())})
-    names = [f"seq_{i}" for i in range(S)]
-    device = next(model.parameters()).device
     try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            try:
-                g = slice_gradients(method, model, sample, summed, weights, names)
-            except NotImplementedError as e:  # a model the fast hooks do not cover: same numbers, S passes
-                warnings.warn(f"{e}; neuron health falls back to analysis.method=reference", stacklevel=2)
-                acts.sums = [torch.zeros_like(s) for s in acts.sums]
-                acts.tokens.zero_()
-                g = slice_gradients("reference", model, sample, summed, weights, names)
+        g = slice_gradients(method, model, batch.select(local), acts.watch(loss_fn), weights,
+                            [f"seq_{i}" for i in range(S)])
     finally:
         acts.close()
     # K is already global: the engine summed each sequence's gradient over ranks before forming it.
     K = g.total_gram("loss") if "loss" in g.gram else torch.zeros(S, S, dtype=torch.float64)
     # Activation sums and token counts cover this rank's sampled rows only: summed over ranks.
-    flat = dist.all_reduce_sum(torch.cat([*acts.sums, acts.tokens.view(1)]))
+    flat = collectives.all_reduce_sum(torch.cat([*acts.sums, acts.tokens.view(1)]))
     parts = flat[:-1].split([s.layer.n for s in stats])
     for s, a in zip(stats, parts):
         s.act_sum, s.act_count = a, flat[-1] * s.layer.width * torch.ones_like(a)
     return K
 
 
-def actor_loss_fn(s) -> LossFn:
-    """The actor's per-token loss terms with their aggregation weights (``s``: rl.actor.LossSettings)."""
-    from rlgrad.rl.actor import token_losses
-    from rlgrad.rl.core import agg_token_weights
-
-    def fn(model, b: Batch) -> dict[str, torch.Tensor]:
-        t = token_losses(model, b, s)
-        w, _ = agg_token_weights(t.mask, s.loss_agg_mode, horizon=s.horizon)
-        return {k: v * w.to(v.dtype) for k, v in t.components(s).items()}
-    return fn
-
-
 def _is_sharded(model: nn.Module) -> bool:
     return any(hasattr(p, "to_local") for p in model.parameters())
 
 
-def measure(model: nn.Module, batch: Batch | None, rc, *, role: str, seed: int, step: int,
+def measure(model: nn.Module, batch: Batch | None, nc: NeuronHealthConfig, *, role: str, seed: int, step: int,
             loss_fn: LossFn | None = None, method: str = "fast", replica: nn.Module | None = None) -> NeuronReport:
     """Neuron health of ``model`` from its current ``.grad`` (and, with ``loss_fn``, a sample of ``batch``).
 
-    ``rc``: a RedoConfig (redo_tau, redo_mode, redo_nullspace_samples). Without ``loss_fn`` or with
-    ``redo_nullspace_samples=0`` only the gradient statistics are computed. Weights, gradients and the
+    ``nc``: the role's settings (tau, mode, nullspace_samples). Without ``loss_fn`` or with
+    ``nullspace_samples=0`` only the gradient statistics are computed. Weights, gradients and the
     global RNG are left as they were. Data parallel: ``batch`` is this rank's share of the mini-batch and
     every rank calls this; under FSDP2 ``model`` is the sharded module and ``replica`` a plain module with
     the same weights, which the per-sequence pass runs on.
@@ -414,195 +391,15 @@ def measure(model: nn.Module, batch: Batch | None, rc, *, role: str, seed: int, 
     layers = find_neurons(model)
     stats, zero, numel = gradient_stats(model, layers)
     grad_total = float(sum(s.grad_sum.sum() for s in stats)) if stats else 0.0
-    rep = NeuronReport(role, float(rc.redo_tau), rc.redo_mode, stats, float(zero), numel, grad_total,
+    rep = NeuronReport(role, float(nc.tau), nc.mode, stats, float(zero), numel, grad_total,
                        sharded=_is_sharded(model))
-    if loss_fn is not None and rc.redo_nullspace_samples > 0 and batch is not None:
+    if loss_fn is not None and nc.nullspace_samples > 0 and batch is not None:
         runner = replica if replica is not None else model
         if _is_sharded(runner):
             raise ValueError("the nullspace pass needs a plain module: pass measure(..., replica=) under FSDP2")
-        rows, local, slot = global_sample(batch, rc.redo_nullspace_samples, _seed(seed, step, role, "nullspace"))
+        rows, local, slot = global_sample(batch, nc.nullspace_samples, seed_of(seed, step, role, "nullspace"))
         if len(rows):  # the global mini-batch is not empty (the same answer on every rank)
             K = sample_pass(runner, batch, loss_fn, stats, local, slot, len(rows), method)
             rep.gram, rep.sample_rows, rep.nullspace_samples = K, rows, len(rows)
             rep.nullspace_ratio = nullspace_ratio(K)
     return rep
-
-
-# ----------------------------------------------------------------------------- reset
-def select_reset(score: torch.Tensor, tau: float, mode: str, max_frac: float) -> torch.Tensor:
-    """Indices of the neurons to reset (sorted): threshold | percentage | hybrid, ties by index."""
-    cap = math.floor(max_frac * len(score) + 1e-9)
-    order = torch.sort(score, stable=True).indices  # NaN scores sort last and are never below tau
-    if mode == "percentage":
-        idx = order[:cap]
-    else:
-        idx = order[score[order] <= tau]
-        if mode == "hybrid":
-            idx = idx[:cap]
-    return idx.sort().values
-
-
-def _zero_moments(optimizer: torch.optim.Optimizer | None, p: nn.Parameter, idx: torch.Tensor, dim: int) -> None:
-    """Zero the rows (dim 0) / columns (dim 1) ``idx`` (global indices) of every per-element optimizer state
-    of ``p``; a sharded state (FSDP2) zeroes those in its local rows.
-
-    AdamW: exp_avg, exp_avg_sq (and max_exp_avg_sq); the scalar ``step`` is left alone."""
-    if optimizer is None:
-        return
-    for v in optimizer.state.get(p, {}).values():
-        if torch.is_tensor(v) and v.shape == p.shape:
-            local, off, _ = _shard(v)
-            if dim == 0:
-                idx_here = idx[(idx >= off) & (idx < off + local.shape[0])] - off
-            else:  # sharding splits rows: every column is whole in each shard
-                idx_here = idx
-            local.index_fill_(dim, idx_here.to(local.device), 0)
-
-
-def _sq_sums(x: torch.Tensor, keep: torch.Tensor) -> list[float]:
-    """[Σx², count] over the rows of ``x`` that ``keep`` marks, then over all its rows."""
-    x = x.double()
-    kept = x[keep]
-    return [float(kept.pow(2).sum()), float(kept.numel()), float(x.pow(2).sum()), float(x.numel())]
-
-
-@torch.no_grad()
-def reset_layer(layer: NeuronLayer, neurons: torch.Tensor, optimizer: torch.optim.Optimizer | None, *,
-                seed: int, step: int, role: str, outgoing: str = "zero") -> None:
-    """Fresh incoming weights ~ N(0, RMS²) (RMS of the matrix's surviving rows), zero incoming biases,
-    outgoing columns zero (or small random), and the matching optimizer moments zeroed.
-
-    Draws come from a CPU generator seeded by (seed, step, role, parameter name): identical on every
-    process, and torch's global RNG stream is not touched. FSDP2 (parameters and optimizer states are
-    row shards): every rank draws the whole block, the RMS comes from sums over all shards (one
-    all-reduce per layer), and each rank writes the rows it holds.
-    """
-    if len(neurons) == 0:
-        return
-    w = layer.width
-    cols = (neurons[:, None] * w + torch.arange(w)).reshape(-1)  # the neurons' rows/columns (global)
-    keep = torch.ones(layer.n * w, dtype=torch.bool)
-    keep[cols] = False
-    incoming = [(name, p, *_shard(p)) for name, p in layer.incoming]
-    out = [(name, p, *_shard(p)) for name, p in layer.outgoing]
-    # The RMS of each drawn-into matrix over the survivors, from additive sums of squares.
-    sums = []
-    for _, p, local, off, _ in incoming:
-        if p.dim() > 1:
-            sums.append(_sq_sums(local, keep[off:off + local.shape[0]].to(local.device)))
-    if outgoing == "small":
-        for *_, local, _, _ in out:
-            sums.append(_sq_sums(local.t(), keep.to(local.device)))  # columns are neurons; rows may be sharded
-    if sums:
-        tot = torch.tensor(sums, dtype=torch.float64)
-        if any(sh for *_, sh in incoming + out):
-            tot = dist.all_reduce_sum(tot)
-        rms = [(float((a / n) ** 0.5) if n else 0.0, float((b / m) ** 0.5) if m else 0.0) for a, n, b, m in tot.tolist()]
-    k = 0
-    for name, p, local, off, _ in incoming:
-        mine = (cols >= off) & (cols < off + local.shape[0])
-        rows = (cols[mine] - off).to(local.device)
-        if p.dim() == 1:
-            local.index_fill_(0, rows, 0.0)
-        else:
-            keep_rms, all_rms = rms[k]
-            k += 1
-            scale = keep_rms or all_rms or p.shape[1] ** -0.5
-            gen = torch.Generator().manual_seed(_seed(seed, step, role, name))
-            fresh = torch.randn(len(cols), *p.shape[1:], generator=gen, dtype=torch.float32) * scale
-            local.index_copy_(0, rows, fresh[mine].to(local.device, local.dtype))
-        _zero_moments(optimizer, p, cols, 0)
-    for name, p, local, off, _ in out:
-        idx = cols.to(local.device)
-        if outgoing == "small":
-            keep_rms, all_rms = rms[k]
-            k += 1
-            gen = torch.Generator().manual_seed(_seed(seed, step, role, name))
-            fresh = torch.randn(p.shape[0], len(cols), generator=gen, dtype=torch.float32) * (
-                SMALL_OUTGOING * (keep_rms or all_rms))
-            local.index_copy_(1, idx, fresh[off:off + local.shape[0]].to(local.device, local.dtype))
-        else:
-            local.index_fill_(1, idx, 0.0)
-        _zero_moments(optimizer, p, cols, 1)
-
-
-def reset_dormant(rep: NeuronReport, optimizer: torch.optim.Optimizer | None, rc, *, seed: int, step: int
-                  ) -> dict[str, int]:
-    """Reset each layer's dormant neurons by ``rep``'s GraMa scores; returns layer name -> count.
-
-    A step whose whole gradient is zero or non-finite carries no information about which neurons
-    are dead (e.g. all advantages zero): nothing is reset then.
-    """
-    rep.reset = {}
-    if not (rep.grad_total > 0 and math.isfinite(rep.grad_total)):
-        return rep.reset
-    for s in rep.layers:
-        idx = select_reset(s.score, rc.redo_tau, rc.redo_mode, rc.redo_max_reset_frac)
-        reset_layer(s.layer, idx, optimizer, seed=seed, step=step, role=rep.role, outgoing=rc.redo_reset_outgoing)
-        rep.reset[s.layer.name] = len(idx)
-    return rep.reset
-
-
-# ----------------------------------------------------------------------------- the hook
-class NeuronHealthHook(Hook):
-    """Neuron health at ``on_grads`` (the first mini-batch of a due step, per role) and the reset at ``after_update``.
-
-    Roles: ``actor`` (loss from ``ctx.loss_settings``; optimizer ``ctx.optimizer``) and ``critic``
-    (loss from ``ctx.extras["critic_loss_fn"]``, a LossFn like ``actor_loss_fn``'s; optimizer
-    ``ctx.critic_optimizer``). Config: ``<role>.redo_*``.
-
-    Under FSDP2 ``on_grads`` sees the sharded module: the per-sequence pass runs on the plain replica
-    (``ctx.actor`` / ``ctx.critic``, whose weights are the ones the gradient was taken at), and after a
-    reset of the shards the replica is refreshed (``ctx.extras["sync_policy"]`` / ``["sync_critic"]``).
-    """
-
-    SYNC = {"actor": "sync_policy", "critic": "sync_critic"}
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.pending: dict[str, tuple[int, NeuronReport]] = {}
-
-    @staticmethod
-    def _due(freq: int, step: int) -> bool:
-        return freq > 0 and step % freq == 0
-
-    def loss_fn(self, ctx: StepContext, role: str) -> LossFn | None:
-        if role == "actor":
-            return actor_loss_fn(ctx.loss_settings)
-        return ctx.extras.get(f"{role}_loss_fn")
-
-    def on_grads(self, ctx: StepContext, model: nn.Module, minibatch: Batch, role: str = "actor"):
-        rc = getattr(self.cfg, role)
-        metric, reset = self._due(rc.redo_metric_freq, ctx.step), self._due(rc.redo_reset_freq, ctx.step)
-        if not (metric or reset) or self.pending.get(role, (None,))[0] == ctx.step:
-            return None  # later mini-batches of the step: the first one's gradient is the one measured
-        t0 = time.perf_counter()
-        replica = getattr(ctx, role, None) if _is_sharded(model) else model
-        rep = measure(model, minibatch, rc, role=role, seed=self.cfg.trainer.seed, step=ctx.step,
-                      loss_fn=self.loss_fn(ctx, role) if metric else None, method=self.cfg.analysis.method,
-                      replica=replica)
-        self.pending[role] = (ctx.step, rep)
-        return {**rep.metrics(), f"timing_s/neuron/{role}": time.perf_counter() - t0}
-
-    def after_update(self, ctx: StepContext):
-        out: dict[str, float] = {}
-        doc: dict = {"step": ctx.step}
-        optimizers = {"actor": ctx.optimizer, "critic": ctx.critic_optimizer}
-        for role, (step, rep) in sorted(self.pending.items()):
-            if step != ctx.step:
-                continue
-            rc = getattr(self.cfg, role)
-            if self._due(rc.redo_reset_freq, ctx.step):
-                counts = reset_dormant(rep, optimizers.get(role), rc, seed=self.cfg.trainer.seed, step=ctx.step)
-                out[f"{role}/neuron/reset_count"] = float(sum(counts.values()))
-                if rep.sharded and sum(counts.values()):  # the same decision on every rank: all join the gather
-                    sync = ctx.extras.get(self.SYNC[role])
-                    if sync is None:
-                        raise RuntimeError(f"neuron reset on FSDP2 shards needs ctx.extras['{self.SYNC[role]}'] "
-                                           "to refresh the replica")
-                    sync()
-            doc[role] = rep.to_json()
-        self.pending.clear()
-        if ctx.is_main and len(doc) > 1:
-            atomic_write_json(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "neurons.json", doc)
-        return out or None

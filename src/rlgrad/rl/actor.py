@@ -1,144 +1,22 @@
-"""The actor objective and its update: one place that defines the loss everyone uses.
+"""The update: ``ppo_update``, the one epoch / mini-batch / micro-batch / clip / optimizer loop.
 
-    L = L_task(pg) - entropy_coeff * H + kl_loss_coef * KL(pi || pi_ref)
-
-Each term is aggregated with ``loss_agg_mode`` against the denominators of the batch being
-optimised (``Denominators``), so micro-batch losses sum exactly to the mini-batch loss:
-gradient accumulation gives the same update as one big batch. The analysis instruments
-call ``actor_loss_terms`` too, so they measure exactly the loss the update uses.
-
-``ppo_update`` is the one epoch / mini-batch / micro-batch / clip / optimizer loop; the actor
-and the critic (``rlgrad.rl.critic``) each plug their per-micro-batch loss into it.
+The actor and the critic (``rlgrad.rl.critic``) each plug their per-micro-batch loss into it; the
+loss math itself lives in ``rlgrad.loss``, which the instruments import too, so they measure exactly
+the loss the update optimises. Each micro-batch loss is taken against the denominators of its whole
+mini-batch, so gradient accumulation gives the same update as one big batch.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from rlgrad.analysis.dist import all_gather_sizes, all_reduce_max, all_reduce_sum, rank
 from rlgrad.batch import Batch
+from rlgrad.collectives import all_gather_sizes, all_reduce_max, all_reduce_sum, rank
 from rlgrad.distributed import grad_sync
-from rlgrad.rl.core import agg_loss, kl_penalty, policy_loss
-from rlgrad.rl.rollout import forward_log_probs
-
-
-@dataclass(frozen=True)
-class LossSettings:
-    policy_loss: str = "ppo"
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0
-    loss_agg_mode: str = "token-mean"
-    horizon: int = 8  # response-length budget, for seq-mean-token-sum-norm
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    entropy_coeff: float = 0.0
-    temperature: float = 1.0
-
-    @classmethod
-    def from_config(cls, cfg) -> LossSettings:
-        a = cfg.actor
-        return cls(policy_loss=a.policy_loss, clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
-                   clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode, horizon=cfg.rollout.response_length,
-                   use_kl_loss=a.use_kl_loss, kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
-                   entropy_coeff=a.entropy_coeff, temperature=cfg.rollout.temperature)
-
-
-@dataclass
-class Denominators:
-    """Response tokens and sequences of the whole batch an optimizer step (or a probe) covers."""
-
-    num_tokens: float
-    num_seqs: float
-
-    @classmethod
-    def of(cls, batch: Batch) -> Denominators:
-        return cls(float(batch.response_mask.sum()), float(len(batch)))
-
-    @classmethod
-    def global_of(cls, batch: Batch) -> Denominators:
-        """Totals over every rank's part of the batch (``of`` in one process): local losses then sum to the
-        global loss over ranks."""
-        t = all_reduce_sum(torch.tensor([float(batch.response_mask.sum()), float(len(batch))], dtype=torch.float64))
-        return cls(float(t[0]), float(t[1]))
-
-
-@dataclass
-class LossTerms:
-    pg: torch.Tensor
-    entropy: torch.Tensor  # aggregated entropy (the bonus is -entropy_coeff * this; detached when 0)
-    kl: torch.Tensor | None
-    clipfrac: torch.Tensor
-    clipfrac_lower: torch.Tensor
-    ppo_kl: torch.Tensor
-
-    def total(self, s: LossSettings) -> torch.Tensor:
-        loss = self.pg
-        if s.entropy_coeff != 0:
-            loss = loss - s.entropy_coeff * self.entropy
-        if self.kl is not None:
-            loss = loss + s.kl_loss_coef * self.kl
-        return loss
-
-
-@dataclass
-class TokenLosses:
-    """Per-token terms of the actor loss for one forward (``[N, L]``, zero outside ``mask``)."""
-
-    mask: torch.Tensor
-    pg: torch.Tensor  # per-token policy loss (PPO-clip or CISPO)
-    entropy: torch.Tensor  # per-token entropy H (detached when entropy_coeff == 0)
-    kl: torch.Tensor | None  # per-token KL estimate (use_kl_loss only)
-    clipfrac: torch.Tensor
-    clipfrac_lower: torch.Tensor
-    ppo_kl: torch.Tensor
-    # Per-token policy loss per unit of advantage: A·∇pg_unit = ∇pg token by token (core.policy_loss).
-    pg_unit: torch.Tensor | None = None
-
-    def components(self, s: LossSettings) -> dict[str, torch.Tensor]:
-        """The loss's terms with their coefficients, as the analyses name them: task, entropy, kl.
-
-        A term with a zero coefficient (or KL off) is absent: it does not move the policy.
-        """
-        out = {"task": self.pg}
-        if s.entropy_coeff != 0:
-            out["entropy"] = -s.entropy_coeff * self.entropy
-        if self.kl is not None and s.kl_loss_coef != 0:
-            out["kl"] = s.kl_loss_coef * self.kl
-        return out
-
-
-def token_losses(model, mb: Batch, s: LossSettings) -> TokenLosses:
-    """Forward ``mb`` and return the per-token loss terms (differentiable)."""
-    device = next(model.parameters()).device
-    mask = mb.response_mask.to(device)
-    logp, ent = forward_log_probs(model, mb.input_ids.to(device), mb.attention_mask.to(device),
-                                  temperature=s.temperature, with_entropy=True)
-    if s.entropy_coeff == 0:
-        ent = ent.detach()  # still logged as actor/entropy, but no graph kept for it
-    pg = policy_loss(logp, mb.old_log_probs.to(device), mb.advantages.to(device), mask, kind=s.policy_loss,
-                     clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
-                     clip_ratio_c=s.clip_ratio_c, agg_mode=s.loss_agg_mode, horizon=s.horizon)
-    kl = kl_penalty(logp, mb.ref_log_probs.to(device), s.kl_loss_type) * mask if s.use_kl_loss else None
-    return TokenLosses(mask, pg.loss_mat * mask, ent * mask, kl, pg.clipfrac, pg.clipfrac_lower, pg.ppo_kl,
-                       pg.unit_loss_mat * mask)
-
-
-def actor_loss_terms(model, mb: Batch, s: LossSettings, den: Denominators) -> LossTerms:
-    """Forward ``mb`` and return each aggregated loss term (differentiable)."""
-    t = token_losses(model, mb, s)
-
-    def agg(x: torch.Tensor) -> torch.Tensor:
-        return agg_loss(x, t.mask, s.loss_agg_mode, horizon=s.horizon, num_tokens=den.num_tokens,
-                        num_seqs=den.num_seqs)
-
-    kl = agg(t.kl) if t.kl is not None else None
-    return LossTerms(agg(t.pg), agg(t.entropy), kl, t.clipfrac, t.clipfrac_lower, t.ppo_kl)
+from rlgrad.loss import Denominators, LossSettings, actor_loss_terms
 
 
 def minibatches(n: int, mini_size: int, shuffle: bool, generator: torch.Generator | None) -> list[torch.Tensor]:

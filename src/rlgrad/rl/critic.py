@@ -4,40 +4,19 @@
           stored at column t, like every per-token tensor (see ``rlgrad.batch``)
     L_V = ½ · max((V − R)², (clip(V, V_old − c, V_old + c) − R)²), aggregated with loss_agg_mode
 
-``R`` are the GAE returns and ``V_old`` the values that computed them (``rlgrad.rl.core``). The
-update is the actor's loop (``rlgrad.rl.actor.ppo_update``) with this loss plugged in, so epochs,
+``R`` are the GAE returns and ``V_old`` the values that computed them (``rlgrad.core``); the loss
+math and ``CriticSettings`` live in ``rlgrad.loss``. The update is the actor's loop (``rlgrad.rl.actor.ppo_update``) with this loss plugged in, so epochs,
 mini/micro-batches, clipping and non-finite steps behave exactly as for the actor.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from rlgrad.batch import Batch, position_ids_from_mask
-from rlgrad.rl.actor import Denominators, MicroLoss, ppo_update
-from rlgrad.rl.core import masked_mean, value_loss
-
-
-@dataclass(frozen=True)
-class CriticSettings:
-    cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
-    horizon: int = 8  # response-length budget, for seq-mean-token-sum-norm
-
-    @classmethod
-    def from_config(cls, cfg) -> CriticSettings:
-        c = cfg.critic
-        return cls(cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode or cfg.actor.loss_agg_mode,
-                   horizon=cfg.rollout.response_length)
-
-
-def forward_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """``[N, L]`` values (float32, differentiable): column t holds the head's output at position t − 1."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids_from_mask(attention_mask), use_cache=False).logits[..., 0].float()
-    return torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], 1)
+from rlgrad.batch import Batch
+from rlgrad.core import masked_mean, value_loss
+from rlgrad.loss import CriticSettings, Denominators, forward_values
+from rlgrad.rl.actor import MicroLoss, ppo_update
 
 
 @torch.no_grad()
@@ -48,22 +27,6 @@ def compute_values(model, batch: Batch, *, micro_batch_size: int) -> torch.Tenso
                             batch.attention_mask[s:s + micro_batch_size].to(device)).cpu()
              for s in range(0, len(batch), micro_batch_size)]
     return torch.cat(parts) * batch.response_mask
-
-
-def critic_token_loss(s: CriticSettings):
-    """The value loss per token with its aggregation weights, for the gradient engine (``analysis.engine.LossFn``)."""
-    from rlgrad.rl.core import agg_token_weights
-
-    def fn(model, b: Batch) -> dict[str, torch.Tensor]:
-        device = next(model.parameters()).device
-        mask = b.response_mask.to(device)
-        v = forward_values(model, b.input_ids.to(device), b.attention_mask.to(device))
-        out = value_loss(v, b.values.to(device), b.returns.to(device), mask, cliprange_value=s.cliprange_value,
-                         agg_mode=s.loss_agg_mode, horizon=s.horizon)
-        w, _ = agg_token_weights(mask, s.loss_agg_mode, horizon=s.horizon)
-        return {"value": out.loss_mat * w.to(out.loss_mat.dtype)}
-
-    return fn
 
 
 def critic_micro_loss(s: CriticSettings) -> MicroLoss:

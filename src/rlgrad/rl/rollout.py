@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlgrad.batch import position_ids_from_mask
 from rlgrad.errors import UserError
+from rlgrad.loss import forward_log_probs
 
 
 @dataclass
@@ -163,38 +163,6 @@ def generate(model, tokenizer, prompts: list[str], *, n: int, max_new_tokens: in
     truncated = ~is_eos.any(-1)
     texts = tokenizer.batch_decode([r[m.bool()] for r, m in zip(resp, resp_valid_l)], skip_special_tokens=True)
     return Generation(input_ids, attention_mask, response_mask, texts, lengths, truncated, log_probs)
-
-
-def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                      temperature: float = 1.0, with_entropy: bool = False, start: int = 1
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-prob of ``input_ids[:, t]`` under the logits at ``t - 1``, for columns ``t >= start``.
-
-    Columns before ``start`` (at least column 0) are 0; with ``start`` = the first response column,
-    the LM head runs on the response positions only (``logits_to_keep``, as TRL does). Logits are
-    divided by the rollout temperature, as verl does, so that old log-probs describe the
-    distribution the samples were drawn from.
-    """
-    from rlgrad.rl.core import entropy_from_logits, logprobs_from_logits
-
-    L = input_ids.shape[1]
-    start = min(max(start, 1), L)
-    kwargs = {"logits_to_keep": L - start + 1} if start > 1 and _accepts_logits_to_keep(model) else {}
-    logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                   position_ids=position_ids_from_mask(attention_mask), use_cache=False, **kwargs).logits
-    logits = logits[:, -(L - start + 1):-1].float()  # the logits at positions start-1 .. L-2
-    if temperature != 1.0:
-        logits = logits / temperature
-    zero = torch.zeros_like(input_ids[:, :start], dtype=logits.dtype)
-    logp = torch.cat([zero, logprobs_from_logits(logits, input_ids[:, start:])], 1)
-    ent = torch.cat([zero, entropy_from_logits(logits)], 1) if with_entropy else None
-    return logp, ent
-
-
-def _accepts_logits_to_keep(model) -> bool:
-    import inspect
-
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def response_start(response_mask: torch.Tensor) -> int:

@@ -33,17 +33,10 @@ from pathlib import Path
 import torch
 
 from rlgrad import distributed
-from rlgrad.analysis.dist import all_gather_cat, all_reduce_sum, is_main, rank, world_size
 from rlgrad.batch import Batch
+from rlgrad.collectives import all_gather_cat, all_reduce_sum, is_main, rank, world_size
 from rlgrad.config import RLGradConfig, to_yaml
-from rlgrad.errors import UserError
-from rlgrad.hooks import Hook, StepContext
-from rlgrad.logging.rewards import RewardComponentLog, reward_metrics, step_record
-from rlgrad.logging.sinks import ConsoleSink, JsonlSink, MetricLogger, TensorBoardSink, WandbSink
-from rlgrad.models import load_actor, load_critic, load_pretrained, load_value_model
-from rlgrad.rl import checkpoint as ckpt
-from rlgrad.rl.actor import LossSettings, update_actor
-from rlgrad.rl.core import (
+from rlgrad.core import (
     broadcast_to_tokens,
     explained_variance,
     gae_advantages,
@@ -52,7 +45,15 @@ from rlgrad.rl.core import (
     outcome_token_rewards,
     rloo_advantages,
 )
-from rlgrad.rl.critic import CriticSettings, compute_values, critic_token_loss, update_critic
+from rlgrad.errors import UserError
+from rlgrad.hooks import Hook, HookResult, StepContext
+from rlgrad.logging.rewards import RewardComponentLog, reward_metrics, step_record
+from rlgrad.logging.sinks import ConsoleSink, JsonlSink, MetricLogger, TensorBoardSink, WandbSink
+from rlgrad.loss import CriticSettings, LossSettings, critic_loss_fn
+from rlgrad.models import load_actor, load_critic, load_pretrained, load_value_model
+from rlgrad.rl import checkpoint as ckpt
+from rlgrad.rl.actor import update_actor
+from rlgrad.rl.critic import compute_values, update_critic
 from rlgrad.rl.filter import rollout_filter
 from rlgrad.rl.rollout import compute_log_probs, generate
 from rlgrad.rundir import atomic_write_text, checkpoint_dirs, holds_a_run, read_jsonl, truncate_jsonl_after
@@ -64,10 +65,11 @@ class RunStopped(Exception):
 
 
 @contextmanager
-def timer(metrics: dict, name: str):
+def timer(metrics: dict, key: str):
+    """Seconds spent in the block, written to ``metrics[key]`` (a ``timing_s/...`` key)."""
     t0 = time.perf_counter()
     yield
-    metrics[f"timing_s/{name}"] = time.perf_counter() - t0
+    metrics[key] = time.perf_counter() - t0
 
 
 def resolve_run_dir(cfg: RLGradConfig) -> Path:
@@ -121,11 +123,10 @@ def summarize(prefix: str, x: torch.Tensor) -> dict[str, float]:
 
 class Trainer:
     def __init__(self, cfg: RLGradConfig, hooks: list[Hook] | None = None, log=print):
-        """``hooks`` run after the analysis hooks the config asks for (``rlgrad.analysis.hooks_from_config``)."""
-        from rlgrad.analysis import hooks_from_config
-
+        """``hooks`` run at the hook points in order (``rlgrad train`` hands it the instruments the config asks
+        for, ``rlgrad.analysis.hooks_from_config``); the trainer knows nothing else of them."""
         self.cfg = cfg
-        self.hooks = hooks_from_config(cfg) + list(hooks or [])
+        self.hooks = list(hooks or [])
         t = cfg.trainer
         if t.num_threads:
             torch.set_num_threads(t.num_threads)
@@ -186,16 +187,10 @@ class Trainer:
 
     def _restore(self, path: Path) -> None:
         state = ckpt.load_state(path)
-        if all(isinstance(k, int) for k in state["optimizer"]["state"]):  # a checkpoint from before rlgrad.distributed
-            self.optimizer.load_state_dict(state["optimizer"])
-        else:
-            distributed.load_optimizer_state(self.train_actor, self.optimizer, state["optimizer"])
+        distributed.load_optimizer_state(self.train_actor, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.critic is not None:
-            if all(isinstance(k, int) for k in state["critic_optimizer"]["state"]):
-                self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-            else:
-                distributed.load_optimizer_state(self.train_critic, self.critic_optimizer, state["critic_optimizer"])
+            distributed.load_optimizer_state(self.train_critic, self.critic_optimizer, state["critic_optimizer"])
             self.critic_scheduler.load_state_dict(state["critic_scheduler"])
         ckpt.set_rng_state(state["rng"])
         self.data_rng.setstate(state["data_rng"])
@@ -293,20 +288,20 @@ class Trainer:
 
     def prepare(self, batch: Batch, metrics: dict) -> Batch:
         r = self.cfg.rollout
-        with timer(metrics, "old_log_prob"):  # the sampling model is the old policy: its rollout log-probs
+        with timer(metrics, "timing_s/old_log_prob"):  # the sampling model is the old policy: its rollout log-probs
             if r.recompute_log_probs or batch.old_log_probs is None:
                 batch.old_log_probs, _ = compute_log_probs(self.actor, batch.input_ids, batch.attention_mask,
                                                            batch.response_mask, temperature=r.temperature,
                                                            micro_batch_size=r.log_prob_micro_batch_size)
         if self.ref is not None:
-            with timer(metrics, "ref"):
+            with timer(metrics, "timing_s/ref"):
                 batch.ref_log_probs, _ = compute_log_probs(self.ref, batch.input_ids, batch.attention_mask,
                                                            batch.response_mask, temperature=r.temperature,
                                                            micro_batch_size=r.log_prob_micro_batch_size)
         if self.critic is not None:
-            with timer(metrics, "values"):
+            with timer(metrics, "timing_s/values"):
                 batch.values = compute_values(self.critic, batch, micro_batch_size=r.log_prob_micro_batch_size)
-        with timer(metrics, "adv"):
+        with timer(metrics, "timing_s/adv"):
             batch.advantages, batch.returns = self.advantages(batch)
         return batch
 
@@ -341,12 +336,13 @@ class Trainer:
         return kept, full
 
     # ------------------------------------------------------------------ the loop
-    def train_step(self, step: int, logger: MetricLogger) -> tuple[dict[str, float], bool]:
-        cfg, m = self.cfg, {}
-        t0 = time.perf_counter()
+    def collect(self, step: int, m: dict) -> tuple[Batch, Batch] | None:
+        """rollout -> filter -> prepare for ``step``: ``(prepared filtered batch, unfiltered batch)``, or None
+        when the filter kept no group (a skipped step). Logs the rollout, reward and advantage metrics into ``m``."""
+        cfg = self.cfg
         examples = self.task.train_examples(cfg.data.train_batch_size, self.data_rng)  # the same on every rank
         lo, hi = self.shard(len(examples))
-        with timer(m, "gen"):
+        with timer(m, "timing_s/gen"):
             full, info = self.rollout(examples[lo:hi], n=cfg.rollout.n, do_sample=True, first_group=lo, step=step)
         g = all_gather_cat  # global metrics: every rank's samples
         m["rollout/accuracy"] = float(g(info["correct"]).mean())
@@ -355,20 +351,11 @@ class Trainer:
         keep, fm = self.filter(full, info)
         m.update(fm)
         if float(all_reduce_sum(keep.sum())) == 0:
-            self.empty_streak += 1
-            m["rollout/filter_empty"] = 1.0
-            m["timing_s/step"] = time.perf_counter() - t0
-            if self.empty_streak >= cfg.rollout.rollout_filter_empty_stop_steps:
-                logger.log(step, m)
-                raise RunStopped(f"the rollout filter kept nothing for {self.empty_streak} consecutive steps "
-                                 f"(rollout.rollout_filter_empty_stop_steps={cfg.rollout.rollout_filter_empty_stop_steps}); "
-                                 "loosen rollout.rollout_filter_value or rollout.rollout_filter_include_zero")
-            self.log(f"step {step}: the rollout filter kept no group; step skipped")
-            return m, False
+            self._skip_empty(step, m)
+            return None
         self.empty_streak = 0
         kept = torch.nonzero(keep).squeeze(-1)
         batch = self.prepare(full.select(kept), m)
-        g = all_gather_cat  # global metrics: every rank's samples
         comps, scores = {k: g(v) for k, v in batch.components.items()}, g(batch.scores)
         m.update(summarize("critic/score", scores))
         m.update(reward_metrics(comps))
@@ -382,71 +369,123 @@ class Trainer:
             m.update(summarize("critic/values", values))
             m.update(summarize("critic/returns", returns))
             m["critic/vf_explained_var"] = float(explained_variance(returns, values, torch.ones_like(values)))
+        return batch, full
 
-        # Under torchrun ctx.batch is this rank's share; ctx.actor is a plain module with the current
-        # weights (FSDP2: a full replica, refreshed after the update -- a hook that changes weights on
-        # purpose changes extras["train_actor"] and calls extras["sync_policy"]()).
+    def _skip_empty(self, step: int, m: dict) -> None:
+        """A step whose filter kept nothing: counted, and the run stops after too many in a row."""
+        self.empty_streak += 1
+        m["rollout/filter_empty"] = 1.0
+        limit = self.cfg.rollout.rollout_filter_empty_stop_steps
+        if self.empty_streak >= limit:
+            raise RunStopped(f"the rollout filter kept nothing for {self.empty_streak} consecutive steps "
+                             f"(rollout.rollout_filter_empty_stop_steps={limit}); "
+                             "loosen rollout.rollout_filter_value or rollout.rollout_filter_include_zero")
+        self.log(f"step {step}: the rollout filter kept no group; step skipped")
+
+    def context(self, step: int, batch: Batch, full: Batch) -> StepContext:
+        """What the hooks see of this step. Under torchrun ``batch`` is this rank's share; ``actor`` is a plain
+        module with the current weights (FSDP2: a full replica, refreshed after the update)."""
         ctx = StepContext(step=step, batch=batch, actor=self.actor, optimizer=self.optimizer,
-                          loss_settings=self.loss_settings, config=cfg, run_dir=self.run_dir, ref=self.ref,
-                          critic=self.critic, critic_optimizer=self.critic_optimizer,
-                          tokenizer=self.tokenizer, is_main=self.is_main,
-                          extras={"unfiltered_batch": full, "examples": examples, "reward_weights": self.task.weights,
-                                  "train_actor": self.train_actor,
-                                  "sync_policy": lambda: distributed.sync_policy(self.train_actor, self.actor),
-                                  "prepare": lambda b: self.prepare(b, {}),
-                                  "sample_batch": lambda groups, size: self.analysis_batch(step, groups, size)})
-        if self.critic is not None:  # the value loss per token, for instruments that probe the critic
-            ctx.extras["critic_loss_fn"] = critic_token_loss(self.critic_settings)
-            ctx.extras["sync_critic"] = lambda: distributed.sync_policy(self.train_critic, self.critic)
+                          loss_settings=self.loss_settings, config=self.cfg, run_dir=self.run_dir, ref=self.ref,
+                          critic=self.critic, critic_optimizer=self.critic_optimizer, tokenizer=self.tokenizer,
+                          is_main=self.is_main, unfiltered_batch=full, reward_weights=dict(self.task.weights),
+                          prepare=lambda b: self.prepare(b, {}),
+                          sample_batch=lambda groups, size: self.analysis_batch(step, groups, size),
+                          sync_actor=lambda: distributed.sync_policy(self.train_actor, self.actor))
+        if self.critic is not None:
+            ctx.critic_loss = critic_loss_fn(self.critic_settings)
+            ctx.sync_critic = lambda: distributed.sync_policy(self.train_critic, self.critic)
+        return ctx
 
-        def on_grads(role: str):
-            def call(model, mini):  # DDP: the inner module (whole summed gradient); FSDP2: the sharded module
-                model = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-                for hook in self.hooks:
-                    extra = hook.on_grads(ctx, model, mini, role=role)
-                    if extra:
-                        m.update(extra)
-            return call if self.hooks else None
+    def _on_grads(self, ctx: StepContext, role: str, m: dict):
+        """The ``on_grads`` callback ``ppo_update`` calls after each mini-batch's backward (None: no hooks)."""
+        def call(model, mini):  # DDP: the inner module (whole summed gradient); FSDP2: the sharded module
+            model = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+            for hook in self.hooks:
+                m.update(hook.on_grads(ctx, model, mini, role=role) or {})
+        return call if self.hooks else None
 
-        if self.critic is not None and not cfg.trainer.gradient_analysis_only:  # before the hook point (seeds)
-            c = cfg.critic
-            with timer(m, "update_critic"):
-                m.update(update_critic(self.train_critic, self.critic_optimizer, batch, self.critic_settings,
-                                       ppo_epochs=c.ppo_epochs,
-                                       mini_batch_size=(c.ppo_mini_batch_size or cfg.data.train_batch_size) * cfg.rollout.n,
-                                       micro_batch_size=c.ppo_micro_batch_size, max_grad_norm=c.max_grad_norm,
-                                       shuffle=c.shuffle, seed=cfg.trainer.seed * 100_019 + step,
-                                       scheduler=self.critic_scheduler, on_grads=on_grads("critic")))
-                distributed.sync_policy(self.train_critic, self.critic)
+    def before_update(self, ctx: StepContext, logger: MetricLogger, m: dict) -> HookResult | None:
+        """The hook point: every hook's ``before_update``; returns the first result that asks to stop."""
         for hook in self.hooks:
             res = hook.before_update(ctx)
-            if res is not None:
-                m.update(res.metrics)
-                for key, (columns, rows) in res.tables.items():
-                    logger.log_table(key, columns, rows, step)
-                if res.stop:
-                    m["timing_s/step"] = time.perf_counter() - t0
-                    self.log(f"step {step}: stopping before the actor update ({res.reason or 'requested by a hook'})")
-                    return m, True
+            if res is None:
+                continue
+            m.update(res.metrics)
+            for key, (columns, rows) in res.tables.items():
+                logger.log_table(key, columns, rows, ctx.step)
+            if res.stop:
+                self.log(f"step {ctx.step}: stopping before the actor update ({res.reason or 'requested by a hook'})")
+                return res
+        return None
 
-        if cfg.trainer.gradient_analysis_only:  # probe mode: measure, never update
-            m["timing_s/step"] = time.perf_counter() - t0
-            return m, False
-        a = cfg.actor
+    def update_critic(self, ctx: StepContext, m: dict) -> None:
+        cfg, c = self.cfg, self.cfg.critic
+        with timer(m, "timing_s/update_critic"):
+            m.update(update_critic(self.train_critic, self.critic_optimizer, ctx.batch, self.critic_settings,
+                                   ppo_epochs=c.ppo_epochs,
+                                   mini_batch_size=(c.ppo_mini_batch_size or cfg.data.train_batch_size) * cfg.rollout.n,
+                                   micro_batch_size=c.ppo_micro_batch_size, max_grad_norm=c.max_grad_norm,
+                                   shuffle=c.shuffle, seed=cfg.trainer.seed * 100_019 + ctx.step,
+                                   scheduler=self.critic_scheduler, on_grads=self._on_grads(ctx, "critic", m)))
+            distributed.sync_policy(self.train_critic, self.critic)
+
+    def update_actor(self, ctx: StepContext, m: dict) -> None:
+        cfg, a = self.cfg, self.cfg.actor
         mini_prompts = a.ppo_mini_batch_size or cfg.data.train_batch_size
-        if self.critic is None or step > cfg.trainer.critic_warmup:  # critic warm-up: the actor waits
-            with timer(m, "update_actor"):
-                m.update(update_actor(self.train_actor, self.optimizer, batch, self.loss_settings, ppo_epochs=a.ppo_epochs,
-                                      mini_batch_size=mini_prompts * cfg.rollout.n, micro_batch_size=a.ppo_micro_batch_size,
-                                      max_grad_norm=a.max_grad_norm, shuffle=a.shuffle, seed=cfg.trainer.seed * 100_003 + step,
-                                      scheduler=self.scheduler, on_grads=on_grads("actor")))
-                distributed.sync_policy(self.train_actor, self.actor)  # FSDP2: the rollout replica gets the new weights
-        for hook in self.hooks:
-            extra = hook.after_update(ctx)
-            if extra:
-                m.update(extra)
+        with timer(m, "timing_s/update_actor"):
+            m.update(update_actor(self.train_actor, self.optimizer, ctx.batch, self.loss_settings,
+                                  ppo_epochs=a.ppo_epochs, mini_batch_size=mini_prompts * cfg.rollout.n,
+                                  micro_batch_size=a.ppo_micro_batch_size, max_grad_norm=a.max_grad_norm,
+                                  shuffle=a.shuffle, seed=cfg.trainer.seed * 100_003 + ctx.step,
+                                  scheduler=self.scheduler, on_grads=self._on_grads(ctx, "actor", m)))
+            distributed.sync_policy(self.train_actor, self.actor)  # FSDP2: the rollout replica gets the new weights
+
+    def train_step(self, step: int, logger: MetricLogger) -> tuple[dict[str, float], bool]:
+        """One step (the module docstring's order); returns its metrics and whether a hook stopped the run."""
+        m: dict[str, float] = {}
+        t0 = time.perf_counter()
+        try:
+            collected = self.collect(step, m)
+        except RunStopped:
+            m["timing_s/step"] = time.perf_counter() - t0
+            logger.log(step, m)
+            raise
+        stop = False
+        if collected is not None:
+            ctx = self.context(step, *collected)
+            if self.critic is not None:  # before the hook point, as in RAGEN
+                self.update_critic(ctx, m)
+            stop = self.before_update(ctx, logger, m) is not None
+            if not stop:
+                if self.critic is None or step > self.cfg.trainer.critic_warmup:  # critic warm-up: the actor waits
+                    self.update_actor(ctx, m)
+                for hook in self.hooks:
+                    m.update(hook.after_update(ctx) or {})
         m["timing_s/step"] = time.perf_counter() - t0
-        return m, False
+        return m, stop
+
+    def probe(self) -> dict[str, float]:
+        """RAGEN's checkpoint probe: the batch of the step after the restored checkpoint, rolled out, filtered
+        and prepared as training would, then every hook's ``before_update`` -- no update of the actor or the
+        critic, no checkpoint -- and one metrics row. ``trainer.val_before_train`` validates first."""
+        step = self.step + 1
+        logger = distributed.agree(self._open_run_dir)
+        try:
+            if self.cfg.trainer.val_before_train:
+                logger.log(self.step, self.validate())
+            m: dict[str, float] = {}
+            t0 = time.perf_counter()
+            collected = self.collect(step, m)
+            if collected is not None:
+                self.before_update(self.context(step, *collected), logger, m)
+            m["timing_s/step"] = time.perf_counter() - t0
+            logger.log(step, m)
+        finally:
+            logger.close()
+            for hook in self.hooks:
+                hook.close()
+        return m
 
     def fit(self) -> dict[str, float]:
         t = self.cfg.trainer

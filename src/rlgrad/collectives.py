@@ -1,22 +1,15 @@
-"""The few collectives the instruments need; identities in a single process.
+"""The few collectives rlgrad needs (trainer and instruments alike); identities in a single process.
 
-Every analysis statistic is built from additive partial sums (per-slice gradients, per-neuron
+A leaf module: it imports only torch. Every analysis statistic is built from additive partial sums (per-slice gradients, per-neuron
 sums of |g|, zero counts, Gram matrices of parameter shards) so that ONE ``all_reduce_sum`` makes
 it global and exact. Call these in the same order on every rank, also when a rank holds no
 sample of the thing being measured (pass zeros): a skipped collective is a hang.
-
-Gradients after the update's backward are a special case: under DDP every rank holds the same
-(already summed) gradient, under FSDP2 each rank holds a disjoint shard of it. ``grad_sum`` sums a
-statistic of the local gradients so that it is global under both (``set_replicated_grads`` is
-called by ``rlgrad.distributed.wrap``).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-
-_REPLICATED_GRADS = True  # DDP (and one process): every rank holds the whole gradient
 
 
 def initialized() -> bool:
@@ -94,14 +87,3 @@ def all_gather_sizes(n: int) -> list[int]:
     one_hot = torch.zeros(world_size(), dtype=torch.long)
     one_hot[rank()] = n
     return [int(x) for x in all_reduce_sum(one_hot)]
-
-
-def set_replicated_grads(replicated: bool) -> None:
-    global _REPLICATED_GRADS
-    _REPLICATED_GRADS = replicated
-
-
-def grad_sum(t: torch.Tensor) -> torch.Tensor:
-    """Global value of a sum over this rank's gradient entries: DDP -> as is (the gradient is whole on
-    every rank), FSDP2 -> summed over ranks (each rank holds a disjoint shard)."""
-    return t if _REPLICATED_GRADS else all_reduce_sum(t)

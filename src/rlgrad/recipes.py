@@ -1,0 +1,30 @@
+"""Short recipes that compose the trainer and the instruments (what the ``rlgrad`` commands run).
+
+The trainer is handed its hooks; the instruments never see the trainer. This module is the one place
+that knows both, so a training loop of your own can take the same instruments
+(``rlgrad.analysis.analyse_buckets`` ...) without rlgrad's trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlgrad.analysis import hooks_from_config, schedules
+from rlgrad.config import RLGradConfig
+from rlgrad.hooks import Hook, Schedule
+from rlgrad.rl.trainer import Trainer
+
+
+def make_trainer(cfg: RLGradConfig, hooks: list[Hook] | None = None, log: Callable = print) -> Trainer:
+    """rlgrad's trainer with the instruments ``cfg`` asks for, then ``hooks`` (``rlgrad train``)."""
+    return Trainer(cfg, hooks=hooks_from_config(cfg) + list(hooks or []), log=log)
+
+
+def make_prober(cfg: RLGradConfig, log: Callable = print) -> Trainer:
+    """The trainer for ``rlgrad probe`` (``Trainer.probe``): ``cfg`` resumes from the probed checkpoint, and
+    the bucket analysis -- and the reward-component geometry when it is on -- run at the probed step."""
+    at = schedules(cfg)
+    at["buckets"] = Schedule(1)
+    if at["components"].every > 0:
+        at["components"] = Schedule(1)
+    return Trainer(cfg, hooks=hooks_from_config(cfg, at), log=log)
