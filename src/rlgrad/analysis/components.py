@@ -45,6 +45,7 @@ from rlgrad.batch import Batch
 from rlgrad.core import group_stats, grpo_advantages, rloo_advantages
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
 from rlgrad.loss import ActorLoss, LossFn, LossSettings, PerTokenLoss
+from rlgrad.metrics import key
 from rlgrad.rundir import atomic_write_bytes, atomic_write_json
 
 if TYPE_CHECKING:
@@ -199,13 +200,13 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
         layers[g] = {"norm": geo["norm"], "cosine": geo["cosine"]}
     metrics: dict[str, float] = {}
     for c in names:
-        metrics[f"grad_comp/{c}/norm"] = glob["norm"][c]
+        metrics[key("grad_comp/{component}/norm", component=c)] = glob["norm"][c]
         if glob["share"][c] is not None:
-            metrics[f"grad_comp/{c}/share"] = glob["share"][c]
+            metrics[key("grad_comp/{component}/share", component=c)] = glob["share"][c]
     metrics["grad_comp/total/norm"] = glob["norm"]["total"]
     for pair, v in glob["cosine"].items():
         if v is not None:  # a zero gradient has no direction
-            metrics[f"grad_sim/{pair}"] = v
+            metrics[key("grad_sim/{pair}", pair=pair)] = v
     summary = {"mode": mode, "components": names, "global": glob, "layers": layers}
     return ComponentReport(metrics, summary, stats, {**comp, "total": adv})
 

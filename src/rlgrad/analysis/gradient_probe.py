@@ -26,6 +26,7 @@ from rlgrad.batch import Batch
 from rlgrad.collectives import all_reduce_sum
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
 from rlgrad.loss import LossFn, LossSettings, PerTokenLoss, as_loss_fn
+from rlgrad.metrics import key, parse
 from rlgrad.rundir import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class BucketReport:
-    metrics: dict[str, float]  # grad_norm/<bucket>/... (prefix applied)
+    metrics: dict[str, float]  # grad_norm/{bucket}/...
     layers: dict[str, dict[str, dict[str, float]]]  # bucket -> component -> layer group -> norm
     buckets: Buckets
     stats: GradStats
@@ -43,7 +44,7 @@ class BucketReport:
 
 def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings | None = None, *,
                     bucket_mode: str = "quantile", num_buckets: int = 6, method: str = "fast",
-                    prefix: str = "grad_norm", keep_grads: bool = False, dp_trim: int = 0) -> BucketReport:
+                    keep_grads: bool = False, dp_trim: int = 0) -> BucketReport:
     """Every bucket's (and ``all``'s) gradient norm per loss term, in one engine call.
 
     ``loss``: any ``LossFn`` (``rlgrad.loss.per_token_loss`` wraps a training loop's own), or the
@@ -80,24 +81,23 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
     metrics: dict[str, float] = {}
     layers: dict[str, dict[str, dict[str, float]]] = {}
     n_total = float(all_reduce_sum(torch.tensor(float((batch.group_ids >= 0).sum()))))
-    for name in buckets.names:
-        key = f"{prefix}/{name}"
-        metrics[f"{key}/sample_count"] = count[name]
-        metrics[f"{key}/sample_pct"] = 100.0 * count[name] / max(n_total, 1)
-        stds = torch.tensor([sd for bk, _, sd in buckets.groups if name == "all" or bk == name])
-        metrics[f"{key}/group_rv_count"] = float(len(stds))
-        metrics[f"{key}/reward_std_mean"] = float(stds.mean())
-        metrics[f"{key}/reward_std_min"] = float(stds.min())
-        metrics[f"{key}/reward_std_max"] = float(stds.max())
-        for k, v in values[name].items():
-            metrics[f"{key}/loss/{k}"] = v / max(denom[name], 1e-8)
-        layers[name] = {}
+    for b in buckets.names:
+        stds = torch.tensor([sd for bk, _, sd in buckets.groups if b == "all" or bk == b])
+        metrics[key("grad_norm/{bucket}/sample_count", bucket=b)] = count[b]
+        metrics[key("grad_norm/{bucket}/sample_pct", bucket=b)] = 100.0 * count[b] / max(n_total, 1)
+        metrics[key("grad_norm/{bucket}/group_rv_count", bucket=b)] = float(len(stds))
+        metrics[key("grad_norm/{bucket}/reward_std_mean", bucket=b)] = float(stds.mean())
+        metrics[key("grad_norm/{bucket}/reward_std_min", bucket=b)] = float(stds.min())
+        metrics[key("grad_norm/{bucket}/reward_std_max", bucket=b)] = float(stds.max())
+        for name, v in values[b].items():
+            metrics[key("grad_norm/{bucket}/loss/{loss}", bucket=b, loss=name)] = v / max(denom[b], 1e-8)
+        layers[b] = {}
         for term in stats.gram:
-            norm = stats.norm(term, name)
-            metrics[f"{key}/{term}"] = norm
-            metrics[f"{key}/per_sample/{term}"] = norm / max(count[name], 1)
-            metrics[f"{key}/per_token/{term}"] = norm / max(tokens[name], 1.0)
-            layers[name][term] = {g: stats.norm(term, name, g) for g in sorted(stats.gram[term])}
+            norm = stats.norm(term, b)
+            metrics[key("grad_norm/{bucket}/{term}", bucket=b, term=term)] = norm
+            metrics[key("grad_norm/{bucket}/per_sample/{term}", bucket=b, term=term)] = norm / max(count[b], 1)
+            metrics[key("grad_norm/{bucket}/per_token/{term}", bucket=b, term=term)] = norm / max(tokens[b], 1.0)
+            layers[b][term] = {g: stats.norm(term, b, g) for g in sorted(stats.gram[term])}
     return BucketReport(metrics, layers, buckets, stats)
 
 
@@ -138,15 +138,16 @@ def _loss_values(model: nn.Module, batch: Batch, loss_fn: LossFn, seen: list[tup
     return {n: {k: float(nums[b, j]) for j, k in enumerate(logged)} for b, n in enumerate(buckets.names)}
 
 
-def actor_summary(metrics: dict[str, float], prefix: str = "grad_norm") -> dict[str, float]:
-    """The ``all`` bucket's values, copied to ``actor/loss/*`` and ``actor/grad_norm/*``, as RAGEN does."""
+def actor_summary(metrics: dict[str, float]) -> dict[str, float]:
+    """The ``all`` bucket's loss values and term norms, copied to ``actor/loss/*`` and ``actor/grad_norm/*``,
+    as RAGEN does."""
     out = {}
-    for k in ("policy", "entropy", "kl", "total"):
-        if f"{prefix}/all/loss/{k}" in metrics:
-            out[f"actor/loss/{k}"] = metrics[f"{prefix}/all/loss/{k}"]
-    for c in ("task", "entropy", "kl"):
-        if f"{prefix}/all/{c}" in metrics:
-            out[f"actor/grad_norm/{c}"] = metrics[f"{prefix}/all/{c}"]
+    for k, v in metrics.items():
+        if f := parse("grad_norm/{bucket}/loss/{loss}", k):
+            if f["bucket"] == "all":
+                out[key("actor/loss/{loss}", loss=f["loss"])] = v
+        elif (f := parse("grad_norm/{bucket}/{term}", k)) and f["bucket"] == "all":
+            out[key("actor/grad_norm/{term}", term=f["term"])] = v
     return out
 
 
@@ -206,11 +207,15 @@ class GradientAnalysisHook(Hook):
             if rows is None or float(all_reduce_sum(torch.tensor(float(len(rows))))) == 0:
                 continue
             rep = self._analyse(ctx, rows, prefix)
-            result.metrics.update(rep.metrics)
+            table = (["bucket", "group_id", "reward_std"], [list(g) for g in rep.buckets.groups])
+            if prefix == "grad_norm":
+                result.metrics.update(rep.metrics)
+                result.metrics.update(actor_summary(rep.metrics))
+                result.tables["grad_norm/group_rv_table"] = table
+            else:  # the same analysis of the batch before the rollout filter: grad_norm_prefilter/...
+                result.metrics.update({"grad_norm_prefilter/" + k.split("/", 1)[1]: v for k, v in rep.metrics.items()})
+                result.tables["grad_norm_prefilter/group_rv_table"] = table
             layers[prefix] = rep.layers
-            result.tables[f"{prefix}/group_rv_table"] = (["bucket", "group_id", "reward_std"],
-                                                         [list(g) for g in rep.buckets.groups])
-        result.metrics.update(actor_summary(result.metrics))
         if ctx.is_main:
             atomic_write_json(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "layers.json", layers)
         if b.exit_after:
@@ -224,7 +229,7 @@ class GradientAnalysisHook(Hook):
         cfg, b = self.cfg, self.cfg.analysis.buckets
         trim = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node if b.dp_trim else 0
         rep = analyse_buckets(ctx.actor, batch, ctx.loss_settings, bucket_mode=b.bucket_mode,
-                              num_buckets=b.num_buckets, method=cfg.analysis.method, prefix=prefix, dp_trim=trim)
+                              num_buckets=b.num_buckets, method=cfg.analysis.method, dp_trim=trim)
         if ctx.is_main:
             step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"
             name = "group_rv_table.csv" if prefix == "grad_norm" else "group_rv_table_prefilter.csv"

@@ -48,6 +48,7 @@ from rlgrad import collectives
 from rlgrad.analysis.engine import slice_gradients
 from rlgrad.batch import Batch
 from rlgrad.loss import LossFn, PerTokenLoss
+from rlgrad.metrics import key
 
 if TYPE_CHECKING:
     from rlgrad.config import NeuronHealthConfig
@@ -206,20 +207,21 @@ class NeuronReport:
         r = self.role
         total = sum(s.layer.n for s in self.layers)
         rows = [self._counts(s) for s in self.layers]
-        out = {f"{r}/param/zero_grad_ratio": self.param_zero / max(self.param_numel, 1.0)}
+        out = {key("{role}/param/zero_grad_ratio", role=r): self.param_zero / max(self.param_numel, 1.0)}
         if total:
-            out[f"{r}/neuron/dormant_ratio"] = sum(c["dormant"] for c in rows) / total
-            out[f"{r}/neuron/zero_grad_ratio"] = sum(c["zero_grad"] for c in rows) / total
+            out[key("{role}/neuron/dormant_ratio", role=r)] = sum(c["dormant"] for c in rows) / total
+            out[key("{role}/neuron/zero_grad_ratio", role=r)] = sum(c["zero_grad"] for c in rows) / total
             if rows and all(c["act_dormant"] is not None for c in rows):
-                out[f"{r}/neuron/act_dormant_ratio"] = sum(c["act_dormant"] for c in rows) / total
+                out[key("{role}/neuron/act_dormant_ratio", role=r)] = sum(c["act_dormant"] for c in rows) / total
         if self.nullspace_ratio is not None:
-            out[f"{r}/neuron/nullspace_ratio"] = self.nullspace_ratio
+            out[key("{role}/neuron/nullspace_ratio", role=r)] = self.nullspace_ratio
         return out
 
     def to_json(self) -> dict:
         m = self.metrics()
-        g = {k: m.get(f"{self.role}/neuron/{k}") for k in ("dormant_ratio", "act_dormant_ratio", "zero_grad_ratio")}
-        g["param_zero_grad_ratio"] = m[f"{self.role}/param/zero_grad_ratio"]
+        g = {k.split("/")[-1]: m.get(key(k, role=self.role)) for k in (
+            "{role}/neuron/dormant_ratio", "{role}/neuron/act_dormant_ratio", "{role}/neuron/zero_grad_ratio")}
+        g["param_zero_grad_ratio"] = m[key("{role}/param/zero_grad_ratio", role=self.role)]
         g["nullspace_ratio"] = self.nullspace_ratio
         g["reset_count"] = sum(self.reset.values())
         return {"tau": self.tau, "mode": self.mode, "global": g,

@@ -21,6 +21,7 @@ from rlgrad.analysis.neurons import NeuronLayer, NeuronReport, _is_sharded, _sha
 from rlgrad.batch import Batch
 from rlgrad.hooks import Hook, Schedule, StepContext
 from rlgrad.loss import ActorLoss, LossFn
+from rlgrad.metrics import key
 from rlgrad.rundir import atomic_write_json
 
 if TYPE_CHECKING:
@@ -181,7 +182,7 @@ class NeuronHealthHook(Hook):
                       seed=self.cfg.trainer.seed, step=ctx.step, loss_fn=self.loss_fn(ctx, role) if metric else None,
                       method=self.cfg.analysis.method, replica=replica)
         self.pending[role] = (ctx.step, rep)
-        return {**rep.metrics(), f"timing_s/neuron/{role}": time.perf_counter() - t0}
+        return {**rep.metrics(), key("timing_s/neuron/{role}", role=role): time.perf_counter() - t0}
 
     def after_update(self, ctx: StepContext):
         out: dict[str, float] = {}
@@ -194,7 +195,7 @@ class NeuronHealthHook(Hook):
             if self.reset_at.get(role, Schedule(0)).due(ctx.step):
                 counts = reset_dormant(rep, optimizers.get(role), getattr(self.cfg.analysis.neurons, role),
                                        seed=self.cfg.trainer.seed, step=ctx.step)
-                out[f"{role}/neuron/reset_count"] = float(sum(counts.values()))
+                out[key("{role}/neuron/reset_count", role=role)] = float(sum(counts.values()))
                 if rep.sharded and sum(counts.values()):  # the same decision on every rank: all join the gather
                     syncs[role]()
             doc[role] = rep.to_json()

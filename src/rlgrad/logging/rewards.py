@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from rlgrad.metrics import key
+
 FILE_NAME = "reward_components.jsonl"
 
 
@@ -30,12 +32,12 @@ def _std(x: torch.Tensor) -> float:
 
 
 def reward_metrics(components: dict[str, torch.Tensor]) -> dict[str, float]:
-    """``reward/<c>/mean`` and ``reward/<c>/std`` of each component over the batch."""
+    """``reward/{component}/mean`` and ``reward/{component}/std`` of each component over the batch."""
     out = {}
     for name, v in components.items():
         if v.numel():
-            out[f"reward/{name}/mean"] = float(v.double().mean())
-            out[f"reward/{name}/std"] = _std(v)
+            out[key("reward/{component}/mean", component=name)] = float(v.double().mean())
+            out[key("reward/{component}/std", component=name)] = _std(v)
     return out
 
 

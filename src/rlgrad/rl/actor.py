@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -29,7 +30,18 @@ def minibatches(n: int, mini_size: int, shuffle: bool, generator: torch.Generato
 MicroLoss = Callable[[torch.nn.Module, Batch, Denominators], tuple[torch.Tensor, dict[str, float]]]
 
 
-def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, prefix: str, ppo_epochs: int,
+class UpdateKeys(NamedTuple):
+    """The metric keys an update writes (declared in ``rlgrad.metrics``)."""
+
+    grad_norm: str
+    lr: str
+    nonfinite: str
+
+
+ACTOR_KEYS = UpdateKeys("actor/grad_norm", "actor/lr", "actor/nonfinite_grad_steps")
+
+
+def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, names: UpdateKeys, ppo_epochs: int,
                mini_batch_size: int, micro_batch_size: int, max_grad_norm: float, shuffle: bool, seed: int,
                scheduler=None, on_grads=None) -> dict[str, float]:
     """The one update loop, for the actor and the critic alike: PPO-style epochs over shuffled
@@ -38,8 +50,8 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, prefix:
     ``micro_loss`` is evaluated against the denominators of the whole mini-batch, so the accumulated
     gradient equals the mini-batch loss's gradient. ``on_grads(model, minibatch)`` (optional) sees the
     accumulated gradient before clipping and the step. A non-finite gradient norm skips that optimizer
-    step (counted in ``<prefix>/nonfinite_grad_steps``, no crash). Stats are averaged over mini-batches;
-    ``<prefix>/grad_norm`` is the pre-clip norm, ``<prefix>/lr`` the learning rate after the update.
+    step (counted in ``names.nonfinite``, no crash). Stats are averaged over mini-batches; ``names.grad_norm``
+    is the pre-clip norm, ``names.lr`` the learning rate after the update.
 
     Data parallel (``model`` wrapped by ``rlgrad.distributed.wrap``, which SUMS gradients over ranks):
     ``batch`` is this rank's contiguous share of the global batch, ranks in order, and
@@ -83,7 +95,7 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, prefix:
                 on_grads(model, mini)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
             grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP2: a DTensor
-            stats[f"{prefix}/grad_norm"] = grad_norm
+            stats[names.grad_norm] = grad_norm
             if math.isfinite(grad_norm):
                 optimizer.step()
                 if scheduler is not None:
@@ -95,8 +107,8 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, prefix:
                 sums[k] = sums.get(k, 0.0) + v
             count += 1
     out = {k: v / max(count, 1) for k, v in sums.items()}
-    out[f"{prefix}/lr"] = optimizer.param_groups[0]["lr"]
-    out[f"{prefix}/nonfinite_grad_steps"] = float(skipped)
+    out[names.lr] = optimizer.param_groups[0]["lr"]
+    out[names.nonfinite] = float(skipped)
     return out
 
 
@@ -126,7 +138,7 @@ def update_actor(model, optimizer, batch: Batch, s: LossSettings, *, ppo_epochs:
     ``on_grads(model, minibatch)`` (optional) sees the accumulated gradient before clipping
     and the step. A non-finite gradient norm skips that optimizer step (logged, no crash).
     """
-    return ppo_update(model, optimizer, batch, actor_micro_loss(s), prefix="actor", ppo_epochs=ppo_epochs,
+    return ppo_update(model, optimizer, batch, actor_micro_loss(s), names=ACTOR_KEYS, ppo_epochs=ppo_epochs,
                       mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size,
                       max_grad_norm=max_grad_norm, shuffle=shuffle, seed=seed, scheduler=scheduler,
                       on_grads=on_grads)

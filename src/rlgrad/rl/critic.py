@@ -16,7 +16,9 @@ import torch
 from rlgrad.batch import Batch
 from rlgrad.core import masked_mean, value_loss
 from rlgrad.loss import CriticSettings, Denominators, forward_values
-from rlgrad.rl.actor import MicroLoss, ppo_update
+from rlgrad.rl.actor import MicroLoss, UpdateKeys, ppo_update
+
+CRITIC_KEYS = UpdateKeys("critic/grad_norm", "critic/lr", "critic/nonfinite_grad_steps")
 
 
 @torch.no_grad()
@@ -51,7 +53,7 @@ def update_critic(model, optimizer, batch: Batch, s: CriticSettings, *, ppo_epoc
                   micro_batch_size: int, max_grad_norm: float, shuffle: bool, seed: int, scheduler=None,
                   on_grads=None) -> dict[str, float]:
     """Fit the critic to ``batch.returns``: critic/vf_loss, vf_clipfrac, vpred_mean, grad_norm, lr."""
-    return ppo_update(model, optimizer, batch, critic_micro_loss(s), prefix="critic", ppo_epochs=ppo_epochs,
+    return ppo_update(model, optimizer, batch, critic_micro_loss(s), names=CRITIC_KEYS, ppo_epochs=ppo_epochs,
                       mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size,
                       max_grad_norm=max_grad_norm, shuffle=shuffle, seed=seed, scheduler=scheduler,
                       on_grads=on_grads)

@@ -50,6 +50,7 @@ from rlgrad.hooks import Hook, HookResult, StepContext
 from rlgrad.logging.rewards import RewardComponentLog, reward_metrics, step_record
 from rlgrad.logging.sinks import ConsoleSink, JsonlSink, MetricLogger, TensorBoardSink, WandbSink
 from rlgrad.loss import CriticSettings, LossSettings, critic_loss_fn
+from rlgrad.metrics import key
 from rlgrad.models import load_actor, load_critic, load_pretrained, load_value_model
 from rlgrad.rl import checkpoint as ckpt
 from rlgrad.rl.actor import update_actor
@@ -114,11 +115,12 @@ def group_seed(seed: int, stream: int, step: int, group: int) -> int:
     return (((seed * 1_000_003 + stream) * 1_000_033 + step) * 1_000_037 + group) % (1 << 62)
 
 
-def summarize(prefix: str, x: torch.Tensor) -> dict[str, float]:
+def summarize(template: str, x: torch.Tensor) -> dict[str, float]:
+    """Mean, max and min of ``x`` under a ``.../{stat}`` metric template."""
     x = x.float()
     if x.numel() == 0:
         return {}
-    return {f"{prefix}/mean": float(x.mean()), f"{prefix}/max": float(x.max()), f"{prefix}/min": float(x.min())}
+    return {key(template, stat=s): float(getattr(x, s)()) for s in ("mean", "max", "min")}
 
 
 class Trainer:
@@ -346,7 +348,7 @@ class Trainer:
             full, info = self.rollout(examples[lo:hi], n=cfg.rollout.n, do_sample=True, first_group=lo, step=step)
         g = all_gather_cat  # global metrics: every rank's samples
         m["rollout/accuracy"] = float(g(info["correct"]).mean())
-        m.update(summarize("response_length", g(info["lengths"])))
+        m.update(summarize("response_length/{stat}", g(info["lengths"])))
         m["response_length/clip_ratio"] = float(g(info["truncated"]).mean())
         keep, fm = self.filter(full, info)
         m.update(fm)
@@ -357,17 +359,17 @@ class Trainer:
         kept = torch.nonzero(keep).squeeze(-1)
         batch = self.prepare(full.select(kept), m)
         comps, scores = {k: g(v) for k, v in batch.components.items()}, g(batch.scores)
-        m.update(summarize("critic/score", scores))
+        m.update(summarize("critic/score/{stat}", scores))
         m.update(reward_metrics(comps))
         lengths, correct, gids = g(info["actual_lengths"][kept]), g(info["correct"][kept]), g(batch.group_ids)
         if self.reward_log is not None:  # main process only
             self.reward_log.append(step_record(step, comps, self.task.weights, scores, gids, lengths, correct))
         rm = batch.response_mask.bool()
-        m.update(summarize("critic/advantages", g(batch.advantages[rm])))
+        m.update(summarize("critic/advantages/{stat}", g(batch.advantages[rm])))
         if self.critic is not None:
             values, returns = g(batch.values[rm]), g(batch.returns[rm])
-            m.update(summarize("critic/values", values))
-            m.update(summarize("critic/returns", returns))
+            m.update(summarize("critic/values/{stat}", values))
+            m.update(summarize("critic/returns/{stat}", returns))
             m["critic/vf_explained_var"] = float(explained_variance(returns, values, torch.ones_like(values)))
         return batch, full
 
@@ -412,8 +414,8 @@ class Trainer:
             if res is None:
                 continue
             m.update(res.metrics)
-            for key, (columns, rows) in res.tables.items():
-                logger.log_table(key, columns, rows, ctx.step)
+            for table, (columns, rows) in res.tables.items():
+                logger.log_table(table, columns, rows, ctx.step)
             if res.stop:
                 self.log(f"step {ctx.step}: stopping before the actor update ({res.reason or 'requested by a hook'})")
                 return res

@@ -19,13 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from rlgrad.errors import UserError
+from rlgrad.metrics import key, parse
 
-PREFIX = "grad_norm"  # bucket metrics: grad_norm/<bucket>/<name>
+PREFIX = "grad_norm"  # bucket metrics: grad_norm/{bucket}/... (rlgrad.metrics); layers.json's section
 GRAD_COMPONENTS = ("task", "entropy", "kl")
 LOSS_TERMS = ("policy", "entropy", "kl", "total")
 ROLES = ("actor", "critic")
-NEURON_KEYS = ("dormant_ratio", "act_dormant_ratio", "zero_grad_ratio", "param_zero_grad_ratio",
-               "nullspace_ratio", "reset_count")
+NEURON_KEYS = {  # neurons.json's "global" names -> the metric templates they are logged under
+    "dormant_ratio": "{role}/neuron/dormant_ratio", "act_dormant_ratio": "{role}/neuron/act_dormant_ratio",
+    "zero_grad_ratio": "{role}/neuron/zero_grad_ratio", "param_zero_grad_ratio": "{role}/param/zero_grad_ratio",
+    "nullspace_ratio": "{role}/neuron/nullspace_ratio", "reset_count": "{role}/neuron/reset_count"}
 
 
 @dataclass
@@ -143,7 +146,7 @@ def load_wandb_run(path: str) -> RunData:
     tables: dict[int, list[tuple[str, int, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="rlgrad-wandb-") as tmp:
         for row in history:
-            meta = row.get(f"{PREFIX}/group_rv_table")
+            meta = row.get("grad_norm/group_rv_table")
             if isinstance(meta, dict) and "path" in meta and row.get("_step") is not None:
                 try:
                     local = run.file(meta["path"]).download(replace=True, root=tmp).name
@@ -163,24 +166,26 @@ def _bucket_key(name: str) -> tuple:
     return (0, int(m.group(1)), name) if m else (1, 0, name)
 
 
-def bucket_names(metrics: dict[str, float], prefix: str = PREFIX) -> list[str]:
+def bucket_names(metrics: dict[str, float]) -> list[str]:
     """Real buckets present in a metric row, lowest reward variance first (``all`` excluded)."""
-    names = {k.split("/")[1] for k in metrics if k.startswith(f"{prefix}/bucket_") and k.count("/") >= 2}
-    return sorted(names, key=_bucket_key)
+    names = {f["bucket"] for k in metrics if (f := parse("grad_norm/{bucket}/sample_count", k))}
+    names |= {f["bucket"] for k in metrics if (f := parse("grad_norm/{bucket}/{term}", k))}
+    return sorted(names - {"all"}, key=_bucket_key)
 
 
 def analysis_steps(run: RunData) -> list[int]:
-    """Steps whose row holds bucket metrics (the seed's test: some ``grad_norm/bucket_*`` value logged)."""
+    """Steps whose row holds bucket metrics (as RAGEN's plotting script decides: a ``grad_norm/bucket_*`` value)."""
     return [s for s, m in run.rows.items() if bucket_names(m)]
 
 
 def bucket_value(metrics: dict[str, float], bucket: str, name: str, default: float = math.nan) -> float:
-    return metrics.get(f"{PREFIX}/{bucket}/{name}", default)
+    """``grad_norm/{bucket}/<name>``, ``name`` being the rest of a bucket template (``task``, ``loss/kl`` ...)."""
+    return metrics.get(f"grad_norm/{bucket}/{name}", default)
 
 
 def has_component(metrics: dict[str, float], comp: str) -> bool:
-    """Was this gradient component computed (entropy needs entropy_coeff > 0, kl needs the KL loss)?"""
-    return any(k.startswith(f"{PREFIX}/") and k.endswith(f"/{comp}") and k.count("/") == 2 for k in metrics)
+    """Was this gradient term computed (entropy needs entropy_coeff > 0, kl needs the KL loss)?"""
+    return any((f := parse("grad_norm/{bucket}/{term}", k)) and f["term"] == comp for k in metrics)
 
 
 def rv_table(run: RunData, step: int) -> list[tuple[str, int, float]]:
@@ -245,9 +250,11 @@ def component_geometry(run: RunData, step: int) -> dict | None:
     if obj and isinstance(obj.get("global"), dict):
         return obj
     m = run.metrics(step)
-    cos = {k.split("/", 1)[1]: v for k, v in m.items() if k.startswith("grad_sim/")}
-    norm = {k.split("/")[1]: v for k, v in m.items() if k.startswith("grad_comp/") and k.endswith("/norm")}
-    share = {k.split("/")[1]: v for k, v in m.items() if k.startswith("grad_comp/") and k.endswith("/share")}
+    cos = {f["pair"]: v for k, v in m.items() if (f := parse("grad_sim/{pair}", k))}
+    norm = {f["component"]: v for k, v in m.items() if (f := parse("grad_comp/{component}/norm", k))}
+    if "grad_comp/total/norm" in m:
+        norm["total"] = m["grad_comp/total/norm"]
+    share = {f["component"]: v for k, v in m.items() if (f := parse("grad_comp/{component}/share", k))}
     if not cos and not norm:
         return None
     comps = [c for c in norm if c != "total"]
@@ -260,7 +267,7 @@ def component_geometry(run: RunData, step: int) -> dict | None:
 
 
 def component_steps(run: RunData) -> list[int]:
-    steps = {s for s, m in run.rows.items() if any(k.startswith("grad_sim/") for k in m)}
+    steps = {s for s, m in run.rows.items() if any(parse("grad_sim/{pair}", k) for k in m)}
     steps |= _steps_with_file(run, "components.json")
     return sorted(steps)
 
@@ -275,18 +282,16 @@ def neuron_health(run: RunData, step: int) -> dict | None:
     out = {}
     for role in ROLES:
         g = {}
-        for key in NEURON_KEYS:
-            group = "param" if key == "param_zero_grad_ratio" else "neuron"
-            name = "zero_grad_ratio" if key == "param_zero_grad_ratio" else key
-            if f"{role}/{group}/{name}" in m:
-                g[key] = m[f"{role}/{group}/{name}"]
+        for name, template in NEURON_KEYS.items():
+            if key(template, role=role) in m:
+                g[name] = m[key(template, role=role)]
         if g:
             out[role] = {"global": g, "layers": {}}
     return out or None
 
 
 def neuron_steps(run: RunData) -> list[int]:
-    steps = {s for s, m in run.rows.items() if any(f"{r}/neuron/dormant_ratio" in m for r in ROLES)}
+    steps = {s for s, m in run.rows.items() if any(key("{role}/neuron/dormant_ratio", role=r) in m for r in ROLES)}
     steps |= _steps_with_file(run, "neurons.json")
     return sorted(steps)
 

@@ -1,0 +1,428 @@
+"""The catalogue of every metric key rlgrad logs, each a template with a one-line meaning.
+
+The rule: every key the project logs (to ``metrics.jsonl`` and the other sinks, W&B tables included) is
+declared here, ONCE, as a template such as ``grad_norm/{bucket}/{term}`` whose ``{field}`` placeholders
+match the regexes of :data:`FIELDS`. Code that writes a key builds it with the literal template,
+
+    metrics[key("grad_norm/{bucket}/{term}", bucket=b, term=t)] = norm
+
+so that one search for the template finds both its meaning here and the lines that write it; the
+reverse, from a concrete key to its entry, is :func:`match`, and :func:`parse` reads the field values
+back out of a key (e.g. the bucket names of a run). ``docs/metrics.md`` is :func:`markdown`'s output:
+regenerate it with ``python -m rlgrad.metrics > docs/metrics.md`` after changing the catalogue.
+
+This module imports only the standard library, so anything may import it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+# The regex each placeholder matches (whole field values; never a "/").
+FIELDS: dict[str, str] = {
+    "bucket": r"all|bucket_\d+",
+    "term": r"[A-Za-z0-9_]+",
+    "loss": r"[A-Za-z0-9_]+",
+    "role": r"actor|critic",
+    "component": r"[A-Za-z0-9_]+",
+    "pair": r"[A-Za-z0-9_]+?__[A-Za-z0-9_]+",
+    "stat": r"mean|max|min",
+}
+
+# What each placeholder stands for (docs/metrics.md).
+FIELD_MEANINGS: dict[str, str] = {
+    "bucket": "a reward-variance bucket: `all` (the whole analysed batch) or `bucket_<k>` "
+              "(k = 1 holds the prompt groups of lowest reward std)",
+    "term": "a loss term of the actor loss, with its coefficient: `task` (the policy loss), "
+            "`entropy` (-entropy_coeff·H), `kl` (kl_loss_coef·KL), or a custom loss's term names; "
+            "a term with a zero coefficient is not logged",
+    "loss": "a loss value of the bucket analysis; rlgrad's actor loss: `policy`, `entropy` (H), `kl` "
+            "(KL to the reference), without coefficients, and `total` = policy − entropy_coeff·entropy + "
+            "kl_loss_coef·kl; a custom loss: its terms (with coefficients) and `total`",
+    "role": "the trained model: `actor` or `critic`",
+    "component": "a reward component of the task (`correctness`, `format`, `length`, ...: reward.weights)",
+    "pair": "two reward components `<a>__<b>`, in the task's component order",
+    "stat": "`mean`, `max` or `min` over the samples or tokens named in the meaning",
+}
+
+# Group id -> (heading, one line of context shown under it), in document order.
+GROUPS: dict[str, tuple[str, str]] = {
+    "rollout": ("Rollout", "The step's sampled training responses, before the rollout filter."),
+    "filter": ("Rollout filter", "The prompt groups the rollout filter (rollout.rollout_filter_*) kept."),
+    "reward": ("Rewards and advantages",
+               "The kept batch: the responses the rollout filter kept, as the update sees them."),
+    "actor": ("Actor update",
+              "Each value is the mean over the step's optimizer steps (ppo_epochs × mini-batches) unless "
+              "stated; absent during trainer.critic_warmup and in gradient_analysis_only runs."),
+    "critic": ("Critic (algorithm.adv_estimator=gae)",
+               "Update values are means over the step's critic optimizer steps; the critic is fitted "
+               "before the analysis hook point and the actor update."),
+    "buckets": ("Bucket analysis (`grad_norm/`)",
+                "At trainer.gradient_analysis_every steps, on the actor at the hook point (the kept batch "
+                "with its advantages, or the separate analysis batch), before the update; no optimizer "
+                "step."),
+    "prefilter": ("Bucket analysis before the filter (`grad_norm_prefilter/`)",
+                  "The same measurements on the step's whole rollout batch before the rollout filter "
+                  "(advantages recomputed over it); trainer.gradient_analysis_log_prefilter=true only."),
+    "components": ("Reward-component gradient geometry (`grad_comp/`, `grad_sim/`)",
+                   "At analysis.components_every steps, on the kept batch before the actor update "
+                   "(grpo / rloo): policy-loss gradients, before clipping, no optimizer step."),
+    "neurons": ("Neuron health (`{role}/neuron/`, `{role}/param/`)",
+                "At {role}.redo_metric_freq / redo_reset_freq steps, on the gradient of the step's first "
+                "mini-batch, before clipping. A neuron is an MLP unit or an attention head."),
+    "validation": ("Validation", "Every trainer.test_freq steps, at the last step, and at step 0 "
+                                 "(trainer.val_before_train); the weights after the step's update."),
+    "timing": ("Timing (`timing_s/`)", "Wall-clock seconds of the main process."),
+    "trainer": ("Trainer", "Events of the training loop."),
+    "tables": ("Tables", "Logged with log_table (W&B), not in metrics.jsonl."),
+}
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_LITERAL = re.compile(r"[A-Za-z0-9_/]*")
+_FIELD_RE = {name: re.compile(rx) for name, rx in FIELDS.items()}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One logged key: its template (``{field}`` placeholders from :data:`FIELDS`) and its meaning."""
+
+    template: str
+    meaning: str
+    group: str = ""  # a key of GROUPS
+    fields: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    regex: re.Pattern = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = tuple(_PLACEHOLDER.findall(self.template))
+        unknown = [n for n in names if n not in FIELDS]
+        if unknown:
+            raise ValueError(f"metric template {self.template!r}: placeholder(s) {', '.join(unknown)} not in "
+                             f"rlgrad.metrics.FIELDS ({', '.join(FIELDS)})")
+        if len(set(names)) != len(names):
+            raise ValueError(f"metric template {self.template!r} repeats a placeholder")
+        literals = _PLACEHOLDER.split(self.template)[::2]
+        if not all(_LITERAL.fullmatch(p) for p in literals):
+            raise ValueError(f"metric template {self.template!r}: only letters, digits, '_', '/' and "
+                             "{field} placeholders are allowed")
+        if self.group and self.group not in GROUPS:
+            raise ValueError(f"metric template {self.template!r}: unknown group {self.group!r}")
+        parts = _PLACEHOLDER.split(self.template)
+        rx = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>{FIELDS[p]})" for i, p in enumerate(parts))
+        object.__setattr__(self, "fields", names)
+        object.__setattr__(self, "regex", re.compile(rx))
+
+    @property
+    def specificity(self) -> tuple[int, int]:
+        """More literal characters, then fewer placeholders: the more specific of two matching templates."""
+        return len(_PLACEHOLDER.sub("", self.template)), -len(self.fields)
+
+
+def _group(group: str, *entries: tuple[str, str]) -> tuple[Metric, ...]:
+    return tuple(Metric(template, meaning, group) for template, meaning in entries)
+
+
+CATALOGUE: tuple[Metric, ...] = (
+    *_group(
+        "rollout",
+        ("rollout/accuracy",
+         "Fraction of the step's sampled training responses (rollout.n per prompt) that the task scores "
+         "correct."),
+        ("response_length/{stat}",
+         "Mean / max / min response length in tokens (EOS included) over the step's sampled training "
+         "responses."),
+        ("response_length/clip_ratio",
+         "Fraction of the step's sampled training responses cut at rollout.response_length without an EOS."),
+    ),
+    *_group(
+        "filter",
+        ("rollout/filter_kept_ratio",
+         "Prompt groups the rollout filter kept / prompt groups sampled this step."),
+        ("rollout/filter_kept_count", "Number of prompt groups the rollout filter kept this step."),
+        ("rollout/filter_zero_count",
+         "Number of prompt groups whose filter metric is zero (|m| <= 1e-10), whether or not they were "
+         "dropped."),
+        ("rollout/filter_empty",
+         "1.0 when the rollout filter kept no group: the step was skipped (no update, no analysis)."),
+    ),
+    *_group(
+        "reward",
+        ("critic/score/{stat}",
+         "Mean / max / min sequence score (the task's weighted total reward) over the kept responses "
+         "(verl's name; logged with or without a critic)."),
+        ("reward/{component}/mean", "Mean of the reward component (unweighted) over the kept responses."),
+        ("reward/{component}/std",
+         "Population std (divide by n) of the reward component (unweighted) over the kept responses."),
+        ("critic/advantages/{stat}",
+         "Mean / max / min advantage over the kept batch's response tokens (grpo / rloo: the sequence "
+         "advantage on every token; gae: whitened GAE advantages)."),
+    ),
+    *_group(
+        "actor",
+        ("actor/pg_loss",
+         "Policy loss (PPO-clip or CISPO, aggregated with actor.loss_agg_mode over the mini-batch)."),
+        ("actor/pg_clipfrac",
+         "Fraction of response tokens whose ratio is clipped (ppo: the clipped term is the larger; "
+         "cispo: ratio > 1 + clip_ratio_high)."),
+        ("actor/pg_clipfrac_lower",
+         "Fraction of response tokens (negative advantage) whose loss PPO's dual clip bounds (cispo: 0)."),
+        ("actor/ppo_kl",
+         "Mean over response tokens of log π_old − log π: how far the update has moved the policy from "
+         "the sampling one."),
+        ("actor/entropy",
+         "Policy entropy per token, aggregated with actor.loss_agg_mode (logged also when entropy_coeff "
+         "is 0)."),
+        ("actor/kl_loss",
+         "KL estimate to the reference policy (actor.kl_loss_type), aggregated, without kl_loss_coef; "
+         "actor.use_kl_loss only."),
+        ("actor/grad_norm",
+         "L2 norm over all trainable actor parameters of the gradient of the mini-batch's total loss, "
+         "before clipping."),
+        ("actor/lr", "Actor learning rate after the step's last optimizer and scheduler step."),
+        ("actor/nonfinite_grad_steps",
+         "Number of the step's actor optimizer steps skipped because the gradient norm was not finite."),
+        ("actor/loss/{loss}",
+         "Copy of grad_norm/all/loss/{loss} (policy, entropy, kl, total): the bucket analysis' whole-batch "
+         "loss value (analysis steps)."),
+        ("actor/grad_norm/{term}",
+         "Copy of grad_norm/all/{term} (task, entropy, kl): the bucket analysis' whole-batch gradient "
+         "norm of the term, before clipping (analysis steps; not actor/grad_norm)."),
+    ),
+    *_group(
+        "critic",
+        ("critic/vf_loss",
+         "Clipped value loss ½·max((V−R)², (clip(V, V_old ± cliprange_value)−R)²), aggregated with "
+         "critic.loss_agg_mode over the mini-batch."),
+        ("critic/vf_clipfrac", "Fraction of response tokens whose clipped value term is the larger."),
+        ("critic/vpred_mean",
+         "Mean predicted value V over the mini-batch's response tokens during the update."),
+        ("critic/grad_norm",
+         "L2 norm over all trainable critic parameters of the accumulated mini-batch value-loss gradient, "
+         "before clipping."),
+        ("critic/lr", "Critic learning rate after the step's last optimizer and scheduler step."),
+        ("critic/nonfinite_grad_steps",
+         "Number of the step's critic optimizer steps skipped because the gradient norm was not finite."),
+        ("critic/values/{stat}",
+         "Mean / max / min of the critic's values before this step's critic update (GAE's V_old) over "
+         "the kept batch's response tokens."),
+        ("critic/returns/{stat}",
+         "Mean / max / min of the GAE returns A + V (the critic's targets, before whitening) over the kept "
+         "batch's response tokens."),
+        ("critic/vf_explained_var",
+         "1 − Var[R − V] / (Var[R] + 1e-5) over the kept batch's response tokens, V before this step's "
+         "critic update."),
+    ),
+    *_group(
+        "buckets",
+        ("grad_norm/{bucket}/{term}",
+         "L2 norm over all trainable parameters of the gradient of the bucket's aggregated term loss "
+         "(with its coefficient), before clipping."),
+        ("grad_norm/{bucket}/per_sample/{term}", "grad_norm/{bucket}/{term} / the bucket's sample count."),
+        ("grad_norm/{bucket}/per_token/{term}",
+         "grad_norm/{bucket}/{term} / the bucket's response-token count."),
+        ("grad_norm/{bucket}/loss/{loss}",
+         "The loss value aggregated with actor.loss_agg_mode over the bucket's samples alone."),
+        ("grad_norm/{bucket}/sample_count", "Number of samples (responses) in the bucket."),
+        ("grad_norm/{bucket}/sample_pct", "100 × the bucket's samples / the analysed batch's samples."),
+        ("grad_norm/{bucket}/group_rv_count", "Number of prompt groups in the bucket."),
+        ("grad_norm/{bucket}/reward_std_mean",
+         "Mean over the bucket's prompt groups of the group's reward std (unbiased std of its scores)."),
+        ("grad_norm/{bucket}/reward_std_min", "Smallest reward std of the bucket's prompt groups."),
+        ("grad_norm/{bucket}/reward_std_max", "Largest reward std of the bucket's prompt groups."),
+    ),
+    *_group(
+        "prefilter",
+        ("grad_norm_prefilter/{bucket}/{term}",
+         "grad_norm/{bucket}/{term} of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/per_sample/{term}",
+         "grad_norm/{bucket}/per_sample/{term} of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/per_token/{term}",
+         "grad_norm/{bucket}/per_token/{term} of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/loss/{loss}",
+         "grad_norm/{bucket}/loss/{loss} of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/sample_count",
+         "grad_norm/{bucket}/sample_count of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/sample_pct",
+         "grad_norm/{bucket}/sample_pct of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/group_rv_count",
+         "grad_norm/{bucket}/group_rv_count of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/reward_std_mean",
+         "grad_norm/{bucket}/reward_std_mean of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/reward_std_min",
+         "grad_norm/{bucket}/reward_std_min of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/reward_std_max",
+         "grad_norm/{bucket}/reward_std_max of the batch before the rollout filter."),
+    ),
+    *_group(
+        "components",
+        ("grad_comp/{component}/norm",
+         "L2 norm over all trainable parameters of the policy-loss gradient with the component's "
+         "advantage (analysis.components_mode)."),
+        ("grad_comp/{component}/share",
+         "⟨g_c, g_total⟩ / |g_total|²: the component's share of the update's policy gradient (the shares "
+         "sum to 1 in shared_std); absent when g_total = 0."),
+        ("grad_comp/total/norm",
+         "L2 norm of the update's policy gradient (shared_std: the sum of the component gradients; "
+         "own_std: with the update's own advantage)."),
+        ("grad_comp/save_failures",
+         "component_grads.npz writes failed so far in this run (analysis.save_component_gradients only)."),
+        ("grad_sim/{pair}",
+         "Cosine between the policy-loss gradients of components a and b of a__b over all trainable "
+         "parameters; absent when either is zero."),
+    ),
+    *_group(
+        "neurons",
+        ("{role}/neuron/dormant_ratio",
+         "Fraction of neurons whose GraMa score (mean |gradient| of its incoming weights / its layer's "
+         "mean) is <= redo_tau."),
+        ("{role}/neuron/act_dormant_ratio",
+         "Fraction of neurons whose mean |activation| over the sampled sequences' response tokens / its "
+         "layer's mean is <= redo_tau (metric steps)."),
+        ("{role}/neuron/zero_grad_ratio",
+         "Fraction of neurons whose incoming-weight gradient is exactly zero."),
+        ("{role}/param/zero_grad_ratio",
+         "Fraction of trainable parameter elements whose gradient is exactly zero (or absent)."),
+        ("{role}/neuron/nullspace_ratio",
+         "Fraction of eigenvalues below 1e-10·λ_max of the unit-diagonal Gram matrix of up to "
+         "redo_nullspace_samples sampled sequences' loss gradients (metric steps)."),
+        ("{role}/neuron/reset_count",
+         "Number of neurons the ReDo-style reset re-initialised after this step's update "
+         "(redo_reset_freq steps)."),
+    ),
+    *_group(
+        "validation",
+        ("val/accuracy",
+         "Fraction of the task's validation examples answered correctly, one response each (greedy unless "
+         "rollout.val_do_sample)."),
+        ("val/score/mean", "Mean sequence score (weighted total reward) of the validation responses."),
+    ),
+    *_group(
+        "timing",
+        ("timing_s/gen", "Seconds generating and scoring the step's training rollouts."),
+        ("timing_s/old_log_prob",
+         "Seconds computing the old policy's log-probs of the kept batch (about 0 when the rollout's "
+         "own are reused)."),
+        ("timing_s/ref", "Seconds computing the reference policy's log-probs (actor.use_kl_loss only)."),
+        ("timing_s/values", "Seconds computing the critic's values of the kept batch (gae only)."),
+        ("timing_s/adv", "Seconds computing the advantages (and GAE returns)."),
+        ("timing_s/update_critic", "Seconds in the critic update, its on_grads hooks included (gae only)."),
+        ("timing_s/update_actor", "Seconds in the actor update, its on_grads hooks included."),
+        ("timing_s/step",
+         "Seconds of the whole training step, from sampling to the after-update hooks (validation and "
+         "checkpoint excluded)."),
+        ("timing_s/neuron/{role}",
+         "Seconds spent in the neuron-health measurement of the role at this step."),
+        ("timing_s/analysis/buckets", "Seconds spent in the bucket analysis at this step."),
+        ("timing_s/analysis/components",
+         "Seconds spent in the reward-component gradient analysis at this step."),
+    ),
+    *_group(
+        "trainer",
+        ("trainer/exited_after_gradient_analysis",
+         "1.0 at the step where the run stopped after the bucket analysis, before the actor update "
+         "(trainer.exit_after_gradient_analysis)."),
+    ),
+    *_group(
+        "tables",
+        ("grad_norm/group_rv_table",
+         "One row per prompt group of the bucket analysis: bucket, group_id, reward_std (also "
+         "analysis/step_N/group_rv_table.csv)."),
+        ("grad_norm_prefilter/group_rv_table",
+         "The same for the batch before the rollout filter (analysis/step_N/group_rv_table_prefilter.csv)."),
+    ),
+)
+
+_BY_TEMPLATE: dict[str, Metric] = {}
+for _m in CATALOGUE:
+    if _m.template in _BY_TEMPLATE:
+        raise ValueError(f"metric template {_m.template!r} is declared twice in rlgrad.metrics.CATALOGUE")
+    _BY_TEMPLATE[_m.template] = _m
+del _m
+
+
+def _entry(template: str) -> Metric:
+    m = _BY_TEMPLATE.get(template)
+    if m is None:
+        raise KeyError(f"metric template {template!r} is not in rlgrad.metrics.CATALOGUE; declare it there")
+    return m
+
+
+def key(template: str, **fields: str | int) -> str:
+    """The concrete key of a catalogued ``template`` with its placeholders filled from ``fields``.
+
+    ``KeyError`` (naming the template) if the template is not in :data:`CATALOGUE`; ``ValueError`` if a
+    field is missing, not one of the template's, or its value does not match :data:`FIELDS`.
+    """
+    m = _entry(template)
+    missing = [f for f in m.fields if f not in fields]
+    extra = sorted(set(fields) - set(m.fields))
+    if missing or extra:
+        why = "; ".join(p for p in (missing and f"missing field(s) {', '.join(missing)}",
+                                    extra and f"unknown field(s) {', '.join(extra)}") if p)
+        raise ValueError(f"metric template {template!r}: {why}")
+    values = {}
+    for name in m.fields:
+        v = fields[name]
+        if isinstance(v, bool) or not isinstance(v, (str, int)):
+            raise ValueError(f"metric template {template!r}: field {name}={v!r} must be a str or an int")
+        s = str(v)
+        if not _FIELD_RE[name].fullmatch(s):
+            raise ValueError(f"metric template {template!r}: field {name}={s!r} does not match "
+                             f"{FIELDS[name]!r}")
+        values[name] = s
+    return template.format(**values)
+
+
+@lru_cache(maxsize=8192)
+def match(key: str) -> Metric | None:
+    """The catalogue entry ``key`` is an instance of (the most specific one if several match), or None."""
+    hits = [m for m in CATALOGUE if m.regex.fullmatch(key)]
+    return max(hits, key=lambda m: m.specificity) if hits else None
+
+
+def parse(template: str, key: str) -> dict[str, str] | None:
+    """The field values of ``key`` under the catalogued ``template``; None if ``key`` is not its key.
+
+    A key that a more specific template claims is not one (``grad_norm/all/sample_count`` is not a
+    ``grad_norm/{bucket}/{term}`` key): :func:`match` decides. ``KeyError`` for an unknown template.
+    """
+    m = _entry(template)
+    if match(key) is not m:
+        return None
+    return m.regex.fullmatch(key).groupdict()
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown() -> str:
+    """``docs/metrics.md``: the catalogue as Markdown, a table per group."""
+    out = [
+        "# Metrics",
+        "",
+        "Every key rlgrad logs (`RUN/metrics.jsonl`, TensorBoard, W&B), as a template with its meaning. "
+        "A `{field}` is a placeholder for the values in the first table. This file is generated from "
+        "`rlgrad.metrics.CATALOGUE` (`python -m rlgrad.metrics > docs/metrics.md`): edit the catalogue, "
+        "not this file. Search for a template (e.g. `grad_norm/{bucket}/{term}`) to find the code that "
+        "writes it; `rlgrad.metrics.match(key)` gives the entry of a concrete key.",
+        "",
+        "## Placeholders",
+        "",
+        "| placeholder | matches | meaning |",
+        "|---|---|---|",
+    ]
+    out += [f"| `{{{name}}}` | `{_cell(rx)}` | {_cell(FIELD_MEANINGS.get(name, ''))} |"
+            for name, rx in FIELDS.items()]
+    for group, (title, note) in GROUPS.items():
+        rows = [m for m in CATALOGUE if m.group == group]
+        if not rows:
+            continue
+        out += ["", f"## {title}", "", note, "", "| key | meaning |", "|---|---|"]
+        out += [f"| `{m.template}` | {_cell(m.meaning)} |" for m in rows]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

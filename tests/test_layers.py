@@ -1,0 +1,129 @@
+"""The layers point one way: every import of every module (those inside functions and under TYPE_CHECKING
+included) goes to a lower layer, so the instruments never see the trainer and no two subpackages import
+each other. docs/architecture.md draws the same layers."""
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "rlgrad"
+
+# Lowest first. A unit (a top-level module or subpackage of rlgrad) may import only units of LOWER layers
+# (and itself): siblings of one layer never import each other.
+LAYERS = [
+    {"errors"},
+    {"batch", "collectives", "core", "rundir", "metrics", "config"},  # leaves: torch / stdlib (+ errors) only
+    {"loss", "tasks", "logging", "models", "distributed"},  # the loss math; data, sinks, models, processes
+    {"hooks"},  # the hook contract: a batch, the models, the loss
+    {"analysis", "rl", "viz"},  # the instruments | the trainer | the figures: independent of each other
+    {"recipes"},  # trainer + instruments composed
+    {"cli"},
+    {"__main__"},
+]
+RANK = {unit: k for k, layer in enumerate(LAYERS) for unit in layer}
+
+
+def unit_of(module: str) -> str:
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(source: str, module: str) -> set[str]:
+    """Every rlgrad module ``source`` imports, wherever the import statement sits."""
+    out = set()
+    package = module if (SRC.parent / module.replace(".", "/") / "__init__.py").exists() else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "rlgrad"}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package up
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            if base.split(".")[0] != "rlgrad":
+                continue
+            for a in node.names:  # `from rlgrad import collectives` imports the module rlgrad.collectives
+                sub = f"{base}.{a.name}"
+                is_module = (SRC.parent / sub.replace(".", "/")).with_suffix(".py").exists() or (
+                    SRC.parent / sub.replace(".", "/") / "__init__.py").exists()
+                out.add(sub if is_module else base)
+    return out
+
+
+def all_edges() -> list[tuple[str, str]]:
+    edges = []
+    for path in sorted(SRC.rglob("*.py")):
+        mod = module_name(path)
+        edges += [(mod, imp) for imp in sorted(imports_of(path.read_text(), mod))]
+    return edges
+
+
+def violations(edges: list[tuple[str, str]]) -> list[str]:
+    """Edges between units that do not point down, and units missing from LAYERS."""
+    bad = []
+    for src, dst in edges:
+        a, b = unit_of(src), unit_of(dst)
+        if a == b or b == "__init__":
+            continue
+        if a not in RANK or b not in RANK:
+            bad.append(f"{src} -> {dst}: unit {a if a not in RANK else b} is in no layer")
+        elif RANK[b] >= RANK[a]:
+            bad.append(f"{src} -> {dst}: {b} (layer {RANK[b]}) is not below {a} (layer {RANK[a]})")
+    return bad
+
+
+def unit_cycles(edges: list[tuple[str, str]]) -> list[list[str]]:
+    graph: dict[str, set[str]] = {}
+    for src, dst in edges:
+        a, b = unit_of(src), unit_of(dst)
+        if a != b:
+            graph.setdefault(a, set()).add(b)
+    cycles, state = [], {}
+
+    def visit(u: str, path: list[str]) -> None:
+        state[u] = 1
+        for v in sorted(graph.get(u, ())):
+            if state.get(v) == 1:
+                cycles.append(path[path.index(v):] + [v])
+            elif v not in state:
+                visit(v, path + [v])
+        state[u] = 2
+
+    for u in sorted(graph):
+        if u not in state:
+            visit(u, [u])
+    return cycles
+
+
+def test_every_import_points_down_and_no_subpackages_import_each_other():
+    edges = all_edges()
+    assert len(edges) > 50  # the parser found the imports (the check is not vacuous)
+    assert not violations(edges), "\n".join(violations(edges))
+    assert not unit_cycles(edges)
+
+
+def test_the_check_fails_on_an_upward_import_added_back():
+    source = (SRC / "analysis" / "buckets.py").read_text() + (
+        "\n\ndef _later():\n    from rlgrad.rl.trainer import Trainer\n    return Trainer\n")
+    edges = all_edges() + [("rlgrad.analysis.buckets", imp)
+                           for imp in imports_of(source, "rlgrad.analysis.buckets")]
+    found = violations(edges)
+    assert any("rlgrad.analysis.buckets -> rlgrad.rl.trainer" in v for v in found)
+    # an instrument importing the loss math goes down: allowed; the trainer importing an instrument is not
+    assert not violations([("rlgrad.analysis.engine", "rlgrad.loss")])
+    assert violations([("rlgrad.rl.trainer", "rlgrad.analysis")])
+    assert unit_cycles([("rlgrad.rl.actor", "rlgrad.analysis.dist"), ("rlgrad.analysis.x", "rlgrad.rl.core")])
+
+
+def test_relative_and_package_imports_resolve():
+    src = "from rlgrad import collectives\nfrom rlgrad.viz import data as D\nimport rlgrad.loss\n"
+    assert imports_of(src, "rlgrad.analysis.engine") == {"rlgrad.collectives", "rlgrad.viz.data", "rlgrad.loss"}
+    assert imports_of("from .engine import slice_gradients\n", "rlgrad.analysis.neurons") == {
+        "rlgrad.analysis.engine"}
