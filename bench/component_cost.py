@@ -2,7 +2,7 @@
 
 The batch of bench/analysis_cost.py (16 prompt groups x 8 samples = 128 samples, 16 prompt + up to 48
 response tokens, a ~4M-parameter Qwen2, CPU) with three reward components (correctness, format, length;
-weights 0.34 / 0.33 / 0.33) and the seed's loss (PPO clip, token-mean, k3 KL 0.001, no entropy bonus).
+weights 0.34 / 0.33 / 0.33) and rldynamic's run_grpo.sh loss (PPO clip, token-mean, k3 KL 0.001, no entropy bonus).
 
     python bench/component_cost.py [--repeats 5] [--threads N] [--mode shared_std|own_std]
 

@@ -127,3 +127,16 @@ def test_relative_and_package_imports_resolve():
     assert imports_of(src, "rlgrad.analysis.engine") == {"rlgrad.collectives", "rlgrad.viz.data", "rlgrad.loss"}
     assert imports_of("from .engine import slice_gradients\n", "rlgrad.analysis.neurons") == {
         "rlgrad.analysis.engine"}
+
+
+def test_no_source_file_over_600_lines_and_no_function_over_80():
+    too_long = []
+    for path in sorted(SRC.rglob("*.py")):
+        source = path.read_text()
+        if len(source.splitlines()) > 600:
+            too_long.append(f"{path.relative_to(SRC)}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 80:
+                too_long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}: "
+                                f"{node.end_lineno - node.lineno + 1} lines")
+    assert not too_long, "\n".join(too_long)

@@ -47,10 +47,6 @@ class Batch:
     returns: torch.Tensor | None = None  # [N, L]
     global_index: torch.Tensor | None = None  # [N] long; None: the rows are in global order (ranks in order)
 
-    @property
-    def position_ids(self) -> torch.Tensor:
-        return position_ids_from_mask(self.attention_mask)
-
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 

@@ -78,12 +78,6 @@ def make_buckets(group_ids: torch.Tensor, reward_std: torch.Tensor, *, mode: str
     return Buckets(rows, table)
 
 
-def dp_trim(rows: torch.Tensor, world_size: int) -> torch.Tensor:
-    """The seeds' data-parallel trimming: drop the remainder that does not divide by the ranks."""
-    keep = len(rows) - len(rows) % world_size
-    return rows[:keep]
-
-
 def global_buckets(group_ids: torch.Tensor, reward_std: torch.Tensor, *, mode: str = "quantile",
                    num_buckets: int = 6, trim: int = 0) -> Buckets:
     """``make_buckets`` over the groups of EVERY rank; ``rows`` index this rank's samples.
@@ -91,7 +85,7 @@ def global_buckets(group_ids: torch.Tensor, reward_std: torch.Tensor, *, mode: s
     Each rank holds whole prompt groups (``group_ids`` are global), so gathering one (id, std) pair per
     group gives every rank the same buckets, names and group table; a bucket this rank holds no sample
     of has empty local rows. Rows whose group id is unknown (``Batch.blank_rows``) belong to no bucket.
-    ``trim > 1``: the seeds' DP trimming -- a bucket keeps the largest multiple of ``trim`` of its
+    ``trim > 1``: RAGEN's DP trimming -- a bucket keeps the largest multiple of ``trim`` of its
     samples, dropping its LAST samples in global order (rank by rank); a bucket left empty is skipped
     and ``all`` becomes the union of the trimmed buckets. One process: ``make_buckets`` (then trimmed).
     """

@@ -46,7 +46,7 @@ def step_record(step: int, components: dict[str, torch.Tensor], weights: dict[st
     """One line of ``reward_components.jsonl``; every per-sample tensor is ``[N]``.
 
     ``lengths`` are the actual response lengths the length reward sees (``reward.length_unit``);
-    ``correct`` the task's correctness flags. A valid format is a format reward > 0 (the seed's count).
+    ``correct`` the task's correctness flags. A valid format is a format reward > 0 (rldynamic's count).
     """
     names = list(components)
     stats = {c: {"mean": float(v.double().mean()), "std": _std(v), "min": float(v.min()), "max": float(v.max())}
@@ -84,11 +84,6 @@ class RewardComponentLog:
             with open(self.path, "a") as f:
                 f.write("\n")
 
-    def log_step(self, step: int, batch, weights: dict[str, float], *, lengths: torch.Tensor,
-                 correct: torch.Tensor) -> None:
-        """Append the line of one step for ``batch`` (a ``rlgrad.batch.Batch``; ``lengths``/``correct`` ``[N]``)."""
-        self.append(step_record(step, batch.components, weights, batch.scores, batch.group_ids, lengths, correct))
-
     def append(self, record: dict) -> None:
         line = json.dumps(record)
         with open(self.path, "a") as f:  # one write + flush per line: a crash loses at most a torn line
@@ -112,14 +107,14 @@ def read_reward_components(path: str | os.PathLike) -> list[dict]:
 
 
 def _seed_key(component: str) -> str:
-    """The seed's per-sample key of a component (its length reward is ``length_reward``)."""
+    """rldynamic's per-sample key of a component (its length reward is ``length_reward``)."""
     return "length_reward" if component == "length" else component
 
 
 def to_seed_layout(rows: list[dict], metadata: dict) -> dict:
-    """The seed's ``all_rewards.json``: ``{"metadata": {...}, "steps": [{step, timestamp, num_samples,
+    """rldynamic's ``all_rewards.json`` (custom_main_ppo_2.py): ``{"metadata": {...}, "steps": [{step, timestamp, num_samples,
     statistics: {avg_<c>, avg_actual_length, correct_count, format_valid_count, total_samples}, samples:
-    [{idx, <c>, actual_length}]}]}`` with ``length`` spelled ``length_reward`` as in the seed."""
+    [{idx, <c>, actual_length}]}]}`` with ``length`` spelled ``length_reward`` as rldynamic does."""
     steps = []
     for r in rows:
         stats = {f"avg_{_seed_key(c)}": r["stats"][c]["mean"] for c in r["components"]}
@@ -134,7 +129,7 @@ def to_seed_layout(rows: list[dict], metadata: dict) -> dict:
 
 
 def export_rewards(run_dir: str | os.PathLike, output: str | os.PathLike | None = None, fmt: str = "json") -> Path:
-    """Write a run's reward tracking in the seed's ``all_rewards.json`` layout; returns the path written.
+    """Write a run's reward tracking in rldynamic's ``all_rewards.json`` layout; returns the path written.
 
     Default output: ``RUN/all_rewards.json``. A directory that is not a run with reward tracking is a UserError.
     """

@@ -164,7 +164,7 @@ def correctness_score(response: str, ground_truth: str) -> float:
 
 
 def format_score(response: str) -> float:
-    """Step-by-step markers in the lower-cased text (the seed's rule), capped at 1:
+    """Step-by-step markers in the lower-cased text (rldynamic's utils/rewards.py rule), capped at 1:
 
     +0.25 per whole word "first", "second", "third" ("firstly" does not count); +0.25 per "step1",
     "step2" once spaces (only spaces) are removed ("Step 1" counts); +0.4 for ``\\boxed``.

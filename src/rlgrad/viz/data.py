@@ -342,7 +342,7 @@ def config_get(run: RunData, dotted: str, default: Any = None) -> Any:
 
 
 def read_step_metrics(path: str | Path) -> dict[str, float]:
-    """An exported ``gradient_analysis_metrics_step_<N>.json`` (or the seed's ``metrics.json``)."""
+    """An exported ``gradient_analysis_metrics_step_<N>.json`` (or ``metrics.json``, as RAGEN's plot_icml_steps.py reads)."""
     p = Path(path)
     try:
         obj = json.loads(p.read_text())
