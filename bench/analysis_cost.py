@@ -70,7 +70,8 @@ def interleaved_times(fns: dict, repeats: int) -> dict[str, list[float]]:
             times[name].append(time.perf_counter() - t0)
     width = max(map(len, fns))
     for name, ts in times.items():
-        print(f"{name:>{width}}: median {statistics.median(ts):.3f} s over {repeats} (all: {', '.join(f'{t:.3f}' for t in ts)})")
+        print(f"{name:>{width}}: median {statistics.median(ts):.3f} s over {repeats} "
+              f"(all: {', '.join(f'{t:.3f}' for t in ts)})")
     return times
 
 

@@ -116,7 +116,8 @@ def test_bucket_norms_equal_plain_autograd_per_bucket(model_tok, s):
         # Independent oracle: autograd of the bucket's own aggregated loss, component by component.
         for comp in comps:
             terms = actor_loss_terms(model, sub, s, Denominators.of(sub))
-            loss = {"task": terms.pg, "entropy": -s.entropy_coeff * terms.entropy, "kl": s.kl_loss_coef * (terms.kl if terms.kl is not None else 0)}[comp]
+            loss = {"task": terms.pg, "entropy": -s.entropy_coeff * terms.entropy,
+                    "kl": s.kl_loss_coef * (terms.kl if terms.kl is not None else 0)}[comp]
             grads = torch.autograd.grad(loss, params, allow_unused=True)
             expect = torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None))
             got = fast.metrics[f"grad_norm/{name}/{comp}"]
@@ -124,7 +125,8 @@ def test_bucket_norms_equal_plain_autograd_per_bucket(model_tok, s):
             assert ref.metrics[f"grad_norm/{name}/{comp}"] == pytest.approx(got, rel=1e-4, abs=1e-9)
         assert fast.metrics[f"grad_norm/{name}/loss/policy"] == pytest.approx(float(terms.pg.detach()), rel=1e-5)
         for g_name in fast.layers[name]["task"]:
-            assert ref.layers[name]["task"][g_name] == pytest.approx(fast.layers[name]["task"][g_name], rel=1e-4, abs=1e-9)
+            assert ref.layers[name]["task"][g_name] == pytest.approx(fast.layers[name]["task"][g_name],
+                                                                     rel=1e-4, abs=1e-9)
 
 
 def test_bucket_gradients_sum_to_full_gradient_for_every_parameter(model_tok):

@@ -136,3 +136,23 @@ def test_probe_cli(tiny, tmp_path):
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
     bad = run_cli(["probe", "--resume-from-path", str(tmp_path / "nope" / "global_step_9")], cwd=tmp_path)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_one_setting_puts_every_instrument_on_the_same_steps(tiny, tmp_path):
+    """analysis.every=2: buckets, components and neuron health all at steps 1 and 3 (RAGEN's rule); the
+    instruments' own cadences keep their conventions: (step - 1) % N for buckets, step % N for neurons."""
+    from rlgrad.analysis import schedules
+
+    cfg = load_config(overrides=["trainer.gradient_analysis_every=3", "actor.redo_metric_freq=3",
+                                 "analysis.components.every=3"])
+    at = schedules(cfg)
+    due = {name: [s for s in range(1, 10) if sch.due(s)] for name, sch in at.items()}
+    assert due["buckets"] == due["components"] == [1, 4, 7] and due["neurons/actor"] == [3, 6, 9]
+    assert due["neurons/critic"] == due["reset/actor"] == []
+    _run(tiny + ["trainer.total_training_steps=3", "analysis.every=2", "trainer.val_before_train=false"])
+    rows = {r["step"]: r["data"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")}
+    for step, on in ((1, True), (2, False), (3, True)):
+        d = rows[step]
+        assert ("grad_norm/all/task" in d) == on and ("grad_comp/total/norm" in d) == on
+        assert ("actor/neuron/dormant_ratio" in d) == on and ("timing_s/analysis/buckets" in d) == on
+        assert not any(k.startswith("critic/neuron/") for k in d)  # no critic without gae

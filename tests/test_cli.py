@@ -12,7 +12,8 @@ from .conftest import run_cli
     (["model.path=/nonexistent/model"], "/nonexistent/model"),
     (["data.task=math", "data.train_files=[/nonexistent/train.jsonl]"], "/nonexistent/train.jsonl"),
     (["data.task=math"], "data.train_files"),
-    (["trainer.resume_mode=resume_path", "trainer.resume_from_path=/nonexistent/global_step_3"], "/nonexistent/global_step_3"),
+    (["trainer.resume_mode=resume_path", "trainer.resume_from_path=/nonexistent/global_step_3"],
+     "/nonexistent/global_step_3"),
     (["--config", "/nonexistent.yaml"], "/nonexistent.yaml"),
     (["--config-name", "nosuchpreset"], "nosuchpreset"),
     (["actor_rollout_ref.rollout.gpu_memory_utilization=0.3"], "gpu_memory_utilization"),
@@ -35,8 +36,8 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, culprit):
 def test_malformed_data_file_names_line(tmp_path):
     bad = tmp_path / "train.jsonl"
     bad.write_text('{"question": "1+1?", "answer": "#### 2"}\n{not json\n')
-    res = run_cli(["train", "data.task=math", f"data.train_files=[{bad}]", f"trainer.default_local_dir={tmp_path / 'run'}"],
-                  cwd=tmp_path)
+    res = run_cli(["train", "data.task=math", f"data.train_files=[{bad}]",
+                   f"trainer.default_local_dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert res.returncode == 2 and f"{bad}:2" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
 

@@ -266,8 +266,8 @@ def test_cosines_symmetric_self_one_and_layers_consistent(model_tok):
     assert set(layers) == {"embed", "layer_0", "layer_1", "final_norm"}  # tied lm_head counts under embed
     for c in list(w) + ["total"]:
         assert sum(layers[g]["norm"][c] ** 2 for g in layers) == pytest.approx(glob["norm"][c] ** 2, rel=1e-6)
-    dots = sum(layers[g]["cosine"]["correctness__length"] * layers[g]["norm"]["correctness"] * layers[g]["norm"]["length"]
-               for g in layers)
+    dots = sum(layers[g]["cosine"]["correctness__length"]
+               * layers[g]["norm"]["correctness"] * layers[g]["norm"]["length"] for g in layers)
     assert dots / (glob["norm"]["correctness"] * glob["norm"]["length"]) == pytest.approx(
         glob["cosine"]["correctness__length"], abs=1e-6)
 
@@ -327,7 +327,8 @@ def test_background_writer_survives_a_failed_write_and_reports_it(tmp_path):
 # ----------------------------------------------------------------------------- tracking and export
 def test_reader_keeps_last_line_per_step_and_skips_torn_lines(tmp_path):
     p = tmp_path / "reward_components.jsonl"
-    p.write_text('{"step": 1, "v": 1}\n{"step": 2, "v": 1}\n{"step": 2, "v": 2}\n{"step": 3, "v"\n{"step": 1, "v": 3}\n')
+    p.write_text('{"step": 1, "v": 1}\n{"step": 2, "v": 1}\n{"step": 2, "v": 2}\n'
+                 '{"step": 3, "v"\n{"step": 1, "v": 3}\n')
     assert [(r["step"], r["v"]) for r in read_reward_components(p)] == [(1, 3), (2, 2)]
 
 
@@ -341,15 +342,18 @@ def test_seed_layout_hand_made():
            "stats": {"correctness": {"mean": 0.5}, "format": {"mean": 0.2}, "length": {"mean": 0.7}},
            "total": {"mean": 0.4, "std": 0.1}, "num_correct": 1, "num_valid_format": 2, "mean_length": 12.5,
            "num_samples": 2, "samples": [
-               {"group_id": 0, "components": {"correctness": 1.0, "format": 0.4, "length": 0.5}, "total": 0.6, "length": 10},
-               {"group_id": 0, "components": {"correctness": 0.0, "format": 0.0, "length": 0.9}, "total": 0.3, "length": 15}]}
+               {"group_id": 0, "components": {"correctness": 1.0, "format": 0.4, "length": 0.5},
+                "total": 0.6, "length": 10},
+               {"group_id": 0, "components": {"correctness": 0.0, "format": 0.0, "length": 0.9},
+                "total": 0.3, "length": 15}]}
     out = to_seed_layout([row], {"created_at": "t"})
     step = out["steps"][0]
     assert set(step) == {"step", "timestamp", "num_samples", "statistics", "samples"}
     assert step["statistics"] == {"avg_correctness": 0.5, "avg_format": 0.2, "avg_length_reward": 0.7,
                                   "avg_actual_length": 12.5, "correct_count": 1, "format_valid_count": 2,
                                   "total_samples": 2}
-    assert step["samples"][1] == {"idx": 1, "correctness": 0.0, "format": 0.0, "length_reward": 0.9, "actual_length": 15}
+    assert step["samples"][1] == {"idx": 1, "correctness": 0.0, "format": 0.0, "length_reward": 0.9,
+                                  "actual_length": 15}
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,8 @@ def test_defaults_and_overrides_are_typed():
     ("data.max_response_length", "rollout.response_length", "12", 12),
     ("actor_rollout_ref.rollout.gradient_analysis_num_buckets", "analysis.buckets.num_buckets", "4", 4),
     ("actor_rollout_ref.rollout.gradient_analysis_bucket_mode", "analysis.buckets.bucket_mode", "fixed_rv", "fixed_rv"),
-    ("actor_rollout_ref.rollout.rollout_filter_top_p_prob_mode", "rollout.rollout_filter_top_p_prob_mode", "softmax", "softmax"),
+    ("actor_rollout_ref.rollout.rollout_filter_top_p_prob_mode", "rollout.rollout_filter_top_p_prob_mode",
+     "softmax", "softmax"),
     ("trainer.gradient_analysis_env_groups", "analysis.buckets.env_groups", "128", 128),
 ])
 
@@ -43,7 +44,8 @@ def test_seed_probe_command_lines():
                  "trainer.test_freq=-1", "es_manager.train.env_groups=32", "es_manager.train.group_size=16",
                  "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.kl_loss_type=low-var-kl",
                  "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.entropy_coeff=0.001",
-                 "actor_rollout_ref.actor.loss_agg_mode=token-mean", "actor_rollout_ref.rollout.rollout_filter_value=0.9",
+                 "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+                 "actor_rollout_ref.rollout.rollout_filter_value=0.9",
                  "actor_rollout_ref.rollout.rollout_filter_strategy=top_p",
                  "actor_rollout_ref.rollout.rollout_filter_type=largest",
                  "actor_rollout_ref.rollout.rollout_filter_metric=reward_variance",

@@ -159,7 +159,8 @@ def _critic_batch(critic, lm, tok, seed=0):
     scores = torch.rand(len(g))
     b = Batch(gen.input_ids, gen.attention_mask, gen.response_mask, g, scores, torch.zeros(len(g)))
     # Old values off the current ones (so some tokens clip) and returns from GAE.
-    b.values = (compute_values(critic, b, micro_batch_size=64) + 0.3 * torch.randn(b.response_mask.shape)) * b.response_mask
+    b.values = ((compute_values(critic, b, micro_batch_size=64) + 0.3 * torch.randn(b.response_mask.shape))
+                * b.response_mask)
     b.advantages, b.returns = gae_advantages(outcome_token_rewards(scores, b.response_mask), b.values,
                                              b.response_mask, gamma=0.95, lam=0.9)
     return b
@@ -274,7 +275,8 @@ def test_gae_resume_is_bitwise_equal_to_uninterrupted(tiny, tmp_path):
     base = _without_dir(tiny) + ["trainer.save_freq=1", "trainer.critic_warmup=1", "critic.ppo_epochs=2",
                                  "critic.optim.lr_warmup_steps=3"]
     order = Order()
-    make_trainer(load_config(overrides=base + ["trainer.total_training_steps=3", f"trainer.default_local_dir={tmp_path / 'a'}"]),
+    make_trainer(load_config(overrides=base + ["trainer.total_training_steps=3",
+                                               f"trainer.default_local_dir={tmp_path / 'a'}"]),
             hooks=[order], **QUIET).fit()
     # The critic (two epochs, one mini-batch each) updates before the hook point; the actor after it.
     assert order.events == [(1, "critic"), (1, "critic"), (1, "before_update"),
@@ -301,7 +303,8 @@ def test_gae_resume_is_bitwise_equal_to_uninterrupted(tiny, tmp_path):
 
 
 def test_gae_resume_needs_a_critic_checkpoint(tiny, tmp_path):
-    make_trainer(load_config(overrides=tiny + ["trainer.total_training_steps=1", "trainer.gradient_analysis_mode=false"]),
+    make_trainer(load_config(overrides=tiny + ["trainer.total_training_steps=1",
+                                               "trainer.gradient_analysis_mode=false"]),
             **QUIET).fit()
     with pytest.raises(UserError, match="has no critic/"):
         make_trainer(load_config(overrides=tiny + GAE + ["trainer.total_training_steps=2"]), **QUIET)

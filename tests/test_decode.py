@@ -193,7 +193,8 @@ def test_auto_engine_falls_back_to_hf(tok):
 def test_trainer_takes_old_log_probs_from_the_rollout(tiny):
     from rlgrad.recipes import make_trainer
 
-    tr = make_trainer(load_config(overrides=tiny + ["rollout.temperature=0.8", "rollout.top_p=0.9"]), log=lambda *a: None)
+    tr = make_trainer(load_config(overrides=tiny + ["rollout.temperature=0.8", "rollout.top_p=0.9"]),
+                      log=lambda *a: None)
     assert tr.cfg.rollout.engine == "auto" and not tr.cfg.rollout.recompute_log_probs
     examples = tr.task.train_examples(3, tr.data_rng)
     batch, _ = tr.rollout(examples, n=4, do_sample=True)

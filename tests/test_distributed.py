@@ -240,7 +240,8 @@ E2E = ["trainer.gradient_analysis_every=1", "rollout.gradient_analysis_num_bucke
        # gradient and the component gradients are not zero
        "data.task=math", f"data.train_files=[{REPO / 'tests/data/math_verl.parquet'}]",
        f"data.val_files=[{REPO / 'tests/data/math_val.jsonl'}]", "reward.length_max=3"]
-NEURON_KEYS = {f"actor/neuron/{k}" for k in ("dormant_ratio", "act_dormant_ratio", "zero_grad_ratio", "nullspace_ratio")}
+NEURON_KEYS = {f"actor/neuron/{k}"
+               for k in ("dormant_ratio", "act_dormant_ratio", "zero_grad_ratio", "nullspace_ratio")}
 
 
 def test_torchrun_ddp_then_fsdp2_resume_equal_one_process(tiny, tmp_path):
@@ -251,7 +252,8 @@ def test_torchrun_ddp_then_fsdp2_resume_equal_one_process(tiny, tmp_path):
     r = _torchrun(base + ["trainer.total_training_steps=1", f"trainer.default_local_dir={two}"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("run directory:") == 1  # rank 0 alone prints
-    r = _torchrun(base + ["trainer.total_training_steps=2", "trainer.strategy=fsdp2", f"trainer.default_local_dir={two}"])
+    r = _torchrun(base + ["trainer.total_training_steps=2", "trainer.strategy=fsdp2",
+                          f"trainer.default_local_dir={two}"])
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = read_jsonl(one / "metrics.jsonl"), read_jsonl(two / "metrics.jsonl")
     assert [x["step"] for x in a] == [x["step"] for x in b] == [0, 1, 2]  # one file, no duplicated rows

@@ -186,7 +186,8 @@ def test_planted_dead_neurons_found_by_both_scores_mlp(tok):
         h1 = torch.relu(m.mlp[0](m.embed(b.input_ids)))
         h2 = torch.relu(m.mlp[2](h1))
     for s, h in zip(rep.layers, (h1, h2)):
-        torch.testing.assert_close(s.act_sum, (h * b.response_mask[..., None]).sum((0, 1)).double(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(s.act_sum, (h * b.response_mask[..., None]).sum((0, 1)).double(),
+                                   rtol=1e-5, atol=1e-6)
         assert float(s.act_count[0]) == float(b.response_mask.sum())  # every row sampled (12 <= 32)
     met = rep.metrics()
     assert met["actor/neuron/dormant_ratio"] == pytest.approx(3 / 56)
@@ -389,7 +390,8 @@ def test_reset_revives_planted_neurons_and_zeroes_exactly_their_moments(tok, tmp
     assert out == {"actor/neuron/reset_count": 4.0}
     doc = json.loads((tmp_path / "analysis" / "step_1" / "neurons.json").read_text())
     assert doc["step"] == 1 and doc["actor"]["global"]["reset_count"] == 4 and doc["actor"]["tau"] == 0.1
-    assert {k: v["reset"] for k, v in doc["actor"]["layers"].items() if v["reset"]} == {k: len(v) for k, v in planted.items()}
+    assert ({k: v["reset"] for k, v in doc["actor"]["layers"].items() if v["reset"]}
+            == {k: len(v) for k, v in planted.items()})
 
     # Exactly the planted rows / columns changed, in weights and in the optimizer moments.
     hd = model.model.layers[1].self_attn.head_dim

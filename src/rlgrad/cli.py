@@ -44,7 +44,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"validation accuracy: {100 * after:.1f}%")
     print(f"run directory: {trainer.run_dir}")
     print(f"  metrics: {trainer.run_dir / 'metrics.jsonl'}")
-    keep = [o for o in args.overrides if not o.startswith(("trainer.default_local_dir=", "trainer.total_training_steps="))]
+    keep = [o for o in args.overrides
+            if not o.startswith(("trainer.default_local_dir=", "trainer.total_training_steps="))]
     preset = f"--config-name {args.config_name} " if args.config_name else ""
     print("next: continue this run with\n"
           f"  rlgrad train {preset}{' '.join(keep)} trainer.default_local_dir={trainer.run_dir} "
@@ -165,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="default: RUN_DIR/report.html")
     p.add_argument("--dpi", type=int, default=90, help="resolution of the inlined figures (default 90)")
     p.add_argument("--max-steps", type=int, default=6,
-                   help="analysis steps drawn in full, evenly spaced, the last included (default 6; rlgrad plot draws all)")
+                   help="analysis steps drawn in full, evenly spaced, the last included "
+                        "(default 6; rlgrad plot draws all)")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("export", help="export a run's records (rewards: rldynamic's all_rewards.json layout)")
     p.add_argument("what", choices=["rewards"], help="what to export")

@@ -1,9 +1,9 @@
 """The few collectives rlgrad needs (trainer and instruments alike); identities in a single process.
 
-A leaf module: it imports only torch. Every analysis statistic is built from additive partial sums (per-slice gradients, per-neuron
-sums of |g|, zero counts, Gram matrices of parameter shards) so that ONE ``all_reduce_sum`` makes
-it global and exact. Call these in the same order on every rank, also when a rank holds no
-sample of the thing being measured (pass zeros): a skipped collective is a hang.
+A leaf module: it imports only torch. Every analysis statistic is built from additive partial sums
+(per-slice gradients, per-neuron sums of |g|, zero counts, Gram matrices of parameter shards) so that
+ONE ``all_reduce_sum`` makes it global and exact. Call these in the same order on every rank, also
+when a rank holds no sample of the thing being measured (pass zeros): a skipped collective is a hang.
 """
 
 from __future__ import annotations

@@ -48,12 +48,15 @@ class TinyModelConfig:
 
 @dataclass
 class ModelConfig:
-    path: str | None = _f(None, "Local Hugging Face causal-LM directory (with its tokenizer). null: the embedded default. Never fetched from a hub.")
+    path: str | None = _f(None, "Local Hugging Face causal-LM directory (with its "
+                          "tokenizer). null: the embedded default. Never fetched from a hub.")
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-    warmstart_steps: int = _f(1500, "Supervised warm-start steps for the embedded default (0: RL from scratch). Cached.")
+    warmstart_steps: int = _f(1500, "Supervised warm-start steps for the "
+                              "embedded default (0: RL from scratch). Cached.")
     warmstart_lr: float = _f(2e-3, "Learning rate of the warm start.")
     warmstart_batch_size: int = _f(64, "Examples per warm-start step.")
-    cache_dir: str | None = _f(None, "Where warm-started default models are cached (default: $RLGRAD_CACHE or ~/.cache/rlgrad).")
+    cache_dir: str | None = _f(None, "Where warm-started default models are cached "
+                               "(default: $RLGRAD_CACHE or ~/.cache/rlgrad).")
     dtype: str = _f("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
 
 
@@ -75,17 +78,31 @@ class RolloutConfig:
     top_k: int = _f(0, "Top-k sampling (0: off).")
     response_length: int = _f(8, "Maximum response tokens (verl: data.max_response_length).")
     val_do_sample: bool = _f(False, "Sample during validation (false: greedy, as verl's val_kwargs default).")
-    log_prob_micro_batch_size: int = _f(64, "Sequences per forward when computing old/ref log-probs (and, with gae, the critic's old values).")
-    recompute_log_probs: bool = _f(False, "Recompute old log-probs with a separate forward (verl's default) instead of taking them from the rollout.")
-    engine: str = _f("auto", "Rollout engine: hf (transformers generate) | native (rlgrad's decode loop for Qwen2/Llama/Mistral) | auto (native when the model supports it, else hf).", choices=("auto", "hf", "native"))
-    rollout_filter_strategy: str = _f("top_p", "Group filter: top_p | top_k | top_k_abs | min_p.", choices=("top_p", "top_k", "top_k_abs", "min_p"))
+    log_prob_micro_batch_size: int = _f(64, "Sequences per forward when computing old/ref "
+                                        "log-probs (and, with gae, the critic's old values).")
+    recompute_log_probs: bool = _f(False, "Recompute old log-probs with a separate forward "
+                                   "(verl's default) instead of taking them from the rollout.")
+    engine: str = _f("auto", "Rollout engine: hf (transformers generate) | "
+                     "native (rlgrad's decode loop for Qwen2/Llama/Mistral) | "
+                     "auto (native when the model supports it, else hf).", choices=("auto", "hf", "native"))
+    rollout_filter_strategy: str = _f("top_p", "Group filter: top_p | top_k | top_k_abs | min_p.",
+                                      choices=("top_p", "top_k", "top_k_abs", "min_p"))
     rollout_filter_value: float = _f(1.0, "Filter threshold (1.0 with top_p keeps every group).")
-    rollout_filter_type: str = _f("largest", "Keep the groups with the largest or smallest metric.", choices=("largest", "smallest"))
-    rollout_filter_metric: str = _f("reward_variance", "Group metric the filter ranks by.", choices=("reward_variance", "reward", "reward_sum", "entropy", "entropy_variance", "length"))
-    rollout_filter_top_p_prob_mode: str = _f("linear", "top_p probabilities: metric/sum (linear) or softmax.", choices=("linear", "softmax"))
+    rollout_filter_type: str = _f("largest", "Keep the groups with the largest or smallest metric.",
+                                  choices=("largest", "smallest"))
+    rollout_filter_metric: str = _f("reward_variance", "Group metric the filter ranks by.",
+                                    choices=("reward_variance", "reward", "reward_sum", "entropy", "entropy_variance",
+                                             "length"))
+    rollout_filter_top_p_prob_mode: str = _f("linear", "top_p probabilities: metric/sum (linear) or softmax.",
+                                             choices=("linear", "softmax"))
     rollout_filter_include_zero: bool = _f(True, "Keep groups whose metric is exactly zero.")
-    rollout_filter_empty_stop_steps: int = _f(5, "Stop the run after this many consecutive steps whose filter kept nothing.")
-    group_seeded_sampling: bool | None = _f(None, "Draw each prompt group's samples from its own generator seeded by (seed, step, group id), so the global batch does not depend on how groups are split over ranks (a 1-process run with true reproduces an N-process run). null: on when running under torchrun with more than one process.")
+    rollout_filter_empty_stop_steps: int = _f(5, "Stop the run after this many consecutive "
+                                              "steps whose filter kept nothing.")
+    group_seeded_sampling: bool | None = _f(None, "Draw each prompt group's samples from its own "
+                                            "generator seeded by (seed, step, group id), so the global "
+                                            "batch does not depend on how groups are split over ranks (a "
+                                            "1-process run with true reproduces an N-process run). null: "
+                                            "on when running under torchrun with more than one process.")
 
 
 @dataclass
@@ -101,24 +118,32 @@ class OptimConfig:
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_epochs: int = _f(1, "Passes over each step's batch.")
-    ppo_mini_batch_size: int | None = _f(None, "Prompts per optimizer step (x rollout.n samples); null: the whole batch, one step per epoch.")
-    ppo_micro_batch_size: int = _f(64, "Samples per forward/backward (gradient accumulation; does not change the update).")
+    ppo_mini_batch_size: int | None = _f(None, "Prompts per optimizer step "
+                                         "(x rollout.n samples); null: the whole batch, one step per epoch.")
+    ppo_micro_batch_size: int = _f(64, "Samples per forward/backward (gradient "
+                                   "accumulation; does not change the update).")
     shuffle: bool = _f(True, "Shuffle samples into mini-batches each epoch.")
-    policy_loss: str = _f("ppo", "Policy loss: ppo (clipped, dual-clip) | cispo (clipped, stop-gradient IS weight).", choices=("ppo", "cispo"))
+    policy_loss: str = _f("ppo", "Policy loss: ppo (clipped, dual-clip) | cispo (clipped, stop-gradient IS weight).",
+                          choices=("ppo", "cispo"))
     clip_ratio_low: float = _f(0.2, "PPO lower clip: ratio >= 1 - clip_ratio_low.")
     clip_ratio_high: float = _f(0.2, "PPO upper clip: ratio <= 1 + clip_ratio_high (CISPO's IS-weight cap).")
     clip_ratio_c: float = _f(3.0, "Dual-clip bound for negative advantages.")
-    loss_agg_mode: str = _f("token-mean", "Loss aggregation.", choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"))
+    loss_agg_mode: str = _f("token-mean", "Loss aggregation.",
+                            choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                     "seq-mean-token-sum-norm"))
     use_kl_loss: bool = _f(False, "Add kl_loss_coef * KL(policy || reference) to the loss.")
     kl_loss_coef: float = _f(0.001, "KL loss coefficient.")
-    kl_loss_type: str = _f("low_var_kl", "KL estimator: kl/k1 | abs | mse/k2 | low_var_kl/k3.", choices=("kl", "k1", "abs", "mse", "k2", "low_var_kl", "low-var-kl", "k3"))
+    kl_loss_type: str = _f("low_var_kl", "KL estimator: kl/k1 | abs | mse/k2 | low_var_kl/k3.",
+                           choices=("kl", "k1", "abs", "mse", "k2", "low_var_kl", "low-var-kl", "k3"))
     entropy_coeff: float = _f(0.0, "Entropy bonus: the loss gets -entropy_coeff * entropy.")
     max_grad_norm: float = _f(1.0, "Clip the global gradient norm (the pre-clip norm is logged as actor/grad_norm).")
 
 
 @dataclass
 class CriticModelConfig:
-    path: str | None = _f(None, "Local Hugging Face directory the value model starts from (its base weights; a zero value head unless it has one). null: the actor's initial weights (model.path or the embedded default).")
+    path: str | None = _f(None, "Local Hugging Face directory the value model starts from "
+                          "(its base weights; a zero value head unless it has one). null: "
+                          "the actor's initial weights (model.path or the embedded default).")
 
 
 @dataclass
@@ -128,17 +153,24 @@ class CriticConfig:
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_epochs: int = _f(1, "Passes of the critic over each step's batch.")
-    ppo_mini_batch_size: int | None = _f(None, "Prompts per critic optimizer step (x rollout.n samples); null: the whole batch.")
-    ppo_micro_batch_size: int = _f(64, "Samples per critic forward/backward (gradient accumulation; does not change the update).")
+    ppo_mini_batch_size: int | None = _f(None, "Prompts per critic optimizer step "
+                                         "(x rollout.n samples); null: the whole batch.")
+    ppo_micro_batch_size: int = _f(64, "Samples per critic forward/backward (gradient "
+                                   "accumulation; does not change the update).")
     shuffle: bool = _f(True, "Shuffle samples into critic mini-batches each epoch.")
     cliprange_value: float = _f(0.5, "Value clipping: the loss uses max((V-R)^2, (clip(V, V_old-c, V_old+c)-R)^2) / 2.")
-    loss_agg_mode: str | None = _f(None, "Aggregation of the value loss (null: actor.loss_agg_mode).", choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"))
-    max_grad_norm: float = _f(1.0, "Clip the critic's global gradient norm (the pre-clip norm is logged as critic/grad_norm).")
+    loss_agg_mode: str | None = _f(None, "Aggregation of the value loss (null: actor.loss_agg_mode).",
+                                   choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                            "seq-mean-token-sum-norm"))
+    max_grad_norm: float = _f(1.0, "Clip the critic's global gradient norm (the "
+                              "pre-clip norm is logged as critic/grad_norm).")
 
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = _f("grpo", "Advantage estimator: grpo | rloo (outcome, group baseline) | gae (PPO with a critic: token-level GAE on a learned value model, see critic.*).", choices=("grpo", "rloo", "gae"))
+    adv_estimator: str = _f("grpo", "Advantage estimator: grpo | rloo (outcome, group baseline) | gae "
+                            "(PPO with a critic: token-level GAE on a learned value model, see critic.*).",
+                            choices=("grpo", "rloo", "gae"))
     norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's (unbiased) reward std + 1e-6.")
     gamma: float = _f(1.0, "GAE discount factor over response tokens.")
     lam: float = _f(1.0, "GAE lambda (bias/variance trade-off of the advantage; 1: Monte-Carlo return minus value).")
@@ -146,7 +178,8 @@ class AlgorithmConfig:
 
 @dataclass
 class RewardConfig:
-    weights: dict[str, float] = _f({}, "Reward component weights (empty: the task's defaults), e.g. {correctness: 0.34, format: 0.33, length: 0.33}.")
+    weights: dict[str, float] = _f({}, "Reward component weights (empty: the task's defaults), "
+                                   "e.g. {correctness: 0.34, format: 0.33, length: 0.33}.")
     length_max: int = _f(800, "math: target length of the length component.")
     length_unit: str = _f("chars", "math: length in chars or tokens.", choices=("chars", "tokens"))
 
@@ -160,44 +193,66 @@ class TrainerConfig:
     project_name: str = _f("rlgrad", "Project (W&B project, run-directory parent).")
     experiment_name: str = _f("default", "Run name.")
     default_local_dir: str | None = _f(None, "Run directory (default: runs/<project_name>/<experiment_name>).")
-    resume_mode: str = _f("auto", "auto: resume from the newest complete checkpoint if any; disable: start fresh (refuses a used directory); resume_path: trainer.resume_from_path.", choices=("auto", "disable", "resume_path"))
+    resume_mode: str = _f("auto", "auto: resume from the newest complete checkpoint if any; disable: "
+                          "start fresh (refuses a used directory); resume_path: trainer.resume_from_path.",
+                          choices=("auto", "disable", "resume_path"))
     resume_from_path: str | None = _f(None, "A global_step_N directory to resume from (resume_mode=resume_path).")
-    critic_warmup: int = _f(0, "adv_estimator=gae: the first N steps update only the critic (the actor update is skipped).")
+    critic_warmup: int = _f(0, "adv_estimator=gae: the first N steps update "
+                            "only the critic (the actor update is skipped).")
     max_ckpt_to_keep: int | None = _f(None, "Keep only the newest N checkpoints (null: keep all).")
     logger: list[str] = _f(["console", "jsonl"], "Metric sinks: console, jsonl, tensorboard, wandb.")
     seed: int = _f(1, "Seed of data, sampling and initialisation.")
     device: str = _f("auto", "cpu | cuda | auto.", choices=("auto", "cpu", "cuda"))
     num_threads: int | None = _f(None, "torch CPU threads (null: torch's default).")
-    strategy: str = _f("ddp", "Data parallelism under torchrun: ddp (replicated weights) | fsdp2 (torch fully_shard on each decoder layer and the root). Unused in one process.", choices=("ddp", "fsdp2"))
+    strategy: str = _f("ddp", "Data parallelism under torchrun: ddp (replicated weights) | fsdp2 (torch fully_shard "
+                       "on each decoder layer and the root). Unused in one process.", choices=("ddp", "fsdp2"))
     nnodes: int = _f(1, "Nodes (verl key). Under torchrun the environment wins: WORLD_SIZE / LOCAL_WORLD_SIZE.")
-    n_gpus_per_node: int = _f(1, "Processes per node (verl key). Under torchrun the environment wins: LOCAL_WORLD_SIZE. Also the divisor of analysis.buckets.dp_trim (x nnodes).")
-    dist_timeout_s: float = _f(600.0, "Collective timeout in seconds: a rank that died or hangs ends the run with an error after this long instead of a hang.")
+    n_gpus_per_node: int = _f(1, "Processes per node (verl key). Under torchrun the environment wins: "
+                              "LOCAL_WORLD_SIZE. Also the divisor of analysis.buckets.dp_trim (x nnodes).")
+    dist_timeout_s: float = _f(600.0, "Collective timeout in seconds: a rank that died or hangs "
+                               "ends the run with an error after this long instead of a hang.")
 
 
 @dataclass
 class BucketAnalysisConfig:
     """The gradient by reward-variance bucket and loss term (RAGEN's gradient analysis): ``grad_norm/...``."""
 
-    enable: bool = _f(True, "Probe the actor's gradient by reward-variance bucket and loss term (no optimizer step). RAGEN: trainer.gradient_analysis_mode.")
-    every: int = _f(50, "Analyse at steps 1, 1+every, 1+2·every, ... (RAGEN's (global_steps - 1) % every == 0). RAGEN: trainer.gradient_analysis_every.")
-    num_buckets: int = _f(6, "Number of quantile buckets of prompt groups by in-group reward std. RAGEN: actor_rollout_ref.rollout.gradient_analysis_num_buckets.")
-    bucket_mode: str = _f("quantile", "quantile (equal group counts) | fixed_rv ([0,1) .. [5,inf)). RAGEN: actor_rollout_ref.rollout.gradient_analysis_bucket_mode.", choices=("quantile", "fixed_rv"))
-    env_groups: int | None = _f(None, "Analyse a separate batch of this many prompt groups (null: the training batch). RAGEN: trainer.gradient_analysis_env_groups.")
-    group_size: int | None = _f(None, "Samples per group of the separate analysis batch (null: rollout.n). RAGEN: trainer.gradient_analysis_group_size.")
-    log_prefilter: bool = _f(False, "Also analyse the batch before the rollout filter (grad_norm_prefilter/...). RAGEN: trainer.gradient_analysis_log_prefilter.")
-    exit_after: bool = _f(False, "Log the analysis, then stop before the actor update, checkpoint and validation. RAGEN: trainer.exit_after_gradient_analysis.")
-    save_batch: bool = _f(False, "Write analysis/step_N/batch.safetensors and loss.json so every number can be recomputed offline.")
+    enable: bool = _f(True, "Probe the actor's gradient by reward-variance bucket and loss "
+                      "term (no optimizer step). RAGEN: trainer.gradient_analysis_mode.")
+    every: int = _f(50, "Analyse at steps 1, 1+every, 1+2·every, ... "
+                    "(RAGEN's (global_steps - 1) % every == 0). RAGEN: trainer.gradient_analysis_every.")
+    num_buckets: int = _f(6, "Number of quantile buckets of prompt groups by in-group reward "
+                          "std. RAGEN: actor_rollout_ref.rollout.gradient_analysis_num_buckets.")
+    bucket_mode: str = _f("quantile", "quantile (equal group counts) | fixed_rv ([0,1) .. [5,inf)). RAGEN: "
+                          "actor_rollout_ref.rollout.gradient_analysis_bucket_mode.", choices=("quantile", "fixed_rv"))
+    env_groups: int | None = _f(None, "Analyse a separate batch of this many prompt groups (null: "
+                                "the training batch). RAGEN: trainer.gradient_analysis_env_groups.")
+    group_size: int | None = _f(None, "Samples per group of the separate analysis batch (null: "
+                                "rollout.n). RAGEN: trainer.gradient_analysis_group_size.")
+    log_prefilter: bool = _f(False, "Also analyse the batch before the rollout filter "
+                             "(grad_norm_prefilter/...). RAGEN: trainer.gradient_analysis_log_prefilter.")
+    exit_after: bool = _f(False, "Log the analysis, then stop before the actor update, checkpoint "
+                          "and validation. RAGEN: trainer.exit_after_gradient_analysis.")
+    save_batch: bool = _f(False, "Write analysis/step_N/batch.safetensors and "
+                          "loss.json so every number can be recomputed offline.")
     save_model: bool = _f(False, "Also write the probed actor to analysis/step_N/model/ (Hugging Face format).")
-    dp_trim: bool = _f(False, "RAGEN's data-parallel trimming: drop each bucket's last samples that do not divide by trainer.nnodes x trainer.n_gpus_per_node (the number of processes under torchrun). Off: buckets keep every sample and norms are exact global ones (no trimming is needed for that).")
+    dp_trim: bool = _f(False, "RAGEN's data-parallel trimming: drop each bucket's last samples that do not divide "
+                       "by trainer.nnodes x trainer.n_gpus_per_node (the number of processes under torchrun). Off: "
+                       "buckets keep every sample and norms are exact global ones (no trimming is needed for that).")
 
 
 @dataclass
 class ComponentAnalysisConfig:
     """The gradient of each reward component (rldynamic's custom_main_ppo.py): ``grad_comp/...``, ``grad_sim/...``."""
 
-    every: int = _f(0, "Reward-component gradient geometry (norms, cosines, shares of the policy gradient per reward component) at steps 1, 1+every, ...; 0: off. Needs outcome advantages (grpo / rloo).")
-    mode: str = _f("shared_std", "Component advantages: shared_std (centred component reward / std of the TOTAL reward: they sum to the update's advantage, the gradients to its policy gradient) | own_std (each component through the advantage estimator on its own, as rldynamic's custom_main_ppo.py does).", choices=("shared_std", "own_std"))
-    save_gradients: bool = _f(False, "Also write every component's full per-parameter gradient to analysis/step_N/component_grads.npz (background writer).")
+    every: int = _f(0, "Reward-component gradient geometry (norms, cosines, shares of the policy gradient per "
+                    "reward component) at steps 1, 1+every, ...; 0: off. Needs outcome advantages (grpo / rloo).")
+    mode: str = _f("shared_std", "Component advantages: shared_std (centred component reward / std of the TOTAL "
+                   "reward: they sum to the update's advantage, the gradients to its policy gradient) | own_std (each "
+                   "component through the advantage estimator on its own, as rldynamic's custom_main_ppo.py does).",
+                   choices=("shared_std", "own_std"))
+    save_gradients: bool = _f(False, "Also write every component's full per-parameter gradient "
+                              "to analysis/step_N/component_grads.npz (background writer).")
 
 
 @dataclass
@@ -206,13 +261,23 @@ class NeuronHealthConfig:
     its ReDo-style reset. verl/RAGEN spellings: ``<role>.redo_metric_freq`` etc. (``actor_rollout_ref.actor.redo_*``).
     See docs/architecture.md, "Neuron health"."""
 
-    metric_every: int = _f(0, "Neuron-health metrics at steps N, 2N, ... (redo_metric_freq's step % N == 0; 0: off): <role>/neuron/dormant_ratio, act_dormant_ratio, zero_grad_ratio, nullspace_ratio, <role>/param/zero_grad_ratio, and analysis/step_N/neurons.json.")
-    reset_every: int = _f(0, "Reset dormant neurons at steps N, 2N, ..., after the optimizer step (redo_reset_freq; 0: off).")
-    tau: float = _f(0.1, "Dormancy threshold (redo_tau): neuron i is dormant when s_i = a_i / mean_k a_k <= tau within its layer (a = mean |gradient| of its incoming weights; for act_dormant_ratio, mean |activation| over response tokens).")
-    mode: str = _f("threshold", "Which neurons a reset takes (redo_mode): threshold (s <= tau) | percentage (the lowest max_reset_frac of each layer) | hybrid (s <= tau, at most max_reset_frac of each layer).", choices=("threshold", "percentage", "hybrid"))
-    max_reset_frac: float = _f(0.1, "percentage/hybrid: fraction of a layer's neurons a reset may take (rounded down), in [0, 1] (redo_max_reset_frac).")
-    nullspace_samples: int = _f(32, "Sequences (at most) sampled from the step's first mini-batch for the nullspace ratio and the activation scores (0: skip both; redo_nullspace_samples).")
-    reset_outgoing: str = _f("zero", "Outgoing weights of a reset neuron (redo_reset_outgoing): zero | small (N(0, (0.01 x RMS of the layer's other outgoing columns)^2)).", choices=("zero", "small"))
+    metric_every: int = _f(0, "Neuron-health metrics at steps N, 2N, ... (redo_metric_freq's step % N == 0; 0: off): "
+                           "<role>/neuron/dormant_ratio, act_dormant_ratio, zero_grad_ratio, nullspace_ratio, "
+                           "<role>/param/zero_grad_ratio, and analysis/step_N/neurons.json.")
+    reset_every: int = _f(0, "Reset dormant neurons at steps N, 2N, ..., "
+                          "after the optimizer step (redo_reset_freq; 0: off).")
+    tau: float = _f(0.1, "Dormancy threshold (redo_tau): neuron i is dormant when "
+                    "s_i = a_i / mean_k a_k <= tau within its layer (a = mean |gradient| of its incoming weights; "
+                    "for act_dormant_ratio, mean |activation| over response tokens).")
+    mode: str = _f("threshold", "Which neurons a reset takes (redo_mode): threshold (s <= tau) | percentage (the "
+                   "lowest max_reset_frac of each layer) | hybrid (s <= tau, at most max_reset_frac of each layer).",
+                   choices=("threshold", "percentage", "hybrid"))
+    max_reset_frac: float = _f(0.1, "percentage/hybrid: fraction of a layer's neurons a reset "
+                               "may take (rounded down), in [0, 1] (redo_max_reset_frac).")
+    nullspace_samples: int = _f(32, "Sequences (at most) sampled from the step's first mini-batch for the "
+                                "nullspace ratio and the activation scores (0: skip both; redo_nullspace_samples).")
+    reset_outgoing: str = _f("zero", "Outgoing weights of a reset neuron (redo_reset_outgoing): zero | small "
+                             "(N(0, (0.01 x RMS of the layer's other outgoing columns)^2)).", choices=("zero", "small"))
 
 
 @dataclass
@@ -225,8 +290,13 @@ class NeuronsConfig:
 class AnalysisConfig:
     """Every instrument's settings. The instruments run at the trainer's hook points and never change training."""
 
-    every: int | None = _f(None, "Run EVERY instrument at steps 1, 1+every, ...: the bucket analysis, the reward-component geometry (outcome advantages only) and neuron-health metrics of the actor (and of the critic with gae). Overrides each instrument's own cadence and switch; resets keep theirs. null: each instrument's own setting.")
-    method: str = _f("fast", "Gradient engine: fast (one forward, one backward per term, buckets by linearity) | reference (RAGEN's per-bucket passes: a sub-batch, a forward and a backward per bucket and term).", choices=("fast", "reference"))
+    every: int | None = _f(None, "Run EVERY instrument at steps 1, 1+every, ...: the bucket analysis, the "
+                           "reward-component geometry (outcome advantages only) and neuron-health metrics "
+                           "of the actor (and of the critic with gae). Overrides each instrument's own "
+                           "cadence and switch; resets keep theirs. null: each instrument's own setting.")
+    method: str = _f("fast", "Gradient engine: fast (one forward, one backward per term, "
+                     "buckets by linearity) | reference (RAGEN's per-bucket passes: a "
+                     "sub-batch, a forward and a backward per bucket and term).", choices=("fast", "reference"))
     buckets: BucketAnalysisConfig = field(default_factory=BucketAnalysisConfig)
     components: ComponentAnalysisConfig = field(default_factory=ComponentAnalysisConfig)
     neurons: NeuronsConfig = field(default_factory=NeuronsConfig)
@@ -452,7 +522,8 @@ def validate(cfg: RLGradConfig) -> None:
     validate_analysis(cfg)
     mb = cfg.actor.ppo_mini_batch_size
     if mb is not None and (mb < 1 or cfg.data.train_batch_size % mb):
-        raise UserError(f"'actor.ppo_mini_batch_size' ({mb}) must divide data.train_batch_size ({cfg.data.train_batch_size})")
+        raise UserError(f"'actor.ppo_mini_batch_size' ({mb}) must divide "
+                        f"data.train_batch_size ({cfg.data.train_batch_size})")
     if not cfg.trainer.dist_timeout_s > 0:
         raise UserError(f"'trainer.dist_timeout_s' must be positive, got {cfg.trainer.dist_timeout_s}")
     if not 0 < cfg.rollout.top_p <= 1:
@@ -500,7 +571,8 @@ def validate_critic(cfg: RLGradConfig) -> None:
             raise UserError(f"'critic.{k}' must be a positive integer, got {getattr(c, k)}")
     mb = c.ppo_mini_batch_size
     if mb is not None and (mb < 1 or cfg.data.train_batch_size % mb):
-        raise UserError(f"'critic.ppo_mini_batch_size' ({mb}) must divide data.train_batch_size ({cfg.data.train_batch_size})")
+        raise UserError(f"'critic.ppo_mini_batch_size' ({mb}) must divide "
+                        f"data.train_batch_size ({cfg.data.train_batch_size})")
     if c.cliprange_value <= 0:
         raise UserError(f"'critic.cliprange_value' must be positive, got {c.cliprange_value}")
     if cfg.trainer.critic_warmup < 0:

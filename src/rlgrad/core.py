@@ -364,7 +364,8 @@ def policy_loss(
     ``unit_loss_mat`` u is the loss per unit of advantage: ∇loss_t = A_t·∇u_t exactly, with the clip
     decisions of the advantage actually used. Which branch is live depends on A only through its sign:
 
-        ppo:   u = −r·live,  live = [r ≤ 1+ε_high] (A > 0),  [1−ε_low ≤ r ≤ c] (A < 0),  [1−ε_low ≤ r ≤ 1+ε_high] (A = 0)
+        ppo:   u = −r·live,  live = [r ≤ 1+ε_high] (A > 0),  [1−ε_low ≤ r ≤ c] (A < 0),
+                                    [1−ε_low ≤ r ≤ 1+ε_high] (A = 0)
         cispo: u = −sg(min(r, 1+ε_high))·logp
 
     So the gradient of Σ A'·u for any other advantage A' (a reward component's share of A) is that

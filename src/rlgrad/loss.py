@@ -85,7 +85,8 @@ class Aggregation:
     horizon: int = 1
 
     def weights(self, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """``(ω [N, L], u [N])``: a row subset R's loss is ``Σ_{i∈R,t} ω·ℓ / Σ_{i∈R} u`` (``core.agg_token_weights``)."""
+        """``(ω [N, L], u [N])``: a row subset R's loss is ``Σ_{i∈R,t} ω·ℓ / Σ_{i∈R} u``
+        (``core.agg_token_weights``)."""
         return agg_token_weights(mask, self.mode, horizon=self.horizon)
 
 

@@ -74,7 +74,8 @@ def make_buckets(group_ids: torch.Tensor, reward_std: torch.Tensor, *, mode: str
         name = f"bucket_{i}"
         in_bucket = torch.isin(group_ids, gids[ks])
         rows[name] = torch.nonzero(in_bucket).squeeze(-1)
-        table += [(name, int(gids[k]), float(stds[k])) for k in sorted(ks, key=lambda k: (float(stds[k]), int(gids[k])))]
+        table += [(name, int(gids[k]), float(stds[k]))
+                  for k in sorted(ks, key=lambda k: (float(stds[k]), int(gids[k])))]
     return Buckets(rows, table)
 
 

@@ -14,8 +14,8 @@ one backward (``analysis.engine``). Two splits:
   Σ_c A_c = A exactly and Σ_c g_c is the update's policy gradient; ``total`` is that sum. (A group whose
   total reward is constant has A = 0, and all its A_c are set to 0.)
 * ``own_std``: A_c = the advantage estimator applied to the unweighted component reward alone (GRPO:
-  divided by the component's own group std), as rldynamic's custom_main_ppo.py does. The components no longer add up; ``total``
-  is the update's own advantage, as one more slice.
+  divided by the component's own group std), as rldynamic's custom_main_ppo.py does. The components no
+  longer add up; ``total`` is the update's own advantage, as one more slice.
 
 Reported: norms, pairwise cosines (all trainable parameters, and per layer group), and each
 component's share of the update, share_c = <g_c, g_total> / |g_total|² (the shares sum to 1 in
@@ -58,7 +58,8 @@ TERM = "policy"
 
 # ---- per-component advantages ------------------------------------------------------------------
 
-def outcome_advantages(scores: torch.Tensor, group_ids: torch.Tensor, estimator: str, norm_by_std: bool) -> torch.Tensor:
+def outcome_advantages(scores: torch.Tensor, group_ids: torch.Tensor, estimator: str,
+                       norm_by_std: bool) -> torch.Tensor:
     """``[N]`` GRPO / RLOO advantage of per-sample scores (the trainer's estimator)."""
     if estimator == "grpo":
         return grpo_advantages(scores, group_ids, norm_by_std=norm_by_std)

@@ -98,7 +98,8 @@ def reset_layer(layer: NeuronLayer, neurons: torch.Tensor, optimizer: torch.opti
         tot = torch.tensor(sums, dtype=torch.float64)
         if any(sh for *_, sh in incoming + out):
             tot = collectives.all_reduce_sum(tot)
-        rms = [(float((a / n) ** 0.5) if n else 0.0, float((b / m) ** 0.5) if m else 0.0) for a, n, b, m in tot.tolist()]
+        rms = [(float((a / n) ** 0.5) if n else 0.0, float((b / m) ** 0.5) if m else 0.0)
+               for a, n, b, m in tot.tolist()]
     k = 0
     for name, p, local, off, _ in incoming:
         mine = (cols >= off) & (cols < off + local.shape[0])

@@ -112,9 +112,9 @@ def _seed_key(component: str) -> str:
 
 
 def to_seed_layout(rows: list[dict], metadata: dict) -> dict:
-    """rldynamic's ``all_rewards.json`` (custom_main_ppo_2.py): ``{"metadata": {...}, "steps": [{step, timestamp, num_samples,
-    statistics: {avg_<c>, avg_actual_length, correct_count, format_valid_count, total_samples}, samples:
-    [{idx, <c>, actual_length}]}]}`` with ``length`` spelled ``length_reward`` as rldynamic does."""
+    """rldynamic's ``all_rewards.json`` (custom_main_ppo_2.py): ``{"metadata": {...}, "steps": [{step, timestamp,
+    num_samples, statistics: {avg_<c>, avg_actual_length, correct_count, format_valid_count, total_samples},
+    samples: [{idx, <c>, actual_length}]}]}`` with ``length`` spelled ``length_reward`` as rldynamic does."""
     steps = []
     for r in rows:
         stats = {f"avg_{_seed_key(c)}": r["stats"][c]["mean"] for c in r["components"]}

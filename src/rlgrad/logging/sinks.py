@@ -41,7 +41,8 @@ class TensorBoardSink:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise UserError("trainer.logger=tensorboard needs the tensorboard package (pip install 'rlgrad[tensorboard]')") from None
+            raise UserError("trainer.logger=tensorboard needs the tensorboard package "
+                            "(pip install 'rlgrad[tensorboard]')") from None
         self.writer = SummaryWriter(log_dir=str(log_dir))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -63,7 +64,8 @@ class WandbSink:
         id_file = run_dir / "wandb_run_id.txt"
         run_id = id_file.read_text().strip() if id_file.exists() else None
         # Without credentials (or network) log offline rather than fail; `wandb sync` uploads later.
-        mode = os.environ.get("WANDB_MODE") or (None if os.environ.get("WANDB_API_KEY") or _wandb_logged_in() else "offline")
+        mode = os.environ.get("WANDB_MODE") or (None if os.environ.get("WANDB_API_KEY") or _wandb_logged_in()
+                                                else "offline")
         self.run = wandb.init(project=project, name=name, dir=str(run_dir), config=config, id=run_id,
                               resume="allow", mode=mode)
         if run_id is None:

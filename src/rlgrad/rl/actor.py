@@ -83,18 +83,21 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, names: 
             for k in range(n_micro):
                 start = k * micro_batch_size
                 mb = (mini.select(torch.arange(start, min(start + micro_batch_size, len(mini)))) if start < len(mini)
-                      else batch.blank_rows(1))  # this rank is out of rows: a zero-loss pass keeps the collectives in step
+                      # this rank is out of rows: a zero-loss pass keeps the collectives in step
+                      else batch.blank_rows(1))
                 with grad_sync(model, k == n_micro - 1):
                     loss, shares = micro_loss(model, mb, den)
                     loss.backward()
                 for key, v in shares.items():
                     stats[key] = stats.get(key, 0.0) + v
             keys = sorted(stats)  # the same keys on every rank: the loss function's, in a fixed order
-            stats = dict(zip(keys, all_reduce_sum(torch.tensor([stats[k] for k in keys], dtype=torch.float64)).tolist()))
+            stats = dict(zip(keys, all_reduce_sum(
+                torch.tensor([stats[k] for k in keys], dtype=torch.float64)).tolist()))
             if on_grads is not None:
                 on_grads(model, mini)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP2: a DTensor
+            # FSDP2: a DTensor
+            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
             stats[names.grad_norm] = grad_norm
             if math.isfinite(grad_norm):
                 optimizer.step()

@@ -5,8 +5,9 @@
     L_V = ½ · max((V − R)², (clip(V, V_old − c, V_old + c) − R)²), aggregated with loss_agg_mode
 
 ``R`` are the GAE returns and ``V_old`` the values that computed them (``rlgrad.core``); the loss
-math and ``CriticSettings`` live in ``rlgrad.loss``. The update is the actor's loop (``rlgrad.rl.actor.ppo_update``) with this loss plugged in, so epochs,
-mini/micro-batches, clipping and non-finite steps behave exactly as for the actor.
+math and ``CriticSettings`` live in ``rlgrad.loss``. The update is the actor's loop
+(``rlgrad.rl.actor.ppo_update``) with this loss plugged in, so epochs, mini/micro-batches, clipping
+and non-finite steps behave exactly as for the actor.
 """
 
 from __future__ import annotations

@@ -40,7 +40,8 @@ def unsupported_reason(model, max_len: int | None = None) -> str | None:
         return f"model_type {getattr(c, 'model_type', None)!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}"
     inner = getattr(model, "model", None)
     layer = getattr(inner, "layers", [None])[0]
-    if not (all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")) and hasattr(model, "lm_head")
+    if not (all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb"))
+            and hasattr(model, "lm_head")
             and all(hasattr(layer.mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn"))
             and hasattr(layer.input_layernorm, "variance_epsilon")):
         return f"{type(model).__name__} does not have the Qwen2/Llama module layout"

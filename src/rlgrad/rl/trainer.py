@@ -94,7 +94,8 @@ def find_resume_point(cfg: RLGradConfig, run_dir: Path) -> Path | None:
     if t.resume_mode == "auto" and found:
         return found[-1][1]
     if holds_a_run(run_dir):
-        why = "has no complete checkpoint to resume from" if t.resume_mode == "auto" else "is in use (resume_mode=disable)"
+        why = ("has no complete checkpoint to resume from" if t.resume_mode == "auto"
+               else "is in use (resume_mode=disable)")
         raise UserError(f"run directory '{run_dir}' already holds a run and {why}; choose a new "
                         "trainer.experiment_name or trainer.default_local_dir")
     return None
@@ -132,7 +133,8 @@ class Trainer:
         t = cfg.trainer
         if t.num_threads:
             torch.set_num_threads(t.num_threads)
-        self.device = torch.device("cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available()) else "cpu")
+        self.device = torch.device("cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
+                                   else "cpu")
         self.run_dir = resolve_run_dir(cfg)
         self.is_main = is_main()
         self.log = log if self.is_main else (lambda *a, **k: None)
@@ -148,11 +150,13 @@ class Trainer:
         self.resume_from = distributed.decide(lambda: find_resume_point(cfg, self.run_dir))
         torch.manual_seed(t.seed)
         if self.resume_from is not None:
-            self.actor, self.tokenizer = distributed.agree(lambda: load_pretrained(self.resume_from / "actor", cfg.model.dtype))
+            self.actor, self.tokenizer = distributed.agree(
+                lambda: load_pretrained(self.resume_from / "actor", cfg.model.dtype))
         else:
             if world_size() > 1:  # rank 0 builds the warm-start cache once, the others then read it
                 distributed.decide(lambda: load_actor(cfg.model, self.task, t.seed, log=self.log) and None)
-            self.actor, self.tokenizer = distributed.agree(lambda: load_actor(cfg.model, self.task, t.seed, log=self.log))
+            self.actor, self.tokenizer = distributed.agree(
+                lambda: load_actor(cfg.model, self.task, t.seed, log=self.log))
         self.actor.to(self.device)
         # train_actor: what the update runs on (DDP / FSDP2 wrapper); actor: a plain module with the same
         # weights (rollouts, log-probs, hooks, checkpoints). The same object in one process.
@@ -222,7 +226,8 @@ class Trainer:
             atomic_write_text(rd / f"config.resume_step_{self.step}.yaml", to_yaml(self.cfg))
         moved = truncate_jsonl_after(rd / "metrics.jsonl", self.step)
         if moved:
-            self.log(f"resuming at step {self.step}: {moved} metric rows past the checkpoint moved to metrics.discarded.jsonl")
+            self.log(f"resuming at step {self.step}: {moved} metric rows past the checkpoint moved to "
+                     "metrics.discarded.jsonl")
         sinks: list = [JsonlSink(rd / "metrics.jsonl")]
         self.reward_log = RewardComponentLog(rd)
         if "console" in t.logger:
@@ -493,7 +498,8 @@ class Trainer:
         t = self.cfg.trainer
         total = t.total_training_steps
         if self.step >= total:
-            self.log(f"the run in {self.run_dir} already finished step {self.step}; raise trainer.total_training_steps to continue")
+            self.log(f"the run in {self.run_dir} already finished step {self.step}; "
+                     "raise trainer.total_training_steps to continue")
             return self.summary
         logger = distributed.agree(self._open_run_dir)
         try:
@@ -519,7 +525,8 @@ class Trainer:
                 if last or (t.save_freq > 0 and step % t.save_freq == 0):
                     state = self._state()  # every rank: FSDP2 gathers the optimizer state
                     if self.is_main:
-                        models = {"actor": self.actor} if self.critic is None else {"actor": self.actor, "critic": self.critic}
+                        models = ({"actor": self.actor} if self.critic is None
+                                  else {"actor": self.actor, "critic": self.critic})
                         ckpt.save_checkpoint(self.run_dir, step, models, self.tokenizer, state, t.max_ckpt_to_keep)
         finally:
             logger.close()

@@ -142,7 +142,8 @@ def load_wandb_run(path: str) -> RunData:
         run = wandb.Api().run(path)
         history = list(run.scan_history())
     except Exception as e:
-        raise UserError(f"cannot read W&B run '{path}': {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"cannot read W&B run '{path}': {why}") from None
     tables: dict[int, list[tuple[str, int, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="rlgrad-wandb-") as tmp:
         for row in history:
@@ -342,7 +343,8 @@ def config_get(run: RunData, dotted: str, default: Any = None) -> Any:
 
 
 def read_step_metrics(path: str | Path) -> dict[str, float]:
-    """An exported ``gradient_analysis_metrics_step_<N>.json`` (or ``metrics.json``, as RAGEN's plot_icml_steps.py reads)."""
+    """An exported ``gradient_analysis_metrics_step_<N>.json`` (or ``metrics.json``, as RAGEN's
+    plot_icml_steps.py reads)."""
     p = Path(path)
     try:
         obj = json.loads(p.read_text())
