@@ -16,17 +16,18 @@ import pytest
 
 from rlgrad.cli import main
 from rlgrad.config import load_config
-from rlgrad.rl.trainer import Trainer
+from rlgrad.recipes import make_trainer
+from rlgrad.viz import bucket_figures as F
 from rlgrad.viz import data as D
-from rlgrad.viz import figures as F
+from rlgrad.viz import reading as R
 from rlgrad.viz.plot import step_figures
-from rlgrad.viz.report import narrative
+from rlgrad.viz.reading import narrative
 
 from .chromium import find_chromium, open_page
 from .conftest import REPO, tiny_overrides
 
 DATA = REPO / "tests" / "data"
-SEED_FILES = ["summary", "plots", "loss_plots", "reward_std", "normed_grads"]
+RAGEN_FILES = ["summary", "plots", "loss_plots", "reward_std", "normed_grads"]
 DPI = "40"
 
 
@@ -39,7 +40,8 @@ def _png_ok(data: bytes) -> np.ndarray:
 
 
 def _rows(run_dir):
-    return {r["step"]: r["data"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["data"] for r in map(json.loads, lines)}
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +53,7 @@ def recorded_run(tmp_path_factory, model_cache):
     ov += ["model.warmstart_steps=40", "trainer.total_training_steps=2", "trainer.gradient_analysis_every=1",
            "actor.use_kl_loss=true", "actor.entropy_coeff=0.01", "trainer.test_freq=1",
            "analysis.components_every=1", "actor.redo_metric_freq=1"]
-    Trainer(load_config(overrides=ov), log=lambda *a: None).fit()
+    make_trainer(load_config(overrides=ov), log=lambda *a: None).fit()
     return run
 
 
@@ -65,27 +67,37 @@ def _add_synthetic_analyses(run_dir):
         (d / "components.json").write_text(json.dumps({
             "step": step, "mode": "shared_std", "components": comps,
             "global": {"norm": {"correctness": 0.8, "format": 0.3, "total": 0.9},
-                       "share": {"correctness": 0.75, "format": 0.25}, "cosine": {"correctness__format": {1: -0.4, 2: 0.3}[step]}},
+                       "share": {"correctness": 0.75, "format": 0.25},
+                       "cosine": {"correctness__format": {1: -0.4, 2: 0.3}[step]}},
             "layers": {g: {"norm": {"correctness": 0.1 * i, "format": 0.05, "total": 0.12},
-                           "cosine": {"correctness__format": 0.2 - 0.15 * i}} for i, g in enumerate(layers)}}))
+                           "cosine": {"correctness__format": 0.2 - 0.15 * i}}
+                       for i, g in enumerate(layers)}}))
         (d / "neurons.json").write_text(json.dumps({"step": step, "actor": {
             "tau": 0.1, "mode": "activation",
             "global": {"dormant_ratio": 0.05 * step, "act_dormant_ratio": 0.04, "zero_grad_ratio": 0.01,
                        "param_zero_grad_ratio": 0.0, "nullspace_ratio": 0.2, "reset_count": 0},
-            "layers": {f"model.layers.{i}.{k}": {"kind": k, "neurons": 64, "dormant": 3 * step, "dormant_ratio": 3 * step / 64,
+            "layers": {f"model.layers.{i}.{k}": {"kind": k, "neurons": 64, "dormant": 3 * step,
+                                                 "dormant_ratio": 3 * step / 64,
                                                  "act_dormant": 2, "zero_grad": 1, "reset": 0}
                        for i in range(2) for k in ("mlp", "attn")}}}))
         rows[step].update({"actor/neuron/dormant_ratio": 0.05 * step, "actor/neuron/zero_grad_ratio": 0.01,
-                           "grad_sim/correctness__format": {1: -0.4, 2: 0.3}[step], "critic/vf_explained_var": 0.1 * step,
-                           "critic/vf_loss": 1.0 / step})
+                           "grad_sim/correctness__format": {1: -0.4, 2: 0.3}[step],
+                           "critic/vf_explained_var": 0.1 * step, "critic/vf_loss": 1.0 / step})
     with open(run_dir / "reward_components.jsonl", "w") as f:
         for step, mean in ((1, 0.1), (2, 9.9), (2, 0.2)):  # a resumed run repeats a step: the last line wins
             f.write(json.dumps({"step": step, "components": comps + ["length"],
                                 "weights": {"correctness": 0.5, "format": 0.3, "length": 0.2},
-                                "stats": {c: {"mean": mean, "std": 0.05, "min": 0.0, "max": 1.0} for c in comps + ["length"]},
-                                "total": {"mean": 0.2, "std": 0.1}, "num_correct": step, "num_valid_format": 8,
-                                "mean_length": 3.0, "num_samples": 16, "samples": []}) + "\n")
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in rows.items()))
+                                "stats": {c: {"mean": mean, "std": 0.05, "min": 0.0, "max": 1.0}
+                                          for c in comps + ["length"]},
+                                "total": {"mean": 0.2, "std": 0.1}, "num_correct": step,
+                                "num_valid_format": 8, "mean_length": 3.0, "num_samples": 16,
+                                "samples": []}) + "\n")
+    _write_rows(run_dir, rows)
+
+
+def _write_rows(run_dir, rows):
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": d}) + "\n"
+                                                   for s, d in rows.items()))
 
 
 def test_plot_draws_the_real_producers_files(recorded_run, tmp_path):
@@ -120,10 +132,10 @@ def plotted(rich_run, tmp_path_factory):
 def test_plot_writes_every_file_with_the_run_contents(rich_run, plotted):
     rows = _rows(rich_run)
     for step in (1, 2):
-        for name in SEED_FILES + ["layers", "components", "neurons"]:
+        for name in RAGEN_FILES + ["layers", "components", "neurons"]:
             _png_ok((plotted / f"gradient_analysis_{name}_step_{step}.png").read_bytes())
         exported = json.loads((plotted / f"gradient_analysis_metrics_step_{step}.json").read_text())
-        assert exported == {"_step": step, **rows[step]}  # the whole row, as the seed dumps its W&B row
+        assert exported == {"_step": step, **rows[step]}  # the whole row, as RAGEN's script dumps its W&B row
         with open(plotted / f"gradient_analysis_bucket_rv_table_step_{step}.csv") as f:
             table = list(csv.DictReader(f))
         assert list(table[0]) == ["bucket", "reward_std", "group_id"]
@@ -139,15 +151,16 @@ def test_plot_writes_every_file_with_the_run_contents(rich_run, plotted):
 def test_a_run_gets_only_the_figures_it_has_data_for(recorded_run, tmp_path):
     run = D.load_run(recorded_run)
     assert run.name == "tiny-run"  # the default output directory: gradient_analysis_outputs/tiny-run/
-    assert list(step_figures(run, 2)) == SEED_FILES + ["layers", "components", "neurons"]
+    assert list(step_figures(run, 2)) == RAGEN_FILES + ["layers", "components", "neurons"]
     plain = tmp_path / "plain-run"  # the same run without its component / neuron files
     shutil.copytree(recorded_run, plain, ignore=shutil.ignore_patterns("global_step_*", "components.json",
                                                                        "neurons.json"))
     rows = _rows(plain)
-    rows = {s: {k: v for k, v in d.items() if "/neuron/" not in k and not k.startswith(("grad_comp/", "grad_sim/"))
-                and "zero_grad" not in k} for s, d in rows.items()}
-    (plain / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in rows.items()))
-    assert list(step_figures(D.load_run(plain), 2)) == SEED_FILES + ["layers"]
+    rows = {s: {k: v for k, v in d.items() if "/neuron/" not in k
+                and not k.startswith(("grad_comp/", "grad_sim/")) and "zero_grad" not in k}
+            for s, d in rows.items()}
+    _write_rows(plain, rows)
+    assert list(step_figures(D.load_run(plain), 2)) == RAGEN_FILES + ["layers"]
 
 
 def test_list_steps(recorded_run, capsys):
@@ -168,7 +181,8 @@ def test_list_steps(recorded_run, capsys):
     (["plot", "{run}", "--output-dir", "{run}/metrics.jsonl"], "not a directory"),
     (["plot-steps", "--step-dir", "1", "--out", "{tmp}/x.png"], "STEP=DIR"),
     (["plot-steps", "--step-dir", "1={tmp}/none", "--out", "{tmp}/x.png"], "none"),
-    (["plot-steps", "--step-dir", "5={tmp}", "--out", "{tmp}/x.png"], "gradient_analysis_metrics_step_5.json"),
+    (["plot-steps", "--step-dir", "5={tmp}", "--out", "{tmp}/x.png"],
+     "gradient_analysis_metrics_step_5.json"),
 ])
 def test_bad_input_exits_2_with_one_line(recorded_run, tmp_path, capsys, argv, culprit):
     argv = [a.format(tmp=tmp_path, run=recorded_run) for a in argv]
@@ -196,7 +210,8 @@ def test_wandb_rows_convert_to_our_records():
     rec = D.records_from_wandb_rows(rows)
     assert list(rec) == [0, 1, 2]
     assert rec[0] == {"val/accuracy": 0.25, "val/score/mean": 0.3}
-    assert "trainer/note" in rec[1] and "val/accuracy" not in rec[1]  # two log calls at step 1 merged; None dropped
+    # two log calls at step 1 merged; None dropped
+    assert "trainer/note" in rec[1] and "val/accuracy" not in rec[1]
     assert not any(k.startswith("_") for r in rec.values() for k in r)
     assert "grad_norm/group_rv_table" not in rec[1]  # media are fetched apart
     assert all(math.isfinite(v) for r in rec.values() for v in r.values())  # NaN (history() frames) dropped
@@ -244,17 +259,18 @@ def test_plot_from_wandb_through_the_public_api(tmp_path, monkeypatch, capsys):
     out = tmp_path / "gradient_analysis_outputs" / "my_run_1"
     with open(out / "gradient_analysis_bucket_rv_table_step_1.csv") as f:
         assert len(list(csv.DictReader(f))) == 4
-    for name in SEED_FILES:
+    for name in RAGEN_FILES:
         _png_ok((out / f"gradient_analysis_{name}_step_1.png").read_bytes())
 
 
 def test_plot_steps_grid(plotted, tmp_path):
     one, two = tmp_path / "one.png", tmp_path / "two.png"
-    assert main(["plot-steps", "--mode", "ppo", "--step-dir", f"1={plotted}", "--out", str(one), "--dpi", DPI]) == 0
-    seed_dir = tmp_path / "step2"  # the seed's layout: DIR/metrics.json
-    seed_dir.mkdir()
-    shutil.copy(plotted / "gradient_analysis_metrics_step_2.json", seed_dir / "metrics.json")
-    assert main(["plot-steps", "--mode", "grpo", "--step-dir", f"1={plotted}", f"2={seed_dir}",
+    assert main(["plot-steps", "--mode", "ppo", "--step-dir", f"1={plotted}", "--out", str(one),
+                 "--dpi", DPI]) == 0
+    ragen_dir = tmp_path / "step2"  # RAGEN's layout: DIR/metrics.json
+    ragen_dir.mkdir()
+    shutil.copy(plotted / "gradient_analysis_metrics_step_2.json", ragen_dir / "metrics.json")
+    assert main(["plot-steps", "--mode", "grpo", "--step-dir", f"1={plotted}", f"2={ragen_dir}",
                  "--out", str(two), "--dpi", DPI]) == 0
     h1, h2 = _png_ok(one.read_bytes()).shape[0], _png_ok(two.read_bytes()).shape[0]
     assert h2 > 1.5 * h1  # a row per step
@@ -268,8 +284,8 @@ def _bucket_metrics(rv, task, kl=None, ent=None, all_=None):
     m = {}
     for i, (r, t) in enumerate(zip(rv, task), start=1):
         b = f"grad_norm/bucket_{i}"
-        m.update({f"{b}/reward_std_mean": r, f"{b}/reward_std_min": r, f"{b}/reward_std_max": r, f"{b}/task": t,
-                  f"{b}/sample_pct": 100 / len(rv), f"{b}/group_rv_count": 1.0})
+        m.update({f"{b}/reward_std_mean": r, f"{b}/reward_std_min": r, f"{b}/reward_std_max": r,
+                  f"{b}/task": t, f"{b}/sample_pct": 100 / len(rv), f"{b}/group_rv_count": 1.0})
         if kl is not None:
             m[f"{b}/kl"] = kl[i - 1]
         if ent is not None:
@@ -280,11 +296,12 @@ def _bucket_metrics(rv, task, kl=None, ent=None, all_=None):
 
 
 def test_regulariser_axis_follows_the_data_and_reward_std_goes_log():
-    m = _bucket_metrics(rv=[0.001, 0.01, 0.1, 1.0], task=[0.0, 0.5, 1.0, 2.0], kl=[0.001, 0.002, 0.002, 0.003],
-                        ent=[0.001, 0.001, 0.001, 0.001], all_={"task": 0.9, "reward_std_mean": 0.3})
+    m = _bucket_metrics(rv=[0.001, 0.01, 0.1, 1.0], task=[0.0, 0.5, 1.0, 2.0],
+                        kl=[0.001, 0.002, 0.002, 0.003], ent=[0.001, 0.001, 0.001, 0.001],
+                        all_={"task": 0.9, "reward_std_mean": 0.3})
     sv = _step_view(m)
     ax_a, ax_b, ax_c = F.fig_summary(sv).axes[:3]
-    assert ax_c.get_ylim() == pytest.approx((0.0, 1.2 * 0.004))  # the seed fixed [0, 1]
+    assert ax_c.get_ylim() == pytest.approx((0.0, 1.2 * 0.004))  # RAGEN's plot fixes [0, 1]
     assert ax_c.get_xscale() == "log" and ax_b.get_xscale() == "log"  # RV spans three decades
     assert F.fig_reward_std(sv).axes[0].get_yscale() == "log"
     # the `all` bucket is drawn: as a point in (b) and as a bar in the norm plot
@@ -296,32 +313,273 @@ def test_regulariser_axis_follows_the_data_and_reward_std_goes_log():
 
 
 def test_narrative_rules_on_hand_made_numbers():
-    m1 = _bucket_metrics(rv=[0.0, 0.2, 0.4], task=[0.0, 0.6, 0.3], kl=[0.02, 0.01, 0.01], ent=[0.01, 0.0, 0.0],
-                         all_={"task": 0.25})
+    m1 = _bucket_metrics(rv=[0.0, 0.2, 0.4], task=[0.0, 0.6, 0.3], kl=[0.02, 0.01, 0.01],
+                         ent=[0.01, 0.0, 0.0], all_={"task": 0.25})
     m1["grad_norm/bucket_1/reward_std_max"] = 0.0
-    m2 = _bucket_metrics(rv=[0.1, 0.2, 0.4], task=[0.1, 0.2, 0.5], kl=[0.01] * 3, ent=[0.0] * 3, all_={"task": 0.5})
+    m2 = _bucket_metrics(rv=[0.1, 0.2, 0.4], task=[0.1, 0.2, 0.5], kl=[0.01] * 3, ent=[0.0] * 3,
+                         all_={"task": 0.5})
     rows = {0: {"val/accuracy": 0.25}, 1: {**m1, "actor/neuron/dormant_ratio": 0.1},
             5: {**m2, "val/accuracy": 0.5, "actor/neuron/dormant_ratio": 0.2}}
     text = " ".join(narrative(D.RunData(name="t", source="t", rows=rows)))
     assert "Validation accuracy went from 25.0% (step 0) to 50.0% (step 5), +25.0 points." in text
-    assert "At step 1 the task gradient is largest in bucket 2 (bucket 2 of 3, mean in-group reward std 0.2): " \
-           "norm 0.6, against 0.25 for the whole batch." in text
+    assert "At step 1 the task gradient is largest in bucket 2 (bucket 2 of 3, mean in-group reward std " \
+           "0.2): norm 0.6, against 0.25 for the whole batch." in text
     assert "At step 5 the task gradient is largest in bucket 3 (the highest-variance bucket" in text
     assert "moved to another bucket" in text and "from 0.25 to 0.5 (+100%)" in text
     assert "it grows with reward variance" in text
     assert "dormant-neuron ratio rose from 10.0% (step 1) to 20.0% (step 5)" in text
-    # regularisers dominate only where the task gradient vanishes (step 1, bucket 1) -- checked on step 1 alone
+    # regularisers dominate only where the task gradient vanishes (step 1, bucket 1): checked on step 1 alone
     text1 = " ".join(narrative(D.RunData(name="t", source="t", rows={1: m1})))
     assert "exceeds the task gradient in bucket 1 — the low-variance half" in text1
     assert "1 of 3 buckets (33% of samples) hold only groups with zero reward std" in text1
     assert "peaks at bucket 2" in text1
 
 
+# ---------------------------------------------------------------- each narrative rule alone
+
+
+def _run(rows, **kw):
+    return D.RunData(name="t", source="t", rows=rows, **kw)
+
+
+def test_narrative_is_the_rules_in_order():
+    assert [r.__name__ for r in R.RULES] == [
+        "rule_val_accuracy", "rule_training_reward", "rule_response_length", "rule_actor_grad_norm",
+        "rule_top_bucket", "rule_top_bucket_moved", "rule_zero_variance_buckets", "rule_monotonicity",
+        "rule_regulariser_vs_task", "rule_no_analysis", "rule_reward_components", "rule_component_cosines",
+        "rule_dormant_neurons", "rule_critic_explained_variance"]
+    m = _bucket_metrics(rv=[0.0, 0.2, 0.4], task=[0.0, 0.6, 0.3], kl=[0.02, 0.01, 0.01], all_={"task": 0.25})
+    run = _run({0: {"val/accuracy": 0.25}, 1: {**m, "critic/vf_explained_var": 0.5},
+                2: {"val/accuracy": 0.5, "grad_sim/a__b": 0.9}})
+    text = narrative(run)
+    assert text == [s for rule in R.RULES for s in rule(run)]
+    assert text[0].startswith("Validation accuracy went from 25.0%")
+    assert text[-1].startswith("The critic explains")
+    assert len(text) == 7  # val, top bucket, zero variance, not monotone, regulariser, cosines, critic
+
+
+def test_rule_val_accuracy():
+    run = _run({0: {"val/accuracy": 0.25}, 2: {"critic/score/mean": 1.0}, 4: {"val/accuracy": 0.625}})
+    assert R.rule_val_accuracy(run) == [
+        "Validation accuracy went from 25.0% (step 0) to 62.5% (step 4), +37.5 points."]
+    assert R.rule_val_accuracy(_run({3: {"val/accuracy": 0.4}})) == [
+        "Validation accuracy was 40.0% at step 3 (one validation only)."]
+    assert R.rule_val_accuracy(_run({1: {"critic/score/mean": 1.0}})) == []
+
+
+def test_rule_training_reward():
+    def run(values):
+        return _run({s: {"critic/score/mean": v} for s, v in enumerate(values, start=1)})
+
+    assert R.rule_training_reward(run([0.2, 0.5])) == [  # 2 steps: one step at each end
+        "Mean training reward went from 0.2 at step 1 to 0.5 at step 2 (+150%)."]
+    assert R.rule_training_reward(run([0.1, 0.3, 5.0, 5.0, 0.6, 1.0])) == [  # 6 steps: 2 at each end
+        "Mean training reward averaged 0.2 over the first 2 steps and 0.8 over the last 2 (+300%)."]
+    assert R.rule_training_reward(run([1.0] * 5 + [100.0] * 8 + [2.0] * 5)) == [  # 18 steps: 5 at most
+        "Mean training reward averaged 1 over the first 5 steps and 2 over the last 5 (+100%)."]
+    assert R.rule_training_reward(run([0.0, 0.5])) == [
+        "Mean training reward went from 0 at step 1 to 0.5 at step 2 (from zero)."]
+    assert R.rule_training_reward(run([0.0, 0.0])) == [
+        "Mean training reward went from 0 at step 1 to 0 at step 2 (unchanged)."]
+    assert R.rule_training_reward(run([0.5])) == []
+    assert R.rule_training_reward(_run({1: {"val/accuracy": 0.5}})) == []
+
+
+def test_rule_response_length():
+    def run(values):
+        return _run({s: {"response_length/mean": v} for s, v in enumerate(values, start=1)})
+
+    assert R.rule_response_length(run([100.0, 90.0, 80.0])) == [
+        "Mean response length moved from 100 to 80 tokens."]
+    assert R.rule_response_length(run([100.0, 80.0, 100.0])) == []  # same at both ends
+    assert R.rule_response_length(run([100.0])) == []
+    assert R.rule_response_length(_run({1: {"val/accuracy": 0.5}})) == []
+
+
+def test_rule_actor_grad_norm():
+    run = _run({s: {"actor/grad_norm": v} for s, v in zip((1, 2, 3, 4), (4.0, 1.0, 3.0, 2.0))})
+    assert R.rule_actor_grad_norm(run) == [
+        "The actor's gradient norm (before clipping) went from 4 at step 1 to 2 at step 4; median 3."]
+    assert R.rule_actor_grad_norm(_run({1: {"actor/grad_norm": 4.0}})) == []
+    assert R.rule_actor_grad_norm(_run({1: {"val/accuracy": 0.5}, 2: {"val/accuracy": 0.6}})) == []
+
+
+def test_rule_top_bucket_at_first_and_last_analysis_step():
+    first = _bucket_metrics(rv=[0.1, 0.2, 0.4], task=[0.3, 0.9, 0.6], all_={"task": 0.5})
+    middle = _bucket_metrics(rv=[0.1, 0.2, 0.4], task=[5.0, 0.0, 0.0])  # neither first nor last: not read
+    last = _bucket_metrics(rv=[0.1, 0.25, 0.4], task=[0.1, 0.2, 1.5])  # no `all` bucket
+    run = _run({2: first, 4: middle, 7: last, 9: {"val/accuracy": 0.5}})
+    assert R.rule_top_bucket(run) == [
+        "At step 2 the task gradient is largest in bucket 2 (bucket 2 of 3, mean in-group reward std 0.2): "
+        "norm 0.9, against 0.5 for the whole batch.",
+        "At step 7 the task gradient is largest in bucket 3 (the highest-variance bucket, mean in-group "
+        "reward std 0.4): norm 1.5."]
+    one = _run({1: _bucket_metrics(rv=[0.05, 0.3], task=[2.0, 1.0])})
+    assert R.rule_top_bucket(one) == [
+        "At step 1 the task gradient is largest in bucket 1 (the lowest-variance bucket, mean in-group "
+        "reward std 0.05): norm 2."]
+    zero = _run({3: _bucket_metrics(rv=[0.0, 0.0], task=[0.0, 0.0])})
+    assert R.rule_top_bucket(zero) == [
+        "At step 3 every bucket's task gradient is zero: no group had reward variance, so every advantage "
+        "was zero."]
+    assert R.rule_top_bucket(_run({1: {"val/accuracy": 0.5}})) == []
+
+
+def test_rule_top_bucket_moved():
+    first = _bucket_metrics(rv=[0.1, 0.2], task=[0.3, 0.9], all_={"task": 0.5})
+    same = _bucket_metrics(rv=[0.1, 0.2], task=[0.1, 0.4], all_={"task": 0.2})
+    other = _bucket_metrics(rv=[0.1, 0.2], task=[0.9, 0.1], all_={"task": 0.75})
+    assert R.rule_top_bucket_moved(_run({1: first, 3: same})) == [
+        "Between steps 1 and 3 the largest task gradient stayed in the same bucket, and the whole-batch task "
+        "gradient norm went from 0.5 to 0.2 (-60%)."]
+    assert R.rule_top_bucket_moved(_run({1: first, 2: same, 6: other})) == [
+        "Between steps 1 and 6 the largest task gradient moved to another bucket, and the whole-batch task "
+        "gradient norm went from 0.5 to 0.75 (+50%)."]
+    no_all = _bucket_metrics(rv=[0.1, 0.2], task=[0.1, 0.4])
+    assert R.rule_top_bucket_moved(_run({1: first, 3: no_all})) == []  # no whole-batch norm at one end
+    assert R.rule_top_bucket_moved(_run({1: first})) == []  # one analysis step
+    assert R.rule_top_bucket_moved(_run({1: {"val/accuracy": 0.5}})) == []
+
+
+def test_rule_zero_variance_buckets_at_the_last_step():
+    m = _bucket_metrics(rv=[0.0, 0.0, 0.2, 0.4], task=[0.0, 0.0, 0.5, 1.0])
+    m["grad_norm/bucket_1/sample_pct"], m["grad_norm/bucket_2/sample_pct"] = 10.0, 30.0
+    assert R.rule_zero_variance_buckets(_run({3: m})) == [
+        "At step 3, 2 of 4 buckets (40% of samples) hold only groups with zero reward std: every sample of a "
+        "prompt got the same reward, so their task gradient is zero and only the regularisers move them."]
+    varied = _bucket_metrics(rv=[0.1, 0.2], task=[0.5, 1.0])
+    assert R.rule_zero_variance_buckets(_run({3: m, 5: varied})) == []  # only the last step counts
+    assert R.rule_zero_variance_buckets(_run({3: _bucket_metrics(rv=[0.0, 0.0], task=[0.0, 0.0])})) == []
+    assert R.rule_zero_variance_buckets(_run({1: {"val/accuracy": 0.5}})) == []
+
+
+def test_rule_monotonicity_at_the_last_step():
+    grows = _bucket_metrics(rv=[0.1, 0.2, 0.3, 0.4], task=[0.1, 0.2, 0.2, 0.5])
+    peaked = _bucket_metrics(rv=[0.1, 0.2, 0.4], task=[0.1, 0.7, 0.3])
+    assert R.rule_monotonicity(_run({1: peaked, 2: grows})) == [
+        "At step 2 the task gradient norm never decreases from a lower- to a higher-variance bucket: it "
+        "grows with reward variance."]
+    assert R.rule_monotonicity(_run({1: grows, 2: peaked})) == [
+        "At step 2 the task gradient norm is not monotone in reward variance; it peaks at bucket 2."]
+    two = _bucket_metrics(rv=[0.1, 0.2], task=[0.5, 0.1])
+    assert R.rule_monotonicity(_run({1: two})) == []  # fewer than 3 buckets
+    assert R.rule_monotonicity(_run({1: _bucket_metrics(rv=[0.1, 0.2, 0.3], task=[0.0] * 3)})) == []
+    assert R.rule_monotonicity(_run({1: {"val/accuracy": 0.5}})) == []
+
+
+def test_rule_regulariser_vs_task_at_the_last_step():
+    low = _bucket_metrics(rv=[0.0, 0.1, 0.2, 0.4], task=[0.0, 0.5, 1.0, 2.0], kl=[0.02, 0.01, 0.01, 0.01],
+                          ent=[0.01, 0.0, 0.0, 0.0])
+    assert R.rule_regulariser_vs_task(_run({1: low})) == [
+        "At step 1 the regulariser gradient (KL + entropy) exceeds the task gradient in bucket 1 — the "
+        "low-variance half: those groups are pushed mainly by the regularisers."]
+    high = _bucket_metrics(rv=[0.1, 0.2, 0.3, 0.4], task=[0.0, 0.0, 0.0, 1.0], kl=[0.1] * 4)
+    assert R.rule_regulariser_vs_task(_run({1: high})) == [  # bucket 3 is not in the low half (1, 2)
+        "At step 1 the regulariser gradient (KL) exceeds the task gradient in bucket 1, bucket 2, bucket 3: "
+        "those groups are pushed mainly by the regularisers."]
+    task_wins = _bucket_metrics(rv=[0.1, 0.2, 0.4], task=[0.5, 1.0, 2.0], ent=[0.1, 0.1, 0.4])
+    assert R.rule_regulariser_vs_task(_run({1: low, 4: task_wins})) == [  # ratios 5, 10, 5
+        "At step 4 the task gradient exceeds the regulariser gradient (entropy) in every bucket (by at "
+        "least 5×)."]
+    zero_reg = _bucket_metrics(rv=[0.1, 0.2], task=[1.0, 2.0], kl=[0.0, 0.0])
+    assert R.rule_regulariser_vs_task(_run({1: zero_reg})) == [
+        "At step 1 the task gradient exceeds the regulariser gradient (KL) in every bucket."]
+    assert R.rule_regulariser_vs_task(_run({1: _bucket_metrics(rv=[0.1, 0.2], task=[1.0, 2.0])})) == [
+        "No regulariser gradient was computed (entropy coefficient 0 and no KL loss), so the task gradient "
+        "is the whole update."]
+    assert R.rule_regulariser_vs_task(_run({1: {"val/accuracy": 0.5}})) == []
+
+
+def test_rule_no_analysis():
+    sentence = ("This run has no gradient-analysis step (analysis.buckets.enable off, or no step "
+                "matched analysis.buckets.every).")
+    assert R.rule_no_analysis(_run({1: {"actor/grad_norm": 1.0}})) == [sentence]
+    assert R.rule_no_analysis(_run({})) == [sentence]
+    assert R.rule_no_analysis(_run({1: _bucket_metrics(rv=[0.1], task=[1.0])})) == []
+
+
+def test_rule_reward_components(tmp_path):
+    lines = [{"step": 1, "components": ["correctness", "format"],
+              "stats": {"correctness": {"mean": 0.25}, "format": {"mean": 0.5}}},
+             {"step": 3, "components": ["correctness", "format", "length"],
+              "stats": {"correctness": {"mean": 0.75}, "length": {"mean": 0.125}}}]
+    (tmp_path / "reward_components.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    run = _run({1: {"val/accuracy": 0.5}}, run_dir=tmp_path)
+    # format has no mean at step 3 and length none at step 1: only correctness is compared
+    assert R.rule_reward_components(run) == [
+        "Reward components (mean per sample, step 1 → 3): correctness 0.25 → 0.75."]
+    (tmp_path / "reward_components.jsonl").write_text(json.dumps(lines[1]) + "\n")  # one step: no change
+    assert R.rule_reward_components(run) == [
+        "Reward components (mean per sample, step 3 → 3): correctness 0.75 → 0.75, length 0.125 → 0.125."]
+    (tmp_path / "reward_components.jsonl").unlink()
+    assert R.rule_reward_components(run) == []
+    assert R.rule_reward_components(_run({1: {"val/accuracy": 0.5}})) == []  # no run directory (W&B)
+
+
+def test_rule_component_cosines_at_the_last_step():
+    run = _run({2: {"grad_sim/correctness__format": 0.3},
+                5: {"grad_sim/format__length": 0.05, "grad_sim/correctness__length": -0.5,
+                    "grad_sim/correctness__format": 0.8}})
+    assert R.rule_component_cosines(run) == [
+        "At step 5 the reward components' gradients: correctness and format are aligned (cosine +0.80); "
+        "correctness and length are in conflict (cosine -0.50); format and length are nearly orthogonal "
+        "(cosine +0.05)."]
+    assert R.rule_component_cosines(_run({2: {"grad_sim/correctness__format": 0.3}})) == [
+        "At step 2 the reward components' gradients: correctness and format are weakly aligned "
+        "(cosine +0.30)."]
+    assert R.rule_component_cosines(_run({1: {"val/accuracy": 0.5}})) == []
+
+
+def test_rule_component_cosines_of_a_zero_gradient(tmp_path):
+    """components.json writes null for a pair whose gradient is zero (no direction): said, not a crash."""
+    run = D.RunData("r", "r", {3: {"grad_comp/total/norm": 0.5}}, run_dir=tmp_path)
+    (tmp_path / "analysis" / "step_3").mkdir(parents=True)
+    (tmp_path / "analysis" / "step_3" / "components.json").write_text(json.dumps(
+        {"step": 3, "components": ["correctness", "format"], "layers": {},
+         "global": {"norm": {"correctness": 0.5, "format": 0.0, "total": 0.5}, "share": {},
+                    "cosine": {"correctness__format": None}}}))
+    assert R.rule_component_cosines(run) == [
+        "At step 3 the reward components' gradients: correctness and format have no cosine (one gradient "
+        "is zero)."]
+
+
+def test_config_get_reads_a_setting_under_its_earlier_name():
+    old = D.RunData("r", "r", {}, config={"trainer": {"gradient_analysis_every": 7}})
+    new = D.RunData("r", "r", {}, config={"analysis": {"buckets": {"every": 9}}})
+    assert D.config_get(old, "analysis.buckets.every") == 7 and D.config_get(new, "analysis.buckets.every") == 9
+    assert D.config_get(new, "analysis.buckets.num_buckets", "-") == "-"
+
+
+def test_rule_dormant_neurons_per_role():
+    run = _run({1: {"actor/neuron/dormant_ratio": 0.1},
+                4: {"actor/neuron/dormant_ratio": 0.05, "critic/neuron/dormant_ratio": 0.2}})
+    assert R.rule_dormant_neurons(run) == [
+        "The actor's dormant-neuron ratio fell from 10.0% (step 1) to 5.0% (step 4).",
+        "The critic's dormant-neuron ratio was 20.0% at step 4."]
+    run = _run({1: {"critic/neuron/dormant_ratio": 0.125}, 2: {"critic/neuron/dormant_ratio": 0.25}})
+    assert R.rule_dormant_neurons(run) == [
+        "The critic's dormant-neuron ratio rose from 12.5% (step 1) to 25.0% (step 2)."]
+    run = _run({1: {"actor/neuron/dormant_ratio": 0.1}, 2: {"actor/neuron/dormant_ratio": 0.1}})
+    assert R.rule_dormant_neurons(run) == [
+        "The actor's dormant-neuron ratio stayed from 10.0% (step 1) to 10.0% (step 2)."]
+    assert R.rule_dormant_neurons(_run({1: {"actor/neuron/zero_grad_ratio": 0.5}})) == []
+
+
+def test_rule_critic_explained_variance():
+    run = _run({1: {"critic/vf_explained_var": 0.1}, 2: {"val/accuracy": 0.5},
+                3: {"critic/vf_explained_var": 0.55}})
+    assert R.rule_critic_explained_variance(run) == [
+        "The critic explains 55.0% of the return variance at step 3 (from 10.0% at step 1)."]
+    assert R.rule_critic_explained_variance(_run({3: {"critic/vf_explained_var": -0.25}})) == [
+        "The critic explains -25.0% of the return variance at step 3."]
+    assert R.rule_critic_explained_variance(_run({1: {"critic/vf_loss": 1.0}})) == []
+
+
 def test_report_without_analysis_has_fewer_sections(tmp_path, capsys):
     run = tmp_path / "plain"
     run.mkdir()
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": {
-        "critic/score/mean": 0.1 * s, "actor/grad_norm": 1.0 / s, "actor/entropy": 2.0}}) + "\n" for s in (1, 2, 3)))
+    _write_rows(run, {s: {"critic/score/mean": 0.1 * s, "actor/grad_norm": 1.0 / s, "actor/entropy": 2.0}
+                      for s in (1, 2, 3)})
     assert main(["plot", str(run)]) == 2
     assert "no gradient-analysis steps" in capsys.readouterr().err
     assert main(["report", str(run), "--dpi", DPI]) == 0  # default: RUN_DIR/report.html, written atomically
@@ -347,14 +605,16 @@ def test_report_is_self_contained(rich_run, rich_report):
     assert "<script" not in page and "<link" not in page
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) >= 10
-    assert "<summary>Step 2</summary>" in page and "<summary>Step 1</summary>" not in page  # --max-steps 1: the last
+    # --max-steps 1: the last step only
+    assert "<summary>Step 2</summary>" in page and "<summary>Step 1</summary>" not in page
     for b64 in images:
         _png_ok(base64.b64decode(b64))
     rows = _rows(rich_run)
     acc = [rows[s]["val/accuracy"] for s in sorted(rows) if "val/accuracy" in rows[s]]
     assert f"Validation accuracy went from {100 * acc[0]:.1f}%" in page
     assert "correctness and format are weakly aligned (cosine +0.30)" in page  # step 2's components.json
-    assert "correctness 0.1 → 0.2, format 0.1 → 0.2, length 0.1 → 0.2" in page  # the stale step-2 line is ignored
+    # the stale step-2 line is ignored
+    assert "correctness 0.1 → 0.2, format 0.1 → 0.2, length 0.1 → 0.2" in page
     assert "dormant-neuron ratio rose from 5.0% (step 1) to 10.0% (step 2)" in page
 
 
@@ -381,7 +641,8 @@ def test_layer_heatmap_holds_the_layers_json_numbers(recorded_run):
     rows = [t.get_text().replace(" ", "_") for t in norm_ax.get_yticklabels()]
     cols = [t.get_text() for t in norm_ax.get_xticklabels()]
     assert rows[-1] == "all" and set(rows) == set(layers)
-    assert cols == sorted(layers["all"]["task"], key=lambda g: (g != "embed", g == "final_norm", g))  # input -> output
+    # input -> output
+    assert cols == sorted(layers["all"]["task"], key=lambda g: (g != "embed", g == "final_norm", g))
     norms, share = norm_ax.images[0].get_array(), share_ax.images[0].get_array()
     for i, b in enumerate(rows):
         v = np.array([layers[b]["task"][g] for g in cols])

@@ -5,11 +5,16 @@
         filter    keep prompt groups by reward variance (or another group metric)
         prepare   old log-probs, reference log-probs, (critic values,) advantages (GRPO / RLOO / GAE)
         critic    gae only: clipped value-loss epochs over mini-batches, fitting the GAE returns
-        hooks     analysis hook point: sees the prepared batch, may stop the run
+        hooks     the hook point: the hooks the trainer was handed see the prepared batch, may stop the run
         update    PPO / CISPO epochs over mini-batches (AdamW, gradient clipping; skipped during critic_warmup)
         validate  greedy accuracy on the task's validation set (every test_freq, and last)
         log       one metrics.jsonl row per step
         save      global_step_N/ checkpoint (every save_freq, and last)
+
+``collect`` (rollout, filter, prepare), ``update_critic``, ``before_update`` and ``update_actor`` are
+the pieces of ``train_step``; ``probe`` (``rlgrad probe``) is ``collect`` and ``before_update`` for the
+step after a restored checkpoint, with no update. The trainer knows its hooks only through
+``rlgrad.hooks`` (``rlgrad.recipes`` hands it the instruments).
 
 Metrics are logged before the checkpoint of the same step, so a resumed run never lacks a
 row; rows past the resumed checkpoint are recomputed (and the stale ones moved aside).

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlgrad.config import ALIASES, resolve_alias
 from rlgrad.errors import UserError
 from rlgrad.metrics import key, parse
 
@@ -334,12 +335,17 @@ def metric_keys(run: RunData) -> set[str]:
 
 
 def config_get(run: RunData, dotted: str, default: Any = None) -> Any:
-    node: Any = run.config or {}
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
+    """A setting of the run's config.yaml by its key; a run saved before a key moved holds it under an alias
+    (``trainer.gradient_analysis_every`` for ``analysis.buckets.every``), which is read then."""
+    for spelling in (dotted, *[a for a in ALIASES if not a.endswith(".") and resolve_alias(a) == dotted]):
+        node: Any = run.config or {}
+        for part in spelling.split("."):
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            return node
+    return default
 
 
 def read_step_metrics(path: str | Path) -> dict[str, float]:

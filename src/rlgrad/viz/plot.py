@@ -8,14 +8,19 @@ import json
 import re
 from pathlib import Path
 
+from matplotlib.figure import Figure
+
 from rlgrad.errors import UserError
 from rlgrad.rundir import atomic_write_bytes, atomic_write_text
+from rlgrad.viz import bucket_figures as B
 from rlgrad.viz import data as D
-from rlgrad.viz import figures as F
+from rlgrad.viz import run_figures as R
+from rlgrad.viz.figbase import png_bytes
 
-# The seed's files, in its recommended reading order; then ours (written when the run has the data).
-SEED_FIGURES = {"summary": F.fig_summary, "plots": F.fig_grad_norms, "loss_plots": F.fig_losses,
-                "reward_std": F.fig_reward_std, "normed_grads": F.fig_normed}
+# The files of RAGEN's plotting script (gradient_analysis/plot_gradient_analysis.py), in its recommended
+# reading order; then ours (written when the run has the data).
+RAGEN_FIGURES = {"summary": B.fig_summary, "plots": B.fig_grad_norms, "loss_plots": B.fig_losses,
+                 "reward_std": B.fig_reward_std, "normed_grads": B.fig_normed}
 
 
 def sanitize(name: str) -> str:
@@ -23,12 +28,13 @@ def sanitize(name: str) -> str:
 
 
 def step_metrics_export(run: D.RunData, step: int) -> dict:
-    """gradient_analysis_metrics_step_N.json: the step's whole metric row (the seed dumps its W&B row)."""
+    """gradient_analysis_metrics_step_N.json: the step's whole metric row (as RAGEN's plotting script dumps
+    its W&B row)."""
     return {"_step": step, **run.metrics(step)}
 
 
 def rv_table_csv(run: D.RunData, step: int) -> str:
-    """gradient_analysis_bucket_rv_table_step_N.csv: one row per prompt group, the seed's columns first."""
+    """gradient_analysis_bucket_rv_table_step_N.csv: one row per prompt group, RAGEN's columns first."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["bucket", "reward_std", "group_id"])
@@ -37,17 +43,17 @@ def rv_table_csv(run: D.RunData, step: int) -> str:
     return buf.getvalue()
 
 
-def step_figures(run: D.RunData, step: int) -> dict[str, F.Figure]:
-    """name -> figure for one analysis step (the seed's five, then whatever else the run holds)."""
-    sv = F.StepView(run, step)
-    figs = {name: make(sv) for name, make in SEED_FIGURES.items()}
-    extra = {"layers": F.fig_layers(sv)}
+def step_figures(run: D.RunData, step: int) -> dict[str, Figure]:
+    """name -> figure for one analysis step (RAGEN's five, then whatever else the run holds)."""
+    sv = B.StepView(run, step)
+    figs = {name: make(sv) for name, make in RAGEN_FIGURES.items()}
+    extra = {"layers": B.fig_layers(sv)}
     geom = D.component_geometry(run, step)
     if geom is not None:
-        extra["components"] = F.fig_components(geom, sv.title("Reward-component gradient geometry"))
+        extra["components"] = R.fig_components(geom, sv.title("Reward-component gradient geometry"))
     health = D.neuron_health(run, step)
     if health is not None:
-        extra["neurons"] = F.fig_neurons(health, sv.title("Neuron health"))
+        extra["neurons"] = R.fig_neurons(health, sv.title("Neuron health"))
     figs.update({k: v for k, v in extra.items() if v is not None})
     return figs
 
@@ -56,7 +62,7 @@ def write_step_outputs(run: D.RunData, step: int, out_dir: Path, dpi: int = 150)
     written = []
     for name, fig in step_figures(run, step).items():
         path = out_dir / f"gradient_analysis_{name}_step_{step}.png"
-        atomic_write_bytes(path, F.png_bytes(fig, dpi))
+        atomic_write_bytes(path, png_bytes(fig, dpi))
         written.append(path)
     path = out_dir / f"gradient_analysis_metrics_step_{step}.json"
     atomic_write_text(path, json.dumps(step_metrics_export(run, step), indent=2, sort_keys=True) + "\n")
@@ -109,7 +115,8 @@ def parse_step_dir(spec: str) -> tuple[str, Path]:
 
 
 def load_step_dir(step: str, path: Path) -> dict[str, float]:
-    """DIR holds ``gradient_analysis_metrics_step_<STEP>.json`` (``rlgrad plot``) or ``metrics.json`` (seed)."""
+    """DIR holds ``gradient_analysis_metrics_step_<STEP>.json`` (``rlgrad plot``) or ``metrics.json``
+    (RAGEN's layout)."""
     if path.is_file():
         return D.read_step_metrics(path)
     if not path.is_dir():
@@ -119,7 +126,8 @@ def load_step_dir(step: str, path: Path) -> dict[str, float]:
             return D.read_step_metrics(path / name)
     found = sorted(p.name for p in path.glob("gradient_analysis_metrics_step_*.json"))
     hint = f" (it has {', '.join(found)})" if found else ""
-    raise UserError(f"--step-dir {step}={path}: no gradient_analysis_metrics_step_{step}.json or metrics.json{hint}")
+    raise UserError(f"--step-dir {step}={path}: no gradient_analysis_metrics_step_{step}.json or "
+                    f"metrics.json{hint}")
 
 
 def plot_steps_command(mode: str, step_dirs: list[str], out: str, dpi: int = 200) -> int:
@@ -130,7 +138,7 @@ def plot_steps_command(mode: str, step_dirs: list[str], out: str, dpi: int = 200
         if not D.bucket_names(m):
             raise UserError(f"--step-dir {spec}: the metrics hold no grad_norm/bucket_* values")
         steps.append((f"Step {step}", m))
-    fig = F.fig_steps_grid(steps, mode)
-    atomic_write_bytes(out, F.png_bytes(fig, dpi))
+    fig = R.fig_steps_grid(steps, mode)
+    atomic_write_bytes(out, png_bytes(fig, dpi))
     print(f"saved figure to {Path(out).resolve()}")
     return 0

@@ -1,0 +1,346 @@
+"""Per-step bucket figures: RAGEN's gradient-analysis plots (improved) and the per-layer heatmap.
+
+One analysis step of a run, seen through :class:`StepView`, gives the five files of RAGEN's plotting script
+(``gradient_analysis/plot_gradient_analysis.py``): summary, gradient norms, losses, reward std and
+normalised gradient norms by reward-variance bucket; then the bucket x layer-group heatmap (``layers.json``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import matplotlib
+import numpy as np
+from matplotlib.colors import LogNorm, Normalize
+from matplotlib.figure import Figure
+
+from rlgrad.viz import data as D
+from rlgrad.viz.figbase import (
+    COLORS,
+    LOSS_TITLES,
+    LOSS_UNITS,
+    MISSING,
+    NORM_UNIT,
+    TITLES,
+    annotate,
+    auto_scale,
+    finite,
+    new_fig,
+    note,
+)
+
+
+class StepView:
+    """One analysis step of a run: its metric row, buckets, and labels."""
+
+    def __init__(self, run: D.RunData, step: int):
+        self.run, self.step = run, step
+        self.m = run.metrics(step)
+        self.buckets = D.bucket_names(self.m)
+        self.has_all = any(k.startswith(f"{D.PREFIX}/all/") for k in self.m)
+        self.labels = [b.replace("_", " ") for b in self.buckets]
+
+    def values(self, name: str, buckets: Sequence[str] | None = None) -> list[float]:
+        return [D.bucket_value(self.m, b, name) for b in (buckets or self.buckets)]
+
+    def all_value(self, name: str) -> float:
+        return D.bucket_value(self.m, "all", name)
+
+    def tick_labels(self) -> list[str]:
+        out = []
+        for b, lab in zip(self.buckets, self.labels):
+            rv, n = D.bucket_value(self.m, b, "reward_std_mean"), D.bucket_value(self.m, b, "group_rv_count")
+            extra = f"\nRV {rv:.2g}" if math.isfinite(rv) else ""
+            extra += f"\n{int(n)} group{'s' if n != 1 else ''}" if math.isfinite(n) else ""
+            out.append(lab + extra)
+        return out
+
+    def title(self, what: str) -> str:
+        return f"{what} — run {self.run.name}, step {self.step}"
+
+
+def _bucket_bars(ax, sv: StepView, name: str, color: str, fmt: str = "%.3g") -> list[float]:
+    """Bars per bucket, then the ``all`` bucket apart (grey, hatched) for reference."""
+    vals = sv.values(name)
+    x = np.arange(len(vals))
+    bars = ax.bar(x, np.nan_to_num(vals), color=color, alpha=0.85, edgecolor="black", linewidth=0.8,
+                  label="bucket")
+    ax.bar_label(bars, fmt=fmt, fontsize=7, padding=2)
+    ticks, labels = list(x), sv.tick_labels()
+    shown = list(vals)
+    if sv.has_all:
+        a = sv.all_value(name)
+        xa = len(vals) + 0.6
+        b = ax.bar([xa], [np.nan_to_num(a)], color=COLORS["all"], alpha=0.7, hatch="//", edgecolor="black",
+                   linewidth=0.8, label="all (whole batch)")
+        ax.bar_label(b, fmt=fmt, fontsize=7, padding=2)
+        ax.axvline(len(vals) - 0.2, color="#999", linestyle=":", linewidth=1)
+        ticks.append(xa)
+        labels.append("all")
+        shown.append(a)
+    ax.set_xticks(ticks, labels, fontsize=7)
+    ax.set_xlabel("reward-variance bucket (1 = lowest in-group reward std)")
+    ax.grid(axis="y", linestyle="--", alpha=0.5)
+    ax.margins(y=0.15)
+    if not any(v != 0 for v in finite(shown)):
+        ax.text(0.5, 0.75, "all zero at this step", transform=ax.transAxes, ha="center", color="#555")
+    return shown
+
+
+def _pad(ax, shown: list[float]) -> None:
+    """Room above and below the bars (either sign) for their value labels."""
+    v = finite(shown) or [0.0]
+    lo, hi = min(0.0, *v), max(0.0, *v)
+    pad = 0.15 * (hi - lo) or 1.0
+    ax.set_ylim(lo - (pad if lo < 0 else 0), hi + (pad if hi > 0 or lo == 0 else 0.35 * pad))
+
+
+def _bucket_legend(fig: Figure, color: str = "white") -> None:
+    """One legend for the figure: coloured bars are buckets, the grey hatched bar is the whole batch."""
+    from matplotlib.patches import Patch
+
+    fig.legend(handles=[Patch(facecolor=color, edgecolor="black",
+                              label="reward-variance bucket (colour: term)"),
+                        Patch(facecolor=COLORS["all"], hatch="//", edgecolor="black",
+                              label="all (whole batch)")],
+               loc="outside lower center", ncols=2, fontsize=8, frameon=False)
+
+
+# ---------------------------------------------------------------- RAGEN's per-step files
+
+
+def fig_grad_norms(sv: StepView) -> Figure:
+    """gradient_analysis_plots_step_N: KL / entropy / task gradient norm per bucket."""
+    fig, axes = new_fig(1, 3, (17, 5.2))
+    for ax, comp in zip(axes[0], ("kl", "entropy", "task")):
+        ax.set_title(f"{TITLES[comp]} norm", fontweight="bold")
+        ax.set_ylabel(f"gradient norm ({NORM_UNIT})")
+        if not D.has_component(sv.m, comp):
+            note(ax, MISSING.get(comp, "not logged"))
+            ax.set_xticks([])
+            continue
+        shown = _bucket_bars(ax, sv, comp, COLORS[comp])
+        if auto_scale(ax, shown) == "linear":
+            _pad(ax, shown)
+    fig.suptitle(sv.title("Gradient norm per loss component and reward-variance bucket"), fontsize=13)
+    _bucket_legend(fig)
+    return fig
+
+
+def fig_losses(sv: StepView) -> Figure:
+    """gradient_analysis_loss_plots_step_N: policy / entropy / KL / total loss per bucket."""
+    fig, axes = new_fig(2, 2, (15, 9))
+    agg = D.config_get(sv.run, "actor.loss_agg_mode", None)
+    for ax, term in zip(axes.flat, D.LOSS_TERMS):
+        ax.set_title(LOSS_TITLES[term], fontweight="bold")
+        ax.set_ylabel(LOSS_UNITS[term] + (f", {agg}" if agg and term in ("policy", "total") else ""))
+        if not any(math.isfinite(v) for v in sv.values(f"loss/{term}")):
+            note(ax, MISSING.get(term, "not logged"))
+            ax.set_xticks([])
+            continue
+        color = {"policy": "#8e44ad", "entropy": "#27ae60", "kl": "#2980b9", "total": "#c0392b"}[term]
+        shown = _bucket_bars(ax, sv, f"loss/{term}", color, fmt="%.3g")
+        _pad(ax, shown)
+        ax.axhline(0, color="black", linewidth=0.6)
+    fig.suptitle(sv.title("Per-component losses by reward-variance bucket"), fontsize=13)
+    _bucket_legend(fig)
+    return fig
+
+
+def fig_reward_std(sv: StepView) -> Figure:
+    """gradient_analysis_reward_std_step_N: mean in-group reward std per bucket, min..max whiskers."""
+    fig, axes = new_fig(1, 1, (10, 5))
+    ax = axes[0, 0]
+    mean, lo, hi = sv.values("reward_std_mean"), sv.values("reward_std_min"), sv.values("reward_std_max")
+    x = np.arange(len(mean))
+    mean0 = np.nan_to_num(mean)
+    err = [np.maximum(0, mean0 - np.nan_to_num(lo, nan=0)), np.maximum(0, np.nan_to_num(hi, nan=0) - mean0)]
+    bars = ax.bar(x, mean0, color=COLORS["rv"], alpha=0.85, edgecolor="black", linewidth=0.8,
+                  label="bucket mean")
+    ax.errorbar(x, mean0, yerr=err, fmt="none", ecolor="#2d3436", capsize=4, label="min .. max of groups")
+    ax.bar_label(bars, fmt="%.3g", fontsize=8, padding=3)
+    if sv.has_all and math.isfinite(sv.all_value("reward_std_mean")):
+        ax.axhline(sv.all_value("reward_std_mean"), color=COLORS["all"], linestyle="--",
+                   label=f"all (whole batch): {sv.all_value('reward_std_mean'):.3g}")
+    ax.set_xticks(x, sv.tick_labels(), fontsize=8)
+    ax.set_xlabel("reward-variance bucket (1 = lowest)")
+    ax.set_ylabel("in-group reward std (reward units)")
+    scale = auto_scale(ax, [*mean, *finite(hi)])
+    if not any(v > 0 for v in finite(mean)):
+        note(ax, "every group has zero reward std:\nall samples of a prompt got the same reward")
+    ax.set_title(sv.title("Reward std by bucket") + (" (log axis)" if scale != "linear" else ""), fontsize=12)
+    ax.grid(axis="y", linestyle="--", alpha=0.5)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def fig_normed(sv: StepView) -> Figure:
+    """gradient_analysis_normed_grads_step_N: gradient norm per sample and per token, per component."""
+    fig, axes = new_fig(1, 3, (17, 5.2))
+    for ax, comp in zip(axes[0], ("kl", "entropy", "task")):
+        ax.set_title(f"{TITLES[comp]}: norm per sample vs per token", fontweight="bold", fontsize=11)
+        ax.set_ylabel("gradient norm / sample count, / token count")
+        if not D.has_component(sv.m, comp):
+            note(ax, MISSING.get(comp, "not logged"))
+            ax.set_xticks([])
+            continue
+        names = [*sv.buckets, *(["all"] if sv.has_all else [])]
+        ps, pt = sv.values(f"per_sample/{comp}", names), sv.values(f"per_token/{comp}", names)
+        x, w = np.arange(len(names)), 0.38
+        # values: the metrics JSON
+        ax.bar(x - w / 2, np.nan_to_num(ps), w, color="#16a085", label="per sample")
+        ax.bar(x + w / 2, np.nan_to_num(pt), w, color="#f39c12", label="per token")
+        labels = [n.replace("_", " ") for n in names]
+        ax.set_xticks(x, labels, fontsize=8)
+        ax.set_xlabel("reward-variance bucket (1 = lowest); last: all")
+        ax.grid(axis="y", linestyle="--", alpha=0.5)
+        if not any(v != 0 for v in finite([*ps, *pt])):
+            ax.text(0.5, 0.75, "all zero at this step", transform=ax.transAxes, ha="center", color="#555")
+        if auto_scale(ax, [*ps, *pt]) != "linear":
+            ax.set_title(f"{TITLES[comp]}: per sample vs per token (log)", fontweight="bold", fontsize=11)
+        ax.legend(fontsize=8)
+    fig.suptitle(sv.title("Normalised gradient norms"), fontsize=13)
+    return fig
+
+
+def _rv_table_consistent(sv: StepView, table: list[tuple[str, int, float]]) -> dict[str, list[float]] | None:
+    """Group reward stds per bucket, if they agree with the logged min/max (RAGEN's plotting script checks
+    the same)."""
+    per = {b: [sd for bk, _, sd in table if bk == b] for b in sv.buckets}
+    for b, vals in per.items():
+        if not vals:
+            return None
+        if abs(min(vals) - D.bucket_value(sv.m, b, "reward_std_min", 0)) > 1e-3 or \
+                abs(max(vals) - D.bucket_value(sv.m, b, "reward_std_max", 0)) > 1e-3:
+            return None
+    return per
+
+
+def _summary_rv_panel(ax, sv: StepView, rv: list[float]) -> None:
+    """(a) RV per bucket: box plot of the group stds when the table agrees with the logged min/max."""
+    per = _rv_table_consistent(sv, D.rv_table(sv.run, sv.step))
+    x = np.arange(1, len(sv.buckets) + 1)
+    if per is not None:
+        ax.boxplot([per[b] for b in sv.buckets], positions=x, showfliers=False, widths=0.5)
+        for i, b in enumerate(sv.buckets):
+            jitter = np.linspace(-0.12, 0.12, len(per[b])) if len(per[b]) > 1 else [0.0]
+            ax.plot(x[i] + np.asarray(jitter), per[b], ".", color=COLORS["rv"], alpha=0.7, markersize=4)
+        ax.set_title("(a) Reward std by bucket (box: groups)", fontweight="bold", fontsize=11)
+        auto_scale(ax, [v for b in sv.buckets for v in per[b]])
+    else:
+        lo, hi = sv.values("reward_std_min"), sv.values("reward_std_max")
+        rv0 = np.nan_to_num(rv)
+        err = [np.maximum(0, rv0 - np.nan_to_num(lo)), np.maximum(0, np.nan_to_num(hi) - rv0)]
+        ax.errorbar(x, rv0, yerr=err, fmt="o-", color="#6c5ce7", ecolor="#2d3436", capsize=4,
+                    label="mean, min..max")
+        ax.set_title("(a) Reward std by bucket (mean, min..max)", fontweight="bold", fontsize=11)
+        auto_scale(ax, [*rv, *hi])
+        ax.legend(fontsize=8)
+    ax.set_xticks(x, sv.labels, fontsize=8)
+    ax.set_xlabel("reward-variance bucket")
+    ax.set_ylabel("in-group reward std (reward units)")
+    ax.grid(axis="y", linestyle="--", alpha=0.5)
+
+
+def _vs_rv(ax, rv: list[float], y: list[float], color: str, label: str) -> None:
+    """``y`` against the bucket mean RV, each point labelled Q<bucket>."""
+    ax.plot(rv, y, "o-", color=color, label=label)
+    at: dict[tuple[float, float], list[str]] = {}  # buckets drawn on the same point share one label
+    for i, (xv, yv) in enumerate(zip(rv, y), start=1):
+        if math.isfinite(xv) and math.isfinite(yv):
+            at.setdefault((f"{xv:.2g}", f"{yv:.2g}"), []).append(f"Q{i}")  # (near-)coincident points
+    for names in at.values():
+        i = int(names[0][1:]) - 1
+        ax.annotate(",".join(names), (rv[i], y[i]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+
+
+def _summary_task_panel(ax, sv: StepView, rv: list[float], task: list[float]) -> None:
+    """(b) task gradient norm vs RV mean, the ``all`` bucket as a distinct point."""
+    _vs_rv(ax, rv, task, COLORS["task"], "bucket (Q1 = lowest RV)")
+    if sv.has_all:
+        ax.plot([sv.all_value("reward_std_mean")], [sv.all_value("task")], "*", color="black", markersize=12,
+                label="all (whole batch)")
+    ax.set_title("(b) Task gradient norm vs reward std", fontweight="bold", fontsize=11)
+    ax.set_xlabel("bucket mean in-group reward std (reward units)")
+    ax.set_ylabel(f"task gradient norm ({NORM_UNIT})")
+    auto_scale(ax, rv, axis="x")
+    ax.grid(linestyle="--", alpha=0.5)
+    ax.legend(fontsize=8)
+
+
+def _summary_reg_panel(ax, sv: StepView, rv: list[float], task: list[float]) -> None:
+    """(c) regulariser (KL + entropy) vs RV mean; the axis follows the data (RAGEN's plot fixes [0, 1])."""
+    ax.set_title("(c) Regulariser (KL + entropy) gradient vs reward std", fontweight="bold", fontsize=11)
+    ax.set_xlabel("bucket mean in-group reward std (reward units)")
+    ax.set_ylabel(f"gradient norm ({NORM_UNIT})")
+    present = [c for c in ("kl", "entropy") if D.has_component(sv.m, c)]
+    if not present:
+        note(ax, "no regulariser in this run\n(actor.entropy_coeff = 0, actor.use_kl_loss = false)")
+    else:
+        reg = np.sum([np.nan_to_num(sv.values(c)) for c in present], axis=0)
+        _vs_rv(ax, rv, list(reg), COLORS["reg"], " + ".join(present).replace("kl", "KL"))
+        if len(present) == 2:
+            for c in present:
+                ax.plot(rv, sv.values(c), "--", color=COLORS[c], alpha=0.8,
+                        label=f"{'KL' if c == 'kl' else c} alone")
+        top = max(finite(list(reg)) or [0.0])
+        ax.set_ylim(0, top * 1.2 if top > 0 else 1.0)
+        task_top = max(finite(task) or [0.0])
+        if top > 0 and task_top > 0:
+            ax.text(0.02, 0.97,
+                    f"largest task norm {task_top:.3g} = {task_top / top:.3g}× largest regulariser norm",
+                    transform=ax.transAxes, va="top", fontsize=7, color="#555")
+        auto_scale(ax, rv, axis="x")
+        ax.legend(fontsize=8)
+    ax.grid(linestyle="--", alpha=0.5)
+
+
+def fig_summary(sv: StepView) -> Figure:
+    """gradient_analysis_summary_step_N: RV by bucket; task and regulariser gradient norm vs RV mean."""
+    fig, axes = new_fig(1, 3, (17, 5.2))
+    rv, task = sv.values("reward_std_mean"), sv.values("task")
+    _summary_rv_panel(axes[0, 0], sv, rv)
+    _summary_task_panel(axes[0, 1], sv, rv, task)
+    _summary_reg_panel(axes[0, 2], sv, rv, task)
+    fig.suptitle(sv.title("Gradient summary"), fontsize=13)
+    return fig
+
+
+# ---------------------------------------------------------------- beyond RAGEN's plots
+
+
+def fig_layers(sv: StepView, component: str = "task") -> Figure | None:
+    """Bucket x layer-group gradient norm (layers.json): where in the network each bucket's gradient lives."""
+    norms = D.layer_norms(sv.run, sv.step, component)
+    if not norms:
+        return None
+    rows = [b for b in [*sv.buckets, "all"] if b in norms] or sorted(norms)
+    cols = sorted({g for b in rows for g in norms[b]}, key=D.layer_sort_key)
+    mat = np.array([[norms[b].get(g, np.nan) for g in cols] for b in rows], dtype=float)
+    sq = np.nan_to_num(mat) ** 2
+    share = sq / np.where(sq.sum(1, keepdims=True) > 0, sq.sum(1, keepdims=True), 1.0)
+    fig, axes = new_fig(1, 2, (max(10, 1.1 * len(cols) * 2 + 4), 0.55 * len(rows) + 2.6))
+    pos = mat[np.isfinite(mat) & (mat > 0)]
+    if pos.size and pos.max() > pos.min():
+        norm = LogNorm(pos.min(), pos.max())
+    else:
+        norm = Normalize(0, max(1e-12, pos.max() if pos.size else 1))
+    masked = np.ma.masked_where(~np.isfinite(mat) | (mat <= 0), mat)
+    norm_label = f"{component} gradient norm (L2 over the group's parameters)"
+    for ax, data, nm, cmap, label, fmt in (
+            (axes[0, 0], masked, norm, "viridis", norm_label, "{:.2g}"),
+            (axes[0, 1], share, Normalize(0, 1), "magma", "share of the bucket's squared norm", "{:.0%}")):
+        cm = matplotlib.colormaps[cmap].with_extremes(bad="#dddddd")
+        im = ax.imshow(data, aspect="auto", cmap=cm, norm=nm)
+        ax.set_xticks(range(len(cols)), cols, rotation=45, ha="right", fontsize=8)
+        ax.set_yticks(range(len(rows)), [r.replace("_", " ") for r in rows], fontsize=8)
+        ax.set_xlabel("layer group (input → output)")
+        ax.set_ylabel("reward-variance bucket")
+        fig.colorbar(im, ax=ax, label=label, shrink=0.9)
+        if len(cols) * len(rows) <= 160:
+            annotate(ax, im, mat if data is masked else share, fmt)
+    axes[0, 0].set_title(f"{component} gradient norm per layer group", fontweight="bold", fontsize=11)
+    axes[0, 1].set_title("share per layer group (each row sums to 100%)", fontweight="bold", fontsize=11)
+    fig.suptitle(sv.title("Per-layer gradient by bucket"), fontsize=13)
+    return fig

@@ -1,0 +1,86 @@
+"""What every figure shares: the Agg backend, colours and labels, PNG export, axis scaling, small helpers.
+
+Every figure function (``bucket_figures``, ``run_figures``) takes data from ``rlgrad.viz.data`` and returns
+a ``matplotlib.figure.Figure`` built without pyplot (no global state, no display needed; PNG through the
+Agg canvas). Conventions: bucket_1 is the lowest reward variance; the ``all`` bucket (the whole batch) is
+drawn apart, in grey, for reference; an axis whose positive data span more than ~1.5 decades goes
+logarithmic (symlog when zeros are present).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # before anything touches a canvas; plotting never needs a display
+
+import numpy as np  # noqa: E402
+from matplotlib.colors import LogNorm  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+COLORS = {"task": "#e74c3c", "entropy": "#2ecc71", "kl": "#3498db", "reg": "#16a085", "rv": "#f39c12",
+          "all": "#7f8c8d"}
+TITLES = {"task": "Task (policy) gradient", "entropy": "Entropy gradient", "kl": "KL gradient"}
+LOSS_TITLES = {"policy": "Policy (task) loss", "entropy": "Entropy (mean per token)",
+               "kl": "KL to reference (mean per token)", "total": "Total loss"}
+LOSS_UNITS = {"policy": "loss (advantage-weighted ratio)", "entropy": "entropy (nats / token)",
+              "kl": "KL (nats / token)", "total": "loss (dimensionless)"}
+NORM_UNIT = "L2 norm over all parameters"
+MISSING = {"entropy": "not computed in this run\n(actor.entropy_coeff = 0)",
+           "kl": "not computed in this run\n(actor.use_kl_loss = false)"}
+
+
+def png_bytes(fig: Figure, dpi: int = 150) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, facecolor="white")  # constrained layout already fits the text
+    return buf.getvalue()
+
+
+def new_fig(nrows: int, ncols: int, size: tuple[float, float], **kw) -> tuple[Figure, np.ndarray]:
+    """A constrained-layout figure and its axes as a 2-D array (``squeeze=False``)."""
+    fig = Figure(figsize=size, layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
+    return fig, axes
+
+
+def finite(values: Sequence[float]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def auto_scale(ax, values: Sequence[float], axis: str = "y", decades: float = 1.5) -> str:
+    """Log (or symlog, with zeros) when non-negative data span more than ``decades`` decades."""
+    v = finite(values)
+    pos = [x for x in v if x > 0]
+    if not v or min(v) < 0 or len(pos) < 2 or math.log10(max(pos) / min(pos)) < decades:
+        return "linear"
+    setter = ax.set_yscale if axis == "y" else ax.set_xscale
+    if len(pos) == len(v):
+        setter("log")
+        return "log"
+    setter("symlog", linthresh=min(pos))
+    return "symlog"
+
+
+def note(ax, text: str) -> None:
+    """A boxed message in the middle of an axis (why a panel is empty)."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=10, color="#555",
+            bbox={"boxstyle": "round", "fc": "#f4f4f4", "ec": "#bbb"})
+
+
+def annotate(ax, im, values: np.ndarray, fmt: str) -> None:
+    """Write each cell's value in black or white, whichever reads on the cell's colour."""
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            v = values[i, j]
+            if not math.isfinite(v):
+                continue
+            if v <= 0 and isinstance(im.norm, LogNorm):
+                rgb = (0.87, 0.87, 0.87)
+            else:
+                rgb = im.cmap(im.norm(v))[:3]
+            light = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 0.55
+            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=7,
+                    color="black" if light else "white")

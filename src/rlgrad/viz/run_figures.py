@@ -1,0 +1,352 @@
+"""Run-level figures: training curves, buckets across steps, the multi-step grid, components, neurons, critic.
+
+The multi-step grid is the paper-style figure of RAGEN's ``gradient_analysis/plot_icml_steps.py``; the
+reward-component and neuron-health figures draw one step's ``components.json`` / ``neurons.json``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import numpy as np
+from matplotlib.colors import TwoSlopeNorm
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from rlgrad.viz import data as D
+from rlgrad.viz.figbase import COLORS, NORM_UNIT, annotate, auto_scale, finite, new_fig
+
+# ---------------------------------------------------------------- one step's components.json / neurons.json
+
+
+def fig_components(geom: dict, title: str) -> Figure:
+    """Reward-component gradient geometry: cosine matrix, norm share, per-layer cosine of each pair."""
+    comps = list(geom.get("components") or [])
+    g = geom.get("global", {})
+    cos = g.get("cosine", {})
+    layers = geom.get("layers") or {}
+    ncols = 3 if layers else 2
+    fig, axes = new_fig(1, ncols, (6 * ncols, 5))
+    ax = axes[0, 0]
+    n = len(comps)
+    mat = np.eye(n)
+    for i, a in enumerate(comps):
+        for j, b in enumerate(comps):
+            if i != j:
+                mat[i, j] = cos.get(f"{a}__{b}", cos.get(f"{b}__{a}", np.nan))
+    im = ax.imshow(mat, cmap="RdBu_r", norm=TwoSlopeNorm(0, -1, 1))
+    annotate(ax, im, mat, "{:+.2f}")
+    ax.set_xticks(range(n), comps, rotation=30, ha="right")
+    ax.set_yticks(range(n), comps)
+    ax.set_xlabel("reward component")
+    ax.set_ylabel("reward component")
+    ax.set_title("cosine similarity of component gradients", fontweight="bold", fontsize=11)
+    fig.colorbar(im, ax=ax, label="cosine (−1 opposed, 0 orthogonal, +1 aligned)", shrink=0.85)
+
+    ax = axes[0, 1]
+    norms = g.get("norm", {})
+    share = g.get("share", {})
+    vals = [norms.get(c, np.nan) for c in comps]
+    bars = ax.bar(comps, np.nan_to_num(vals), color="#34495e", alpha=0.85, edgecolor="black")
+    ax.bar_label(bars, labels=[f"{v:.3g}" + (f"\n{share[c]:.0%}" if c in share else "")
+                               for v, c in zip(vals, comps)], fontsize=8, padding=2)
+    if "total" in norms:
+        ax.axhline(norms["total"], color=COLORS["all"], linestyle="--", label=f"total: {norms['total']:.3g}")
+        ax.legend(fontsize=8)
+    ax.set_ylabel(f"gradient norm ({NORM_UNIT})")
+    ax.set_xlabel("reward component (label: norm, share)")
+    ax.set_title("component gradient norm and share", fontweight="bold", fontsize=11)
+    ax.margins(y=0.2)
+    ax.grid(axis="y", linestyle="--", alpha=0.5)
+
+    if layers:
+        ax = axes[0, 2]
+        groups = sorted(layers, key=D.layer_sort_key)
+        pairs = sorted({p for lg in groups for p in (layers[lg].get("cosine") or {})})
+        for p in pairs:
+            ax.plot(range(len(groups)), [layers[lg].get("cosine", {}).get(p, np.nan) for lg in groups], "o-",
+                    label=p.replace("__", " · "))
+        ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_ylim(-1.05, 1.05)
+        ax.set_xticks(range(len(groups)), groups, rotation=45, ha="right", fontsize=8)
+        ax.set_xlabel("layer group (input → output)")
+        ax.set_ylabel("cosine similarity")
+        ax.set_title("cosine per layer group", fontweight="bold", fontsize=11)
+        ax.grid(linestyle="--", alpha=0.5)
+        if pairs:
+            ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=13)
+    return fig
+
+
+def fig_neurons(health: dict, title: str) -> Figure:
+    """Per role: dormant / activation-dormant / zero-gradient fraction of neurons per layer (or global)."""
+    roles = [r for r in D.ROLES if r in health]
+    kinds = [("dormant_ratio", "dormant (τ-score)", "#c0392b"),
+             ("act_dormant_ratio", "activation-dormant", "#e67e22"),
+             ("zero_grad_ratio", "zero gradient", "#2980b9")]
+    nl = max((len(health[r].get("layers") or {}) for r in roles), default=0)
+    fig, axes = new_fig(1, len(roles), (8 * len(roles), max(4.5, 0.28 * nl + 2.5)))
+    for ax, role in zip(axes[0], roles):
+        h = health[role]
+        glob = h.get("global", {})
+        layers = h.get("layers") or {}
+        if layers:
+            names = list(layers)
+            y = np.arange(len(names))
+            hgt = 0.8 / len(kinds)
+            for k, (key, label, color) in enumerate(kinds):
+                vals = []
+                for nm in names:
+                    lay = layers[nm]
+                    if key in lay:
+                        vals.append(lay[key])
+                    elif key == "act_dormant_ratio" and "act_dormant" in lay and lay.get("neurons"):
+                        vals.append(lay["act_dormant"] / lay["neurons"])
+                    elif key == "zero_grad_ratio" and "zero_grad" in lay and lay.get("neurons"):
+                        vals.append(lay["zero_grad"] / lay["neurons"])
+                    else:
+                        vals.append(np.nan)
+                ax.barh(y + (k - 1) * hgt, np.nan_to_num(vals), hgt, color=color, label=label)
+            ax.set_yticks(y, [f"{nm} ({layers[nm].get('kind', '?')})" for nm in names], fontsize=7)
+            ax.invert_yaxis()
+            ax.set_ylabel("module (input → output)")
+        else:
+            labels = [label for key, label, _ in kinds if key in glob]
+            vals = [glob[key] for key, _, _ in kinds if key in glob]
+            ax.barh(labels, vals, color=[c for key, _, c in kinds if key in glob])
+            ax.set_ylabel("statistic (whole network)")
+        ax.set_xlabel("fraction of neurons")
+        ax.set_xlim(0, min(1.0, max(0.05, 1.15 * ax.dataLim.x1)))
+        ax.grid(axis="x", linestyle="--", alpha=0.5)
+        facts = [f"{k} {glob[k]:.3g}"
+                 for k in ("dormant_ratio", "zero_grad_ratio", "nullspace_ratio", "reset_count") if k in glob]
+        ax.set_title(f"{role}" + (f" (τ = {h['tau']})" if "tau" in h else "") + "\n" + ", ".join(facts),
+                     fontweight="bold", fontsize=10)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(title, fontsize=13)
+    return fig
+
+
+# ---------------------------------------------------------------- across steps
+
+
+def _rv_scale(ax, values: list[float], axis: str) -> None:
+    """Log axis for reward variance when every value is positive (as in RAGEN's plot); else log only across
+    decades."""
+    v = finite(values)
+    if v and min(v) > 0:
+        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    else:
+        auto_scale(ax, v, axis=axis)
+
+
+def fig_steps_grid(steps: list[tuple[str, dict[str, float]]], mode: str, title: str | None = None) -> Figure:
+    """The paper-style grid of RAGEN's ``plot_icml_steps.py``: a row per step; RV per bucket; task and
+    KL+entropy norm vs RV (log x).
+
+    Buckets are those present at every step. Unlike RAGEN's plot, the regulariser column follows the data
+    (RAGEN's plot fixes it to [0, 0.1]) and zero reward std stays visible (symlog instead of log).
+    """
+    common = None
+    for _, m in steps:
+        b = D.bucket_names(m)
+        common = b if common is None else [x for x in common if x in b]
+    buckets = common or []
+    labels = [b.replace("_", " ") for b in buckets]
+    fig, axes = new_fig(len(steps), 3, (16, 3.4 * len(steps) + 0.8), sharex="col")
+    regs: list[float] = []
+    for r, (name, m) in enumerate(steps):
+        mean = [D.bucket_value(m, b, "reward_std_mean", 0.0) for b in buckets]
+        lo = [D.bucket_value(m, b, "reward_std_min", 0.0) for b in buckets]
+        hi = [D.bucket_value(m, b, "reward_std_max", 0.0) for b in buckets]
+        task = [D.bucket_value(m, b, "task", 0.0) for b in buckets]
+        reg = [D.bucket_value(m, b, "kl", 0.0) + D.bucket_value(m, b, "entropy", 0.0) for b in buckets]
+        regs += reg
+        ax = axes[r, 0]
+        x = np.arange(len(buckets))
+        err = [np.maximum(0, np.subtract(mean, lo)), np.maximum(0, np.subtract(hi, mean))]
+        ax.errorbar(x, mean, yerr=err, fmt="o", color="#1f78b4", capsize=4, markersize=5)
+        _rv_scale(ax, [*mean, *hi], "y")
+        ax.set_ylabel(f"{name}\nreward std (reward units)")
+        ax.set_xticks(x, labels if r == len(steps) - 1 else [""] * len(x))
+        for c, (ys, color, ylab) in enumerate(((task, "#e67e22", "task grad norm (L2)"),
+                                               (reg, "#16a085", "KL + entropy grad norm (L2)")), start=1):
+            ax = axes[r, c]
+            ax.plot(mean, ys, "o-", color=color, markersize=5)
+            _rv_scale(ax, mean, "x")
+            ax.set_ylabel(f"{name}\n{ylab}")
+        for ax in axes[r]:
+            ax.grid(axis="y", linestyle="--", alpha=0.3)
+            ax.spines[["top", "right"]].set_visible(False)
+    top = max(finite(regs) or [0.0])
+    for r in range(len(steps)):
+        axes[r, 2].set_ylim(0, top * 1.15 if top > 0 else 1.0)
+    axes[0, 0].set_title("(a) Reward variance by bucket", fontweight="bold")
+    axes[0, 1].set_title("(b) Task gradient norm vs reward variance", fontweight="bold")
+    axes[0, 2].set_title("(c) KL + entropy gradient norm vs RV", fontweight="bold")
+    axes[-1, 0].set_xlabel(f"reward-variance quantile bucket ({labels[0] if labels else ''} → "
+                           f"{labels[-1] if labels else ''})")
+    for c in (1, 2):
+        axes[-1, c].set_xlabel(f"bucket mean reward std ({axes[-1, c].get_xscale()} scale)")
+    fig.suptitle(title or f"{mode.upper()}: gradient norm vs reward variance across training steps",
+                 fontsize=14)
+    return fig
+
+
+Panel = tuple[list[tuple[str, str]], str, str]  # ([(metric, legend label)], title, y label)
+
+
+def _series_grid(run: D.RunData, panels: list[Panel], title: str, ncols: int = 3,
+                 pct: frozenset[str] = frozenset()) -> Figure | None:
+    """A grid of time-series panels; a panel none of whose metrics were logged is left out."""
+    keep = [p for p in panels if any(D.series(run, k)[0] for k, _ in p[0])]
+    if not keep:
+        return None
+    ncols = min(ncols, len(keep))
+    nrows = math.ceil(len(keep) / ncols)
+    fig, axes = new_fig(nrows, ncols, (5.6 * ncols, 3.8 * nrows))
+    for ax, (keys, ptitle, ylabel) in zip(axes.flat, keep):
+        for key, label in keys:
+            s, v = D.series(run, key)
+            if s:
+                v = [100 * x for x in v] if key in pct else v
+                ax.plot(s, v, "o-" if len(s) < 30 else "-", markersize=3, label=label)
+        ax.set_title(ptitle, fontweight="bold", fontsize=11)
+        ax.set_xlabel("training step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(ylabel)
+        ax.grid(linestyle="--", alpha=0.4)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(keep):]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=13)
+    return fig
+
+
+def fig_training_curves(run: D.RunData) -> Figure | None:
+    """Reward, validation accuracy, losses, gradient norms, entropy, KL, response length over steps."""
+    panels: list[Panel] = [
+        ([("critic/score/mean", "mean reward (score)"), ("rollout/accuracy", "rollout accuracy")],
+         "Reward", "reward (task units) / accuracy (fraction)"),
+        ([("val/accuracy", "validation accuracy")], "Validation accuracy", "accuracy (%)"),
+        ([("actor/pg_loss", "policy loss"), ("actor/kl_loss", "KL loss"), ("critic/vf_loss", "value loss")],
+         "Losses", "loss (dimensionless)"),
+        ([("actor/grad_norm", "actor (before clipping)"), ("critic/grad_norm", "critic")],
+         "Gradient norm", f"gradient norm ({NORM_UNIT})"),
+        ([("actor/entropy", "policy entropy")], "Entropy", "entropy (nats / token)"),
+        ([("actor/ppo_kl", "KL(old ‖ new), PPO"), ("actor/kl_loss", "KL to reference")], "KL",
+         "KL (nats / token)"),
+        ([("response_length/mean", "mean"), ("response_length/max", "max"), ("response_length/min", "min")],
+         "Response length", "tokens"),
+        ([("actor/pg_clipfrac", "clipped (upper)"), ("actor/pg_clipfrac_lower", "dual-clip")],
+         "Clip fraction", "fraction of tokens"),
+    ]
+    return _series_grid(run, panels, f"Training curves — run {run.name}", pct=frozenset({"val/accuracy"}))
+
+
+def fig_bucket_trend(run: D.RunData, steps: list[int]) -> Figure | None:
+    """Task gradient norm of each bucket (and all) across analysis steps."""
+    if len(steps) < 2:
+        return None
+    buckets = sorted({b for s in steps for b in D.bucket_names(run.metrics(s))}, key=D._bucket_key)
+    fig, axes = new_fig(1, 2, (14, 4.6))
+    cmap = matplotlib.colormaps["plasma"]
+    for i, b in enumerate([*buckets, "all"]):
+        color = COLORS["all"] if b == "all" else cmap(0.1 + 0.75 * i / max(1, len(buckets) - 1))
+        style = "--" if b == "all" else "o-"
+        for ax, name in zip(axes[0], ("task", "reward_std_mean")):
+            ys = [D.bucket_value(run.metrics(s), b, name) for s in steps]
+            ax.plot(steps, ys, style, color=color, label=b.replace("_", " "), markersize=4)
+    axes[0, 0].set_title("Task gradient norm per bucket", fontweight="bold", fontsize=11)
+    axes[0, 0].set_ylabel(f"gradient norm ({NORM_UNIT})")
+    axes[0, 1].set_title("Mean in-group reward std per bucket", fontweight="bold", fontsize=11)
+    axes[0, 1].set_ylabel("reward std (reward units)")
+    for ax in axes[0]:
+        ax.set_xlabel("training step (analysis steps)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(linestyle="--", alpha=0.4)
+        ax.legend(fontsize=7, ncols=2)
+    fig.suptitle(f"Buckets across analysis steps — run {run.name}", fontsize=13)
+    return fig
+
+
+def fig_reward_components(run: D.RunData) -> Figure | None:
+    """Per-component reward mean (± std band) over steps, and format/correctness counts."""
+    rc = D.reward_components(run)
+    comps: list[str] = []
+    for row in rc.values():
+        comps += [c for c in row.get("components", []) if c not in comps]
+    if not comps:  # metrics only (e.g. a W&B run): reward/<c>/mean
+        comps = sorted({k.split("/")[1] for k in D.metric_keys(run)
+                        if k.startswith("reward/") and k.endswith("/mean")})
+    if not comps:
+        return None
+    fig, axes = new_fig(1, 2, (14, 4.6))
+    ax = axes[0, 0]
+    for c in comps:
+        if rc:
+            s = [st for st, row in rc.items() if c in row.get("stats", {})]
+            mu = np.array([rc[st]["stats"][c].get("mean", np.nan) for st in s], dtype=float)
+            sd = np.array([rc[st]["stats"][c].get("std", np.nan) for st in s], dtype=float)
+        else:
+            s, mu = D.series(run, f"reward/{c}/mean")
+            mu = np.asarray(mu, dtype=float)
+            sd = np.asarray([run.metrics(st).get(f"reward/{c}/std", np.nan) for st in s], dtype=float)
+        line = ax.plot(s, mu, "o-" if len(s) < 30 else "-", markersize=3, label=c)[0]
+        if np.isfinite(sd).any():
+            ax.fill_between(s, mu - np.nan_to_num(sd), mu + np.nan_to_num(sd), color=line.get_color(),
+                            alpha=0.15)
+    ax.set_title("Reward components: mean ± std over samples", fontweight="bold", fontsize=11)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("training step")
+    ax.set_ylabel("component reward (unweighted, reward units)")
+    ax.grid(linestyle="--", alpha=0.4)
+    ax.legend(fontsize=8)
+    ax = axes[0, 1]
+    drew = False
+    if rc:
+        s = list(rc)
+        n = np.array([max(1, rc[st].get("num_samples", 1)) for st in s], dtype=float)
+        for key, label in (("num_correct", "correct"), ("num_valid_format", "valid format")):
+            if any(key in rc[st] for st in s):
+                ax.plot(s, [100 * rc[st].get(key, np.nan) / n[i] for i, st in enumerate(s)], "o-",
+                        markersize=3, label=label)
+                drew = True
+    if drew:
+        ax.set_title("Samples correct / with a valid format", fontweight="bold", fontsize=11)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("share of samples (%)")
+        ax.set_xlabel("training step")
+        ax.set_ylim(-2, 102)
+        ax.grid(linestyle="--", alpha=0.4)
+        ax.legend(fontsize=8)
+    else:
+        ax.set_visible(False)
+    fig.suptitle(f"Reward components — run {run.name}", fontsize=13)
+    return fig
+
+
+def fig_neuron_trend(run: D.RunData) -> Figure | None:
+    panels: list[Panel] = [
+        ([(f"{role}/neuron/dormant_ratio", "dormant"),
+          (f"{role}/neuron/act_dormant_ratio", "activation-dormant"),
+          (f"{role}/neuron/zero_grad_ratio", "zero-gradient neurons"),
+          (f"{role}/param/zero_grad_ratio", "zero-gradient parameters"),
+          (f"{role}/neuron/nullspace_ratio", "gradient null space")], f"{role}: neuron health", "fraction")
+        for role in D.ROLES]
+    panels.append(([(f"{r}/neuron/reset_count", r) for r in D.ROLES], "ReDo resets", "neurons reset (count)"))
+    return _series_grid(run, panels, f"Neuron health over training — run {run.name}")
+
+
+def fig_critic(run: D.RunData) -> Figure | None:
+    panels: list[Panel] = [
+        ([("critic/vf_loss", "value loss")], "Value loss", "loss (squared return units)"),
+        ([("critic/vf_explained_var", "explained variance")], "Explained variance",
+         "1 − Var(returns − values) / Var(returns)"),
+        ([("critic/values/mean", "values"), ("critic/returns/mean", "returns")], "Values vs returns (mean)",
+         "return (reward units)"),
+        ([("critic/vf_clipfrac", "clipped")], "Value clip fraction", "fraction"),
+    ]
+    return _series_grid(run, panels, f"Critic — run {run.name}", ncols=2)
