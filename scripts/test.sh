@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check src tests bench
+.venv/bin/ruff check src tests bench examples
 .venv/bin/python -m pytest "$@"

@@ -55,23 +55,23 @@ GROUPS: dict[str, tuple[str, str]] = {
                "The kept batch: the responses the rollout filter kept, as the update sees them."),
     "actor": ("Actor update",
               "Each value is the mean over the step's optimizer steps (ppo_epochs × mini-batches) unless "
-              "stated; absent during trainer.critic_warmup and in gradient_analysis_only runs."),
+              "stated; absent during trainer.critic_warmup and in rlgrad probe runs."),
     "critic": ("Critic (algorithm.adv_estimator=gae)",
                "Update values are means over the step's critic optimizer steps; the critic is fitted "
                "before the analysis hook point and the actor update."),
     "buckets": ("Bucket analysis (`grad_norm/`)",
-                "At trainer.gradient_analysis_every steps, on the actor at the hook point (the kept batch "
+                "At analysis.buckets.every steps, on the actor at the hook point (the kept batch "
                 "with its advantages, or the separate analysis batch), before the update; no optimizer "
                 "step."),
     "prefilter": ("Bucket analysis before the filter (`grad_norm_prefilter/`)",
                   "The same measurements on the step's whole rollout batch before the rollout filter "
-                  "(advantages recomputed over it); trainer.gradient_analysis_log_prefilter=true only."),
+                  "(advantages recomputed over it); analysis.buckets.log_prefilter=true only."),
     "components": ("Reward-component gradient geometry (`grad_comp/`, `grad_sim/`)",
-                   "At analysis.components_every steps, on the kept batch before the actor update "
+                   "At analysis.components.every steps, on the kept batch before the actor update "
                    "(grpo / rloo): policy-loss gradients, before clipping, no optimizer step."),
     "neurons": ("Neuron health (`{role}/neuron/`, `{role}/param/`)",
-                "At {role}.redo_metric_freq / redo_reset_freq steps, on the gradient of the step's first "
-                "mini-batch, before clipping. A neuron is an MLP unit or an attention head."),
+                "At analysis.neurons.{role}.metric_every / reset_every steps, on the gradient of the step's "
+                "first mini-batch, before clipping. A neuron is an MLP unit or an attention head."),
     "validation": ("Validation", "Every trainer.test_freq steps, at the last step, and at step 0 "
                                  "(trainer.val_before_train); the weights after the step's update."),
     "timing": ("Timing (`timing_s/`)", "Wall-clock seconds of the main process."),
@@ -266,7 +266,7 @@ CATALOGUE: tuple[Metric, ...] = (
          "L2 norm of the update's policy gradient (shared_std: the sum of the component gradients; "
          "own_std: with the update's own advantage)."),
         ("grad_comp/save_failures",
-         "component_grads.npz writes failed so far in this run (analysis.save_component_gradients only)."),
+         "component_grads.npz writes failed so far in this run (analysis.components.save_gradients only)."),
         ("grad_sim/{pair}",
          "Cosine between the policy-loss gradients of components a and b of a__b over all trainable "
          "parameters; absent when either is zero."),
@@ -275,20 +275,20 @@ CATALOGUE: tuple[Metric, ...] = (
         "neurons",
         ("{role}/neuron/dormant_ratio",
          "Fraction of neurons whose GraMa score (mean |gradient| of its incoming weights / its layer's "
-         "mean) is <= redo_tau."),
+         "mean) is <= tau."),
         ("{role}/neuron/act_dormant_ratio",
          "Fraction of neurons whose mean |activation| over the sampled sequences' response tokens / its "
-         "layer's mean is <= redo_tau (metric steps)."),
+         "layer's mean is <= tau (metric steps)."),
         ("{role}/neuron/zero_grad_ratio",
          "Fraction of neurons whose incoming-weight gradient is exactly zero."),
         ("{role}/param/zero_grad_ratio",
          "Fraction of trainable parameter elements whose gradient is exactly zero (or absent)."),
         ("{role}/neuron/nullspace_ratio",
          "Fraction of eigenvalues below 1e-10·λ_max of the unit-diagonal Gram matrix of up to "
-         "redo_nullspace_samples sampled sequences' loss gradients (metric steps)."),
+         "nullspace_samples sampled sequences' loss gradients (metric steps)."),
         ("{role}/neuron/reset_count",
          "Number of neurons the ReDo-style reset re-initialised after this step's update "
-         "(redo_reset_freq steps)."),
+         "(reset_every steps)."),
     ),
     *_group(
         "validation",
@@ -321,7 +321,7 @@ CATALOGUE: tuple[Metric, ...] = (
         "trainer",
         ("trainer/exited_after_gradient_analysis",
          "1.0 at the step where the run stopped after the bucket analysis, before the actor update "
-         "(trainer.exit_after_gradient_analysis)."),
+         "(analysis.buckets.exit_after, RAGEN's trainer.exit_after_gradient_analysis)."),
     ),
     *_group(
         "tables",

@@ -212,7 +212,7 @@ class GradientAnalysisHook(Hook):
                 result.metrics.update(rep.metrics)
                 result.metrics.update(actor_summary(rep.metrics))
                 result.tables["grad_norm/group_rv_table"] = table
-            else:  # the same analysis of the batch before the rollout filter: grad_norm_prefilter/...
+            else:  # the same analysis of the batch before the rollout filter: grad_norm_prefilter/{bucket}/...
                 result.metrics.update({"grad_norm_prefilter/" + k.split("/", 1)[1]: v for k, v in rep.metrics.items()})
                 result.tables["grad_norm_prefilter/group_rv_table"] = table
             layers[prefix] = rep.layers
