@@ -20,6 +20,8 @@ from rlgrad.recipes import make_trainer
 from rlgrad.viz import bucket_figures as F
 from rlgrad.viz import data as D
 from rlgrad.viz import reading as R
+from rlgrad.viz import run_figures as RF
+from rlgrad.viz.figbase import png_bytes
 from rlgrad.viz.plot import step_figures
 from rlgrad.viz.reading import narrative
 
@@ -541,6 +543,9 @@ def test_rule_component_cosines_of_a_zero_gradient(tmp_path):
     assert R.rule_component_cosines(run) == [
         "At step 3 the reward components' gradients: correctness and format have no cosine (one gradient "
         "is zero)."]
+    geom = D.component_geometry(run, 3)
+    assert math.isnan(geom["global"]["cosine"]["correctness__format"])
+    assert _png_ok(png_bytes(RF.fig_components(geom, "zero gradients"))).shape[2] >= 3  # drawn, no crash
 
 
 def test_config_get_reads_a_setting_under_its_earlier_name():

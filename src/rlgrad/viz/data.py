@@ -245,11 +245,16 @@ def layer_norms(run: RunData, step: int, component: str = "task") -> dict[str, d
 def component_geometry(run: RunData, step: int) -> dict | None:
     """Reward-component gradient geometry (components.json layout); from the file, else from metrics.
 
-    Metric fallback (a W&B run): ``grad_sim/<a>__<b>``, ``grad_comp/<c>/norm|share``, ``grad_comp/total/norm``.
+    Metric fallback (a W&B run): ``grad_sim/{pair}``, ``grad_comp/{component}/norm|share``,
+    ``grad_comp/total/norm``. A cosine or share the file holds as null (a zero gradient has no direction) is NaN.
     """
     d = run.analysis_dir(step)
     obj = _read_json(d / "components.json" if d else None)
     if obj and isinstance(obj.get("global"), dict):
+        for part in [obj["global"], *(v for v in (obj.get("layers") or {}).values() if isinstance(v, dict))]:
+            for name in ("norm", "cosine", "share"):
+                if isinstance(part.get(name), dict):
+                    part[name] = {k: math.nan if v is None else v for k, v in part[name].items()}
         return obj
     m = run.metrics(step)
     cos = {f["pair"]: v for k, v in m.items() if (f := parse("grad_sim/{pair}", k))}

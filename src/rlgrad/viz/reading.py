@@ -234,7 +234,7 @@ def rule_component_cosines(run: D.RunData) -> list[str]:
     words = []
     for pair, c in sorted(cos.items()):
         a, b = pair.split("__", 1)
-        if c is None:  # a zero gradient has no direction (components.json writes null)
+        if not math.isfinite(c):  # a zero gradient has no direction (components.json writes null)
             words.append(f"{a} and {b} have no cosine (one gradient is zero)")
         else:
             words.append(f"{a} and {b} are {_cosine_word(c)} (cosine {c:+.2f})")

@@ -49,7 +49,7 @@ def fig_components(geom: dict, title: str) -> Figure:
     share = g.get("share", {})
     vals = [norms.get(c, np.nan) for c in comps]
     bars = ax.bar(comps, np.nan_to_num(vals), color="#34495e", alpha=0.85, edgecolor="black")
-    ax.bar_label(bars, labels=[f"{v:.3g}" + (f"\n{share[c]:.0%}" if c in share else "")
+    ax.bar_label(bars, labels=[f"{v:.3g}" + (f"\n{share[c]:.0%}" if math.isfinite(share.get(c, math.nan)) else "")
                                for v, c in zip(vals, comps)], fontsize=8, padding=2)
     if "total" in norms:
         ax.axhline(norms["total"], color=COLORS["all"], linestyle="--", label=f"total: {norms['total']:.3g}")
