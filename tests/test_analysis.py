@@ -192,3 +192,52 @@ def test_fast_engine_refuses_uncovered_parameters(model_tok):
     b = make_batch(model, tok)
     with pytest.raises(NotImplementedError, match="extra"):
         fast_gradients(m, b, lambda mm, bb: {}, torch.ones(1, len(b)), ["s"])
+
+
+def test_loss_values_total_is_rlgrad_loss_of_the_logged_values_exactly(model_tok):
+    """loss/total = policy - entropy_coeff·entropy + kl_loss_coef·kl from the logged values, as RAGEN reports."""
+    model, tok = model_tok
+    s = SETTINGS[0]
+    m = analyse_buckets(model, make_batch(model, tok), s, num_buckets=2).metrics
+    for b in ("all", "bucket_1", "bucket_2"):
+        p, e, k = (m[f"grad_norm/{b}/loss/{x}"] for x in ("policy", "entropy", "kl"))
+        assert m[f"grad_norm/{b}/loss/total"] == p - s.entropy_coeff * e + s.kl_loss_coef * k
+
+
+def test_a_term_no_metric_key_can_hold_fails_before_the_backward(model_tok):
+    from rlgrad.loss import per_token_loss
+
+    model, tok = model_tok
+    calls = []
+
+    def bad(m, b):
+        calls.append(1)
+        return {"kl-penalty": b.response_mask * 0.0}
+
+    with pytest.raises(ValueError, match="kl-penalty"):
+        analyse_buckets(model, make_batch(model, tok), per_token_loss(bad), num_buckets=2)
+    assert len(calls) == 1  # the forward ran once; no gradient was computed for it
+
+
+def test_a_model_the_fast_engine_cannot_cover_falls_back_to_the_reference(model_tok):
+    model, tok = model_tok
+    m = copy.deepcopy(model)
+    m.get_input_embeddings().weight.requires_grad_(False)  # frozen input embedding: no leaf for the hooks
+    b = make_batch(model, tok)
+    with pytest.warns(UserWarning, match="trainable nn.Embedding"):
+        got = analyse_buckets(m, b, SETTINGS[0], num_buckets=2, method="fast")
+    ref = analyse_buckets(m, b, SETTINGS[0], num_buckets=2, method="reference")
+    assert got.metrics == ref.metrics
+
+
+def test_hooks_built_alone_follow_the_config_schedule():
+    from rlgrad.analysis.components import ComponentGeometryHook
+    from rlgrad.analysis.redo import NeuronHealthHook
+    from rlgrad.config import load_config
+
+    off = GradientAnalysisHook(load_config(overrides=["analysis.buckets.enable=false"]))
+    assert not any(off.schedule.due(s) for s in range(1, 100))
+    cfg = load_config(overrides=["analysis.every=4"])
+    assert [s for s in range(1, 10) if GradientAnalysisHook(cfg).schedule.due(s)] == [1, 5, 9]
+    assert [s for s in range(1, 10) if ComponentGeometryHook(cfg).schedule.due(s)] == [1, 5, 9]
+    assert [s for s in range(1, 10) if NeuronHealthHook(cfg).metric_at["actor"].due(s)] == [1, 5, 9]

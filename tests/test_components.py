@@ -476,3 +476,16 @@ def test_config_cadence_and_bad_settings():
         load_config(overrides=["analysis.components_mode=shared"])
     with pytest.raises(UserError, match="outcome advantages"):  # GAE's advantage varies along a response
         hooks_from_config(load_config(overrides=["analysis.components_every=1", "algorithm.adv_estimator=gae"]))
+
+
+def test_rlgrad_actor_loss_passed_as_a_loss_fn_gives_the_same_geometry(model_tok):
+    """An ActorLoss is rlgrad's own loss: its unit loss is used, as for its LossSettings."""
+    from rlgrad.loss import ActorLoss
+
+    model, tok = model_tok
+    b = component_batch(model, tok)
+    s = SETTINGS[0]
+    a = analyse_components(model, b, s, weights=WEIGHTS).metrics
+    assert analyse_components(model, b, ActorLoss(s), weights=WEIGHTS).metrics == a
+    with pytest.raises(TypeError, match="per_token_loss"):
+        analyse_components(model, b, lambda m, bb: {"policy": bb.response_mask}, weights=WEIGHTS)

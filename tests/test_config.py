@@ -126,3 +126,23 @@ def test_yaml_roundtrip(tmp_path):
     p = tmp_path / "config.yaml"
     p.write_text(to_yaml(cfg))
     assert from_yaml_file(p) == cfg
+
+
+def test_an_error_names_the_spelling_of_the_layer_that_set_the_key(tmp_path):
+    old_run = tmp_path / "config.yaml"
+    old_run.write_text("trainer:\n  gradient_analysis_every: 5\n")
+    with pytest.raises(UserError, match=r"^'analysis.buckets.every' must be"):
+        load_config(overrides=["analysis.buckets.every=0"], base_file=str(old_run))
+    with pytest.raises(UserError, match=r"^'trainer.gradient_analysis_every' \(analysis.buckets.every\) must be"):
+        load_config(overrides=["trainer.gradient_analysis_every=0"])
+
+
+def test_the_probe_mode_key_is_refused_by_train_and_implied_by_probe(tmp_path):
+    for spelling in ("trainer.gradient_analysis_only=true", "+trainer.gradient_analysis_only=True"):
+        with pytest.raises(UserError, match="rlgrad probe"):
+            load_config(overrides=[spelling])
+        assert load_config(overrides=[spelling], probe=True).analysis.buckets.enable
+    f = tmp_path / "probe.yaml"
+    f.write_text("trainer:\n  gradient_analysis_only: true\n")
+    assert load_config(config_file=str(f), probe=True) is not None
+    load_config(overrides=["trainer.gradient_analysis_only=false"])  # as a saved run config holds it: no-op

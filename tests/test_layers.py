@@ -10,7 +10,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlgrad"
 # Lowest first. A unit (a top-level module or subpackage of rlgrad) may import only units of LOWER layers
 # (and itself): siblings of one layer never import each other.
 LAYERS = [
-    {"errors"},
+    {"errors", "aliases"},
     {"batch", "collectives", "core", "rundir", "metrics", "config"},  # leaves: torch / stdlib (+ errors) only
     {"loss", "tasks", "logging", "models", "distributed"},  # the loss math; data, sinks, models, processes
     {"hooks"},  # the hook contract: a batch, the models, the loss
@@ -20,6 +20,10 @@ LAYERS = [
     {"__main__"},
 ]
 RANK = {unit: k for k, layer in enumerate(LAYERS) for unit in layer}
+# Lower, but still out of bounds: the instruments see a batch, a model and a loss, never the processes,
+# the models' loading or the tasks; the figures read run files only.
+FORBIDDEN = {("analysis", u) for u in ("distributed", "models", "tasks")} | {
+    ("viz", u) for u in ("loss", "models", "distributed", "hooks", "tasks", "core", "collectives", "batch")}
 
 
 def unit_of(module: str) -> str:
@@ -76,6 +80,8 @@ def violations(edges: list[tuple[str, str]]) -> list[str]:
             bad.append(f"{src} -> {dst}: unit {a if a not in RANK else b} is in no layer")
         elif RANK[b] >= RANK[a]:
             bad.append(f"{src} -> {dst}: {b} (layer {RANK[b]}) is not below {a} (layer {RANK[a]})")
+        elif (a, b) in FORBIDDEN:
+            bad.append(f"{src} -> {dst}: {a} must not depend on {b}")
     return bad
 
 
@@ -120,6 +126,9 @@ def test_the_check_fails_on_an_upward_import_added_back():
     assert not violations([("rlgrad.analysis.engine", "rlgrad.loss")])
     assert violations([("rlgrad.rl.trainer", "rlgrad.analysis")])
     assert unit_cycles([("rlgrad.rl.actor", "rlgrad.analysis.dist"), ("rlgrad.analysis.x", "rlgrad.rl.core")])
+    # lower but out of bounds: an instrument reaching for the processes, the figures for the loss math
+    assert violations([("rlgrad.analysis.neurons", "rlgrad.distributed")])
+    assert violations([("rlgrad.viz.data", "rlgrad.loss")])
 
 
 def test_relative_and_package_imports_resolve():

@@ -187,3 +187,20 @@ def test_wandb_offline(tiny, tmp_path, monkeypatch):
     run = tmp_path / "run"
     run_id = (run / "wandb_run_id.txt").read_text().strip()
     assert any(run_id in p.name for p in (run / "wandb").glob("offline-run-*"))
+
+
+def test_a_checkpoint_from_before_torchrun_support_is_refused_in_one_line(tiny, tmp_path):
+    """Optimizer state keyed by position (torch's plain state_dict), as rlgrad wrote before 0.1's torchrun
+    support: resuming it says so instead of failing deep in torch."""
+    cfg = load_config(overrides=tiny + ["trainer.total_training_steps=1", "trainer.save_freq=1"])
+    make_trainer(cfg, log=lambda *a: None).fit()
+    path = tmp_path / "run" / "global_step_1" / "trainer_state.pt"
+    state = torch.load(path, weights_only=False)
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+    opt.zero_grad()
+    state["optimizer"] = opt.state_dict()  # {"state": {0: ...} or {}, "param_groups": [{"params": [0]}]}
+    state["optimizer"]["state"] = {0: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(2),
+                                       "exp_avg_sq": torch.zeros(2)}}
+    torch.save(state, path)
+    with pytest.raises(UserError, match="before 0.1's torchrun support"):
+        make_trainer(load_config(overrides=tiny + ["trainer.total_training_steps=2"]), log=lambda *a: None)

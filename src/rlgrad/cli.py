@@ -63,7 +63,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from rlgrad.config import PROBE_ONLY_KEY, load_config
+    from rlgrad.config import load_config
     from rlgrad.rl.checkpoint import checkpoint_step
 
     ckpt = Path(args.resume_from_path)
@@ -72,19 +72,26 @@ def cmd_probe(args: argparse.Namespace) -> int:
     step = checkpoint_step(ckpt)
     run_cfg = ckpt.parent / "config.yaml"
     name = f"{ckpt.parent.name}_probe_step{step}_{time.strftime('%Y%m%d-%H%M%S')}"
+    # Where the probe reads and writes, and RAGEN's probe settings: it ends after the bucket analysis.
     where = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}",
              f"trainer.val_before_train={str(args.with_val).lower()}", f"trainer.experiment_name={name}",
-             f"trainer.default_local_dir={ckpt.parent.parent / name}"]
-    overrides = [o for o in args.overrides if not o.startswith(PROBE_ONLY_KEY + "=")]  # what a probe is anyway
-    cfg = load_config(args.config_name, args.config_file, where + overrides,
-                      base_file=str(run_cfg) if run_cfg.is_file() else None)
+             f"trainer.default_local_dir={ckpt.parent.parent / name}", f"trainer.total_training_steps={step + 1}",
+             "analysis.buckets.exit_after=true"]
+    cfg = load_config(args.config_name, args.config_file, where + args.overrides,
+                      base_file=str(run_cfg) if run_cfg.is_file() else None, probe=True)
     from rlgrad import distributed
     from rlgrad.recipes import make_prober
+    from rlgrad.rl.trainer import RunStopped
 
     distributed.setup(cfg)
     try:
         prober = make_prober(cfg)
-        prober.probe()
+        try:
+            prober.probe()
+        except RunStopped as e:
+            if prober.is_main:
+                print(f"rlgrad: probe stopped: {e}", file=sys.stderr)
+            return 1
     finally:
         distributed.teardown()
     if not prober.is_main:

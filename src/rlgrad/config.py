@@ -22,6 +22,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlgrad.aliases import PROBE_ONLY_KEY, resolve_alias
 from rlgrad.errors import UserError
 
 
@@ -315,45 +316,7 @@ class RLGradConfig:
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
 
 
-# verl's, RAGEN's and earlier rlgrad spellings -> ours. Prefix entries end with '.'; exact entries win over
-# prefixes; an alias may lead to another (resolved until it names a key of the schema).
-ALIASES: dict[str, str] = {
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "actor.ppo_micro_batch_size",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "rollout.log_prob_micro_batch_size",
-    "actor_rollout_ref.model.path": "model.path",
-    "critic.ppo_micro_batch_size_per_gpu": "critic.ppo_micro_batch_size",
-    "critic.grad_clip": "critic.max_grad_norm",
-    "model_path": "model.path",
-    "data.max_response_length": "rollout.response_length",
-    "es_manager.train.env_groups": "data.train_batch_size",
-    "es_manager.train.group_size": "rollout.n",
-    # RAGEN's gradient analysis
-    "trainer.gradient_analysis_mode": "analysis.buckets.enable",
-    "trainer.gradient_analysis_every": "analysis.buckets.every",
-    "trainer.exit_after_gradient_analysis": "analysis.buckets.exit_after",
-    "trainer.gradient_analysis_env_groups": "analysis.buckets.env_groups",
-    "trainer.gradient_analysis_group_size": "analysis.buckets.group_size",
-    "trainer.gradient_analysis_log_prefilter": "analysis.buckets.log_prefilter",
-    "rollout.gradient_analysis_num_buckets": "analysis.buckets.num_buckets",
-    "rollout.gradient_analysis_bucket_mode": "analysis.buckets.bucket_mode",
-    "analysis.save_batch": "analysis.buckets.save_batch",
-    "analysis.save_model": "analysis.buckets.save_model",
-    "analysis.dp_trim": "analysis.buckets.dp_trim",
-    # reward components (rlgrad 0.1 spellings)
-    "analysis.components_every": "analysis.components.every",
-    "analysis.components_mode": "analysis.components.mode",
-    "analysis.save_component_gradients": "analysis.components.save_gradients",
-    # neuron health and ReDo (verl / RAGEN: actor_rollout_ref.actor.redo_*, critic.redo_*)
-    **{f"{role}.redo_{old}": f"analysis.neurons.{role}.{new}" for role in ("actor", "critic") for old, new in (
-        ("metric_freq", "metric_every"), ("reset_freq", "reset_every"), ("tau", "tau"), ("mode", "mode"),
-        ("max_reset_frac", "max_reset_frac"), ("nullspace_samples", "nullspace_samples"),
-        ("reset_outgoing", "reset_outgoing"))},
-    "actor_rollout_ref.actor.": "actor.",
-    "actor_rollout_ref.rollout.": "rollout.",
-    "actor_rollout_ref.model.": "model.",
-}
-# RAGEN's checkpoint-probe mode, which `rlgrad probe` is: no key of `rlgrad train`.
-PROBE_ONLY_KEY = "trainer.gradient_analysis_only"
+OUTCOME_ESTIMATORS = ("grpo", "rloo")  # one advantage per response: what the reward-component geometry needs
 
 CONFIG_DIRS = [Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs"]
 
@@ -371,18 +334,6 @@ def _schema_keys(node: Any, prefix: str = "") -> list[str]:
 
 SCHEMA_KEYS = _schema_keys(RLGradConfig())
 _DICT_KEYS = {"reward.weights"}  # free-form mappings: their sub-keys are user data
-
-
-def resolve_alias(key: str) -> str:
-    for _ in range(4):  # an alias may lead to another (actor_rollout_ref.actor.redo_tau -> actor.redo_tau -> ...)
-        if key in ALIASES:
-            key = ALIASES[key]
-            continue
-        prefix = next((src for src in ALIASES if src.endswith(".") and key.startswith(src)), None)
-        if prefix is None:
-            break
-        key = ALIASES[prefix] + key[len(prefix):]
-    return key
 
 
 def check_key(key: str, origin: str) -> str:
@@ -448,10 +399,12 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def load_config(preset: str | None = None, config_file: str | None = None,
-                overrides: list[str] | None = None, base_file: str | None = None) -> RLGradConfig:
+                overrides: list[str] | None = None, base_file: str | None = None,
+                probe: bool = False) -> RLGradConfig:
     """Schema defaults < base_file < preset < config_file < overrides, validated.
 
-    Every error is a one-line UserError. ``base_file`` is a run's saved config.yaml (``rlgrad probe``).
+    Every error is a one-line UserError. ``base_file`` is a run's saved config.yaml (``rlgrad probe``, which
+    passes ``probe=True``: RAGEN's ``trainer.gradient_analysis_only`` is then what it runs anyway).
     """
     layers: list[tuple[str, dict[str, Any]]] = []
     if base_file:
@@ -472,13 +425,15 @@ def load_config(preset: str | None = None, config_file: str | None = None,
     for origin, flat in layers:
         for key, value in flat.items():
             if resolve_alias(key) == PROBE_ONLY_KEY:  # false (as a saved run config holds it) changes nothing
-                if value:
+                if value and not probe:  # what `rlgrad probe` (probe=True) is anyway
                     raise UserError(f"{origin}: '{key}' is RAGEN's checkpoint-probe mode; run "
                                     "`rlgrad probe --resume-from-path RUN/global_step_N` instead")
                 continue
             ours = check_key(key, origin)
             if ours != key:
                 spelled[ours] = key
+            else:  # a later layer's own spelling wins: errors name it
+                spelled.pop(ours, None)
             try:
                 OmegaConf.update(cfg, ours, value, merge=False)
             except OmegaConfBaseException as e:
@@ -546,7 +501,7 @@ def validate_analysis(cfg: RLGradConfig) -> None:
         raise UserError(f"'analysis.every' must be a positive integer or null, got {a.every}")
     if a.components.every < 0:
         raise UserError(f"'analysis.components.every' must be >= 0 (0: off), got {a.components.every}")
-    if a.components.every > 0 and cfg.algorithm.adv_estimator not in ("grpo", "rloo"):
+    if a.components.every > 0 and cfg.algorithm.adv_estimator not in OUTCOME_ESTIMATORS:
         raise UserError("'analysis.components.every' needs outcome advantages (algorithm.adv_estimator: grpo | rloo), "
                         f"got '{cfg.algorithm.adv_estimator}'")
     for key in ("env_groups", "group_size"):

@@ -29,10 +29,6 @@ if TYPE_CHECKING:
     from rlgrad.config import RLGradConfig
 
 
-def _nothing() -> None:
-    return None
-
-
 @dataclass(frozen=True)
 class Schedule:
     """The one step rule every instrument uses: due at steps ``first, first + every, ...`` (``every <= 0``: never).
@@ -73,9 +69,10 @@ class StepContext:
     # (groups, group_size) -> (prepared filtered batch or None when the filter kept nothing, unfiltered batch):
     # a separate rollout that leaves the training batch, the data stream and the RNG untouched.
     sample_batch: Callable[[int, int], tuple[Batch | None, Batch]] | None = None
-    # FSDP2: refresh the plain replica from the sharded module after a hook changed weights on purpose.
-    sync_actor: Callable[[], None] = _nothing
-    sync_critic: Callable[[], None] = _nothing
+    # FSDP2: refresh the plain replica from the sharded module after a hook changed weights on purpose
+    # (None: no replica to refresh; a hook that would need one fails loudly instead of leaving it stale).
+    sync_actor: Callable[[], None] | None = None
+    sync_critic: Callable[[], None] | None = None
 
 
 @dataclass

@@ -130,6 +130,14 @@ class LossSettings:
     def agg(self) -> Aggregation:
         return Aggregation(self.loss_agg_mode, self.horizon)
 
+    def coefficients(self) -> dict[str, float]:
+        """``L = Σ coefficient · quantity`` over ``policy`` (the PPO / CISPO loss), ``entropy`` (H) and ``kl``
+        (with use_kl_loss): the one place the actor loss's formula is written."""
+        out = {"policy": 1.0, "entropy": -self.entropy_coeff}
+        if self.use_kl_loss:
+            out["kl"] = self.kl_loss_coef
+        return out
+
     @classmethod
     def from_config(cls, cfg: RLGradConfig) -> LossSettings:
         a = cfg.actor
@@ -159,6 +167,9 @@ class CriticSettings:
 
 
 # ---------------------------------------------------------------------------------------------- the actor loss
+TERM_OF = {"policy": "task", "entropy": "entropy", "kl": "kl"}  # the actor loss's quantities -> its term names
+
+
 @dataclass
 class TokenLosses:
     """Per-token terms of the actor loss for one forward (``[N, L]``, zero outside ``mask``)."""
@@ -178,12 +189,9 @@ class TokenLosses:
 
         A term with a zero coefficient (or KL off) is absent: it does not move the policy.
         """
-        out = {"task": self.pg}
-        if s.entropy_coeff != 0:
-            out["entropy"] = -s.entropy_coeff * self.entropy
-        if self.kl is not None and s.kl_loss_coef != 0:
-            out["kl"] = s.kl_loss_coef * self.kl
-        return out
+        raw = {"policy": self.pg, "entropy": self.entropy, "kl": self.kl}
+        return {TERM_OF[q]: self.pg if q == "policy" else c * raw[q]
+                for q, c in s.coefficients().items() if c != 0 and raw[q] is not None}
 
 
 def token_losses(model: nn.Module, mb: Batch, s: LossSettings) -> TokenLosses:
@@ -214,11 +222,11 @@ class LossTerms:
     ppo_kl: Tensor
 
     def total(self, s: LossSettings) -> Tensor:
+        raw = {"policy": self.pg, "entropy": self.entropy, "kl": self.kl}
         loss = self.pg
-        if s.entropy_coeff != 0:
-            loss = loss - s.entropy_coeff * self.entropy
-        if self.kl is not None:
-            loss = loss + s.kl_loss_coef * self.kl
+        for q, c in s.coefficients().items():
+            if q != "policy" and c != 0 and raw[q] is not None:
+                loss = loss + c * raw[q]
         return loss
 
 
@@ -239,9 +247,12 @@ class Terms(dict):
     """``{term: per-token loss [N, L]}`` as a ``LossFn`` returns it (a plain dict works too).
 
     ``logged``, when set, holds the per-token quantities an instrument reports as loss values instead of
-    the terms themselves (rlgrad's actor loss: the policy loss, the raw entropy and KL, and the total)."""
+    the terms themselves, and ``total`` the coefficients that make the loss of them (rlgrad's actor loss:
+    the policy loss, the raw entropy and KL, ``LossSettings.coefficients``). A plain dict reports its terms
+    and their sum."""
 
     logged: dict[str, Tensor] | None = None
+    total: dict[str, float] | None = None
 
 
 class LossFn(Protocol):
@@ -284,7 +295,7 @@ def per_token_loss(fn: Callable[[nn.Module, Batch], dict[str, Tensor] | Tensor],
 class ActorLoss:
     """rlgrad's actor objective as a ``LossFn``: terms ``task`` (policy loss), ``entropy`` (``-entropy_coeff·H``)
     and ``kl`` (``kl_loss_coef·KL``), a term with a zero coefficient left out; ``logged``: ``policy``,
-    ``entropy`` and ``kl`` (the raw aggregated quantities) and ``total``, as RAGEN reports them."""
+    ``entropy`` and ``kl`` (the raw quantities), whose ``total`` is the loss, as RAGEN reports them."""
 
     def __init__(self, settings: LossSettings | None = None):
         self.settings = settings or LossSettings()
@@ -297,8 +308,7 @@ class ActorLoss:
         out.logged = {"policy": t.pg.detach(), "entropy": t.entropy.detach()}
         if t.kl is not None:
             out.logged["kl"] = t.kl.detach()
-        total = t.pg - s.entropy_coeff * t.entropy + (s.kl_loss_coef * t.kl if t.kl is not None else 0.0)
-        out.logged["total"] = total.detach()
+        out.total = s.coefficients()
         return out
 
     def unit(self) -> PerTokenLoss:
@@ -312,10 +322,17 @@ def as_loss_fn(loss: LossFn | LossSettings | None) -> LossFn:
     """An instrument's ``loss`` argument as a ``LossFn``: None or a ``LossSettings`` mean rlgrad's actor loss."""
     if loss is None or isinstance(loss, LossSettings):
         return ActorLoss(loss)
-    if not hasattr(loss, "agg"):
+    if not isinstance(getattr(loss, "agg", None), Aggregation):
         raise TypeError("a loss function for the instruments needs its aggregation: wrap it with "
                         "rlgrad.loss.per_token_loss(fn, loss_agg_mode)")
     return loss
+
+
+def as_unit_loss(loss: LossFn | LossSettings | None) -> LossFn:
+    """The policy loss per unit of advantage for the reward-component geometry: rlgrad's actor loss (None, a
+    ``LossSettings`` or an ``ActorLoss``) gives its own; any other ``LossFn`` is taken to be one already."""
+    loss = as_loss_fn(loss)
+    return loss.unit() if isinstance(loss, ActorLoss) else loss
 
 
 def critic_loss_fn(s: CriticSettings) -> PerTokenLoss:

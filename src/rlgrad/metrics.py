@@ -258,7 +258,7 @@ CATALOGUE: tuple[Metric, ...] = (
         "components",
         ("grad_comp/{component}/norm",
          "L2 norm over all trainable parameters of the policy-loss gradient with the component's "
-         "advantage (analysis.components_mode)."),
+         "advantage (analysis.components.mode)."),
         ("grad_comp/{component}/share",
          "⟨g_c, g_total⟩ / |g_total|²: the component's share of the update's policy gradient (the shares "
          "sum to 1 in shared_std); absent when g_total = 0."),

@@ -22,9 +22,8 @@ def make_trainer(cfg: RLGradConfig, hooks: list[Hook] | None = None, log: Callab
 
 def make_prober(cfg: RLGradConfig, log: Callable = print) -> Trainer:
     """The trainer for ``rlgrad probe`` (``Trainer.probe``): ``cfg`` resumes from the probed checkpoint, and
-    the bucket analysis -- and the reward-component geometry when it is on -- run at the probed step."""
+    the bucket analysis runs at the probed step (RAGEN's probe: every step); the other instruments keep
+    their own steps."""
     at = schedules(cfg)
     at["buckets"] = Schedule(1)
-    if at["components"].every > 0:
-        at["components"] = Schedule(1)
     return Trainer(cfg, hooks=hooks_from_config(cfg, at), log=log)

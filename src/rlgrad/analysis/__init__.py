@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlgrad.analysis.components import ESTIMATORS, ComponentGeometryHook, analyse_components
+from rlgrad.analysis.cadence import schedules
+from rlgrad.analysis.components import ComponentGeometryHook, analyse_components
 from rlgrad.analysis.gradient_probe import GradientAnalysisHook, analyse_buckets
 from rlgrad.analysis.redo import NeuronHealthHook
 from rlgrad.hooks import Hook, Schedule
@@ -19,33 +20,13 @@ if TYPE_CHECKING:
 __all__ = ["analyse_buckets", "analyse_components", "hooks_from_config", "schedules"]
 
 
-def schedules(cfg: RLGradConfig) -> dict[str, Schedule]:
-    """The steps each instrument runs at: ``buckets``, ``components``, ``neurons/<role>`` (metrics) and
-    ``reset/<role>``. ``analysis.every`` puts every instrument that applies to the run on steps
-    1, 1+every, ... (the reward components need outcome advantages, the critic exists with gae)."""
-    a = cfg.analysis
-    gae = cfg.algorithm.adv_estimator == "gae"
-    out = {"buckets": Schedule(a.buckets.every if a.buckets.enable else 0),
-           "components": Schedule(a.components.every)}
-    for role in ("actor", "critic"):
-        n = getattr(a.neurons, role)
-        out[f"neurons/{role}"] = Schedule(n.metric_every, n.metric_every)
-        out[f"reset/{role}"] = Schedule(n.reset_every, n.reset_every)
-    if a.every is not None:
-        out["buckets"] = Schedule(a.every)
-        out["components"] = Schedule(0 if gae else a.every)
-        out["neurons/actor"] = Schedule(a.every)
-        out["neurons/critic"] = Schedule(a.every if gae else 0)
-    return out
-
-
 def hooks_from_config(cfg: RLGradConfig, at: dict[str, Schedule] | None = None) -> list[Hook]:
     """The instruments a config asks for, as hooks in the order they run at the hook point (``at``: the
     steps, default ``schedules(cfg)``)."""
     at = at or schedules(cfg)
     hooks: list[Hook] = []
     # Before the bucket analysis: that one may stop the run at its step (analysis.buckets.exit_after).
-    if at["components"].every > 0 and cfg.algorithm.adv_estimator in ESTIMATORS:
+    if at["components"].every > 0:
         hooks.append(ComponentGeometryHook(cfg, at["components"]))
     if at["buckets"].every > 0:
         hooks.append(GradientAnalysisHook(cfg, at["buckets"]))

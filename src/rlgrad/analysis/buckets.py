@@ -65,7 +65,7 @@ def make_buckets(group_ids: torch.Tensor, reward_std: torch.Tensor, *, mode: str
         members = [[k for k in range(len(gids)) if lo <= float(stds[k]) < hi]
                    for lo, hi in zip(FIXED_RV_EDGES[:-1], FIXED_RV_EDGES[1:])]
     else:
-        raise ValueError(f"unknown gradient_analysis_bucket_mode '{mode}' (quantile | fixed_rv)")
+        raise ValueError(f"unknown analysis.buckets.bucket_mode '{mode}' (quantile | fixed_rv)")
     rows = {"all": torch.arange(len(group_ids))}
     table = []
     for i, ks in enumerate(members, start=1):

@@ -40,11 +40,13 @@ import torch
 from torch import nn
 
 from rlgrad import collectives
+from rlgrad.analysis.cadence import schedules
 from rlgrad.analysis.engine import GradStats, layer_group, slice_gradients
 from rlgrad.batch import Batch
+from rlgrad.config import OUTCOME_ESTIMATORS
 from rlgrad.core import group_stats, grpo_advantages, rloo_advantages
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
-from rlgrad.loss import ActorLoss, LossFn, LossSettings, PerTokenLoss
+from rlgrad.loss import LossFn, LossSettings, PerTokenLoss, as_unit_loss
 from rlgrad.metrics import key
 from rlgrad.rundir import atomic_write_bytes, atomic_write_json
 
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
     from rlgrad.config import RLGradConfig
 
 MODES = ("shared_std", "own_std")
-ESTIMATORS = ("grpo", "rloo")
+ESTIMATORS = OUTCOME_ESTIMATORS
 TERM = "policy"
 
 
@@ -156,10 +158,11 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
 
     ``batch`` is prepared (old log-probs, advantages) exactly as the update sees it; ``weights`` the task's
     reward weights; ``estimator`` / ``norm_by_std`` the trainer's advantage settings. ``loss``: the policy
-    loss PER UNIT OF ADVANTAGE as a ``LossFn`` with one term (REINFORCE: ``-log π``; see the module
-    docstring), or the ``LossSettings`` of rlgrad's PPO / CISPO loss (default: its defaults).
+    loss PER UNIT OF ADVANTAGE as a ``LossFn`` (its terms summed; REINFORCE: ``-log π``; see the module
+    docstring), or rlgrad's PPO / CISPO loss as an ``ActorLoss`` or its ``LossSettings`` (default: its
+    defaults), whose unit loss is then used.
     """
-    unit = loss if loss is not None and not isinstance(loss, LossSettings) else ActorLoss(loss).unit()
+    unit = as_unit_loss(loss)
     names = list(batch.components)
     if not names:
         raise ValueError("the batch carries no reward components")
@@ -291,7 +294,7 @@ class ComponentGeometryHook(Hook):
 
     def __init__(self, cfg: RLGradConfig, schedule: Schedule | None = None, log=_stderr):
         self.cfg, self.log = cfg, log
-        self.schedule = schedule or Schedule(cfg.analysis.components.every)
+        self.schedule = schedule or schedules(cfg)["components"]
         self.writer = BackgroundWriter(log) if cfg.analysis.components.save_gradients else None
 
     def before_update(self, ctx: StepContext) -> HookResult | None:

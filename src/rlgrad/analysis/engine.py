@@ -135,7 +135,6 @@ class _SliceReducer:
         self.acc: dict[int, torch.Tensor] = {}
         self.names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
         self.handles = []
-        self.covered: set[int] = set()
         self.embed_leaf: list[tuple[nn.Embedding, torch.Tensor, torch.Tensor]] = []
         for mod in model.modules():
             if isinstance(mod, nn.Linear):
@@ -149,7 +148,6 @@ class _SliceReducer:
         params = [p for p in mod.parameters(recurse=False) if id(p) in self.names]
         if not params:
             return
-        self.covered.update(id(p) for p in params)
 
         def fwd(module, inputs, output):
             x = inputs[0].detach() if prep is None else prep(module, inputs[0].detach())
@@ -313,12 +311,12 @@ def fast_unsupported(model: nn.Module) -> str | None:
     for mod in model.modules():
         if isinstance(mod, (nn.Linear, nn.Embedding, nn.LayerNorm)) or _is_rmsnorm(mod):
             covered.update(id(p) for p in mod.parameters(recurse=False))
-            embedding |= isinstance(mod, nn.Embedding)
+            embedding |= isinstance(mod, nn.Embedding) and mod.weight.requires_grad
     missing = [n for k, n in names.items() if k not in covered]
     if missing:
         return f"the fast gradient engine does not cover parameter(s) {', '.join(missing[:3])}"
     if not embedding:
-        return "the fast gradient engine needs an nn.Embedding input layer"
+        return "the fast gradient engine needs a trainable nn.Embedding input layer"
     return None
 
 
@@ -337,14 +335,12 @@ def fast_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: tor
     owner = torch.where(weights != 0, torch.arange(len(weights))[:, None], len(weights)).min(0).values
     perm = torch.sort(owner, stable=True).indices
     batch, weights = batch.select(perm), weights[:, perm]
+    why = fast_unsupported(model)
+    if why:
+        raise NotImplementedError(f"{why}; use analysis.method=reference")
     params = [p for p in model.parameters() if p.requires_grad]
     flags = [p.requires_grad for p in model.parameters()]
     reducer = _SliceReducer(model, weights.to(next(model.parameters()).device))
-    missing = [reducer.names[id(p)] for p in params if id(p) not in reducer.covered]
-    if missing:
-        reducer.close()
-        raise NotImplementedError(f"the fast gradient engine does not cover parameter(s) {', '.join(missing[:3])}; "
-                                  "use analysis.method=reference")
     stats = GradStats(slices + list(derived), {}, {}, row_order=perm)
     try:
         for p in params:

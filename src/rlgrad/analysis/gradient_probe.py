@@ -13,6 +13,7 @@ import csv
 import io
 import shutil
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,12 +22,13 @@ import torch
 from torch import nn
 
 from rlgrad.analysis.buckets import Buckets, global_buckets
-from rlgrad.analysis.engine import GradStats, slice_gradients
+from rlgrad.analysis.cadence import schedules
+from rlgrad.analysis.engine import GradStats, fast_unsupported, slice_gradients
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_reduce_sum
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
 from rlgrad.loss import LossFn, LossSettings, PerTokenLoss, as_loss_fn
-from rlgrad.metrics import key, parse
+from rlgrad.metrics import key, match, parse
 from rlgrad.rundir import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 if TYPE_CHECKING:
@@ -55,6 +57,9 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
     bucket to a multiple of ``dp_trim`` samples.
     """
     loss_fn = as_loss_fn(loss)
+    if method == "fast" and (why := fast_unsupported(model)):  # decided first: reference probes `all` itself
+        warnings.warn(f"{why}; falling back to analysis.method=reference", stacklevel=2)
+        method = "reference"
     buckets = global_buckets(batch.group_ids, batch.reward_std, mode=bucket_mode, num_buckets=num_buckets,
                              trim=dp_trim)
     count, tokens, denom = _bucket_sizes(batch, buckets, loss_fn)
@@ -68,16 +73,20 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
         w_all[0, buckets.rows["all"]] = 1.0 / max(denom["all"], 1e-8)
         weights = torch.cat([weights, w_all])
         real, derived = real + ["all"], {}
-    seen: list[tuple[Batch, dict]] = []
+    seen: list[dict] = []
 
     def capture(m: nn.Module, b: Batch) -> dict[str, torch.Tensor]:
         out = loss_fn(m, b)
-        seen.append((b, out))
+        for term in out:  # a name no metric key can hold fails here, before any backward
+            key("grad_norm/{bucket}/{term}", bucket="all", term=term)
+        seen.append(out)
         return out
 
     stats = slice_gradients(method, model, batch, PerTokenLoss(capture, loss_fn.agg), weights, real, derived,
                             keep_grads=keep_grads)
-    values = _loss_values(model, batch, loss_fn, seen, stats.row_order, buckets)
+    # fast: ONE forward over the whole batch (rows sorted by bucket), whose outputs give the loss values
+    values = _loss_values(model, batch, loss_fn, seen[0] if stats.row_order is not None else None,
+                          stats.row_order, buckets)
     metrics: dict[str, float] = {}
     layers: dict[str, dict[str, dict[str, float]]] = {}
     n_total = float(all_reduce_sum(torch.tensor(float((batch.group_ids >= 0).sum()))))
@@ -89,8 +98,10 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
         metrics[key("grad_norm/{bucket}/reward_std_mean", bucket=b)] = float(stds.mean())
         metrics[key("grad_norm/{bucket}/reward_std_min", bucket=b)] = float(stds.min())
         metrics[key("grad_norm/{bucket}/reward_std_max", bucket=b)] = float(stds.max())
-        for name, v in values[b].items():
-            metrics[key("grad_norm/{bucket}/loss/{loss}", bucket=b, loss=name)] = v / max(denom[b], 1e-8)
+        losses = {name: v / max(denom[b], 1e-8) for name, v in values[b].items() if name != "total"}
+        losses["total"] = sum(c * losses[name] for name, c in values[b]["total"].items())
+        for name, v in losses.items():
+            metrics[key("grad_norm/{bucket}/loss/{loss}", bucket=b, loss=name)] = v
         layers[b] = {}
         for term in stats.gram:
             norm = stats.norm(term, b)
@@ -111,23 +122,20 @@ def _bucket_sizes(batch: Batch, buckets: Buckets, loss_fn: LossFn
     return tuple({n: float(sizes[k, j]) for k, n in enumerate(buckets.names)} for j in range(3))
 
 
-def _loss_values(model: nn.Module, batch: Batch, loss_fn: LossFn, seen: list[tuple[Batch, dict]],
-                 row_order: torch.Tensor | None, buckets: Buckets) -> dict[str, dict[str, float]]:
-    """bucket -> {name: Σ ω·value over the bucket's rows, all ranks}: the loss values' numerators.
+def _loss_values(model: nn.Module, batch: Batch, loss_fn: LossFn, out: dict | None, row_order: torch.Tensor | None,
+                 buckets: Buckets) -> dict[str, dict]:
+    """bucket -> {name: Σ ω·value over the bucket's rows, all ranks; "total": {name: coefficient}}.
 
-    The values are the loss's ``logged`` quantities (``rlgrad.loss.Terms``), else its terms and their total.
-    They come from the fast engine's single forward over the whole batch; otherwise (reference, or a rank
-    with no rows) from one no-grad forward."""
+    The values are the loss's ``logged`` quantities and their ``total`` coefficients (``rlgrad.loss.Terms``),
+    else its terms and their sum. ``out`` is the fast engine's forward over the rows in ``row_order``;
+    without it (reference) one no-grad forward gives them (a rank with no rows: a blank row)."""
     probe = batch if len(batch) else batch.blank_rows(1)
-    if not (seen and len(seen[0][0]) == len(probe)):
+    if out is None:
         with torch.no_grad():
-            seen, row_order = [(probe, loss_fn(model, probe))], None
-    out = seen[0][1]
-    logged = getattr(out, "logged", None)
-    if logged is None:
-        logged = {k: v.detach() for k, v in out.items()}
-        logged["total"] = sum(logged.values())
-    if row_order is not None:  # the fast engine ran its forward on rows sorted by bucket
+            out, row_order = loss_fn(model, probe), None
+    logged = getattr(out, "logged", None) or {k: v.detach() for k, v in out.items()}
+    total = getattr(out, "total", None) or {k: 1.0 for k in logged}
+    if row_order is not None:
         inv = torch.argsort(row_order)
         logged = {k: v[inv.to(v.device)] for k, v in logged.items()}
     first = next(iter(logged.values()))
@@ -135,7 +143,8 @@ def _loss_values(model: nn.Module, batch: Batch, loss_fn: LossFn, seen: list[tup
     nums = all_reduce_sum(torch.tensor([[float((v[buckets.rows[n]] * omega[buckets.rows[n]]).sum())
                                          for v in logged.values()] for n in buckets.names],
                                        dtype=torch.float64).reshape(len(buckets.names), len(logged)))
-    return {n: {k: float(nums[b, j]) for j, k in enumerate(logged)} for b, n in enumerate(buckets.names)}
+    return {n: {**{k: float(nums[b, j]) for j, k in enumerate(logged)}, "total": total}
+            for b, n in enumerate(buckets.names)}
 
 
 def actor_summary(metrics: dict[str, float]) -> dict[str, float]:
@@ -149,6 +158,12 @@ def actor_summary(metrics: dict[str, float]) -> dict[str, float]:
         elif (f := parse("grad_norm/{bucket}/{term}", k)) and f["bucket"] == "all":
             out[key("actor/grad_norm/{term}", term=f["term"])] = v
     return out
+
+
+def _prefiltered(k: str) -> str:
+    """``grad_norm/{bucket}/...`` -> the same key under ``grad_norm_prefilter/`` (its own catalogue entry)."""
+    template = match(k).template
+    return key(template.replace("grad_norm/", "grad_norm_prefilter/", 1), **parse(template, k))
 
 
 def group_table_csv(buckets: Buckets) -> str:
@@ -187,7 +202,7 @@ class GradientAnalysisHook(Hook):
 
     def __init__(self, cfg: RLGradConfig, schedule: Schedule | None = None):
         self.cfg = cfg
-        self.schedule = schedule or Schedule(cfg.analysis.buckets.every)
+        self.schedule = schedule or schedules(cfg)["buckets"]
 
     def before_update(self, ctx: StepContext) -> HookResult | None:
         if not self.schedule.due(ctx.step):
@@ -213,14 +228,14 @@ class GradientAnalysisHook(Hook):
                 result.metrics.update(actor_summary(rep.metrics))
                 result.tables["grad_norm/group_rv_table"] = table
             else:  # the same analysis of the batch before the rollout filter: grad_norm_prefilter/{bucket}/...
-                result.metrics.update({"grad_norm_prefilter/" + k.split("/", 1)[1]: v for k, v in rep.metrics.items()})
+                result.metrics.update({_prefiltered(k): v for k, v in rep.metrics.items()})
                 result.tables["grad_norm_prefilter/group_rv_table"] = table
             layers[prefix] = rep.layers
         if ctx.is_main:
             atomic_write_json(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "layers.json", layers)
         if b.exit_after:
             result.metrics["trainer/exited_after_gradient_analysis"] = 1.0
-            result.stop, result.reason = True, "analysis.buckets.exit_after (trainer.exit_after_gradient_analysis)"
+            result.stop, result.reason = True, "analysis.buckets.exit_after"
         result.metrics["timing_s/analysis/buckets"] = time.perf_counter() - t0
         return result
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from rlgrad import collectives
+from rlgrad.analysis.cadence import schedules
 from rlgrad.analysis.neurons import NeuronLayer, NeuronReport, _is_sharded, _shard, measure, seed_of
 from rlgrad.batch import Batch
 from rlgrad.hooks import Hook, Schedule, StepContext
@@ -161,9 +162,9 @@ class NeuronHealthHook(Hook):
     def __init__(self, cfg: RLGradConfig, metrics: dict[str, Schedule] | None = None,
                  resets: dict[str, Schedule] | None = None):
         self.cfg = cfg
-        roles = {r: getattr(cfg.analysis.neurons, r) for r in ("actor", "critic")}
-        self.metric_at = metrics or {r: Schedule(n.metric_every, n.metric_every) for r, n in roles.items()}
-        self.reset_at = resets or {r: Schedule(n.reset_every, n.reset_every) for r, n in roles.items()}
+        at = schedules(cfg)
+        self.metric_at = metrics or {r: at[f"neurons/{r}"] for r in ("actor", "critic")}
+        self.reset_at = resets or {r: at[f"reset/{r}"] for r in ("actor", "critic")}
         self.pending: dict[str, tuple[int, NeuronReport]] = {}
 
     @staticmethod
@@ -198,6 +199,9 @@ class NeuronHealthHook(Hook):
                                        seed=self.cfg.trainer.seed, step=ctx.step)
                 out[key("{role}/neuron/reset_count", role=role)] = float(sum(counts.values()))
                 if rep.sharded and sum(counts.values()):  # the same decision on every rank: all join the gather
+                    if syncs[role] is None:
+                        raise RuntimeError(f"a neuron reset on FSDP2 shards needs ctx.sync_{role} to refresh the "
+                                           "plain replica")
                     syncs[role]()
             doc[role] = rep.to_json()
         self.pending.clear()

@@ -198,6 +198,9 @@ class Trainer:
 
     def _restore(self, path: Path) -> None:
         state = ckpt.load_state(path)
+        if any(isinstance(k, int) for k in state["optimizer"]["state"]):
+            raise UserError(f"checkpoint '{path}' was written by rlgrad before 0.1's torchrun support (optimizer "
+                            "state keyed by position, not parameter name); it cannot be resumed or probed")
         distributed.load_optimizer_state(self.train_actor, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.critic is not None:
@@ -488,11 +491,13 @@ class Trainer:
                 logger.log(self.step, self.validate())
             m: dict[str, float] = {}
             t0 = time.perf_counter()
-            collected = self.collect(step, m)
-            if collected is not None:
-                self.before_update(self.context(step, *collected), logger, m)
-            m["timing_s/step"] = time.perf_counter() - t0
-            logger.log(step, m)
+            try:
+                collected = self.collect(step, m)
+                if collected is not None:
+                    self.before_update(self.context(step, *collected), logger, m)
+            finally:  # also when the run stops (the filter kept nothing too often): the row says so
+                m["timing_s/step"] = time.perf_counter() - t0
+                logger.log(step, m)
         finally:
             logger.close()
             for hook in self.hooks:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlgrad.config import ALIASES, resolve_alias
+from rlgrad.aliases import ALIASES, resolve_alias
 from rlgrad.errors import UserError
 from rlgrad.metrics import key, parse
 

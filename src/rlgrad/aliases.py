@@ -1,0 +1,59 @@
+"""verl's, RAGEN's and earlier rlgrad spellings of settings, and how a key resolves to rlgrad's own.
+
+``rlgrad.config`` applies them to every preset, config file and override; the field docs in
+``rlgrad.config`` name each setting's aliases.
+"""
+
+from __future__ import annotations
+
+# verl's, RAGEN's and earlier rlgrad spellings -> ours. Prefix entries end with '.'; exact entries win over
+# prefixes; an alias may lead to another (resolved until it names a key of the schema).
+ALIASES: dict[str, str] = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "actor.ppo_micro_batch_size",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "rollout.log_prob_micro_batch_size",
+    "actor_rollout_ref.model.path": "model.path",
+    "critic.ppo_micro_batch_size_per_gpu": "critic.ppo_micro_batch_size",
+    "critic.grad_clip": "critic.max_grad_norm",
+    "model_path": "model.path",
+    "data.max_response_length": "rollout.response_length",
+    "es_manager.train.env_groups": "data.train_batch_size",
+    "es_manager.train.group_size": "rollout.n",
+    # RAGEN's gradient analysis
+    "trainer.gradient_analysis_mode": "analysis.buckets.enable",
+    "trainer.gradient_analysis_every": "analysis.buckets.every",
+    "trainer.exit_after_gradient_analysis": "analysis.buckets.exit_after",
+    "trainer.gradient_analysis_env_groups": "analysis.buckets.env_groups",
+    "trainer.gradient_analysis_group_size": "analysis.buckets.group_size",
+    "trainer.gradient_analysis_log_prefilter": "analysis.buckets.log_prefilter",
+    "rollout.gradient_analysis_num_buckets": "analysis.buckets.num_buckets",
+    "rollout.gradient_analysis_bucket_mode": "analysis.buckets.bucket_mode",
+    "analysis.save_batch": "analysis.buckets.save_batch",
+    "analysis.save_model": "analysis.buckets.save_model",
+    "analysis.dp_trim": "analysis.buckets.dp_trim",
+    # reward components (rlgrad 0.1 spellings)
+    "analysis.components_every": "analysis.components.every",
+    "analysis.components_mode": "analysis.components.mode",
+    "analysis.save_component_gradients": "analysis.components.save_gradients",
+    # neuron health and ReDo (verl / RAGEN: actor_rollout_ref.actor.redo_*, critic.redo_*)
+    **{f"{role}.redo_{old}": f"analysis.neurons.{role}.{new}" for role in ("actor", "critic") for old, new in (
+        ("metric_freq", "metric_every"), ("reset_freq", "reset_every"), ("tau", "tau"), ("mode", "mode"),
+        ("max_reset_frac", "max_reset_frac"), ("nullspace_samples", "nullspace_samples"),
+        ("reset_outgoing", "reset_outgoing"))},
+    "actor_rollout_ref.actor.": "actor.",
+    "actor_rollout_ref.rollout.": "rollout.",
+    "actor_rollout_ref.model.": "model.",
+}
+# RAGEN's checkpoint-probe mode, which `rlgrad probe` is: no key of `rlgrad train`.
+PROBE_ONLY_KEY = "trainer.gradient_analysis_only"
+
+
+def resolve_alias(key: str) -> str:
+    for _ in range(4):  # an alias may lead to another (actor_rollout_ref.actor.redo_tau -> actor.redo_tau -> ...)
+        if key in ALIASES:
+            key = ALIASES[key]
+            continue
+        prefix = next((src for src in ALIASES if src.endswith(".") and key.startswith(src)), None)
+        if prefix is None:
+            break
+        key = ALIASES[prefix] + key[len(prefix):]
+    return key
