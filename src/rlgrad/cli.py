@@ -138,6 +138,102 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _steps_text(steps: list[int]) -> str:
+    """1, 2, 3, 5, 7, 8, 9 -> '1-3, 5, 7-9'."""
+    out, k = [], 0
+    while k < len(steps):
+        j = k
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        out.append(str(steps[k]) if j == k else f"{steps[k]}-{steps[j]}")
+        k = j + 1
+    return ", ".join(out)
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` at most about ``limit`` characters: its head and tail around a marker (0: whole)."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    head, tail = text[:2 * limit // 3], text[len(text) - limit // 3:]
+    return f"{head} … [{len(text) - len(head) - len(tail)} characters] … {tail}"
+
+
+def _indented(text: str, pad: str) -> str:
+    return "\n".join(pad + line for line in (text.splitlines() or [""]))
+
+
+def _sample_line(s: dict) -> str:
+    comps = "  ".join(f"{c} {v:.3g}" for c, v in (s.get("components") or {}).items() if isinstance(v, int | float))
+    adv = s.get("advantage")
+    adv_text = f"adv {adv:+.3f}" if isinstance(adv, int | float) else "adv –"
+    total = s.get("total")
+    total_text = f"total {total:.3f}" if isinstance(total, int | float) else "total –"
+    return (f"  #{s.get('index', '?')}  {total_text}  ({comps})  {adv_text}  "
+            f"{s.get('finish_reason', '?')}, {s.get('response_length', '?')} tokens")
+
+
+def cmd_samples(args: argparse.Namespace) -> int:
+    """A step's prompt groups as the model answered them (RUN/rollouts/step_N.jsonl), readable in a terminal."""
+    from rlgrad.viz import data as D
+
+    if args.max < 1:
+        raise UserError(f"--max {args.max} must be at least 1")
+    run = D.load_run(args.run_dir)
+    where = D.rollout_dir(run)
+    steps = D.rollout_steps(run)
+    if not steps:
+        raise UserError(f"'{args.run_dir}' has no rollout files (step_N.jsonl) in {where}")
+    step = steps[-1] if args.step is None else args.step
+    if step not in steps:
+        raise UserError(f"no rollouts for step {step} in {where}; steps with rollouts: {_steps_text(steps)}")
+    groups = D.rollout_groups(run, step)
+    buckets = D.sort_buckets(g.bucket for g in groups if g.bucket)
+    shown = groups
+    if args.bucket is not None:
+        want = f"bucket_{args.bucket}" if args.bucket.isdigit() else args.bucket
+        if not buckets:
+            analysed = [s for s in steps if D.group_buckets(run, s)]
+            raise UserError(f"step {step} has no bucket analysis of its training batch, so --bucket cannot select "
+                            "from it; " + (f"analysed steps with rollouts: {_steps_text(analysed)}" if analysed
+                                           else "no step with rollouts was analysed"))
+        if want not in buckets:
+            raise UserError(f"step {step} has no bucket '{args.bucket}' (buckets: {', '.join(buckets)})")
+        shown = [g for g in shown if g.bucket == want]
+    if args.group is not None:
+        if args.group not in {g.group_id for g in groups}:
+            ids = [g.group_id for g in groups]
+            raise UserError(f"step {step} has no group {args.group} (groups: {_steps_text(ids)})")
+        shown = [g for g in shown if g.group_id == args.group]
+        if not shown:
+            raise UserError(f"group {args.group} of step {step} is not in bucket '{args.bucket}'")
+    n_samples = sum(len(g.samples) for g in groups)
+    n_kept = sum(bool(s.get("kept")) for g in groups for s in g.samples)
+    limit = 0 if args.full else 400
+    lines = [f"{run.source} · step {step}: {n_samples} samples in {len(groups)} prompt groups, {n_kept} kept by the "
+             "rollout filter",
+             f"buckets (analysis/step_{step}/group_rv_table.csv): {', '.join(buckets)}" if buckets
+             else "no bucket analysis of the training batch at this step"]
+    if len(shown) > args.max:
+        lines.append(f"showing {args.max} of {len(shown)} groups (--max)")
+    for g in shown[:args.max]:
+        head = [f"group {g.group_id}", *([g.bucket] if g.bucket else []), f"reward std {g.reward_std:.3f}",
+                "kept" if g.kept else "dropped by the rollout filter"]
+        prompt = _clip(g.prompt, 2 * limit)
+        lines += ["", " · ".join(head), *([f"  prompt: {prompt}"] if "\n" not in prompt and len(prompt) <= 100
+                                         else ["  prompt:", _indented(prompt, "    ")])]
+        for s in g.samples:
+            text = str(s.get("response", ""))
+            lines += [_sample_line(s), _indented(_clip(text, limit) if text else "(empty response)", "      ")]
+    try:
+        print("\n".join(lines))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `rlgrad samples RUN | head`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rlgrad", description="Gradient-level analysis of RL fine-tuning of LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -176,6 +272,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="analysis steps drawn in full, evenly spaced, the last included "
                         "(default 6; rlgrad plot draws all)")
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("samples", help="a step's prompt groups and what the model wrote (RUN/rollouts/step_N.jsonl)")
+    p.add_argument("run_dir", help="a local run directory")
+    p.add_argument("--step", type=int, help="default: the last step with a rollout file")
+    p.add_argument("--bucket", help="only groups of this reward-variance bucket (bucket_1 or 1: the lowest; "
+                                    "a step the bucket analysis ran at)")
+    p.add_argument("--group", type=int, help="only this prompt group (its id)")
+    p.add_argument("--max", type=int, default=8, help="at most this many groups (default 8)")
+    p.add_argument("--full", action="store_true", help="whole prompts and responses (default: about 400 "
+                                                      "characters of each response, head and tail)")
+    p.set_defaults(func=cmd_samples)
     p = sub.add_parser("export", help="export a run's records (rewards: rldynamic's all_rewards.json layout)")
     p.add_argument("what", choices=["rewards"], help="what to export")
     p.add_argument("run", help="the run directory")

@@ -49,26 +49,43 @@ class TinyModelConfig:
 
 @dataclass
 class ModelConfig:
-    path: str | None = _f(None, "Local Hugging Face causal-LM directory (with its "
-                          "tokenizer). null: the embedded default. Never fetched from a hub.")
+    path: str | None = _f(None, "Local Hugging Face causal-LM directory (with its tokenizer), or a .gguf file "
+                          "(dequantised once, cached as a Hugging Face directory). null: the embedded default. "
+                          "Never fetched from a hub.")
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     warmstart_steps: int = _f(1500, "Supervised warm-start steps for the "
                               "embedded default (0: RL from scratch). Cached.")
     warmstart_lr: float = _f(2e-3, "Learning rate of the warm start.")
     warmstart_batch_size: int = _f(64, "Examples per warm-start step.")
-    cache_dir: str | None = _f(None, "Where warm-started default models are cached "
-                               "(default: $RLGRAD_CACHE or ~/.cache/rlgrad).")
+    cache_dir: str | None = _f(None, "Where warm-started default models and dequantised .gguf models are "
+                               "cached (default: $RLGRAD_CACHE or ~/.cache/rlgrad).")
     dtype: str = _f("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
 
 
 @dataclass
+class ReasoningGymConfig:
+    """``data.task=reasoning_gym``: a procedural dataset of the reasoning-gym library (optional extra)."""
+
+    dataset: str | None = _f(None, "reasoning-gym dataset name, e.g. basic_arithmetic, chain_sum, countdown, "
+                                   "gsm_symbolic.")
+    config: dict[str, Any] = _f({}, "The dataset's own generator options (reasoning_gym.create_dataset keywords).")
+
+
+@dataclass
 class DataConfig:
-    task: str = _f("arithmetic", "Task: arithmetic | countdown | math.", choices=("arithmetic", "countdown", "math"))
+    task: str = _f("arithmetic", "Task: arithmetic | countdown | math | reasoning_gym.",
+                   choices=("arithmetic", "countdown", "math", "reasoning_gym"))
     train_batch_size: int = _f(16, "Prompts per training step (each sampled rollout.n times).")
     val_size: int = _f(128, "Validation prompts (generated tasks) or held-out rows (math without val_files).")
     train_files: list[str] = _f([], "math: local .jsonl/.parquet training files.")
     val_files: list[str] = _f([], "math: local .jsonl/.parquet validation files.")
     max_prompt_length: int = _f(256, "Longest prompt in tokens; a longer prompt is an error naming it.")
+    apply_chat_template: str = _f("auto", "Render prompts through the tokenizer's chat template "
+                                  "(apply_chat_template(messages, add_generation_prompt=True), as verl and TRL "
+                                  "do): auto (when the tokenizer has one) | true (an error when it has none) | "
+                                  "false.", choices=("auto", "true", "false"))
+    system_prompt: str | None = _f(None, "A system turn put before every prompt's messages (chat template only).")
+    reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
 
 
 @dataclass
@@ -203,6 +220,8 @@ class TrainerConfig:
     max_ckpt_to_keep: int | None = _f(None, "Keep only the newest N checkpoints (null: keep all).")
     logger: list[str] = _f(["console", "jsonl"], "Metric sinks: console, jsonl, tensorboard, wandb.")
     seed: int = _f(1, "Seed of data, sampling and initialisation.")
+    rollout_data_dir: str | None = _f(None, "Where each step's completions are written, one JSONL file per step "
+                                            "(verl's key; null: RUN/rollouts/).")
     device: str = _f("auto", "cpu | cuda | auto.", choices=("auto", "cpu", "cuda"))
     num_threads: int | None = _f(None, "torch CPU threads (null: torch's default).")
     strategy: str = _f("ddp", "Data parallelism under torchrun: ddp (replicated weights) | fsdp2 (torch fully_shard "
@@ -333,7 +352,7 @@ def _schema_keys(node: Any, prefix: str = "") -> list[str]:
 
 
 SCHEMA_KEYS = _schema_keys(RLGradConfig())
-_DICT_KEYS = {"reward.weights"}  # free-form mappings: their sub-keys are user data
+_DICT_KEYS = {"reward.weights", "data.reasoning_gym.config"}  # free-form mappings: their sub-keys are user data
 
 
 def check_key(key: str, origin: str) -> str:
@@ -460,6 +479,7 @@ def _walk(node: Any, prefix: str = ""):
 
 
 def validate(cfg: RLGradConfig) -> None:
+    cfg.data.apply_chat_template = str(cfg.data.apply_chat_template).lower()  # YAML true/false arrive as bools
     for key, f, v in _walk(cfg):
         choices = f.metadata.get("choices")
         if choices and v is not None and v not in choices:  # None: an Optional key left unset

@@ -308,6 +308,9 @@ CATALOGUE: tuple[Metric, ...] = (
         ("timing_s/adv", "Seconds computing the advantages (and GAE returns)."),
         ("timing_s/update_critic", "Seconds in the critic update, its on_grads hooks included (gae only)."),
         ("timing_s/update_actor", "Seconds in the actor update, its on_grads hooks included."),
+        ("timing_s/filter", "Seconds in the rollout filter (its entropy forward included, for entropy metrics)."),
+        ("timing_s/val", "Seconds of the validation after this training step (not logged for the validation "
+                         "before training, step 0)."),
         ("timing_s/step",
          "Seconds of the whole training step, from sampling to the after-update hooks (validation and "
          "checkpoint excluded)."),

@@ -1,6 +1,12 @@
 """Models, strictly offline: a local Hugging Face causal LM, or the embedded default; value models
 (the critic) are the same architecture with a scalar head, loaded from the same weights.
 
+``model.path`` may also name a ``.gguf`` file (llama.cpp's format, e.g. a quantised instruct model).
+transformers dequantises it (needs the ``gguf`` and ``accelerate`` packages: ``pip install 'rlgrad[gguf]'``);
+that is done once per file: the float32 result is saved as a Hugging Face directory (model + tokenizer,
+safetensors) under the cache, ``<cache>/gguf/<stem>-<sha256[:16]>``, keyed by the file's content, and
+later loads read that directory.
+
 The embedded default is a ~1M-parameter Qwen2 with a character-level tokenizer saved in
 Hugging Face format, warm-started by a short supervised phase on the task so that RL
 starts from partial competence. The warm start is cached by a hash of everything that
@@ -10,6 +16,7 @@ determines it, and reused by later runs.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import random
@@ -73,21 +80,162 @@ def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def _cache_dir(explicit: str | os.PathLike | None) -> Path:
+    """rlgrad's cache: ``explicit`` (model.cache_dir), else $RLGRAD_CACHE, else ~/.cache/rlgrad."""
+    return Path(explicit or os.environ.get("RLGRAD_CACHE") or Path.home() / ".cache" / "rlgrad")
+
+
 def _check_model_dir(path: str | os.PathLike, key: str) -> Path:
     p = Path(path)
     if not p.is_dir():
-        raise UserError(f"{key} '{path}' is not a directory (rlgrad only loads local models)")
+        raise UserError(f"{key} '{path}' is not a directory or a .gguf file (rlgrad only loads local models)")
     if not (p / "config.json").is_file():
         raise UserError(f"{key} '{path}' has no config.json: not a Hugging Face model directory")
     return p
 
 
-def load_pretrained(path: str | os.PathLike, dtype: str = "float32", key: str = "model.path"):
-    """Load a local HF causal LM and its tokenizer; a bad path is a UserError, never a hub lookup."""
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+GGUF_MAGIC = b"GGUF"
+_GGUF_SOURCE = "rlgrad-gguf.json"  # written into a cached directory: where it came from (and that it is complete)
+_sha_memo: dict[tuple, str] = {}
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names a GGUF file rather than a model directory: a ``.gguf`` name (existing or
+    not, so that a missing file gets a GGUF error) or a file that starts with the GGUF magic."""
+    p = Path(path)
+    if p.is_dir():
+        return False
+    if p.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def _sha256(p: Path) -> str:
+    st = p.stat()
+    memo = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    if memo not in _sha_memo:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                h.update(chunk)
+        _sha_memo[memo] = h.hexdigest()
+    return _sha_memo[memo]
+
+
+def _dequantise_gguf(p: Path, key: str):
+    """transformers' GGUF loader: the float32 model and the tokenizer stored in the file."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"{key} '{p}' is a GGUF file, which needs the {' and '.join(missing)} package"
+                        f"{'s' if len(missing) > 1 else ''}: pip install 'rlgrad[gguf]'")
+    kwargs = {}
+    try:  # transformers >= 5 may keep GGUF weights packed (not saveable): ask for a plain dense model
+        from transformers import GgufConfig
+
+        kwargs["quantization_config"] = GgufConfig(gguf_file=p.name, dequantize=True)
+    except ImportError:
+        pass
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(p.parent, gguf_file=p.name, local_files_only=True,
+                                                     dtype=torch.float32, **kwargs)
+    except Exception as e:  # a corrupt file or an architecture transformers cannot convert: bad input
+        raise UserError(f"{key} '{p}' could not be loaded as a GGUF model: {_first_line(e)}") from None
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:  # the weights are dense now; what is left is the bookkeeping
+        quantizer.remove_quantization_config(model)
+    for attr in ("hf_quantizer", "quantization_method"):
+        if hasattr(model, attr):
+            delattr(model, attr)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+    bad = [n for n, t in model.state_dict().items() if not t.is_floating_point()]
+    if bad:
+        raise UserError(f"{key} '{p}' could not be dequantised ({bad[0]} is still {model.state_dict()[bad[0]].dtype})")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    tokenizer.padding_side = "left"
+    return model, tokenizer
+
+
+def gguf_model_dir(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, key: str = "model.path",
+                   log=print) -> Path:
+    """The Hugging Face directory a ``.gguf`` file dequantises to, built on first use.
+
+    Cached as ``<cache>/gguf/<stem>-<first 16 hex of the file's sha256>`` (``cache_dir``, else $RLGRAD_CACHE,
+    else ~/.cache/rlgrad): written to a temporary directory and renamed into place, so a reader never sees
+    a half-written one and concurrent builders are harmless. A cached directory needs neither ``gguf`` nor
+    the file's quantisation kernels: it is a plain float32 safetensors checkpoint with its tokenizer.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{key} '{path}' does not exist")
+    if not p.is_file():
+        raise UserError(f"{key} '{path}' is not a file")
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise UserError(f"{key} '{path}' cannot be read: {_first_line(e)}") from None
+    if magic != GGUF_MAGIC:
+        raise UserError(f"{key} '{path}' is not a GGUF file (it does not start with the GGUF magic bytes)")
+    sha = _sha256(p)
+    final = _cache_dir(cache_dir) / "gguf" / f"{p.stem}-{sha[:16]}"
+    if (final / _GGUF_SOURCE).is_file() and (final / "config.json").is_file():
+        return final
+    log(f"dequantising {p.name} into a Hugging Face directory (once; cached at {final})")
+    model, tokenizer = _dequantise_gguf(p, key)
+    _quiet_transformers()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        import transformers
+
+        source = {"file": str(p.resolve()), "sha256": sha, "bytes": p.stat().st_size,
+                  "transformers": transformers.__version__}
+        (tmp / _GGUF_SOURCE).write_text(json.dumps(source, indent=1) + "\n")  # last: marks it complete
+        try:
+            os.rename(tmp, final)  # atomic; another process may have won the race, which is fine
+        except OSError:
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def resolve_model_path(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
+                       key: str = "model.path", log=print) -> Path:
+    """A model directory as given, or the (cached) dequantised directory of a ``.gguf`` file."""
+    return gguf_model_dir(path, cache_dir, key, log=log) if is_gguf(path) else Path(path)
+
+
+def load_pretrained(path: str | os.PathLike, dtype: str = "float32", key: str = "model.path", *,
+                    cache_dir: str | os.PathLike | None = None, log=print):
+    """Load a local HF causal LM and its tokenizer; a bad path is a UserError, never a hub lookup.
+
+    ``path``: a Hugging Face directory or a ``.gguf`` file (dequantised once into ``cache_dir``, see
+    ``gguf_model_dir``). The tokenizer pads on the left, with EOS as the pad token when it has none.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
-    p = _check_model_dir(path, key)
+    p = _check_model_dir(resolve_model_path(path, cache_dir, key, log=log), key)
     try:
         tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=_dtype(dtype))
@@ -99,7 +247,8 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", key: str = 
     return model, tokenizer
 
 
-def load_value_model(path: str | os.PathLike, dtype: str = "float32", key: str = "critic.model.path"):
+def load_value_model(path: str | os.PathLike, dtype: str = "float32", key: str = "critic.model.path", *,
+                     cache_dir: str | os.PathLike | None = None, log=print):
     """A value model: the architecture at ``path`` with one scalar output per token.
 
     As verl does, this is ``AutoModelForTokenClassification`` with ``num_labels=1``: from a causal-LM
@@ -107,12 +256,13 @@ def load_value_model(path: str | os.PathLike, dtype: str = "float32", key: str =
     (Linear hidden -> 1). A head missing from the checkpoint starts at ZERO (weight and bias), so the
     first values are 0 and the base model starts exactly as the checkpoint (transformers' random init
     would give arbitrary initial values, and would draw from the global RNG); a checkpoint that has the
-    head (a saved critic) keeps it. Classifier dropout is off, as in verl's critic.
+    head (a saved critic) keeps it. Classifier dropout is off, as in verl's critic. ``path`` may be a
+    ``.gguf`` file, as in ``load_pretrained``.
     """
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     _quiet_transformers()
-    p = _check_model_dir(path, key)
+    p = _check_model_dir(resolve_model_path(path, cache_dir, key, log=log), key)
     try:
         config = AutoConfig.from_pretrained(p, local_files_only=True, num_labels=1)
         config.classifier_dropout = 0.0
@@ -133,8 +283,7 @@ def load_value_model(path: str | os.PathLike, dtype: str = "float32", key: str =
 
 
 def cache_root(cfg: ModelConfig) -> Path:
-    root = cfg.cache_dir or os.environ.get("RLGRAD_CACHE") or Path.home() / ".cache" / "rlgrad"
-    return Path(root)
+    return _cache_dir(cfg.cache_dir)
 
 
 def warmstart_key(cfg: ModelConfig, task_name: str, seed: int) -> str:
@@ -215,8 +364,11 @@ def embedded_default(cfg: ModelConfig, task, seed: int, log=print):
 
 
 def initial_weights(cfg: ModelConfig, task, seed: int, log=print) -> str | Path:
-    """Where a run's initial actor weights live: model.path if set, else the (cached) embedded default."""
-    return cfg.path if cfg.path else embedded_default(cfg, task, seed, log=log)
+    """Where a run's initial actor weights live (a Hugging Face directory): model.path if set (a ``.gguf``
+    file: its cached dequantised directory), else the (cached) embedded default."""
+    if cfg.path:
+        return resolve_model_path(cfg.path, cache_root(cfg), key="model.path", log=log)
+    return embedded_default(cfg, task, seed, log=log)
 
 
 def load_actor(cfg: ModelConfig, task, seed: int, log=print):
@@ -226,7 +378,12 @@ def load_actor(cfg: ModelConfig, task, seed: int, log=print):
 
 def load_critic(cfg: ModelConfig, critic_path: str | None, task, seed: int, log=print):
     """The value model for a run: ``critic_path`` (critic.model.path) if set, else the actor's initial
-    weights (the same checkpoint or warm-started default the actor starts from) with a zero value head."""
+    weights (the same checkpoint, dequantised GGUF or warm-started default the actor starts from) with a
+    zero value head.
+
+    critic.model.path is a Hugging Face directory only (the config check rejects anything else); to start
+    a critic from a ``.gguf`` file, leave it unset with model.path the file, or give it the file's cached
+    directory (``gguf_model_dir``)."""
     if critic_path:
         return load_value_model(critic_path, cfg.dtype, key="critic.model.path")
     return load_value_model(initial_weights(cfg, task, seed, log=log), cfg.dtype,

@@ -87,8 +87,14 @@ def _wandb_logged_in() -> bool:
     return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
 
 
+# The phases of a step, in order, as the console names them (their timing_s/<phase> keys: rlgrad.metrics).
+PHASES = ("gen", "filter", "old_log_prob", "ref", "values", "adv", "update_critic", "analysis/components",
+          "analysis/buckets", "update_actor", "neuron/actor", "neuron/critic")
+
+
 class ConsoleSink:
-    """A tqdm progress bar (step, reward, ETA) plus a line for each validation."""
+    """A tqdm progress bar (step, reward, ETA), a line for each validation, and, at a step where an instrument
+    ran, a line saying where the step's time went."""
 
     def __init__(self, total: int, initial: int = 0):
         from tqdm.auto import tqdm
@@ -103,6 +109,10 @@ class ConsoleSink:
             self.bar.update(step - self.bar.n)
         if "val/accuracy" in metrics:
             self.bar.write(f"step {step}: val/accuracy = {metrics['val/accuracy']:.3f}")
+        if any(k.startswith(("timing_s/analysis/", "timing_s/neuron/")) for k in metrics):
+            parts = [f"{p} {metrics['timing_s/' + p]:.2f}" for p in PHASES if "timing_s/" + p in metrics]
+            self.bar.write(f"step {step}: {metrics.get('timing_s/step', float('nan')):.2f} s "
+                           f"({', '.join(parts)})")
 
     def close(self) -> None:
         self.bar.close()

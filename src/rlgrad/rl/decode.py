@@ -130,7 +130,8 @@ def sample(scores: torch.Tensor, *, do_sample: bool, temperature: float, top_k: 
 
 
 @torch.no_grad()
-def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int, eos_token_id: int,
+def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
+           eos_token_id: int | list[int],
            pad_token_id: int, do_sample: bool, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
            top_k: int = 0, min_new_tokens: int = 0, on_logits=None, generators: list[torch.Generator] | None = None
            ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,7 +142,9 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
     each, log softmax(raw logits / temperature) at that token -- the sampling policy's log-prob before
     top-k / top-p (verl's old log-prob), 0 after EOS. ``on_logits(t, logits)`` sees each step's raw logits.
     ``generators`` (optional, one per prompt, on the model's device): the RNG of each prompt's samples.
+    ``eos_token_id`` may list several stop tokens (EOS and a chat template's end of turn).
     """
+    stops = torch.as_tensor(eos_token_id, device=input_ids.device).reshape(-1)
     B0, P = input_ids.shape
     B, T, dev, neg_inf = B0 * n, P + max_new_tokens, input_ids.device, float("-inf")
     valid = torch.cat([attention_mask.bool(), attention_mask.new_ones(B0, max_new_tokens, dtype=torch.bool)], 1)
@@ -175,14 +178,14 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
         scores = logits
         if t < min_new_tokens:  # no EOS before min_new_tokens
             scores = scores.clone()
-            scores[:, eos_token_id] = neg_inf
+            scores[:, stops] = neg_inf
         nxt = sample(scores, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                      generators=generators)
         nxt = nxt.masked_fill(done, pad_token_id)  # finished rows are padded
         logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, -1)
         tokens.append(nxt)
         log_probs.append(logp.gather(-1, nxt[:, None])[:, 0].masked_fill(done, 0.0))
-        done |= nxt == eos_token_id
+        done |= torch.isin(nxt, stops)
         if t == max_new_tokens - 1 or bool(done.all()):
             break
         e = P + t  # cache column of the token just drawn; it attends to every valid column up to itself

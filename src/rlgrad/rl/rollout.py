@@ -32,6 +32,53 @@ class Generation:
     log_probs: torch.Tensor | None = None
 
 
+CHAT_TEMPLATE_MODES = ("auto", "true", "false")
+
+
+def uses_chat_template(tokenizer, mode: str) -> bool:
+    """``data.apply_chat_template``: auto (when the tokenizer has a template) | true (an error without one) | false."""
+    has = bool(getattr(tokenizer, "chat_template", None))
+    if mode == "true" and not has:
+        raise UserError("data.apply_chat_template=true, but the tokenizer has no chat template "
+                        "(set data.apply_chat_template=auto or false)")
+    return has and mode != "false"
+
+
+def prompt_messages(example, system_prompt: str | None = None) -> list[dict[str, str]]:
+    """The chat messages of a task example: its own (verl's parquet ``prompt``), or one user turn; a
+    ``system_prompt`` is put first unless the messages already start with a system turn."""
+    messages = ([dict(m) for m in example.messages] if example.messages
+                else [{"role": "user", "content": example.prompt}])
+    if system_prompt and messages[0].get("role") != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def render_prompts(tokenizer, examples, chat: bool, system_prompt: str | None = None) -> list[str]:
+    """The text the model is given for each example: its messages through the tokenizer's chat template
+    (``add_generation_prompt=True``, as verl and TRL render prompts), or, without one, the plain prompt."""
+    if not chat:
+        return [e.prompt for e in examples]
+    return [tokenizer.apply_chat_template(prompt_messages(e, system_prompt), tokenize=False,
+                                          add_generation_prompt=True) for e in examples]
+
+
+def stop_token_ids(tokenizer, model=None, chat: bool = False) -> list[int]:
+    """The tokens a response ends at: EOS, the model's generation_config EOS ids and, with a chat template,
+    the token that closes an assistant turn (``<|im_end|>``, ``<|eot_id|>`` ...), found by rendering one."""
+    ids = [tokenizer.eos_token_id]
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += gen_eos if isinstance(gen_eos, list) else [gen_eos]
+    if chat:
+        marker = "rlgrad-end-of-turn-probe"
+        turns = [{"role": "user", "content": "a"}, {"role": "assistant", "content": marker}]
+        text = tokenizer.apply_chat_template(turns, tokenize=False)
+        after = tokenizer(text[text.rindex(marker) + len(marker):], add_special_tokens=False)["input_ids"]
+        special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+        ids += [t for t in after[:1] if t in special]
+    return sorted({int(i) for i in ids if i is not None})
+
+
 def encode_prompts(tokenizer, prompts: list[str], max_prompt_length: int) -> tuple[torch.Tensor, torch.Tensor]:
     enc = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
     lengths = enc["attention_mask"].sum(-1)
@@ -93,7 +140,8 @@ def resolve_engine(model, engine: str, max_len: int | None = None) -> str:
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, n: int, max_new_tokens: int, do_sample: bool,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_prompt_length: int = 256,
-             micro_batch_size: int = 256, engine: str = "hf", seeds: list[int] | None = None) -> Generation:
+             micro_batch_size: int = 256, engine: str = "hf", seeds: list[int] | None = None,
+             stop_ids: list[int] | None = None) -> Generation:
     """Sample ``n`` responses per prompt (samples of prompt i are rows i*n .. i*n+n-1).
 
     ``engine``: ``hf`` (transformers ``generate``), ``native`` (``rlgrad.rl.decode``; its micro-batches
@@ -104,13 +152,15 @@ def generate(model, tokenizer, prompts: list[str], *, n: int, max_new_tokens: in
     ``seeds`` (optional, one per prompt): prompt i's samples are drawn from a generator seeded with
     ``seeds[i]`` instead of the global RNG, so they do not depend on the other prompts of the call
     (how prompts are split over micro-batches or ranks). ``hf`` then generates prompt by prompt.
+    ``stop_ids``: the tokens a response ends at (default: EOS; see ``stop_token_ids``).
     """
     from rlgrad.rl.decode import decode
 
     prompt_ids, prompt_att = encode_prompts(tokenizer, prompts, max_prompt_length)
     ids, att = prompt_ids.repeat_interleave(n, 0), prompt_att.repeat_interleave(n, 0)
     device = next(model.parameters()).device
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    stops = stop_ids or [tokenizer.eos_token_id]
+    eos, pad = stops if len(stops) > 1 else stops[0], tokenizer.pad_token_id
     engine = resolve_engine(model, engine, ids.shape[1] + max_new_tokens)
     kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad, do_sample=do_sample)
     if do_sample:
@@ -151,8 +201,8 @@ def generate(model, tokenizer, prompts: list[str], *, n: int, max_new_tokens: in
     resp = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=pad) for o in outs])
     resp_lp = torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in lps])
 
-    # A response runs up to and including its first EOS; everything after is padding.
-    is_eos = resp == eos
+    # A response runs up to and including its first stop token; everything after is padding.
+    is_eos = torch.isin(resp, torch.tensor(stops))
     after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
     resp_valid_l = (~after_eos).long()  # generate only pads after EOS (or past the longest sample)
     input_ids = torch.cat([ids, resp], 1)

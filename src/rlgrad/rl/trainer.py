@@ -53,6 +53,14 @@ from rlgrad.core import (
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult, StepContext
 from rlgrad.logging.rewards import RewardComponentLog, reward_metrics, step_record
+from rlgrad.logging.rollouts import (
+    RolloutLog,
+    gather_samples,
+    prompt_texts,
+    rollout_dir,
+    sequence_advantages,
+    step_samples,
+)
 from rlgrad.logging.sinks import ConsoleSink, JsonlSink, MetricLogger, TensorBoardSink, WandbSink
 from rlgrad.loss import CriticSettings, LossSettings, critic_loss_fn
 from rlgrad.metrics import key
@@ -61,7 +69,7 @@ from rlgrad.rl import checkpoint as ckpt
 from rlgrad.rl.actor import update_actor
 from rlgrad.rl.critic import compute_values, update_critic
 from rlgrad.rl.filter import rollout_filter
-from rlgrad.rl.rollout import compute_log_probs, generate
+from rlgrad.rl.rollout import compute_log_probs, generate, render_prompts, stop_token_ids, uses_chat_template
 from rlgrad.rundir import atomic_write_text, checkpoint_dirs, holds_a_run, read_jsonl, truncate_jsonl_after
 from rlgrad.tasks import build_task
 
@@ -151,7 +159,8 @@ class Trainer:
         self.task = distributed.agree(lambda: build_task(
             cfg.data.task, seed=t.seed, val_size=cfg.data.val_size, weights=dict(cfg.reward.weights),
             train_files=list(cfg.data.train_files), val_files=list(cfg.data.val_files),
-            length_max=cfg.reward.length_max, length_unit=cfg.reward.length_unit))
+            length_max=cfg.reward.length_max, length_unit=cfg.reward.length_unit,
+            reasoning_gym=cfg.data.reasoning_gym))
         self.resume_from = distributed.decide(lambda: find_resume_point(cfg, self.run_dir))
         torch.manual_seed(t.seed)
         if self.resume_from is not None:
@@ -163,6 +172,10 @@ class Trainer:
             self.actor, self.tokenizer = distributed.agree(
                 lambda: load_actor(cfg.model, self.task, t.seed, log=self.log))
         self.actor.to(self.device)
+        # Prompts through the tokenizer's chat template (data.apply_chat_template); responses end at EOS or
+        # at the template's end-of-turn token.
+        self.chat = distributed.agree(lambda: uses_chat_template(self.tokenizer, cfg.data.apply_chat_template))
+        self.stop_ids = stop_token_ids(self.tokenizer, self.actor, self.chat)
         # train_actor: what the update runs on (DDP / FSDP2 wrapper); actor: a plain module with the same
         # weights (rollouts, log-probs, hooks, checkpoints). The same object in one process.
         self.train_actor, self.actor = distributed.wrap(self.actor, t.strategy)
@@ -182,6 +195,7 @@ class Trainer:
         self.empty_streak = 0
         self.summary: dict[str, float] = {}
         self.reward_log: RewardComponentLog | None = None
+        self.rollout_log: RolloutLog | None = None
         if self.resume_from is not None:
             self._restore(self.resume_from)
 
@@ -238,6 +252,7 @@ class Trainer:
                      "metrics.discarded.jsonl")
         sinks: list = [JsonlSink(rd / "metrics.jsonl")]
         self.reward_log = RewardComponentLog(rd)
+        self.rollout_log = RolloutLog(rollout_dir(rd, t.rollout_data_dir))
         if "console" in t.logger:
             sinks.append(ConsoleSink(t.total_training_steps, initial=self.step))
         if "tensorboard" in t.logger:
@@ -259,10 +274,11 @@ class Trainer:
         cfg, r = self.cfg, self.cfg.rollout
         seeds = ([group_seed(cfg.trainer.seed, stream, step, first_group + i) for i in range(len(examples))]
                  if self.group_seeded and do_sample else None)
-        gen = generate(self.actor, self.tokenizer, [e.prompt for e in examples], n=n,
+        prompts = render_prompts(self.tokenizer, examples, self.chat, cfg.data.system_prompt)
+        gen = generate(self.actor, self.tokenizer, prompts, n=n,
                        max_new_tokens=r.response_length, do_sample=do_sample, temperature=r.temperature,
                        top_p=r.top_p, top_k=r.top_k, max_prompt_length=cfg.data.max_prompt_length,
-                       engine=r.engine, seeds=seeds)
+                       engine=r.engine, seeds=seeds, stop_ids=self.stop_ids)
         scores = [self.task.score(text, examples[i // n], num_tokens=int(gen.response_lengths[i]))
                   for i, text in enumerate(gen.responses)]
         group_ids = torch.arange(first_group, first_group + len(examples)).repeat_interleave(n)
@@ -272,7 +288,7 @@ class Trainer:
                       group_reward_std(total, group_ids), comps, old_log_probs=gen.log_probs)
         info = {"correct": torch.tensor([s.correct for s in scores], dtype=torch.float32),
                 "lengths": gen.response_lengths.float(), "truncated": gen.truncated.float(),
-                "responses": gen.responses,
+                "responses": gen.responses, "prompts": [prompts[i // n] for i in range(len(gen.responses))],
                 "actual_lengths": torch.tensor([s.actual_length for s in scores], dtype=torch.long)}
         return batch, info
 
@@ -363,14 +379,18 @@ class Trainer:
         m["rollout/accuracy"] = float(g(info["correct"]).mean())
         m.update(summarize("response_length/{stat}", g(info["lengths"])))
         m["response_length/clip_ratio"] = float(g(info["truncated"]).mean())
-        keep, fm = self.filter(full, info)
+        with timer(m, "timing_s/filter"):
+            keep, fm = self.filter(full, info)
         m.update(fm)
         if float(all_reduce_sum(keep.sum())) == 0:
+            self._log_rollouts(step, full, info, keep, None)
             self._skip_empty(step, m)
             return None
         self.empty_streak = 0
         kept = torch.nonzero(keep).squeeze(-1)
         batch = self.prepare(full.select(kept), m)
+        self._log_rollouts(step, full, info, keep, sequence_advantages(batch.advantages, batch.response_mask,
+                                                                      mean=cfg.algorithm.adv_estimator == "gae"))
         comps, scores = {k: g(v) for k, v in batch.components.items()}, g(batch.scores)
         m.update(summarize("critic/score/{stat}", scores))
         m.update(reward_metrics(comps))
@@ -385,6 +405,18 @@ class Trainer:
             m.update(summarize("critic/returns/{stat}", returns))
             m["critic/vf_explained_var"] = float(explained_variance(returns, values, torch.ones_like(values)))
         return batch, full
+
+    def _log_rollouts(self, step: int, full: Batch, info: dict, keep: torch.Tensor,
+                      advantages: list[float] | None) -> None:
+        """rollouts/step_<N>.jsonl (``logging/rollouts.py``): every rank gathers (a collective), rank 0 writes."""
+        prompts = info.get("prompts") or prompt_texts(self.tokenizer, full.input_ids, full.attention_mask,
+                                                      full.response_mask)
+        samples = gather_samples(step_samples(
+            step, prompts=list(prompts), responses=list(info["responses"]), group_ids=full.group_ids,
+            components=full.components, totals=full.scores, reward_std=full.reward_std, lengths=info["lengths"],
+            truncated=info["truncated"].bool(), kept=keep, advantages=advantages))
+        if self.rollout_log is not None:  # main process only (_open_run_dir)
+            self.rollout_log.write(step, samples)
 
     def _skip_empty(self, step: int, m: dict) -> None:
         """A step whose filter kept nothing: counted, and the run stops after too many in a row."""
@@ -527,7 +559,8 @@ class Trainer:
                     break
                 last = step == total
                 if last or (t.test_freq > 0 and step % t.test_freq == 0):
-                    metrics.update(self.validate())
+                    with timer(metrics, "timing_s/val"):
+                        metrics.update(self.validate())
                     self.summary.setdefault("val/accuracy_before", math.nan)
                     self.summary["val/accuracy_after"] = metrics["val/accuracy"]
                 self.step = step

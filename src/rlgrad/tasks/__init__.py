@@ -8,7 +8,7 @@ weighted sum. ``build_task`` is the only constructor the rest of rlgrad uses.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,9 +22,12 @@ LENGTH_UNITS = ("chars", "tokens")
 
 @dataclass
 class Example:
-    prompt: str
+    prompt: str  # the question as plain text (its last user turn when ``messages`` is set)
     answer: str
     meta: dict[str, Any] = field(default_factory=dict)
+    # The prompt as chat messages ([{"role": ..., "content": ...}], verl's parquet `prompt` column), when the
+    # data has them; a plain-text prompt becomes one user message. Rendered by the tokenizer's chat template.
+    messages: list[dict[str, str]] | None = None
 
 
 @dataclass
@@ -103,19 +106,21 @@ def sample_excluding(draw: Callable[[random.Random], Example], rng: random.Rando
     return out
 
 
-TASK_NAMES = ("arithmetic", "countdown", "math")
+TASK_NAMES = ("arithmetic", "countdown", "math", "reasoning_gym")
 
 
 def build_task(name: str, *, seed: int = 0, val_size: int = 128, weights: dict[str, float] | None = None,
                train_files: list[str] | None = None, val_files: list[str] | None = None,
-               length_max: int = 800, length_unit: str = "chars") -> Task:
+               length_max: int = 800, length_unit: str = "chars", reasoning_gym: Any = None) -> Task:
+    """``reasoning_gym``: for task 'reasoning_gym', its settings (``data.reasoning_gym``): a mapping or an object
+    with ``dataset`` (a reasoning-gym dataset name) and ``config`` (that dataset's generator options)."""
     if length_unit not in LENGTH_UNITS:
         raise UserError(f"length_unit must be one of {', '.join(LENGTH_UNITS)}, got '{length_unit}'")
     if not length_max or length_max <= 0:
         raise UserError(f"length_max must be a positive integer, got {length_max!r}")
     if val_size < 0:
         raise UserError(f"val_size must be >= 0, got {val_size}")
-    if name in ("arithmetic", "countdown") and (train_files or val_files):
+    if name in ("arithmetic", "countdown", "reasoning_gym") and (train_files or val_files):
         raise UserError(f"task '{name}' generates its own data; train_files/val_files are only for task 'math'")
     # Imported here so the task modules can import Example/Score from this package.
     if name == "arithmetic":
@@ -128,4 +133,10 @@ def build_task(name: str, *, seed: int = 0, val_size: int = 128, weights: dict[s
         from rlgrad.tasks.math import MathTask
         return MathTask(train_files=train_files or [], val_files=val_files or [], val_size=val_size,
                         weights=weights, length_max=length_max, length_unit=length_unit)
+    if name == "reasoning_gym":
+        from rlgrad.tasks.reasoning_gym import ReasoningGymTask
+        rg = reasoning_gym or {}
+        get = rg.get if isinstance(rg, Mapping) else (lambda key: getattr(rg, key, None))
+        return ReasoningGymTask(dataset=get("dataset"), config=get("config"), seed=seed, val_size=val_size,
+                                weights=weights, length_unit=length_unit)
     raise UserError(f"unknown task '{name}' (known tasks: {', '.join(TASK_NAMES)})")

@@ -220,7 +220,7 @@ def _read_rows(path: str) -> list[tuple[str, Any]]:
 def _row_to_example(row: Any, where: str) -> Example:
     if not isinstance(row, dict):
         raise UserError(f"{where}: expected an object per row, got {type(row).__name__}")
-    prompt, layout = row.get("prompt"), None
+    prompt, layout, messages = row.get("prompt"), None, None
     if isinstance(prompt, list):
         users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
         rm = row.get("reward_model")
@@ -229,6 +229,8 @@ def _row_to_example(row: Any, where: str) -> Example:
             raise UserError(f"{where}: verl-style row needs a user message in 'prompt' and "
                             "'reward_model.ground_truth'")
         question, layout = users[-1], "verl"
+        messages = [{"role": str(m.get("role")), "content": str(m.get("content"))} for m in prompt
+                    if isinstance(m, dict)]  # rendered as they are by the chat template
     elif "question" in row and "answer" in row:
         question, layout, truth = row["question"], "gsm8k", str(row["answer"])
         if "####" in truth:
@@ -248,7 +250,7 @@ def _row_to_example(row: Any, where: str) -> Example:
     truth = str(truth).strip()
     if not truth:
         raise UserError(f"{where}: empty ground-truth answer")
-    return Example(prompt=str(question), answer=truth, meta={"source": where, "layout": layout})
+    return Example(prompt=str(question), answer=truth, meta={"source": where, "layout": layout}, messages=messages)
 
 
 def load_examples(paths: list[str] | str) -> list[Example]:

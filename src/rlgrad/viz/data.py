@@ -3,8 +3,8 @@
 A run reaches the plotting code as a :class:`RunData`: metric rows by step plus a handle on the run
 directory (or, for a W&B run, the tables fetched through the public API). Every file format of the run
 directory (``metrics.jsonl``, ``config.yaml``, ``analysis/step_N/{group_rv_table.csv, layers.json,
-components.json, neurons.json}``, ``reward_components.jsonl``) is parsed here and nowhere else, so a
-format change is a one-place fix. See docs/formats in the briefs / README "The run directory".
+components.json, neurons.json}``, ``reward_components.jsonl``, ``rollouts/step_N.jsonl``) is parsed here
+and nowhere else, so a format change is a one-place fix. See docs/formats in the briefs / README "The run directory".
 """
 
 from __future__ import annotations
@@ -168,6 +168,11 @@ def _bucket_key(name: str) -> tuple:
     return (0, int(m.group(1)), name) if m else (1, 0, name)
 
 
+def sort_buckets(names) -> list[str]:
+    """Bucket names, lowest reward variance first (``bucket_1``, ``bucket_2``, ..., then any other name)."""
+    return sorted(set(names), key=_bucket_key)
+
+
 def bucket_names(metrics: dict[str, float]) -> list[str]:
     """Real buckets present in a metric row, lowest reward variance first (``all`` excluded)."""
     names = {f["bucket"] for k in metrics if (f := parse("grad_norm/{bucket}/sample_count", k))}
@@ -324,6 +329,87 @@ def reward_components(run: RunData) -> dict[int, dict]:
     from rlgrad.logging.rewards import read_reward_components
 
     return {row["step"]: row for row in read_reward_components(f)}
+
+
+# ---------------------------------------------------------------- rollouts (what the model wrote)
+
+
+def rollout_dir(run: RunData) -> Path | None:
+    """Where the run wrote its per-step rollout files: ``trainer.rollout_data_dir``, else ``RUN/rollouts``."""
+    if run.run_dir is None:
+        return None
+    from rlgrad.logging.rollouts import rollout_dir as where
+
+    configured = config_get(run, "trainer.rollout_data_dir")
+    return where(run.run_dir, configured if isinstance(configured, str) and configured else None)
+
+
+def rollout_steps(run: RunData) -> list[int]:
+    """Steps with a ``step_<N>.jsonl`` rollout file, ascending."""
+    d = rollout_dir(run)
+    if d is None:
+        return []
+    from rlgrad.logging.rollouts import rollout_steps as steps
+
+    return steps(d)
+
+
+def group_buckets(run: RunData, step: int) -> dict[int, str]:
+    """group id -> bucket at a bucket-analysis step of the TRAINING batch (``group_rv_table.csv``); empty when
+    the step was not analysed, or the analysis ran on a separate batch (``analysis.buckets.env_groups`` /
+    ``group_size``: its group ids are not the training batch's)."""
+    if any(config_get(run, f"analysis.buckets.{k}") for k in ("env_groups", "group_size")):
+        return {}
+    return {gid: bucket for bucket, gid, _ in rv_table(run, step)}
+
+
+def rollout_samples(run: RunData, step: int) -> list[dict]:
+    """One step's rollout lines (logging/rollouts.py's format) with ``bucket`` added: the group's bucket at a
+    bucket-analysis step (``group_buckets``), else None (also for groups the filter dropped)."""
+    d = rollout_dir(run)
+    if d is None:
+        return []
+    from rlgrad.logging.rollouts import read_rollouts, step_file
+
+    f = step_file(d, step)
+    if not f.is_file():
+        return []
+    try:
+        rows = read_rollouts(f)
+    except OSError as e:
+        raise UserError(f"cannot read {f}: {e}") from None
+    buckets = group_buckets(run, step)
+    for r in rows:
+        r["bucket"] = buckets.get(r.get("group_id"))
+    return rows
+
+
+@dataclass
+class PromptGroup:
+    """The samples of one prompt at one step, as ``rollout_groups`` returns them."""
+
+    group_id: int
+    prompt: str
+    bucket: str | None
+    reward_std: float  # unbiased std of the group's totals (Batch.reward_std)
+    kept: bool  # the rollout filter kept the group
+    samples: list[dict]  # rollout lines, in order
+
+
+def rollout_groups(run: RunData, step: int) -> list[PromptGroup]:
+    """One step's samples grouped by prompt group, by group id."""
+    by_group: dict[int, list[dict]] = {}
+    for r in rollout_samples(run, step):
+        if isinstance(r.get("group_id"), int):
+            by_group.setdefault(r["group_id"], []).append(r)
+    out = []
+    for gid in sorted(by_group):
+        rows = by_group[gid]
+        std = _finite(rows[0].get("reward_std"))
+        out.append(PromptGroup(group_id=gid, prompt=str(rows[0].get("prompt", "")), bucket=rows[0].get("bucket"),
+                               reward_std=math.nan if std is None else std,
+                               kept=any(bool(r.get("kept")) for r in rows), samples=rows))
+    return out
 
 
 # ---------------------------------------------------------------- series

@@ -1,7 +1,8 @@
 """``rlgrad report RUN_DIR``: one self-contained HTML file (figures inlined as PNG, CSS inline, no script).
 
 Sections appear only when the run holds their data: configuration, training curves, the gradient
-analysis steps (figures and bucket tables), reward components, neuron health, critic, and a short
+analysis steps (figures, bucket tables, and a few prompt groups of the lowest- and highest-variance buckets
+with what the model wrote, from rollouts/step_N.jsonl), reward components, neuron health, critic, and a short
 plain-language reading of what changed, computed by fixed rules from the numbers (``narrative``).
 """
 
@@ -38,6 +39,10 @@ ul.reading li{margin:.35em 0}\
 details{margin:8px 0}summary{cursor:pointer;font-weight:600}
 pre{background:#f6f8fa;padding:10px;overflow-x:auto;font-size:.8em}
 nav a{margin-right:14px}
+.samples{margin:6px 0 18px}.samples p{margin:10px 0 4px}
+.samples pre{margin:2px 0 4px;padding:6px 8px;white-space:pre-wrap;word-break:break-word}
+td.text{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;white-space:pre-wrap;\
+word-break:break-word;max-width:640px}
 """
 
 
@@ -107,6 +112,52 @@ def _bucket_table(run: D.RunData, step: int) -> str:
     return _table(header, rows)
 
 
+SAMPLE_GROUPS = 2  # prompt groups shown from each of the lowest- and highest-variance buckets
+SAMPLE_CHARS = 300  # a response longer than this is shown as its head and tail
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    head, tail = text[:2 * limit // 3], text[len(text) - limit // 3:]
+    return f"{head} … [{len(text) - len(head) - len(tail)} characters] … {tail}"
+
+
+def _samples_block(run: D.RunData, step: int) -> str:
+    """A few prompt groups of the lowest- and highest-variance buckets with what the model wrote
+    (rollouts/step_N.jsonl joined with the step's group table); empty when the run has neither."""
+    groups = [g for g in D.rollout_groups(run, step) if g.bucket]
+    buckets = D.sort_buckets(g.bucket for g in groups)
+    if not buckets:
+        return ""
+    picks = [(buckets[0], "lowest reward variance", False)]
+    if len(buckets) > 1:
+        picks.append((buckets[-1], "highest reward variance", True))
+    parts = ['<div class="samples"><p><b>What the model wrote</b> <span class="muted">(a few prompt groups; all '
+             f"of them: <code>rlgrad samples {html.escape(run.source)} --step {step}</code>)</span></p>"]
+    for bucket, label, high in picks:
+        chosen = sorted((g for g in groups if g.bucket == bucket),
+                        key=lambda g: (-g.reward_std if high else g.reward_std, g.group_id))[:SAMPLE_GROUPS]
+        for g in chosen:
+            comps = list(dict.fromkeys(c for smp in g.samples for c in (smp.get("components") or {})))
+            parts.append(f"<p>group {g.group_id} · {html.escape(bucket)} ({label}) · reward std "
+                         f"{g.reward_std:.3g}</p><pre>{html.escape(_clip(g.prompt, 2 * SAMPLE_CHARS))}</pre>")
+            head = "".join(f"<th>{html.escape(h)}</th>" for h in ["#", "total", *comps, "advantage", "finish",
+                                                                   "tokens", "response"])
+            rows = []
+            for smp in g.samples:
+                vals = [smp.get("total"), *((smp.get("components") or {}).get(c) for c in comps),
+                        smp.get("advantage"), smp.get("finish_reason"), smp.get("response_length")]
+                cells = "".join(_cell("–" if v is None else v) for v in vals)
+                text = (html.escape(_clip(str(smp.get("response")), SAMPLE_CHARS)) if smp.get("response")
+                        else '<span class="muted">(empty)</span>')
+                rows.append(f'<tr><td class="num">{html.escape(str(smp.get("index", "")))}</td>{cells}'
+                            f'<td class="text">{text}</td></tr>')
+            parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
 def _pick(steps: list[int], k: int) -> list[int]:
     """At most ``k`` steps, evenly spaced, the last one always included."""
     if len(steps) <= k:
@@ -140,6 +191,7 @@ def _analysis_section(run: D.RunData, dpi: int, max_steps: int) -> str:
         is_open = " open" if s in (shown[0], shown[-1]) else ""
         parts.append(f"<details{is_open}><summary>Step {s}</summary>")
         parts.append(_bucket_table(run, s))
+        parts.append(_samples_block(run, s))
         for name, fig in figs.items():
             parts.append(_img(fig, dpi, f"step {s}: {name.replace('_', ' ')}"))
         parts.append("</details>")

@@ -1,0 +1,149 @@
+"""What the model wrote: one JSONL file per training step, ``step_<N>.jsonl`` in ``trainer.rollout_data_dir``.
+
+The directory is ``trainer.rollout_data_dir`` (verl's key), ``RUN/rollouts/`` when it is null. Each file holds
+one line per sample of the step's rollout (every rank's share, in global order: groups in order, a group's
+``rollout.n`` samples together), written atomically by rank 0 when the step's batch is prepared::
+
+    {"step": N, "index": i, "group_id": g, "prompt": "...", "response": "...",
+     "components": {c: x}, "total": x, "reward_std": x, "advantage": x | null, "kept": bool,
+     "response_length": n, "finish_reason": "eos" | "length"}
+
+``prompt`` is the prompt as the model saw it (chat template applied), special tokens kept; ``response`` the
+decoded response, special tokens removed. ``reward_std`` is the group's unbiased score std (``Batch.reward_std``).
+``kept``: the rollout filter kept the sample's group; only kept samples have an ``advantage`` (the sequence's:
+the first response token's value for grpo / rloo, whose advantage is constant along a response, the mean over
+the response for gae). ``response_length`` counts response tokens, the EOS included; ``finish_reason`` is
+``length`` when the response hit ``rollout.response_length`` without an EOS. A step the filter emptied is
+written too, every sample with ``kept: false``.
+
+The bucket of a group is not in the file: the bucket analysis runs after this file is written (a hook), and
+writes ``analysis/step_N/group_rv_table.csv``; ``rlgrad.viz.data`` joins the two when it reads a step.
+
+A resumed run recomputes the steps past its checkpoint and replaces their files (same content).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from rlgrad.collectives import initialized, world_size
+from rlgrad.rundir import atomic_write_bytes
+
+DIR_NAME = "rollouts"
+_FILE = re.compile(r"step_(\d+)\.jsonl")
+
+
+def rollout_dir(run_dir: str | os.PathLike, configured: str | os.PathLike | None = None) -> Path:
+    """``trainer.rollout_data_dir`` when set, else ``RUN/rollouts``."""
+    return Path(configured) if configured else Path(run_dir) / DIR_NAME
+
+
+def step_file(directory: str | os.PathLike, step: int) -> Path:
+    return Path(directory) / f"step_{int(step)}.jsonl"
+
+
+def prompt_texts(tokenizer, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 response_mask: torch.Tensor) -> list[str]:
+    """Each row's prompt decoded from its tokens (attention mask 1, response mask 0), special tokens kept.
+    Rows of one group share their prompt, which is decoded once."""
+    prompt = attention_mask.bool() & ~response_mask.bool()
+    cache: dict[tuple[int, ...], str] = {}
+    out = []
+    for ids, m in zip(input_ids, prompt):
+        toks = tuple(ids[m].tolist())
+        if toks not in cache:
+            cache[toks] = tokenizer.decode(list(toks), skip_special_tokens=False)
+        out.append(cache[toks])
+    return out
+
+
+def sequence_advantages(advantages: torch.Tensor, response_mask: torch.Tensor, mean: bool) -> list[float]:
+    """One advantage per row of a ``[N, L]`` per-token advantage: the first response token's value, or
+    (``mean``: gae, whose advantage varies along the response) the mean over the response tokens."""
+    if advantages.shape[0] == 0:
+        return []
+    rm = response_mask.to(advantages.device).float()
+    if mean:
+        seq = (advantages.float() * rm).sum(-1) / rm.sum(-1).clamp(min=1)
+    else:
+        first = rm.argmax(-1)  # the first maximal value: the first response token
+        seq = advantages.float().gather(-1, first[:, None])[:, 0]
+    return [float(x) for x in seq.double().cpu()]
+
+
+def step_samples(step: int, *, prompts: list[str], responses: list[str], group_ids: torch.Tensor,
+                 components: dict[str, torch.Tensor], totals: torch.Tensor, reward_std: torch.Tensor,
+                 lengths: torch.Tensor, truncated: torch.Tensor, kept: torch.Tensor,
+                 advantages: list[float] | None) -> list[dict]:
+    """This rank's lines (``index`` filled in by ``gather_samples``). Per-sample tensors are ``[N]``;
+    ``kept`` is ``[N]`` bool, ``advantages`` one value per kept row in row order (None: nothing kept)."""
+    n = len(responses)
+    kept_l = [bool(x) for x in kept.tolist()]
+    adv: list[float | None] = [None] * n
+    kept_rows = [i for i, k in enumerate(kept_l) if k]
+    if advantages is not None:
+        if len(advantages) != len(kept_rows):
+            raise ValueError(f"{len(advantages)} advantages for {len(kept_rows)} kept samples")
+        for i, a in zip(kept_rows, advantages):
+            adv[i] = a
+    cols = {c: v.tolist() for c, v in components.items()}
+    gids, tot, rstd = group_ids.tolist(), totals.tolist(), reward_std.tolist()
+    lens, trunc = lengths.tolist(), truncated.tolist()
+    return [{"step": int(step), "index": i, "group_id": int(gids[i]), "prompt": prompts[i], "response": responses[i],
+             "components": {c: cols[c][i] for c in cols}, "total": tot[i], "reward_std": rstd[i],
+             "advantage": adv[i], "kept": kept_l[i], "response_length": int(lens[i]),
+             "finish_reason": "length" if trunc[i] else "eos"} for i in range(n)]
+
+
+def gather_samples(samples: list[dict]) -> list[dict]:
+    """Every rank's lines in rank order (ranks hold contiguous group shares: the global order), indexed.
+    Under torchrun a collective: every rank calls it, also one with no sample."""
+    if initialized() and world_size() > 1:
+        import torch.distributed as dist
+
+        parts: list = [None] * world_size()
+        dist.all_gather_object(parts, samples)
+        samples = [s for part in parts for s in part]
+    for i, s in enumerate(samples):
+        s["index"] = i
+    return samples
+
+
+class RolloutLog:
+    """Writes ``step_<N>.jsonl`` into the rollout directory. Only the main process makes one."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def write(self, step: int, samples: list[dict]) -> Path:
+        path = step_file(self.dir, step)
+        text = "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples)
+        atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))
+        return path
+
+
+def rollout_steps(directory: str | os.PathLike) -> list[int]:
+    """The steps with a rollout file in ``directory``, ascending (none when it does not exist)."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in d.iterdir() if (m := _FILE.fullmatch(p.name)) and p.is_file())
+
+
+def read_rollouts(path: str | os.PathLike) -> list[dict]:
+    """The lines of one ``step_<N>.jsonl``, in order; a line that does not parse is skipped."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            out.append(row)
+    return out
