@@ -1,0 +1,247 @@
+"""model.path as a .gguf file: dequantised once into a cached Hugging Face directory, then loaded like one.
+
+The real-model tests use SmolLM2-135M-Instruct (Q4_1), dequantised once per session into a fresh cache
+(about half a minute on 2 CPU cores); they skip, saying why, when the file or the gguf package is absent.
+"""
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlgrad import models
+from rlgrad.config import ModelConfig
+from rlgrad.errors import UserError
+from rlgrad.models import is_gguf, load_actor, load_critic, load_pretrained
+
+from .conftest import run_cli
+
+
+def _quiet(*_a, **_k):
+    pass
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_gguf, tmp_path_factory):
+    """SmolLM2 loaded through rlgrad from a fresh cache, plus the in-memory model the dequantisation made."""
+    cache = tmp_path_factory.mktemp("gguf_cache")
+    made = []
+    real = models._dequantise_gguf
+
+    def spy(path, key):
+        out = real(path, key)
+        made.append(out[0])
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(models, "_dequantise_gguf", spy)
+        t0 = time.perf_counter()
+        model, tokenizer = load_pretrained(smollm2_gguf, cache_dir=cache, log=_quiet)
+        seconds = time.perf_counter() - t0
+    assert len(made) == 1, "a fresh cache must dequantise the file"
+    directory = models.gguf_model_dir(smollm2_gguf, cache, log=_quiet)
+    return SimpleNamespace(path=smollm2_gguf, cache=cache, dir=directory, model=model.eval(), tokenizer=tokenizer,
+                           dequantised=made[0].eval(), made=made, seconds=seconds)
+
+
+def _chat_ids(tokenizer, text: str) -> torch.Tensor:
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                           add_generation_prompt=True)
+    return tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+
+
+# ---------------------------------------------------------------------------------------------- real model
+def test_gguf_logits_match_the_cached_directory(smol):
+    """What rlgrad loads (from the cache) is what transformers dequantised, and so is the saved directory."""
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(smol.dir, local_files_only=True, dtype=torch.float32).eval()
+    want = smol.dequantised.state_dict()
+    got = smol.model.state_dict()
+    assert want.keys() == got.keys()
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    ids = _chat_ids(smol.tokenizer, "What is 2+2?")
+    with torch.no_grad():
+        ref = smol.dequantised(ids).logits
+        torch.testing.assert_close(smol.model(ids).logits, ref)
+        torch.testing.assert_close(reloaded(ids).logits, ref)
+    assert smol.model.dtype == torch.float32 and smol.model.config.model_type == "llama"
+    assert not getattr(smol.model, "is_quantized", False)
+    assert "quantization_config" not in (smol.dir / "config.json").read_text()
+
+
+def test_it_is_a_working_instruct_model(smol):
+    """A sanity check of the dequantisation itself: greedy decoding answers a chat question."""
+    ids = _chat_ids(smol.tokenizer, "What is 2+2?")
+    tok = smol.tokenizer
+    with torch.no_grad():
+        out = smol.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                                  do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    reply = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    assert "4" in reply, reply
+
+
+def test_second_load_hits_the_cache(smol, monkeypatch):
+    """load_actor (the actor and the reference model) reads the cached directory: no second dequantisation,
+    nothing rewritten, and model.dtype applies to it."""
+    def boom(*_a, **_k):
+        raise AssertionError("dequantised a second time")
+
+    monkeypatch.setattr(models, "_dequantise_gguf", boom)
+    before = {p: p.stat().st_mtime_ns for p in smol.dir.iterdir()}
+    cfg = ModelConfig(path=str(smol.path), cache_dir=str(smol.cache), dtype="bfloat16")
+    logged = []
+    t0 = time.perf_counter()
+    actor, tokenizer = load_actor(cfg, None, 0, log=logged.append)
+    seconds = time.perf_counter() - t0
+    assert len(smol.made) == 1 and not logged
+    assert {p: p.stat().st_mtime_ns for p in smol.dir.iterdir()} == before
+    assert [p.name for p in (smol.cache / "gguf").iterdir()] == [smol.dir.name]  # no temporary left behind
+    assert smol.dir.name.startswith("SmolLM2-135M-Instruct.Q4_1-") and len(smol.dir.name.rsplit("-", 1)[1]) == 16
+    assert actor.dtype == torch.bfloat16
+    assert actor.lm_head.weight.data_ptr() == actor.model.embed_tokens.weight.data_ptr()
+    assert tokenizer.pad_token_id == smol.tokenizer.pad_token_id
+    assert seconds < 30, f"a cached load took {seconds:.1f}s"
+
+
+def test_critic_starts_from_the_gguf_weights(smol):
+    """critic.model.path unset: the value model starts from model.path's (dequantised) weights, head at zero."""
+    cfg = ModelConfig(path=str(smol.path), cache_dir=str(smol.cache))
+    critic = load_critic(cfg, None, None, 0, log=_quiet)
+    assert torch.equal(critic.model.embed_tokens.weight, smol.model.model.embed_tokens.weight)
+    assert all(p.eq(0).all() for p in critic.score.parameters())
+    assert len(smol.made) == 1
+
+
+def test_tokenizer_and_tied_embeddings(smol):
+    tok, model = smol.tokenizer, smol.model
+    assert tok.pad_token is not None and tok.pad_token_id == tok.eos_token_id  # the file names EOS as its pad
+    assert tok.eos_token == "<|im_end|>" and tok.padding_side == "left"
+    vocab = tok.get_vocab()
+    assert "<|im_end|>" in vocab and "<|im_start|>" in vocab
+    assert tok.chat_template is not None
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert prompt.endswith("<|im_start|>assistant\n")
+    assert model.config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert torch.equal(model.lm_head.weight, smol.dequantised.model.embed_tokens.weight)
+
+
+def test_left_padded_batch_matches_single_prompts(smol):
+    """rlgrad's prompt batches (left padding with the pad token, positions from the mask) see what a
+    single unpadded prompt sees."""
+    tok, model = smol.tokenizer, smol.model
+    texts = ["What is 2+2?", "Name three colours of the rainbow, please."]
+    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
+               for t in texts]
+    enc = tok(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
+    ids, att = enc["input_ids"], enc["attention_mask"]
+    assert att[0, 0] == 0 and ids[0, 0] == tok.pad_token_id and att[:, -1].all()  # left padded
+    with torch.no_grad():
+        batch = model(input_ids=ids, attention_mask=att, position_ids=(att.cumsum(-1) - 1).clamp(min=0)).logits
+        for i, p in enumerate(prompts):
+            alone = model(input_ids=tok(p, add_special_tokens=False, return_tensors="pt")["input_ids"]).logits
+            torch.testing.assert_close(batch[i, -1], alone[0, -1], atol=1e-4, rtol=1e-4)
+
+
+def test_truncated_gguf_is_a_user_error(smollm2_gguf, tmp_path):
+    bad = tmp_path / "truncated.gguf"
+    with open(smollm2_gguf, "rb") as f:
+        bad.write_bytes(f.read(1 << 20))
+    with pytest.raises(UserError) as e:
+        load_pretrained(bad, cache_dir=tmp_path / "cache", log=_quiet)
+    msg = str(e.value)
+    assert "\n" not in msg and str(bad) in msg and "could not be loaded as a GGUF model" in msg
+    assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").iterdir())
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def _setup_missing(tmp_path):
+    return tmp_path / "missing.gguf", "does not exist"
+
+
+def _setup_text(tmp_path):
+    p = tmp_path / "x.gguf"
+    p.write_text("this is not a model\n")
+    return p, "is not a GGUF file"
+
+
+def _setup_empty(tmp_path):
+    p = tmp_path / "empty.gguf"
+    p.write_bytes(b"")
+    return p, "is not a GGUF file"
+
+
+def _setup_bad_header(tmp_path):  # the magic, then nonsense: the GGUF reader's error (or the missing package)
+    p = tmp_path / "garbage.gguf"
+    p.write_bytes(b"GGUF" + bytes(64))
+    return p, r"could not be loaded as a GGUF model|pip install 'rlgrad\[gguf\]'"
+
+
+def _setup_missing_dir(tmp_path):
+    return tmp_path / "no_such_model", r"is not a directory or a \.gguf file"
+
+
+@pytest.mark.parametrize("setup", [_setup_missing, _setup_text, _setup_empty, _setup_bad_header, _setup_missing_dir])
+def test_bad_model_path_is_a_one_line_user_error(tmp_path, setup):
+    path, match = setup(tmp_path)
+    with pytest.raises(UserError, match=match) as e:
+        load_pretrained(path, cache_dir=tmp_path / "cache", log=_quiet)
+    assert "\n" not in str(e.value) and str(path) in str(e.value) and "model.path" in str(e.value)
+
+
+def test_missing_gguf_package_names_the_extra(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    p = tmp_path / "m.gguf"
+    p.write_bytes(b"GGUF" + bytes(64))
+    with pytest.raises(UserError) as e:
+        load_pretrained(p, cache_dir=tmp_path / "cache", log=_quiet)
+    msg = str(e.value)
+    assert "\n" not in msg and str(p) in msg and "gguf package" in msg and "pip install 'rlgrad[gguf]'" in msg
+
+
+def test_is_gguf(tmp_path):
+    (tmp_path / "d.gguf").mkdir()
+    (tmp_path / "renamed.bin").write_bytes(b"GGUF\x03\x00\x00\x00")
+    (tmp_path / "other.bin").write_bytes(b"PK\x03\x04")
+    assert is_gguf(tmp_path / "missing.GGUF") and is_gguf(tmp_path / "renamed.bin")
+    assert not is_gguf(tmp_path / "d.gguf") and not is_gguf(tmp_path / "other.bin") and not is_gguf(tmp_path)
+
+
+def test_cli_missing_gguf_exits_2_with_one_line(tmp_path):
+    missing, run = tmp_path / "model.gguf", tmp_path / "run"
+    res = run_cli(["train", f"model.path={missing}", f"trainer.default_local_dir={run}",
+                   f"model.cache_dir={tmp_path / 'cache'}"], cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlgrad: error:") and str(missing) in lines[0], res.stderr
+    assert not run.exists()
+
+
+def test_two_grpo_steps_on_smollm2_with_its_chat_template(smol, tmp_path):
+    """The real instruct model end to end: prompts through its chat template, the bucket analysis on, the
+    completions written with the rendered prompts, a checkpoint that transformers loads."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from rlgrad.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", f"model.path={smol.path}", f"model.cache_dir={smol.cache}", "data.train_batch_size=2",
+                 "rollout.n=2", "rollout.response_length=6", "data.val_size=2", "trainer.total_training_steps=2",
+                 "trainer.val_before_train=false", "analysis.buckets.every=1", "analysis.buckets.num_buckets=2",
+                 "trainer.logger=[jsonl]", "trainer.num_threads=2", f"trainer.default_local_dir={run}"]) == 0
+    lines = [json.loads(x) for x in (run / "rollouts" / "step_1.jsonl").read_text().splitlines()]
+    assert len(lines) == 4
+    for x in lines:
+        assert x["prompt"].startswith("<|im_start|>") and x["prompt"].endswith("<|im_start|>assistant\n")
+        assert "<|im_start|>user\n" in x["prompt"] and x["finish_reason"] in ("eos", "length")
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert "grad_norm/all/task" in rows[0]["data"] and "val/accuracy" in rows[-1]["data"]
+    model = AutoModelForCausalLM.from_pretrained(run / "global_step_2" / "actor", local_files_only=True)
+    assert model.config.tie_word_embeddings and sum(p.numel() for p in model.parameters()) > 100e6
