@@ -199,24 +199,31 @@ def gguf_model_dir(path: str | os.PathLike, cache_dir: str | os.PathLike | None 
         return final
     log(f"dequantising {p.name} into a Hugging Face directory (once; cached at {final})")
     model, tokenizer = _dequantise_gguf(p, key)
-    _quiet_transformers()
+    import transformers
+
+    source = {"file": str(p.resolve()), "sha256": sha, "bytes": p.stat().st_size,
+              "transformers": transformers.__version__}
     final.parent.mkdir(parents=True, exist_ok=True)
+    _save_into_cache(final, model, tokenizer, {_GGUF_SOURCE: json.dumps(source, indent=1) + "\n"})
+    return final
+
+
+def _save_into_cache(final: Path, model, tokenizer, extra: dict[str, str] | None = None) -> None:
+    """Save a model and its tokenizer (and ``extra`` files, written last) into a temporary directory next to
+    ``final`` and rename it into place: a cache entry is whole or absent."""
+    _quiet_transformers()
     tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        import transformers
-
-        source = {"file": str(p.resolve()), "sha256": sha, "bytes": p.stat().st_size,
-                  "transformers": transformers.__version__}
-        (tmp / _GGUF_SOURCE).write_text(json.dumps(source, indent=1) + "\n")  # last: marks it complete
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
         try:
             os.rename(tmp, final)  # atomic; another process may have won the race, which is fine
         except OSError:
             pass
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 def resolve_model_path(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
@@ -349,17 +356,7 @@ def embedded_default(cfg: ModelConfig, task, seed: int, log=print):
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         supervised_warmstart(model, tokenizer, task, cfg, seed)
-    _quiet_transformers()
-    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            os.rename(tmp, final)  # atomic; another process may have won the race, which is fine
-        except OSError:
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    _save_into_cache(final, model, tokenizer)
     return final
 
 
