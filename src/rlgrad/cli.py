@@ -76,6 +76,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     where = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}",
              f"trainer.val_before_train={str(args.with_val).lower()}", f"trainer.experiment_name={name}",
              f"trainer.default_local_dir={ckpt.parent.parent / name}", f"trainer.total_training_steps={step + 1}",
+             "trainer.rollout_data_dir=null",  # the probe's own run directory, never the probed run's
              "analysis.buckets.exit_after=true"]
     cfg = load_config(args.config_name, args.config_file, where + args.overrides,
                       base_file=str(run_cfg) if run_cfg.is_file() else None, probe=True)

@@ -121,6 +121,16 @@ class RolloutLog:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
 
+    def discard_after(self, step: int) -> int:
+        """Move the files of steps past ``step`` (a resumed run recomputes them) into ``discarded/``, as
+        ``metrics.jsonl``'s rows go to ``metrics.discarded.jsonl``; returns how many moved."""
+        later = [s for s in rollout_steps(self.dir) if s > step]
+        if later:
+            (self.dir / "discarded").mkdir(exist_ok=True)
+        for s in later:
+            os.replace(step_file(self.dir, s), self.dir / "discarded" / step_file(self.dir, s).name)
+        return len(later)
+
     def write(self, step: int, samples: list[dict]) -> Path:
         path = step_file(self.dir, step)
         text = "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples)

@@ -79,6 +79,25 @@ def stop_token_ids(tokenizer, model=None, chat: bool = False) -> list[int]:
     return sorted({int(i) for i in ids if i is not None})
 
 
+def check_prompt_rendering(tokenizer, model, mode: str, system_prompt: str | None, examples) -> tuple[bool, list[int]]:
+    """``(chat template on?, stop token ids)`` for ``data.apply_chat_template`` / ``data.system_prompt``, after
+    rendering ``examples`` once: a template that refuses them (a system turn Gemma's rejects, Mistral's turn
+    order) or a system prompt with no template to put it in is a one-line error before the run starts."""
+    chat = uses_chat_template(tokenizer, mode)
+    if system_prompt and not chat:
+        raise UserError("data.system_prompt needs a chat template, and this run renders none "
+                        f"(data.apply_chat_template={mode}, tokenizer template: "
+                        f"{'yes' if getattr(tokenizer, 'chat_template', None) else 'none'})")
+    try:
+        render_prompts(tokenizer, examples, chat, system_prompt)
+        return chat, stop_token_ids(tokenizer, model, chat)
+    except Exception as e:  # jinja's TemplateError and friends: the template's own words
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"the tokenizer's chat template cannot render this run's prompts "
+                        f"(data.apply_chat_template={mode}, data.system_prompt="
+                        f"{'set' if system_prompt else 'null'}): {first}") from None
+
+
 def encode_prompts(tokenizer, prompts: list[str], max_prompt_length: int) -> tuple[torch.Tensor, torch.Tensor]:
     enc = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
     lengths = enc["attention_mask"].sum(-1)

@@ -69,7 +69,7 @@ from rlgrad.rl import checkpoint as ckpt
 from rlgrad.rl.actor import update_actor
 from rlgrad.rl.critic import compute_values, update_critic
 from rlgrad.rl.filter import rollout_filter
-from rlgrad.rl.rollout import compute_log_probs, generate, render_prompts, stop_token_ids, uses_chat_template
+from rlgrad.rl.rollout import check_prompt_rendering, compute_log_probs, generate, render_prompts
 from rlgrad.rundir import atomic_write_text, checkpoint_dirs, holds_a_run, read_jsonl, truncate_jsonl_after
 from rlgrad.tasks import build_task
 
@@ -173,9 +173,12 @@ class Trainer:
                 lambda: load_actor(cfg.model, self.task, t.seed, log=self.log))
         self.actor.to(self.device)
         # Prompts through the tokenizer's chat template (data.apply_chat_template); responses end at EOS or
-        # at the template's end-of-turn token.
-        self.chat = distributed.agree(lambda: uses_chat_template(self.tokenizer, cfg.data.apply_chat_template))
-        self.stop_ids = stop_token_ids(self.tokenizer, self.actor, self.chat)
+        # at the template's end-of-turn token. Checked now, before anything is written.
+        self.chat, self.stop_ids = distributed.agree(lambda: check_prompt_rendering(
+            self.tokenizer, self.actor, cfg.data.apply_chat_template, cfg.data.system_prompt,
+            self.task.val_examples()[:1] or self.task.train_examples(1, random.Random(0))))
+        if t.rollout_data_dir:  # where it is relative to now, not to wherever the run is looked at from
+            t.rollout_data_dir = str(Path(t.rollout_data_dir).resolve())
         # train_actor: what the update runs on (DDP / FSDP2 wrapper); actor: a plain module with the same
         # weights (rollouts, log-probs, hooks, checkpoints). The same object in one process.
         self.train_actor, self.actor = distributed.wrap(self.actor, t.strategy)
@@ -253,6 +256,7 @@ class Trainer:
         sinks: list = [JsonlSink(rd / "metrics.jsonl")]
         self.reward_log = RewardComponentLog(rd)
         self.rollout_log = RolloutLog(rollout_dir(rd, t.rollout_data_dir))
+        self.rollout_log.discard_after(self.step)
         if "console" in t.logger:
             sinks.append(ConsoleSink(t.total_training_steps, initial=self.step))
         if "tensorboard" in t.logger:

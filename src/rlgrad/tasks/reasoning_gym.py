@@ -84,7 +84,8 @@ def extract_answer(response: str, reference: str | None) -> tuple[str, bool]:
     if _TAGGED.search(response):
         from reasoning_gym.utils import extract_answer as rg_extract
 
-        return rg_extract(response) or "", True
+        answer = (rg_extract(response) or "").strip()
+        return answer, bool(answer)  # an empty <answer></answer> earns no format reward
     k = max(1, len(str(reference or "").strip().splitlines()))
     lines = response.strip().splitlines()
     answer = "\n".join(lines[-k:]).strip()
