@@ -65,26 +65,46 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # CPU on both sides, whatever
 
 import torch  # noqa: E402
 
-PROMPTS_PER_STEP = 8
-GENERATIONS = 8
-RESPONSE_TOKENS = 32
 KL_COEF = 0.04
 LR = 1e-4
 MAX_GRAD_NORM = 1.0
 
 
-def build_model_dir(root: Path, seed: int) -> Path:
-    from rlgrad.config import ModelConfig
-    from rlgrad.models import build_char_tokenizer, build_tiny_model
+def build_model_dir(root: Path, args) -> Path:
+    """The model both sides load, with ``min_new_tokens = --tokens`` in its generation config.
 
-    tok = build_char_tokenizer()
-    model = build_tiny_model(ModelConfig(), tok, seed)
-    # Force every completion to RESPONSE_TOKENS tokens: EOS is masked until then (ours reads this
-    # from the saved generation config; generate() stops at max_new_tokens = RESPONSE_TOKENS).
-    model.generation_config.min_new_tokens = RESPONSE_TOKENS
+    Forcing every completion to ``--tokens`` tokens (EOS is masked until then; ours reads this from the
+    saved generation config, generate() stops at max_new_tokens) makes both sides do the same work.
+    ``--model tiny``: the tiny Qwen2 built here. Otherwise a local HF directory or ``.gguf`` file
+    (dequantised through rlgrad's cache), linked file by file into ``root / "model"``, its
+    generation_config.json rewritten.
+    """
+    from transformers import GenerationConfig
+
     path = root / "model"
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
+    if args.model == "tiny":
+        from rlgrad.config import ModelConfig
+        from rlgrad.models import build_char_tokenizer, build_tiny_model
+
+        tok = build_char_tokenizer()
+        model = build_tiny_model(ModelConfig(), tok, args.seed)
+        model.generation_config.min_new_tokens = args.tokens
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+        return path
+    from rlgrad.models import resolve_model_path
+
+    source = resolve_model_path(args.model)
+    path.mkdir()
+    for f in source.iterdir():
+        if f.name != "generation_config.json":
+            (path / f.name).symlink_to(f.resolve())
+    try:
+        gen = GenerationConfig.from_pretrained(source, local_files_only=True)
+    except OSError:
+        gen = GenerationConfig()
+    gen.min_new_tokens = args.tokens
+    gen.save_pretrained(path)
     return path
 
 
@@ -98,13 +118,13 @@ class RLGradSide:
 
         overrides = [
             f"model.path={model_dir}", "model.dtype=float32",
-            "data.task=arithmetic", f"data.train_batch_size={PROMPTS_PER_STEP}",
-            f"rollout.n={GENERATIONS}", f"rollout.response_length={RESPONSE_TOKENS}",
+            "data.task=arithmetic", f"data.train_batch_size={args.prompts}",
+            f"rollout.n={args.samples}", f"rollout.response_length={args.tokens}",
             "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
-            f"rollout.log_prob_micro_batch_size={PROMPTS_PER_STEP * GENERATIONS}",
+            f"rollout.log_prob_micro_batch_size={args.prompts * args.samples}",
             "rollout.rollout_filter_strategy=top_p", "rollout.rollout_filter_value=1.0",  # keep every group
             "actor.ppo_epochs=1", "actor.ppo_mini_batch_size=null",  # one optimizer step per generation batch
-            f"actor.ppo_micro_batch_size={PROMPTS_PER_STEP * GENERATIONS}",
+            f"actor.ppo_micro_batch_size={args.prompts * args.samples}",
             "actor.use_kl_loss=true", f"actor.kl_loss_coef={KL_COEF}", "actor.kl_loss_type=low_var_kl",
             "actor.loss_agg_mode=token-mean", "actor.policy_loss=ppo",
             "actor.clip_ratio_low=0.2", "actor.clip_ratio_high=0.2", "actor.entropy_coeff=0.0",
@@ -184,18 +204,26 @@ def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
     from rlgrad.tasks import Example, build_task
 
     # The same prompts, in the same order, as our trainer draws them (same task seed and val_size,
-    # same data RNG, PROMPTS_PER_STEP at a time); TRL's sampler is told not to shuffle.
+    # same data RNG, args.prompts at a time); TRL's sampler is told not to shuffle.
     task = build_task("arithmetic", seed=args.seed, val_size=ours.trainer.cfg.data.val_size)
     rng = random.Random(args.seed)
     total_steps = args.warmup + args.steps
-    rows = [ex for _ in range(total_steps + 4) for ex in task.train_examples(PROMPTS_PER_STEP, rng)]
-    dataset = datasets.Dataset.from_dict({"prompt": [r.prompt for r in rows], "answer": [r.answer for r in rows]})
+    rows = [ex for _ in range(total_steps + 4) for ex in task.train_examples(args.prompts, rng)]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    # A tokenizer with a chat template: conversational prompts, which TRL renders with
+    # apply_chat_template(add_generation_prompt=True), as ours does (data.apply_chat_template=auto).
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    prompts = [[{"role": "user", "content": r.prompt}] if chat else r.prompt for r in rows]
+    dataset = datasets.Dataset.from_dict({"prompt": prompts, "answer": [r.answer for r in rows]})
+
+    def text(x):  # a conversational prompt or completion -> its last message's text
+        return x[-1]["content"] if isinstance(x, list) else x
 
     trl_prompts: list[list[str]] = []
 
     def arithmetic_reward(prompts, completions, answer, **kwargs):
-        trl_prompts.append(list(prompts[::GENERATIONS]))
-        return [task.score(c, Example(p, a)).total for p, c, a in zip(prompts, completions, answer)]
+        trl_prompts.append([text(p) for p in prompts[::args.samples]])
+        return [task.score(text(c), Example(text(p), a)).total for p, c, a in zip(prompts, completions, answer)]
 
     class Interleave(TrainerCallback):
         def __init__(self):
@@ -216,14 +244,14 @@ def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
             ours.step()
             self.mark, self.cpu_mark = time.perf_counter(), time.process_time()
 
-    n = PROMPTS_PER_STEP * GENERATIONS
+    n = args.prompts * args.samples
     config = GRPOConfig(
         output_dir=str(root / "trl_out"),
         use_cpu=True, bf16=False, fp16=False,
         model_init_kwargs={"dtype": "float32"},
-        per_device_train_batch_size=n, num_generations=GENERATIONS,
+        per_device_train_batch_size=n, num_generations=args.samples,
         gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
-        max_completion_length=RESPONSE_TOKENS, generation_kwargs={"min_new_tokens": RESPONSE_TOKENS},
+        max_completion_length=args.tokens, generation_kwargs={"min_new_tokens": args.tokens},
         temperature=1.0, top_p=1.0, top_k=0,
         beta=KL_COEF, epsilon=0.2, loss_type="dapo", scale_rewards="group",
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
@@ -234,7 +262,6 @@ def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
         disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
     )
     cb = Interleave()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=arithmetic_reward, args=config,
                           train_dataset=dataset, processing_class=tokenizer, callbacks=[cb])
     trainer.remove_callback(PrinterCallback)  # no end-of-training metrics dump on stdout
@@ -275,6 +302,11 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per side")
     p.add_argument("--steps", type=int, default=5, help="timed steps per side (median reported)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--model", default="tiny",
+                   help="tiny (a 4-block Qwen2 built here) or a local HF directory / .gguf file (e.g. SmolLM2-135M)")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    p.add_argument("--samples", type=int, default=8, help="samples per prompt")
+    p.add_argument("--tokens", type=int, default=32, help="new tokens per sample (forced: EOS masked until then)")
     p.add_argument("--skip-trl", action="store_true", help="time only rlgrad")
     p.add_argument("--engine", default="auto", choices=("auto", "hf", "native"), help="rlgrad's rollout.engine")
     p.add_argument("--recompute-log-probs", action="store_true",
@@ -292,9 +324,9 @@ def main(argv=None) -> None:
     torch.manual_seed(args.seed)
     root = Path(tempfile.mkdtemp(prefix="rlgrad-bench-"))
     try:
-        model_dir = build_model_dir(root, args.seed)
-        print(f"torch {torch.__version__}, threads={args.threads}, {PROMPTS_PER_STEP} prompts x {GENERATIONS} "
-              f"samples x {RESPONSE_TOKENS} tokens, warmup={args.warmup}, timed steps={args.steps}", flush=True)
+        model_dir = build_model_dir(root, args)
+        print(f"torch {torch.__version__}, threads={args.threads}, {args.prompts} prompts x {args.samples} "
+              f"samples x {args.tokens} tokens, warmup={args.warmup}, timed steps={args.steps}", flush=True)
 
         ours = RLGradSide(model_dir, root, args)
         try:

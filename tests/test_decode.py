@@ -9,7 +9,7 @@ from rlgrad.batch import position_ids_from_mask
 from rlgrad.config import ModelConfig, TinyModelConfig, load_config
 from rlgrad.errors import UserError
 from rlgrad.models import build_char_tokenizer, build_tiny_model
-from rlgrad.rl.decode import decode, unsupported_reason
+from rlgrad.rl.decode import decode, draw, filtered_probs, unsupported_reason
 from rlgrad.rl.rollout import compute_log_probs, encode_prompts, generate, resolve_engine
 
 PROMPTS = ["1+2=", "13+45=", "7*8=", "100-37="]  # different lengths: left padding
@@ -87,10 +87,53 @@ def test_greedy_matches_hf_generate(model, tok):
     assert_same(hf, native)
 
 
-def test_sampling_matches_hf_generate(model, tok):
-    # Same processors in the same order and one multinomial draw per step: the same samples.
+def test_sampling_distribution_is_generates():
+    # generate's own warpers (temperature, then top-k, then top-p) give the distribution filtered_probs gives.
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    scores = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
+    scores[0, :10] = scores[0, 10]  # ties at the k-th score
+    for t, k, p in [(0.7, 20, 0.9), (1.0, 0, 0.5), (1.3, 5, 1.0), (1.0, 0, 1.0)]:
+        warpers = LogitsProcessorList(([TemperatureLogitsWarper(t)] if t != 1.0 else [])
+                                      + ([TopKLogitsWarper(k)] if k else []) + ([TopPLogitsWarper(p)] if p < 1 else []))
+        ref = warpers(None, scores.clone()).softmax(-1)
+        torch.testing.assert_close(filtered_probs(scores, temperature=t, top_k=k, top_p=p), ref, rtol=0, atol=1e-7)
+
+
+def test_draw_follows_the_distribution(monkeypatch):
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0], [0.1, 0.1, 0.1, 0.1, 0.6]])
+    torch.manual_seed(0)
+    n = 20000
+    draws = torch.stack([draw(probs) for _ in range(n)])  # [n, 3]
+    for row in range(3):
+        freq = torch.bincount(draws[:, row], minlength=5).double() / n
+        # within 5 standard errors of each probability; a probability-0 token never drawn
+        se = (probs[row].double() * (1 - probs[row].double()) / n).sqrt()
+        assert ((freq - probs[row]).abs() <= 5 * se + 1e-12).all(), (row, freq)
+    # The largest u lands below the total: never on a trailing 0-weight token.
+    top = torch.tensor([[0.75, 2.25, 0.0]])  # weights need not sum to 1 (as for multinomial)
+    with monkeypatch.context() as m:
+        m.setattr(torch, "rand", lambda *a, **k: torch.full((1, 1), 1 - 2 ** -53, dtype=torch.float64))
+        assert draw(top).item() == 1
+    # Per-prompt generators: a block's draws depend only on its own generator.
+    g = [torch.Generator().manual_seed(s) for s in (1, 2)]
+    a = draw(probs[[2, 2, 2, 2]], g)
+    b = draw(probs[[2, 2]], [torch.Generator().manual_seed(2)])
+    assert torch.equal(a[2:], b)
+
+
+def test_sampling_reproducible_and_generate_shaped(model, tok):
+    # Sampling differs from generate's draws (inversion, not multinomial) but not in what it returns.
     hf, native = both(model, tok, n=3, max_new_tokens=10, do_sample=True, temperature=0.7, top_p=0.9, top_k=20)
-    assert_same(hf, native)
+    assert hf.input_ids.shape == native.input_ids.shape
+    torch.testing.assert_close(hf.input_ids[:, :-10], native.input_ids[:, :-10], rtol=0, atol=0)  # same prompts
+    _, again = both(model, tok, n=3, max_new_tokens=10, do_sample=True, temperature=0.7, top_p=0.9, top_k=20)
+    assert_same(native, again)
 
 
 def test_step_logits_match_full_forward(model, tok):

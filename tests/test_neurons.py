@@ -590,7 +590,8 @@ def test_train_cli_critic_neuron_health(tiny, tmp_path):
     run = tmp_path / "run"
     res = run_cli(["train", *tiny, "trainer.total_training_steps=2", "trainer.gradient_analysis_mode=false",
                    "trainer.val_before_train=false", "algorithm.adv_estimator=gae", "critic.redo_metric_freq=1",
-                   "critic.redo_reset_freq=2", "critic.redo_mode=percentage", "critic.redo_max_reset_frac=0.1"],
+                   "critic.redo_reset_freq=2", "critic.redo_mode=percentage", "critic.redo_max_reset_frac=0.1",
+                   "reward.weights.correctness=0.0", "reward.weights.format=0.0"],  # every score 0, by construction
                   cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {r["step"]: r["data"] for r in read_jsonl(run / "metrics.jsonl")}
@@ -600,7 +601,7 @@ def test_train_cli_critic_neuron_health(tiny, tmp_path):
         assert not any(k.startswith("actor/neuron/") for k in rows[step])
         doc = json.loads((run / "analysis" / f"step_{step}" / "neurons.json").read_text())
         assert set(doc) == {"step", "critic"} and len(doc["critic"]["layers"]) == 4
-    # This tiny run scores 0 everywhere, so returns = values = 0 and the critic's gradient is exactly zero:
+    # Every reward weight is 0, so returns = values = 0 and the critic's gradient is exactly zero:
     # every neuron reads as zero-gradient, and the reset is skipped (a zero gradient says nothing about
     # which neurons are dead).
     assert rows[2]["critic/grad_norm"] == 0.0 and rows[2]["critic/neuron/zero_grad_ratio"] == 1.0

@@ -27,6 +27,15 @@ from dataclasses import dataclass, field
 import torch
 
 
+def response_start(response_mask: torch.Tensor) -> int:
+    """The first column of ``[N, L]`` holding a response token in any row; 1 if none.
+
+    No row has a loss before it, so forwards run the LM head from the column before it on only
+    (``logits_to_keep``); with left-padded prompts it is the column every prompt ends before."""
+    cols = torch.nonzero(response_mask.any(0)).flatten()
+    return max(int(cols[0]), 1) if len(cols) else 1
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
@@ -49,6 +58,10 @@ class Batch:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    def response_start(self) -> int:
+        """The first column holding a response token (1 if none): no column before it carries a loss."""
+        return response_start(self.response_mask)
 
     def select(self, index: torch.Tensor | list[int]) -> Batch:
         """Rows ``index`` of every per-sample and per-token tensor (a new Batch)."""

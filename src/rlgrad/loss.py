@@ -41,25 +41,34 @@ if TYPE_CHECKING:
 
 # ---------------------------------------------------------------------------------------------- forwards
 def forward_log_probs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, temperature: float = 1.0,
-                      with_entropy: bool = False, start: int = 1) -> tuple[Tensor, Tensor | None]:
+                      with_entropy: bool = False, entropy_grad: bool = True, start: int = 1,
+                      mask_positions: bool = True) -> tuple[Tensor, Tensor | None]:
     """Per-token log-prob of ``input_ids[:, t]`` under the logits at ``t - 1``, for columns ``t >= start``.
 
     Columns before ``start`` (at least column 0) are 0; with ``start`` = the first response column,
     the LM head runs on the response positions only (``logits_to_keep``, as TRL does). Logits are
     divided by the rollout temperature, as verl does, so that old log-probs describe the
-    distribution the samples were drawn from.
+    distribution the samples were drawn from. ``entropy_grad=False``: the entropies are detached
+    (computed outside the graph, which is cheaper). Positions count the attended tokens
+    (``position_ids_from_mask``, as generation numbers them); ``mask_positions=False`` leaves them to the model
+    (0, 1, ... over every column, left padding included), as TRL's training forward does.
     """
     L = input_ids.shape[1]
     start = min(max(start, 1), L)
     kwargs = {"logits_to_keep": L - start + 1} if start > 1 and _accepts_logits_to_keep(model) else {}
-    logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                   position_ids=position_ids_from_mask(attention_mask), use_cache=False, **kwargs).logits
+    if mask_positions:
+        kwargs["position_ids"] = position_ids_from_mask(attention_mask)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
     logits = logits[:, -(L - start + 1):-1].float()  # the logits at positions start-1 .. L-2
     if temperature != 1.0:
         logits = logits / temperature
     zero = torch.zeros_like(input_ids[:, :start], dtype=logits.dtype)
-    logp = torch.cat([zero, logprobs_from_logits(logits, input_ids[:, start:])], 1)
-    ent = torch.cat([zero, entropy_from_logits(logits)], 1) if with_entropy else None
+    lse = torch.logsumexp(logits, dim=-1)  # shared by the log-probs and the entropies
+    logp = torch.cat([zero, logprobs_from_logits(logits, input_ids[:, start:], lse)], 1)
+    ent = None
+    if with_entropy:
+        ent = entropy_from_logits(logits, lse) if entropy_grad else entropy_from_logits(logits.detach(), lse.detach())
+        ent = torch.cat([zero, ent], 1)
     return logp, ent
 
 
@@ -198,10 +207,11 @@ def token_losses(model: nn.Module, mb: Batch, s: LossSettings) -> TokenLosses:
     """Forward ``mb`` and return the per-token loss terms (differentiable)."""
     device = next(model.parameters()).device
     mask = mb.response_mask.to(device)
+    # The LM head runs on the response columns only; with entropy_coeff 0 the entropy is still logged
+    # (actor/entropy) but carries no graph.
     logp, ent = forward_log_probs(model, mb.input_ids.to(device), mb.attention_mask.to(device),
-                                  temperature=s.temperature, with_entropy=True)
-    if s.entropy_coeff == 0:
-        ent = ent.detach()  # still logged as actor/entropy, but no graph kept for it
+                                  temperature=s.temperature, with_entropy=True, entropy_grad=s.entropy_coeff != 0,
+                                  start=mb.response_start())
     pg = policy_loss(logp, mb.old_log_probs.to(device), mb.advantages.to(device), mask, kind=s.policy_loss,
                      clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
                      clip_ratio_c=s.clip_ratio_c, agg_mode=s.loss_agg_mode, horizon=s.horizon)
@@ -329,10 +339,12 @@ def as_loss_fn(loss: LossFn | LossSettings | None) -> LossFn:
 
 
 def as_unit_loss(loss: LossFn | LossSettings | None) -> LossFn:
-    """The policy loss per unit of advantage for the reward-component geometry: rlgrad's actor loss (None, a
-    ``LossSettings`` or an ``ActorLoss``) gives its own; any other ``LossFn`` is taken to be one already."""
+    """The policy loss per unit of advantage for the reward-component geometry: a loss with a ``unit()`` method
+    (rlgrad's ``ActorLoss``, also for None or a ``LossSettings``; the TRL integration's loss) gives its own; any
+    other ``LossFn`` is taken to be one already."""
     loss = as_loss_fn(loss)
-    return loss.unit() if isinstance(loss, ActorLoss) else loss
+    unit = getattr(loss, "unit", None)
+    return unit() if callable(unit) else loss
 
 
 def critic_loss_fn(s: CriticSettings) -> PerTokenLoss:

@@ -14,10 +14,12 @@ module-call overhead. For every block, on the new tokens::
 
 Prompts are left-padded; a padded key is masked out for every query. The ``n`` samples of a prompt
 share its prefill (computed once, copied into their cache rows). Sampling mirrors ``generate``'s
-processors (min_new_tokens, temperature, top-k, top-p, in that order) and draws with
-``torch.multinomial`` from the global RNG, so it consumes the RNG exactly as ``generate`` does --
-or, given one ``torch.Generator`` per prompt, draws each prompt's samples from its own generator,
-so a prompt group's samples do not depend on which other prompts share the batch (or the rank).
+processors (min_new_tokens, temperature, top-k, top-p, in that order), so greedy decoding gives
+``generate``'s tokens; it draws from that distribution by inversion (one uniform per row, see
+``draw``) rather than ``generate``'s ``torch.multinomial``, which is 40x slower on CPU for a large
+vocabulary: the same distribution, not the same draws for a seed. Draws come from the global RNG
+or, given one ``torch.Generator`` per prompt, from each prompt's own generator, so a prompt group's
+samples do not depend on which other prompts share the batch (or the rank).
 """
 
 from __future__ import annotations
@@ -104,14 +106,8 @@ def blocks(model, h, cos, sin, k_cache, v_cache, s: int, e: int, bias) -> torch.
     return rms_norm(h[:, -1], model.model.norm)
 
 
-def sample(scores: torch.Tensor, *, do_sample: bool, temperature: float, top_k: int, top_p: float,
-           generators: list[torch.Generator] | None = None) -> torch.Tensor:
-    """Next tokens [B] from processed scores [B, V], as generate's warpers would pick them.
-
-    ``generators``: one per consecutive block of ``B / len(generators)`` rows (a prompt's samples);
-    None: the global RNG."""
-    if not do_sample:
-        return scores.argmax(-1)
+def filtered_probs(scores: torch.Tensor, *, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The sampling distribution [B, V] of processed scores [B, V], as generate's warpers make it."""
     if temperature != 1.0:
         scores = scores / temperature
     if top_k > 0:  # keep the k largest (ties with the k-th included)
@@ -122,11 +118,40 @@ def sample(scores: torch.Tensor, *, do_sample: bool, temperature: float, top_k: 
         drop = sorted_scores.softmax(-1).cumsum(-1) <= 1 - top_p
         drop[:, -1] = False  # always keep the most likely token
         scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    probs = scores.softmax(-1)
+    return scores.softmax(-1)
+
+
+def draw(probs: torch.Tensor, generators: list[torch.Generator] | None = None) -> torch.Tensor:
+    """One token per row of ``probs`` [B, V], by inversion: the first token whose cumulative probability
+    exceeds u·total, one uniform u per row.
+
+    The same distribution as ``torch.multinomial(probs, 1)``, which on CPU draws an exponential per
+    vocabulary entry (20 ms for 16 rows of a 49k vocabulary, against 0.5 ms here). The cumulative sum
+    is in float64, so a token's share of [0, total) is its probability to about 1e-16; a token of
+    probability 0 is never drawn. ``generators``: one per consecutive block of ``B / len(generators)``
+    rows (a prompt's samples); None: the global RNG.
+    """
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:]
     if generators is None:
-        return torch.multinomial(probs, 1)[:, 0]
-    per = probs.shape[0] // len(generators)
-    return torch.cat([torch.multinomial(p, 1, generator=g)[:, 0] for p, g in zip(probs.split(per), generators)])
+        u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)
+    else:
+        per = probs.shape[0] // len(generators)
+        u = torch.cat([torch.rand(per, 1, dtype=torch.float64, generator=g, device=probs.device)
+                       for g in generators])
+    x = u * total  # < total (for u < 1 in float64 arithmetic): lands on a token of p > 0
+    return torch.searchsorted(cdf, x, right=True)[:, 0]
+
+
+def sample(scores: torch.Tensor, *, do_sample: bool, temperature: float, top_k: int, top_p: float,
+           generators: list[torch.Generator] | None = None) -> torch.Tensor:
+    """Next tokens [B] from processed scores [B, V]: greedy, or a draw from generate's warped distribution.
+
+    ``generators``: one per consecutive block of ``B / len(generators)`` rows (a prompt's samples);
+    None: the global RNG."""
+    if not do_sample:
+        return scores.argmax(-1)
+    return draw(filtered_probs(scores, temperature=temperature, top_k=top_k, top_p=top_p), generators)
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlgrad.batch import response_start
 from rlgrad.errors import UserError
 from rlgrad.loss import forward_log_probs
 
@@ -232,12 +233,6 @@ def generate(model, tokenizer, prompts: list[str], *, n: int, max_new_tokens: in
     truncated = ~is_eos.any(-1)
     texts = tokenizer.batch_decode([r[m.bool()] for r, m in zip(resp, resp_valid_l)], skip_special_tokens=True)
     return Generation(input_ids, attention_mask, response_mask, texts, lengths, truncated, log_probs)
-
-
-def response_start(response_mask: torch.Tensor) -> int:
-    """The first column holding a response token (prompts all end at the same column); 1 if none."""
-    cols = torch.nonzero(response_mask.any(0)).flatten()
-    return int(cols[0]) if len(cols) else 1
 
 
 @torch.no_grad()
