@@ -15,7 +15,7 @@ LAYERS = [
     {"loss", "tasks", "logging", "models", "distributed"},  # the loss math; data, sinks, models, processes
     {"hooks"},  # the hook contract: a batch, the models, the loss
     {"analysis", "rl", "viz"},  # the instruments | the trainer | the figures: independent of each other
-    {"recipes"},  # trainer + instruments composed
+    {"recipes", "integrations"},  # trainer + instruments composed | the instruments inside TRL's trainer
     {"cli"},
     {"__main__"},
 ]

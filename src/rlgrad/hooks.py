@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlgrad.batch import Batch
-from rlgrad.loss import LossFn, LossSettings
+from rlgrad.loss import ActorLoss, LossFn, LossSettings
 
 if TYPE_CHECKING:
     from rlgrad.config import RLGradConfig
@@ -73,6 +73,15 @@ class StepContext:
     # (None: no replica to refresh; a hook that would need one fails loudly instead of leaving it stale).
     sync_actor: Callable[[], None] | None = None
     sync_critic: Callable[[], None] | None = None
+    # Another training loop's actor loss (e.g. TRL's GRPO loss) and its split of the advantage by reward
+    # component (``{component: [N]}``, summing to the advantage); None: rlgrad's ``ActorLoss(loss_settings)`` and
+    # the split ``analyse_components`` derives from ``reward_weights`` and the config's estimator.
+    loss: LossFn | None = None
+    component_advantages: Callable[[Batch], dict[str, torch.Tensor]] | None = None
+
+    def actor_loss(self) -> LossFn:
+        """The loss the actor update optimises: ``loss`` if the loop gave one, else rlgrad's actor loss."""
+        return self.loss if self.loss is not None else ActorLoss(self.loss_settings)
 
 
 @dataclass

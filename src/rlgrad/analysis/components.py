@@ -153,22 +153,26 @@ def _geometry(gram: torch.Tensor, slices: list[str], names: list[str]) -> dict[s
 
 def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettings | None = None, *,
                        weights: dict[str, float], mode: str = "shared_std", estimator: str = "grpo",
-                       norm_by_std: bool = True, method: str = "fast", keep_grads: bool = False) -> ComponentReport:
+                       norm_by_std: bool = True, method: str = "fast", keep_grads: bool = False,
+                       advantages: dict[str, torch.Tensor] | None = None) -> ComponentReport:
     """Every reward component's policy gradient (and ``total``) in one engine call, and their geometry.
 
     ``batch`` is prepared (old log-probs, advantages) exactly as the update sees it; ``weights`` the task's
     reward weights; ``estimator`` / ``norm_by_std`` the trainer's advantage settings. ``loss``: the policy
     loss PER UNIT OF ADVANTAGE as a ``LossFn`` (its terms summed; REINFORCE: ``-log π``; see the module
     docstring), or rlgrad's PPO / CISPO loss as an ``ActorLoss`` or its ``LossSettings`` (default: its
-    defaults), whose unit loss is then used.
+    defaults), whose unit loss is then used. ``advantages``: the training loop's own split of the update's
+    advantage by component (``{component: [N]}``, summing to it, e.g. TRL's normalisation); default: the
+    split ``mode`` / ``estimator`` / ``norm_by_std`` define (``component_advantages``).
     """
     unit = as_unit_loss(loss)
     names = list(batch.components)
     if not names:
         raise ValueError("the batch carries no reward components")
     adv = per_sequence_advantage(batch)
-    comp = component_advantages(batch.components, weights, batch.scores, batch.group_ids, mode=mode,
-                                estimator=estimator, norm_by_std=norm_by_std)
+    comp = advantages if advantages is not None else component_advantages(
+        batch.components, weights, batch.scores, batch.group_ids, mode=mode, estimator=estimator,
+        norm_by_std=norm_by_std)
     _, u = unit.agg.weights(batch.response_mask)
     denom = float(collectives.all_reduce_sum(u.sum().double())) or 1.0  # the update's loss denominator
     rows = [comp[c] for c in names]
@@ -303,10 +307,11 @@ class ComponentGeometryHook(Hook):
         t0 = time.perf_counter()
         c, cfg = self.cfg.analysis.components, self.cfg
         save = self.writer is not None
-        rep = analyse_components(ctx.actor, ctx.batch, ctx.loss_settings, weights=ctx.reward_weights, mode=c.mode,
+        split = ctx.component_advantages(ctx.batch) if ctx.component_advantages is not None else None
+        rep = analyse_components(ctx.actor, ctx.batch, ctx.actor_loss(), weights=ctx.reward_weights, mode=c.mode,
                                  estimator=cfg.algorithm.adv_estimator,
                                  norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo, method=cfg.analysis.method,
-                                 keep_grads=save)
+                                 keep_grads=save, advantages=split)
         metrics = dict(rep.metrics)
         if ctx.is_main:
             step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"

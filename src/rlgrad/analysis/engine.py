@@ -151,8 +151,9 @@ class _SliceReducer:
 
         def fwd(module, inputs, output):
             x = inputs[0].detach() if prep is None else prep(module, inputs[0].detach())
-            if isinstance(module, nn.Embedding) and not output.requires_grad:
-                # The input embedding: make its output the leaf the backward stops at.
+            if isinstance(module, nn.Embedding) and (output.is_leaf or not output.requires_grad):
+                # The input embedding (its output a leaf even when a hook such as transformers'
+                # enable_input_require_grads made it require grad): the leaf the backward stops at.
                 output = output.detach().requires_grad_(True)
                 self.embed_leaf.append((module, x, output))
             output.register_hook(lambda g: fn(module, x, g))

@@ -243,7 +243,7 @@ class GradientAnalysisHook(Hook):
         """One bucket analysis of ``batch``, its group table and (``save_batch``) its probe bundle on disk."""
         cfg, b = self.cfg, self.cfg.analysis.buckets
         trim = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node if b.dp_trim else 0
-        rep = analyse_buckets(ctx.actor, batch, ctx.loss_settings, bucket_mode=b.bucket_mode,
+        rep = analyse_buckets(ctx.actor, batch, ctx.actor_loss(), bucket_mode=b.bucket_mode,
                               num_buckets=b.num_buckets, method=cfg.analysis.method, dp_trim=trim)
         if ctx.is_main:
             step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"

@@ -21,7 +21,7 @@ from rlgrad.analysis.cadence import schedules
 from rlgrad.analysis.neurons import NeuronLayer, NeuronReport, _is_sharded, _shard, measure, seed_of
 from rlgrad.batch import Batch
 from rlgrad.hooks import Hook, Schedule, StepContext
-from rlgrad.loss import ActorLoss, LossFn
+from rlgrad.loss import LossFn
 from rlgrad.metrics import key
 from rlgrad.rundir import atomic_write_json
 
@@ -169,9 +169,7 @@ class NeuronHealthHook(Hook):
 
     @staticmethod
     def loss_fn(ctx: StepContext, role: str) -> LossFn | None:
-        if role == "actor":
-            return ActorLoss(ctx.loss_settings)
-        return ctx.critic_loss
+        return ctx.actor_loss() if role == "actor" else ctx.critic_loss
 
     def on_grads(self, ctx: StepContext, model: nn.Module, minibatch: Batch, role: str = "actor"):
         metric = self.metric_at.get(role, Schedule(0)).due(ctx.step)

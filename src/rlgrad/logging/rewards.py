@@ -42,11 +42,13 @@ def reward_metrics(components: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 def step_record(step: int, components: dict[str, torch.Tensor], weights: dict[str, float], total: torch.Tensor,
-                group_ids: torch.Tensor, lengths: torch.Tensor, correct: torch.Tensor) -> dict:
+                group_ids: torch.Tensor, lengths: torch.Tensor, correct: torch.Tensor | None) -> dict:
     """One line of ``reward_components.jsonl``; every per-sample tensor is ``[N]``.
 
     ``lengths`` are the actual response lengths the length reward sees (``reward.length_unit``);
-    ``correct`` the task's correctness flags. A valid format is a format reward > 0 (rldynamic's count).
+    ``correct`` the task's correctness flags (None: the loop has no notion of correct, e.g. TRL's reward
+    functions; ``num_correct`` is then left out, as ``num_valid_format`` is without a ``format`` component).
+    A valid format is a format reward > 0 (rldynamic's count).
     """
     names = list(components)
     stats = {c: {"mean": float(v.double().mean()), "std": _std(v), "min": float(v.min()), "max": float(v.max())}
@@ -56,13 +58,15 @@ def step_record(step: int, components: dict[str, torch.Tensor], weights: dict[st
     tot, gids, lens = total.tolist(), group_ids.tolist(), lengths.tolist()
     samples = [{"group_id": int(gids[i]), "components": {c: cols[c][i] for c in names}, "total": tot[i],
                 "length": int(lens[i])} for i in range(len(tot))]
-    return {
+    record = {
         "step": int(step), "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "components": names,
         "weights": {c: float(weights[c]) for c in names}, "stats": stats,
         "total": {"mean": float(total.double().mean()), "std": _std(total)},
-        "num_correct": int(correct.bool().sum()), "num_valid_format": int((fmt > 0).sum()) if fmt is not None else 0,
+        "num_correct": None if correct is None else int(correct.bool().sum()),
+        "num_valid_format": int((fmt > 0).sum()) if fmt is not None else None,
         "mean_length": float(lengths.double().mean()), "num_samples": len(tot), "samples": samples,
     }
+    return {k: v for k, v in record.items() if v is not None}
 
 
 class RewardComponentLog:
@@ -118,8 +122,8 @@ def to_seed_layout(rows: list[dict], metadata: dict) -> dict:
     steps = []
     for r in rows:
         stats = {f"avg_{_seed_key(c)}": r["stats"][c]["mean"] for c in r["components"]}
-        stats.update({"avg_actual_length": r["mean_length"], "correct_count": r["num_correct"],
-                      "format_valid_count": r["num_valid_format"], "total_samples": r["num_samples"]})
+        stats.update({"avg_actual_length": r["mean_length"], "correct_count": r.get("num_correct"),
+                      "format_valid_count": r.get("num_valid_format"), "total_samples": r["num_samples"]})
         samples = [{"idx": i, **{_seed_key(c): s["components"][c] for c in r["components"]},
                     "actual_length": s["length"]} for i, s in enumerate(r["samples"])]
         steps.append({"step": r["step"], "timestamp": r.get("timestamp"), "num_samples": r["num_samples"],

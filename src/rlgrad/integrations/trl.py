@@ -1,0 +1,265 @@
+"""rlgrad's instruments inside TRL's ``GRPOTrainer``: change one import.
+
+    from rlgrad.integrations.trl import GRPOTrainer        # instead of: from trl import GRPOTrainer
+
+    trainer = GRPOTrainer(model=..., reward_funcs=[correct, fmt], args=GRPOConfig(...), train_dataset=...,
+                          rlgrad=["analysis.every=5"])   # optional: rlgrad settings as key=value (default every=10)
+
+At the analysed steps (``analysis.every``, or each instrument's own ``analysis.*`` cadence) it measures, on
+TRL's own generation batch and loss (``rlgrad.integrations.trl_loss``), before the step's update: the
+gradient by reward-variance bucket and loss term (``grad_norm/...``), the reward functions' gradient geometry
+(``grad_comp/...``, ``grad_sim/...``: TRL's ``reward_funcs`` weighted by ``reward_weights`` are the
+components), and, on the step's accumulated gradient, neuron health (``actor/neuron/...``). The numbers go to
+TRL's own logs (so every ``report_to`` sink shows them next to TRL's metrics, at TRL's next logging step) and
+to an rlgrad run directory, ``args.output_dir`` unless ``rlgrad_dir`` says otherwise: ``metrics.jsonl`` (the
+analysis at its own step, TRL's scalars under rlgrad's names, ``TRL_METRICS``), ``analysis/step_N/`` and
+``reward_components.jsonl``, which ``rlgrad plot`` and ``rlgrad report`` read.
+
+Only TRL's documented extension points are used: this subclass calls TRL's own methods and adds to them
+(``_calculate_rewards``, ``_generate_and_score_completions``, ``log``) and a ``TrainerCallback``; nothing is
+patched. The instruments change nothing TRL computes: weights, gradients, optimizer state and RNG streams
+are as without them. Under ``accelerate launch`` / torchrun every process runs them on its rows, the metrics
+are global, and only the main process writes.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from packaging.version import Version
+from transformers import TrainerCallback
+
+from rlgrad import collectives
+from rlgrad.analysis import hooks_from_config
+from rlgrad.config import load_config
+from rlgrad.errors import UserError
+from rlgrad.hooks import StepContext
+from rlgrad.integrations.trl_loss import TRLLoss, TRLLossSettings, batch_from_trl, trl_reward_view
+from rlgrad.logging.rewards import RewardComponentLog, step_record
+from rlgrad.logging.sinks import JsonlSink
+from rlgrad.loss import LossSettings
+from rlgrad.metrics import key
+from rlgrad.rundir import read_jsonl, truncate_jsonl_after
+
+try:
+    from trl import GRPOTrainer as _TRLGRPOTrainer
+except ImportError as e:  # pragma: no cover - the module is only imported by people who use TRL
+    raise ImportError("rlgrad.integrations.trl needs TRL: pip install 'rlgrad[trl]'") from e
+
+TRL_VERSIONS = (Version("1.16"), Version("2"))  # supported: [low, high); CI tests the newest release
+DEFAULTS = ("analysis.every=10",)  # before the user's settings: every instrument at steps 1, 11, 21, ...
+# The TRL scalars written to metrics.jsonl, under the rlgrad (verl) name of the same quantity. Differences:
+# TRL's entropy is a token mean (rlgrad's actor/entropy follows loss_agg_mode); TRL's kl is the k3 estimate.
+TRL_METRICS = {
+    "reward": "critic/score/mean", "completions/mean_length": "response_length/mean",
+    "completions/max_length": "response_length/max", "completions/min_length": "response_length/min",
+    "completions/clipped_ratio": "response_length/clip_ratio", "entropy": "actor/entropy", "kl": "actor/kl_loss",
+    "clip_ratio/region_mean": "actor/pg_clipfrac", "grad_norm": "actor/grad_norm", "learning_rate": "actor/lr",
+    "step_time": "timing_s/step",
+}
+# rlgrad settings that need rlgrad's own trainer (a second rollout, the rollout filter, a stop, a reset).
+UNSUPPORTED = {"analysis.buckets.env_groups": None, "analysis.buckets.group_size": None,
+               "analysis.buckets.log_prefilter": False, "analysis.buckets.exit_after": False,
+               "analysis.buckets.save_batch": False, "analysis.components.mode": "shared_std",
+               "analysis.neurons.actor.reset_every": 0}
+
+
+def check_trl_version(version: str | None = None) -> Version:
+    """The installed (or given) TRL version; a one-line error outside ``TRL_VERSIONS``."""
+    v = Version(version or importlib.metadata.version("trl"))
+    low, high = TRL_VERSIONS
+    if not low <= v < high:
+        raise UserError(f"rlgrad.integrations.trl supports TRL >={low},<{high}, found {v}: "
+                        f"pip install 'trl>={low},<{high}'")
+    return v
+
+
+def trl_metrics(logs: dict[str, float]) -> dict[str, float]:
+    """TRL's logged scalars under rlgrad's names (``TRL_METRICS``; ``rewards/<f>/mean`` -> ``reward/<f>/mean``)."""
+    out = {TRL_METRICS[k]: float(v) for k, v in logs.items() if k in TRL_METRICS and isinstance(v, int | float)}
+    for k, v in logs.items():
+        parts = k.split("/")
+        if len(parts) == 3 and parts[0] == "rewards" and parts[2] == "mean" and isinstance(v, int | float):
+            out[key("reward/{component}/mean", component=parts[1])] = float(v)
+    return out
+
+
+class GRPOTrainer(_TRLGRPOTrainer):
+    """TRL's ``GRPOTrainer`` with rlgrad's instruments (module docstring); every argument is TRL's, plus:
+
+    ``rlgrad``: rlgrad settings as ``key=value`` strings, the ``analysis.*`` section of ``rlgrad train``'s
+    config (docs/configuration.md), applied after ``DEFAULTS``; ``trainer.seed`` is TRL's ``args.seed``.
+    ``rlgrad_dir``: where rlgrad's run files go (default: ``args.output_dir``).
+    """
+
+    def __init__(self, *args, rlgrad: Sequence[str] = (), rlgrad_dir: str | None = None, **kwargs):
+        check_trl_version()
+        super().__init__(*args, **kwargs)
+        self.rlgrad = _Instruments(self, list(rlgrad), Path(rlgrad_dir or self.args.output_dir))
+        self.add_callback(_Callback(self.rlgrad))
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self.rlgrad.rewards = rewards  # every process's rows: TRL gathers them to normalise by group
+        return rewards
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if self.model.training:
+            self.rlgrad.before_update(out)
+        return out
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if not any(k.startswith("eval_") for k in logs):  # a training log
+            logs.update(self.rlgrad.take_unlogged())
+        super().log(logs, start_time)
+
+
+class _Instruments:
+    """rlgrad's hooks run on one TRL trainer's batches (the state the subclass and its callback share)."""
+
+    def __init__(self, trainer: _TRLGRPOTrainer, overrides: list[str], run_dir: Path):
+        self.trainer = trainer
+        self.cfg = load_config(None, None, [*DEFAULTS, *overrides, f"trainer.seed={trainer.args.seed}"])
+        values = {f"analysis.buckets.{k}": v for k, v in vars(self.cfg.analysis.buckets).items()}
+        values.update({"analysis.components.mode": self.cfg.analysis.components.mode,
+                       "analysis.neurons.actor.reset_every": self.cfg.analysis.neurons.actor.reset_every})
+        for k, default in UNSUPPORTED.items():
+            if values[k] != default:
+                raise UserError(f"'{k}' needs rlgrad's own trainer; with TRL leave it at {default}")
+        self.loss = TRLLoss(TRLLossSettings.of(trainer))
+        self.hooks = hooks_from_config(self.cfg)
+        self.run_dir = run_dir
+        self.is_main = trainer.accelerator.is_main_process
+        self.rewards: torch.Tensor | None = None
+        self.ctx: StepContext | None = None
+        self.pending: dict[str, float] = {}  # the analysed step's metrics, until the step ends
+        self.unlogged: dict[str, float] = {}  # analysis metrics TRL's loggers have not seen yet
+        self.metrics_log: JsonlSink | None = None
+        self.reward_log: RewardComponentLog | None = None
+
+    # ---- run directory -----------------------------------------------------------------------------
+    def open(self, step: int) -> None:
+        """At the start of training (``step``: the resumed global step): refuse another run's files, resume ours."""
+        path = self.run_dir / "metrics.jsonl"
+        if self.is_main:
+            if step == 0 and path.exists() and read_jsonl(path):
+                raise UserError(f"'{self.run_dir}' already holds an rlgrad metrics.jsonl of another run: use a new "
+                                "output_dir (or rlgrad_dir), or resume that run")
+            for f in (path, self.run_dir / "reward_components.jsonl"):
+                if f.exists():
+                    truncate_jsonl_after(f, step)  # a resumed run recomputes the steps after its checkpoint
+            self.metrics_log = JsonlSink(path)
+            self.reward_log = RewardComponentLog(self.run_dir)
+
+    # ---- the step ----------------------------------------------------------------------------------
+    def before_update(self, out: dict) -> None:
+        """At a generation: the batch and loss as rlgrad's hooks see them, and the hooks' before-update part."""
+        t = self.trainer
+        step = t.state.global_step + 1
+        view = trl_reward_view(self.rewards, t.reward_weights, list(t.reward_func_names), t.num_generations,
+                               scale_rewards=t.scale_rewards, aggregation=t.multi_objective_aggregation)
+        n = out["prompt_ids"].shape[0]
+        rows = slice(t.accelerator.process_index * n, (t.accelerator.process_index + 1) * n)
+        local = {k: v[rows] for k, v in view.split.items()}
+        total_split = sum(local.values())
+        if not torch.allclose(total_split, out["advantages"].float().cpu(), rtol=1e-3, atol=1e-3):
+            raise UserError("TRL's advantages are not its reward functions' normalised rewards (a custom advantage?): "
+                            "rlgrad's reward-function geometry cannot split them")
+        batch = batch_from_trl(out, group_ids=view.group_ids[rows], scores=torch.nan_to_num(view.total[rows]),
+                               reward_std=view.reward_std[rows], components={k: v[rows] for k, v in
+                                                                             view.components.items()})
+        weights = dict(zip(t.reward_func_names, t.reward_weights.tolist()))
+        self.ctx = StepContext(step=step, batch=batch, actor=t.accelerator.unwrap_model(t.model), optimizer=t.optimizer,
+                               loss_settings=LossSettings(), config=self.cfg, run_dir=self.run_dir,
+                               tokenizer=t.processing_class, is_main=self.is_main, reward_weights=weights,
+                               loss=self.loss, component_advantages=lambda b: local)
+        lengths = collectives.all_gather_cat(out["completion_mask"].sum(1).cpu())
+        if self.reward_log is not None:
+            self.reward_log.append(step_record(step, view.components, weights, torch.nan_to_num(view.total),
+                                               view.group_ids, lengths, None))
+        with self._running():
+            for hook in self.hooks:
+                res = hook.before_update(self.ctx)
+                if res is not None:
+                    self.pending.update(res.metrics)
+
+    def on_grads(self, model: torch.nn.Module) -> None:
+        """The step's accumulated gradient, before the optimizer step: neuron health."""
+        ctx = self.ctx
+        if ctx is None or ctx.step != self.trainer.state.global_step + 1:
+            return  # a step without its own generation (steps_per_generation > gradient_accumulation_steps)
+        with self._running():
+            for hook in self.hooks:
+                self.pending.update(hook.on_grads(ctx, model, ctx.batch, "actor") or {})
+
+    def after_update(self) -> None:
+        ctx = self.ctx
+        if ctx is None or ctx.step != self.trainer.state.global_step:
+            return
+        for hook in self.hooks:
+            self.pending.update(hook.after_update(ctx) or {})
+        if self.pending:
+            if self.metrics_log is not None:
+                self.metrics_log.log(ctx.step, self.pending)
+            self.unlogged.update(self.pending)
+            self.pending = {}
+
+    @contextmanager
+    def _running(self):
+        """Grad mode on, activation checkpointing off (as TRL turns it off for its own extra forwards): the fast
+        engine's hooks must see each forward once. The analysis then holds a whole batch's activations."""
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        new = hasattr(model, "activation_checkpointing_disable")  # transformers 5 (earlier: gradient_checkpointing_*)
+        on = bool(getattr(model, "is_activation_checkpointing" if new else "is_gradient_checkpointing", False))
+        if on:
+            (model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable)()
+        try:
+            with torch.enable_grad():
+                yield
+        finally:
+            if on:
+                a = self.trainer.args
+                if new:
+                    model.activation_checkpointing_enable(getattr(a, "activation_checkpointing_kwargs", None))
+                else:
+                    model.gradient_checkpointing_enable(a.gradient_checkpointing_kwargs)
+
+    def take_unlogged(self) -> dict[str, float]:
+        out, self.unlogged = self.unlogged, {}
+        return out
+
+    def log_trl(self, step: int, logs: dict[str, float]) -> None:
+        if self.metrics_log is not None and (m := trl_metrics(logs)):
+            self.metrics_log.log(step, m)
+
+    def close(self) -> None:
+        for hook in self.hooks:
+            hook.close()
+
+
+class _Callback(TrainerCallback):
+    """The transformers callback events the instruments need (documented ``TrainerCallback`` methods)."""
+
+    def __init__(self, instruments: _Instruments):
+        self.rl = instruments
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.rl.open(state.global_step)
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.rl.on_grads(self.rl.trainer.accelerator.unwrap_model(self.rl.trainer.model))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.rl.after_update()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            self.rl.log_trl(state.global_step, logs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.rl.close()

@@ -1,0 +1,282 @@
+"""TRL's GRPO loss, batch and reward split in rlgrad's terms: a ``LossFn``, a ``Batch``, component advantages.
+
+What TRL's ``GRPOTrainer._compute_loss`` computes per token, split into the terms the instruments measure
+(TRL 1.16; ``A`` the sequence advantage, ``r = exp(log π − log π_old)`` the token ratio, or the sequence
+ratio ``exp(mean_t(log π − log π_old))`` with ``importance_sampling_level="sequence"``)::
+
+    task     grpo, bnpo, dr_grpo, dapo, luspo:  −min(min(r, δ) A, clip(r, 1−ε_low, 1+ε_high) A)
+             cispo:  −sg(min(r, ε_high)) A log π          sapo:  −σ(τ (r − 1)) (4 / τ) A,  τ by the sign of A
+             vespo:  −φ(w) A log π  (TRL's gamma weights, no gradient through φ)
+             (× TRL's off-policy sequence mask when off_policy_mask_threshold is set)
+    kl       β (exp(ref − log π) − (ref − log π) − 1)  (× r with use_bias_correction_kl)
+    entropy  −entropy_coef · H
+
+aggregated as TRL does for its ``loss_type`` (``AGGREGATION``): ``grpo``/``sapo`` average each sequence's
+token mean, ``bnpo``/``dapo``/``cispo``/``vespo`` average over tokens, ``dr_grpo`` divides the token sum by
+``max_completion_length`` per sequence, ``luspo`` averages the token sums. For the whole batch an optimizer
+step covers, that is TRL's accumulated gradient (its division by the accumulation steps and, for dapo /
+cispo / vespo, by the global token count make the micro-batches add up to it) except for ``bnpo``, which TRL
+normalises per micro-batch: with one micro-batch per step on one process they agree. A bucket's loss is
+the same loss over the bucket's rows alone.
+
+Log-probs come from the model's own forward with the LM head on the completion positions
+(``logits_to_keep``), logits divided by TRL's temperature, and the model's default positions (TRL passes
+no ``position_ids``), which is what TRL's fused LM head computes without materialising the logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from rlgrad.batch import Batch
+from rlgrad.errors import UserError
+from rlgrad.loss import Aggregation, PerTokenLoss, Terms, forward_log_probs
+
+AGGREGATION = {"grpo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean", "bnpo": "token-mean",
+               "dapo": "token-mean", "cispo": "token-mean", "vespo": "token-mean",
+               "dr_grpo": "seq-mean-token-sum-norm", "luspo": "seq-mean-token-sum"}
+CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # TRL's PPO-style two-sided clip family
+EPS = 1e-4  # TRL's epsilon in the advantage's std division
+
+
+@dataclass(frozen=True)
+class TRLLossSettings:
+    """The settings of TRL's GRPO loss that the per-token terms depend on (read from a ``GRPOTrainer``)."""
+
+    loss_type: str = "dapo"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    delta: float | None = None
+    beta: float = 0.0
+    bias_correction_kl: bool = False
+    importance_sampling_level: str = "token"
+    temperature: float = 1.0
+    max_completion_length: int = 256
+    entropy_coef: float = 0.0
+    off_policy_mask_threshold: float | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo: tuple[float, float, float, float] = (2.0, 3.0, 3.0, 2.0)  # k_pos, lambda_pos, k_neg, lambda_neg
+
+    @classmethod
+    def of(cls, trainer) -> TRLLossSettings:
+        """``trainer``'s settings; a one-line error for a setting the instruments cannot follow exactly."""
+        a = trainer.args
+        s = cls(loss_type=trainer.loss_type, epsilon_low=float(trainer.epsilon_low),
+                epsilon_high=float(trainer.epsilon_high), delta=getattr(a, "delta", None), beta=float(trainer.beta),
+                bias_correction_kl=bool(getattr(a, "use_bias_correction_kl", False)),
+                importance_sampling_level=trainer.importance_sampling_level, temperature=float(trainer.temperature),
+                max_completion_length=int(trainer.max_completion_length),
+                entropy_coef=float(getattr(trainer, "entropy_coef", 0.0) or 0.0),
+                off_policy_mask_threshold=getattr(trainer, "off_policy_mask_threshold", None),
+                sapo_temperature_pos=float(getattr(a, "sapo_temperature_pos", 1.0)),
+                sapo_temperature_neg=float(getattr(a, "sapo_temperature_neg", 1.05)),
+                vespo=tuple(float(getattr(a, f"vespo_{k}", d)) for k, d in
+                            (("k_pos", 2.0), ("lambda_pos", 3.0), ("k_neg", 3.0), ("lambda_neg", 2.0))))
+        if s.loss_type not in AGGREGATION:
+            raise UserError(f"rlgrad's instruments do not know TRL's loss_type '{s.loss_type}' (supported: "
+                            f"{', '.join(AGGREGATION)})")
+        why = None
+        if getattr(trainer, "use_adaptive_entropy", False):
+            why = "use_adaptive_entropy (the entropy coefficient changes inside the step)"
+        elif s.entropy_coef and AGGREGATION[s.loss_type] != "token-mean":
+            why = (f"an entropy bonus (entropy_coef) with loss_type='{s.loss_type}': TRL averages the bonus over "
+                   "tokens and the policy loss per sequence, two aggregations in one loss")
+        elif getattr(trainer, "top_entropy_quantile", 1.0) < 1.0:
+            why = "top_entropy_quantile < 1 (its token mask is a quantile over each micro-batch)"
+        elif getattr(trainer, "use_vllm", False) and getattr(trainer, "vllm_importance_sampling_correction", False):
+            why = "vLLM importance-sampling correction"
+        if why:
+            raise UserError(f"rlgrad's instruments cannot follow TRL's loss exactly with {why}; turn it off or "
+                            "run TRL without rlgrad")
+        return s
+
+    @property
+    def agg(self) -> Aggregation:
+        return Aggregation(AGGREGATION[self.loss_type], horizon=self.max_completion_length)
+
+
+def _masked(x: Tensor, mask: Tensor) -> Tensor:
+    return x * mask if x.shape == mask.shape else x.expand_as(mask) * mask
+
+
+class TRLLoss:
+    """TRL's GRPO loss as a ``LossFn`` over a ``Batch`` made by ``batch_from_trl``: terms ``task``, ``kl``
+    (β ≠ 0) and ``entropy`` (entropy_coef ≠ 0); ``logged`` ``policy``, ``kl``, ``entropy`` (raw), whose
+    ``total`` is TRL's loss; ``unit()`` the policy loss per unit of advantage (reward-function geometry)."""
+
+    def __init__(self, settings: TRLLossSettings):
+        self.settings = settings
+        self.agg = settings.agg
+
+    def _parts(self, model: nn.Module, b: Batch) -> dict[str, Tensor]:
+        s = self.settings
+        device = next(model.parameters()).device
+        mask = b.response_mask.to(device)
+        start = b.response_start()
+        logp, ent = forward_log_probs(model, b.input_ids.to(device), b.attention_mask.to(device),
+                                      temperature=s.temperature, with_entropy=True, entropy_grad=s.entropy_coef != 0,
+                                      start=start, mask_positions=False)
+        old = logp.detach() if b.old_log_probs is None else b.old_log_probs.to(device)
+        adv = b.advantages.to(device)
+        adv = adv.gather(1, torch.full_like(adv[:, :1], start, dtype=torch.long))  # [N, 1]: the sequence advantage
+        log_ratio = (logp - old) * mask
+        if s.importance_sampling_level == "sequence":
+            log_w = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+        else:
+            log_w = log_ratio
+        r = torch.exp(log_w)
+        if s.loss_type == "cispo":
+            unit = -torch.clamp(r, max=s.epsilon_high).detach() * logp
+        elif s.loss_type in CLIPPED:
+            r1 = torch.clamp(r, max=s.delta) if s.delta is not None else r
+            r2 = torch.clamp(r, 1 - s.epsilon_low, 1 + s.epsilon_high)
+            # −min(r1 A, r2 A) = A · unit: the smaller ratio for A ≥ 0, the larger for A < 0 (ties split the
+            # gradient evenly, as torch.min does)
+            unit = -torch.where(adv >= 0, torch.minimum(r1, r2), torch.maximum(r1, r2))
+        elif s.loss_type == "sapo":
+            tau = torch.where(adv > 0, s.sapo_temperature_pos, s.sapo_temperature_neg)
+            unit = -torch.sigmoid(tau * (r - 1)) * 4 / tau
+        else:  # vespo
+            from trl import GRPOTrainer
+
+            k_pos, l_pos, k_neg, l_neg = s.vespo
+            phi = GRPOTrainer.get_gamma_weights(adv, log_ratio, mask, None, k_pos=k_pos, lambda_pos=l_pos,
+                                                k_neg=k_neg, lambda_neg=l_neg)
+            unit = -phi * logp
+        if s.off_policy_mask_threshold is not None:
+            from trl import GRPOTrainer
+
+            unit = unit * GRPOTrainer.get_off_policy_mask(adv, logp, old, mask, s.off_policy_mask_threshold)
+        unit = _masked(unit, mask)
+        out = {"unit": unit, "policy": unit * adv, "entropy": ent * mask}
+        if s.beta != 0.0:
+            ref = b.ref_log_probs.to(device)
+            d = ref - logp
+            kl = torch.exp(d) - d - 1
+            if s.bias_correction_kl:
+                kl = kl * r
+            out["kl"] = _masked(kl, mask)
+        return out
+
+    def __call__(self, model: nn.Module, batch: Batch) -> Terms:
+        s = self.settings
+        p = self._parts(model, batch)
+        terms = Terms({"task": p["policy"]})
+        if "kl" in p:
+            terms["kl"] = s.beta * p["kl"]
+        if s.entropy_coef:
+            terms["entropy"] = -s.entropy_coef * p["entropy"]
+        terms.logged = {"policy": p["policy"].detach(), "entropy": p["entropy"].detach()}
+        terms.total = {"policy": 1.0, "entropy": -s.entropy_coef}
+        if "kl" in p:
+            terms.logged["kl"] = p["kl"].detach()
+            terms.total["kl"] = s.beta
+        return terms
+
+    def unit(self) -> PerTokenLoss:
+        return PerTokenLoss(lambda model, batch: {"policy": self._parts(model, batch)["unit"]}, self.agg)
+
+
+# ---- TRL's generation output -> Batch ---------------------------------------------------------------------
+
+def batch_from_trl(out: dict, *, group_ids: Tensor, scores: Tensor, reward_std: Tensor,
+                   components: dict[str, Tensor]) -> Batch:
+    """This process's rows of TRL's ``_generate_and_score_completions`` output as a ``Batch``.
+
+    Columns: the left-padded prompt, then the right-padded completion; ``response_mask`` is TRL's loss mask
+    (completion mask, times the tool mask in multi-turn runs). ``group_ids``, ``scores`` (weighted total
+    reward), ``reward_std`` (its unbiased group std) and ``components`` (each reward function's reward) are
+    ``[n]``, from the gathered rewards (``trl_reward_view``)."""
+    prompt_ids, prompt_mask = out["prompt_ids"], out["prompt_mask"]
+    completion_ids, completion_mask = out["completion_ids"], out["completion_mask"]
+    loss_mask = completion_mask * out["tool_mask"] if out.get("tool_mask") is not None else completion_mask
+    n, P = prompt_ids.shape
+
+    def wide(x: Tensor | None) -> Tensor | None:
+        return None if x is None else torch.cat([x.new_zeros(n, P), x], 1).float().cpu()
+
+    adv = out["advantages"]
+    if adv.dim() != 1:
+        raise UserError("rlgrad's instruments need one advantage per completion (TRL's GRPO advantages), got "
+                        f"advantages of shape {tuple(adv.shape)}")
+    adv = adv[:, None].expand_as(completion_mask)
+    response_mask = wide(loss_mask.float())
+    return Batch(input_ids=torch.cat([prompt_ids, completion_ids], 1).cpu(),
+                 attention_mask=torch.cat([prompt_mask, completion_mask], 1).long().cpu(),
+                 response_mask=response_mask, group_ids=group_ids.cpu(), scores=scores.float().cpu(),
+                 reward_std=reward_std.float().cpu(), components={k: v.float().cpu() for k, v in components.items()},
+                 old_log_probs=wide(out.get("old_per_token_logps")), ref_log_probs=wide(out.get("ref_per_token_logps")),
+                 advantages=wide(adv.float()) * response_mask)
+
+
+@dataclass
+class RewardView:
+    """TRL's gathered rewards of one generation batch (every process's rows, in order), read once."""
+
+    total: Tensor  # [N] weighted total (NaN: every reward function returned None)
+    group_ids: Tensor  # [N]
+    reward_std: Tensor  # [N] unbiased std of the group's totals
+    components: dict[str, Tensor]  # reward function name -> [N] (None -> 0)
+    split: dict[str, Tensor]  # reward function name -> [N] its share of TRL's advantage
+
+
+def _group_mean(x: Tensor, valid: Tensor, g: Tensor, num_groups: int) -> Tensor:
+    """Per-sample mean of ``x`` over the valid samples of its group."""
+    s = torch.zeros(num_groups, dtype=x.dtype).index_add_(0, g, torch.where(valid, x, 0.0))
+    c = torch.zeros(num_groups, dtype=x.dtype).index_add_(0, g, valid.to(x.dtype))
+    return (s / c.clamp(min=1))[g]
+
+
+def _group_std(x: Tensor, valid: Tensor, g: Tensor, num_groups: int) -> Tensor:
+    """Per-sample unbiased std of ``x`` over the valid samples of its group (TRL's ``nanstd``)."""
+    m = _group_mean(x, valid, g, num_groups)
+    ss = torch.zeros(num_groups, dtype=x.dtype).index_add_(0, g, torch.where(valid, (x - m) ** 2, 0.0))
+    c = torch.zeros(num_groups, dtype=x.dtype).index_add_(0, g, valid.to(x.dtype))
+    return (ss / (c - 1).clamp(min=1)).sqrt()[g]
+
+
+def trl_reward_view(rewards_per_func: Tensor, weights: Tensor, names: list[str], num_generations: int, *,
+                    scale_rewards: str, aggregation: str) -> RewardView:
+    """Totals, groups and each reward function's share of the advantage, as TRL forms the advantage.
+
+    ``sum_then_normalize``: A = (R − mean_g R) / (std + 1e-4) with R = Σ_k w_k r_k and std the group's, the
+    batch's or none (``scale_rewards``); reward function k's share is w_k (r_k − mean_g r_k) / (std + 1e-4).
+    ``normalize_then_sum``: z_k = (r_k − mean_g r_k) / (std_g r_k + 1e-4), R = Σ_k w_k z_k, A = (R − mean R) /
+    (std R + 1e-4) over the batch; k's share is w_k (z_k − mean z_k) / (std R + 1e-4). Both are linear in the
+    rewards with TRL's normalisers held fixed, so the shares add up to A. A None reward counts 0 in the sums
+    (TRL's ``nansum``); a sample whose every reward is None has A = 0 and shares 0.
+    """
+    r = rewards_per_func.double().cpu()
+    w = weights.double().cpu()
+    N = r.shape[0]
+    g = torch.arange(N) // num_generations
+    G = int(g.max()) + 1 if N else 0
+    scorable = ~torch.isnan(r).all(1)
+    rz = torch.nan_to_num(r, nan=0.0)
+    total = (rz * w).sum(1)
+    std_total = _group_std(total, scorable, g, G)
+    if aggregation == "sum_then_normalize":
+        if scale_rewards == "batch":
+            valid = total[scorable]
+            den = (valid.std() if valid.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)) + EPS
+        else:
+            den = std_total + EPS if scale_rewards == "group" else torch.ones_like(total)
+        split = {k: w[j] * (rz[:, j] - _group_mean(rz[:, j], scorable, g, G)) / den for j, k in enumerate(names)}
+    elif aggregation == "normalize_then_sum":
+        z = torch.stack([(r[:, j] - _group_mean(r[:, j], ~torch.isnan(r[:, j]), g, G))
+                         / (_group_std(r[:, j], ~torch.isnan(r[:, j]), g, G) + EPS) for j in range(len(names))], 1)
+        z = torch.nan_to_num(z, nan=0.0)
+        R = (z * w).sum(1)
+        valid = R[scorable]
+        den = (valid.std() if valid.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)) + EPS
+        split = {k: w[j] * (z[:, j] - z[scorable, j].mean()) / den for j, k in enumerate(names)}
+    else:
+        raise UserError(f"rlgrad does not know TRL's multi_objective_aggregation '{aggregation}'")
+    split = {k: torch.where(scorable, v, 0.0).float() for k, v in split.items()}
+    return RewardView(total=torch.where(scorable, total, float("nan")).float(), group_ids=g,
+                      reward_std=std_total.float(), components={k: rz[:, j].float() for j, k in enumerate(names)},
+                      split=split)

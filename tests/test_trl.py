@@ -1,0 +1,247 @@
+"""rlgrad's instruments inside TRL's GRPOTrainer (rlgrad.integrations.trl), held to TRL's own loss.
+
+The oracle is plain autograd of TRL's ``_compute_loss`` on TRL's own generation batch: a bucket's gradient is
+that of TRL's loss over the bucket's rows alone; a reward function's gradient is that of TRL's loss with the
+advantages replaced by the function's share of them, minus the same loss at zero advantage (the KL part).
+"""
+
+import json
+import random
+
+import pytest
+import torch
+
+trl = pytest.importorskip("trl", reason="the TRL integration tests need TRL: pip install 'rlgrad[trl]'")
+datasets = pytest.importorskip("datasets")
+
+from trl import GRPOConfig  # noqa: E402
+
+from rlgrad.analysis import analyse_buckets, analyse_components  # noqa: E402
+from rlgrad.config import ModelConfig, TinyModelConfig  # noqa: E402
+from rlgrad.errors import UserError  # noqa: E402
+from rlgrad.integrations.trl import GRPOTrainer, check_trl_version, trl_metrics  # noqa: E402
+from rlgrad.integrations.trl_loss import trl_reward_view  # noqa: E402
+from rlgrad.models import build_char_tokenizer, build_tiny_model  # noqa: E402
+from rlgrad.tasks import build_task  # noqa: E402
+
+
+def shorter(prompts, completions, **kw):  # varies within every group of an untrained model: EOS comes at random
+    return [-len(c) / 8 for c in completions]
+
+
+def digits(prompts, completions, **kw):
+    return [float(sum(ch.isdigit() for ch in c) > 1) for c in completions]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trl")
+    tok = build_char_tokenizer()
+    cfg = ModelConfig(tiny=TinyModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                           num_key_value_heads=1, intermediate_size=64))
+    model = build_tiny_model(cfg, tok, 1)
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    task = build_task("arithmetic", seed=1, val_size=8)
+    rows = task.train_examples(64, random.Random(1))
+    data = datasets.Dataset.from_dict({"prompt": [r.prompt for r in rows]})
+    return root, tok, data
+
+
+class Capturing(GRPOTrainer):
+    """Keeps TRL's generation output of each step (test only)."""
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        self.captured = out
+        return out
+
+
+def make(setup, tmp_path, cls=GRPOTrainer, steps=1, rlgrad=("analysis.every=1", "analysis.buckets.num_buckets=2"),
+         **cfg):
+    root, tok, data = setup
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, per_device_train_batch_size=16,
+                      num_generations=4, max_completion_length=8, max_steps=steps, logging_steps=1, report_to=[],
+                      save_strategy="no", learning_rate=1e-3, disable_tqdm=True, seed=1, reward_weights=[0.7, 0.3],
+                      **{"beta": 0.04, "loss_type": "dapo", **cfg})
+    kw = {} if cls is trl.GRPOTrainer else {"rlgrad": list(rlgrad)}
+    return cls(model=str(root / "model"), reward_funcs=[shorter, digits], args=args, train_dataset=data,
+               processing_class=tok, **kw)
+
+
+def trl_grads(trainer, out: dict, rows: torch.Tensor, **replace) -> dict[str, torch.Tensor]:
+    """Plain autograd of TRL's own loss on ``rows`` of its generation output, as if they were the batch."""
+    inputs = {k: (v[rows] if isinstance(v, torch.Tensor) and v.dim() > 0 and len(v) == len(out["advantages"]) else v)
+              for k, v in out.items()}
+    inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
+    inputs.update(replace)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    model.zero_grad()
+    trainer._compute_loss(model, inputs).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    return grads
+
+
+def rel_err(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
+    num = sum(float((ours[n] - ref[n]).pow(2).sum()) for n in ref)
+    den = sum(float(ref[n].pow(2).sum()) for n in ref)
+    assert den > 0  # a zero gradient would make the comparison vacuous
+    return (num / den) ** 0.5
+
+
+@pytest.mark.parametrize("loss_type,extra", [("dapo", {}), ("grpo", {}), ("dr_grpo", {}), ("bnpo", {}),
+                                             ("cispo", {"epsilon_high": 5.0}), ("sapo", {}), ("luspo", {}),
+                                             ("grpo", {"importance_sampling_level": "sequence"})])
+def test_bucket_and_reward_function_gradients_equal_trl_autograd(setup, tmp_path, loss_type, extra):
+    # fp32: TRL's default bf16=True runs the model under bf16 autocast, even on CPU, whose backward is linear
+    # in the upstream gradient only to bf16 precision (~0.4% here), so no split of a gradient is exact there.
+    t = make(setup, tmp_path, cls=Capturing, loss_type=loss_type, rlgrad=["analysis.every=1000"], bf16=False,
+             **extra)
+    model = t.accelerator.unwrap_model(t.model)
+    t.train()  # one step; its generation batch is held to TRL's loss at the weights after it, on both sides
+    out = t.captured  # (no old log-probs: both sides take the current ones, detached, as TRL does)
+    ctx = t.rlgrad.ctx
+    batch = ctx.batch
+    with t.rlgrad._running():  # as the integration runs them: activation checkpointing (TRL's default) off
+        rep = analyse_buckets(model, batch, t.rlgrad.loss, num_buckets=2, keep_grads=True)
+        comps = analyse_components(model, batch, t.rlgrad.loss, weights=ctx.reward_weights,
+                                   advantages=ctx.component_advantages(batch), keep_grads=True)
+    for k, name in enumerate(rep.stats.slices):
+        rows = rep.buckets.rows[name]
+        ref = trl_grads(t, out, rows)
+        ours = {n: sum(rep.stats.grads[term][n][k] for term in rep.stats.grads) for n in ref}
+        assert rel_err(ours, ref) < 1e-5, (loss_type, name, rel_err(ours, ref))
+    # Each reward function's gradient: TRL's loss with the advantages replaced by its share, minus the KL part.
+    everything = torch.arange(len(batch))
+    kl_only = trl_grads(t, out, everything, advantages=torch.zeros(len(batch)))
+    split = ctx.component_advantages(batch)
+    for k, name in enumerate(comps.stats.slices):
+        adv = split[name] if name in split else sum(split.values())
+        full = trl_grads(t, out, everything, advantages=adv.to(out["advantages"].dtype))
+        ref = {n: full[n] - kl_only[n] for n in full}
+        ours = {n: comps.stats.grads["policy"][n][k] for n in ref}
+        assert rel_err(ours, ref) < 1e-5, (loss_type, name, rel_err(ours, ref))
+
+
+def test_training_is_bitwise_unchanged_and_run_files(setup, tmp_path):
+    plain = make(setup, tmp_path / "plain", cls=trl.GRPOTrainer, steps=2)
+    plain.train()
+    ours = make(setup, tmp_path / "ours", steps=2)
+    ours.train()
+    a, b = plain.model.state_dict(), ours.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], v) for k, v in
+               build_tiny_model(ModelConfig(tiny=TinyModelConfig(hidden_size=32, num_hidden_layers=2,
+                                                                 num_attention_heads=2, num_key_value_heads=1,
+                                                                 intermediate_size=64)),
+                                build_char_tokenizer(), 1).state_dict().items())  # training moved the weights
+    run = tmp_path / "ours" / "out"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = {}
+    for r in rows:
+        steps.setdefault(r["step"], {}).update(r["data"])
+    assert sorted(steps) == [1, 2]
+    for s in (1, 2):
+        assert {"grad_norm/all/task", "grad_norm/bucket_1/kl", "grad_comp/shorter/norm", "grad_sim/shorter__digits",
+                "actor/neuron/dormant_ratio", "critic/score/mean", "actor/grad_norm"} <= set(steps[s]), s
+        assert steps[s]["grad_norm/all/task"] > 0
+        assert {"layers.json", "components.json", "neurons.json", "group_rv_table.csv"} <= {
+            p.name for p in (run / "analysis" / f"step_{s}").iterdir()}
+    # TRL's own log history carries the analysis next to TRL's metrics
+    logged = [h for h in ours.state.log_history if "grad_norm/all/task" in h]
+    assert len(logged) == 2 and all("reward" in h for h in logged)
+    # the TRL scalars in metrics.jsonl are TRL's logged values
+    trl_reward = [h["reward"] for h in ours.state.log_history if "reward" in h]
+    assert [steps[s]["critic/score/mean"] for s in (1, 2)] == pytest.approx(trl_reward)
+    # a second run into the same directory is refused, the first run's files untouched
+    before = (run / "metrics.jsonl").read_text()
+    with pytest.raises(UserError, match="already holds"):
+        make(setup, tmp_path / "ours", steps=1).train()
+    assert (run / "metrics.jsonl").read_text() == before
+
+
+def test_reward_view_splits_trl_advantages():
+    g = torch.Generator().manual_seed(0)
+    r = torch.rand(12, 3, generator=g)
+    r[1, 0] = float("nan")  # one reward function returned None for one sample
+    r[5] = float("nan")  # every function returned None: unscorable
+    r[8:12, :] = 0.5  # a group without variance
+    w = torch.tensor([0.5, 1.0, 2.0])
+    for scale in ("group", "batch", "none"):
+        v = trl_reward_view(r, w, ["a", "b", "c"], 4, scale_rewards=scale, aggregation="sum_then_normalize")
+        R = torch.nansum(r * w, 1)
+        R[5] = float("nan")
+        grouped = R.view(-1, 4)
+        mean = torch.nanmean(grouped, 1).repeat_interleave(4)
+        a = R - mean
+        if scale == "group":
+            std = torch.tensor([float(x[~torch.isnan(x)].std()) for x in grouped]).repeat_interleave(4)
+            a = a / (std + 1e-4)
+        elif scale == "batch":
+            a = a / (R[~torch.isnan(R)].std() + 1e-4)
+        a = torch.nan_to_num(a)
+        torch.testing.assert_close(sum(v.split.values()), a, rtol=1e-5, atol=1e-6)
+        assert v.group_ids.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+        assert all(float(s[8:].abs().max()) == 0 for s in v.split.values())  # no variance: no share
+    v = trl_reward_view(r, w, ["a", "b", "c"], 4, scale_rewards="group", aggregation="normalize_then_sum")
+    grouped = r.view(-1, 4, 3)
+    z = (grouped - torch.nanmean(grouped, 1, keepdim=True)) / (
+        torch.stack([torch.tensor([float(col[~torch.isnan(col)].std()) for col in gr.T]) for gr in grouped])
+        .unsqueeze(1) + 1e-4)
+    R = torch.nansum(z.view(-1, 3) * w, 1)
+    R[5] = float("nan")
+    ok = ~torch.isnan(R)
+    a = torch.nan_to_num((R - R[ok].mean()) / (R[ok].std() + 1e-4))
+    torch.testing.assert_close(sum(v.split.values()), a, rtol=1e-5, atol=1e-6)
+
+
+def test_versions_and_settings_refused_in_one_line(setup, tmp_path):
+    check_trl_version("1.16.0")
+    for bad in ("1.15.0", "2.0.0"):
+        with pytest.raises(UserError, match="supports TRL >=1.16,<2"):
+            check_trl_version(bad)
+    with pytest.raises(UserError, match="analysis.buckets.exit_after"):
+        make(setup, tmp_path, rlgrad=["analysis.buckets.exit_after=true"])
+    with pytest.raises(UserError, match="entropy bonus"):
+        make(setup, tmp_path, loss_type="grpo", entropy_coef=0.01)
+    with pytest.raises(UserError, match="analysis.buckets.every"):
+        make(setup, tmp_path, rlgrad=["analysis.buckets.every=0"])
+    assert trl_metrics({"reward": 0.5, "rewards/fmt/mean": 0.25, "loss": 1.0}) == {
+        "critic/score/mean": 0.5, "reward/fmt/mean": 0.25}
+    from rlgrad.integrations.trl import TRL_METRICS
+    from rlgrad.metrics import match
+
+    assert all(match(k) is not None for k in TRL_METRICS.values())  # every name it writes is in the catalogue
+
+
+def test_example_under_torchrun_two_processes_then_report(setup, tmp_path):
+    """examples/trl_grpo.py on 2 CPU processes: global metrics, one writer, and ``rlgrad report`` reads the run."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import REPO, run_cli
+    from .test_distributed import free_port
+
+    root, _, _ = setup
+    out = tmp_path / "trl2"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           str(REPO / "examples" / "trl_grpo.py"), "--model", str(root / "model"), "--output-dir", str(out),
+           "--max-steps", "2", "--analyse-every", "1"]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    analysis = [x for x in rows if "grad_norm/all/sample_count" in x["data"]]
+    assert [x["step"] for x in analysis] == [1, 2]  # one writer: each step once
+    for x in analysis:  # both processes' 32 completions: the numbers are global
+        assert x["data"]["grad_norm/all/sample_count"] == 64
+        assert x["data"]["grad_norm/all/group_rv_count"] == 16
+    records = [json.loads(line) for line in (out / "reward_components.jsonl").read_text().splitlines()]
+    assert [(x["step"], x["num_samples"]) for x in records] == [(1, 64), (2, 64)]
+    assert set(records[0]["components"]) == {"correctness", "format"}
+    res = run_cli(["report", str(out)])
+    assert res.returncode == 0, res.stderr[-2000:]
+    html = (out / "report.html").read_text()
+    assert "grad_norm" in html or "Gradient" in html
