@@ -161,7 +161,8 @@ def main(argv=None) -> None:
             raise errors[0][1]
         a, b = times["plain"][args.warmup:], times["rlgrad"][args.warmup:]
         pa, pb = statistics.median(a), statistics.median(b)
-        bucket_s = [h.get("timing_s/analysis/buckets") for h in ours.state.log_history if "timing_s/analysis/buckets" in h]
+        bucket_s = [h["timing_s/analysis/buckets"] for h in ours.state.log_history
+                    if "timing_s/analysis/buckets" in h]
         print(f"torch {torch.__version__}, threads={args.threads}, model {args.model}, {args.prompts} prompts x "
               f"{args.samples} samples x {args.tokens} tokens, instruments: {args.instruments}")
         print(f"plain TRL steps {[round(x, 3) for x in a]} s; with rlgrad {[round(x, 3) for x in b]} s; "
