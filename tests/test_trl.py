@@ -96,8 +96,8 @@ def rel_err(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> floa
 def test_bucket_and_reward_function_gradients_equal_trl_autograd(setup, tmp_path, loss_type, extra):
     # fp32: TRL's default bf16=True runs the model under bf16 autocast, even on CPU, whose backward is linear
     # in the upstream gradient only to bf16 precision (~0.4% here), so no split of a gradient is exact there.
-    t = make(setup, tmp_path, cls=Capturing, loss_type=loss_type, rlgrad=["analysis.every=1000"], bf16=False,
-             **extra)
+    off = ["analysis.every=null", "analysis.buckets.enable=false"]  # the hooks are called below, by hand
+    t = make(setup, tmp_path, cls=Capturing, loss_type=loss_type, rlgrad=off, bf16=False, **extra)
     model = t.accelerator.unwrap_model(t.model)
     t.train()  # one step; its generation batch is held to TRL's loss at the weights after it, on both sides
     out = t.captured  # (no old log-probs: both sides take the current ones, detached, as TRL does)
