@@ -24,6 +24,8 @@ from rlgrad.integrations.trl_loss import trl_reward_view  # noqa: E402
 from rlgrad.models import build_char_tokenizer, build_tiny_model  # noqa: E402
 from rlgrad.tasks import build_task  # noqa: E402
 
+from .conftest import run_cli  # noqa: E402
+
 
 def shorter(prompts, completions, **kw):  # varies within every group of an untrained model: EOS comes at random
     return [-len(c) / 8 for c in completions]
@@ -154,6 +156,14 @@ def test_training_is_bitwise_unchanged_and_run_files(setup, tmp_path):
     # the TRL scalars in metrics.jsonl are TRL's logged values
     trl_reward = [h["reward"] for h in ours.state.log_history if "reward" in h]
     assert [steps[s]["critic/score/mean"] for s in (1, 2)] == pytest.approx(trl_reward)
+    # what the model wrote: every completion of each step, readable with rlgrad samples
+    lines = [json.loads(x) for x in (run / "rollouts" / "step_1.jsonl").read_text().splitlines()]
+    assert len(lines) == 16 and [x["group_id"] for x in lines] == [g for g in range(4) for _ in range(4)]
+    assert all(x["prompt"] and x["finish_reason"] in ("eos", "length") and x["advantage"] is not None for x in lines)
+    assert [x["total"] for x in lines] == pytest.approx(
+        [0.7 * x["components"]["shorter"] + 0.3 * x["components"]["digits"] for x in lines])
+    res = run_cli(["samples", str(run), "--step", "1", "--max", "1"])
+    assert res.returncode == 0 and lines[0]["prompt"].strip()[:3] in res.stdout, res.stderr[-1000:]
     # a second run into the same directory is refused, the first run's files untouched
     before = (run / "metrics.jsonl").read_text()
     with pytest.raises(UserError, match="already holds"):
@@ -221,7 +231,7 @@ def test_example_under_torchrun_two_processes_then_report(setup, tmp_path):
     import subprocess
     import sys
 
-    from .conftest import REPO, run_cli
+    from .conftest import REPO
     from .test_distributed import free_port
 
     root, _, _ = setup
@@ -238,6 +248,7 @@ def test_example_under_torchrun_two_processes_then_report(setup, tmp_path):
     for x in analysis:  # both processes' 32 completions: the numbers are global
         assert x["data"]["grad_norm/all/sample_count"] == 64
         assert x["data"]["grad_norm/all/group_rv_count"] == 16
+    assert len((out / "rollouts" / "step_2.jsonl").read_text().splitlines()) == 64  # both processes' completions
     records = [json.loads(line) for line in (out / "reward_components.jsonl").read_text().splitlines()]
     assert [(x["step"], x["num_samples"]) for x in records] == [(1, 64), (2, 64)]
     assert set(records[0]["components"]) == {"correctness", "format"}

@@ -12,8 +12,8 @@ gradient by reward-variance bucket and loss term (``grad_norm/...``), the reward
 components), and, on the step's accumulated gradient, neuron health (``actor/neuron/...``). The numbers go to
 TRL's own logs (so every ``report_to`` sink shows them next to TRL's metrics, at TRL's next logging step) and
 to an rlgrad run directory, ``args.output_dir`` unless ``rlgrad_dir`` says otherwise: ``metrics.jsonl`` (the
-analysis at its own step, TRL's scalars under rlgrad's names, ``TRL_METRICS``), ``analysis/step_N/`` and
-``reward_components.jsonl``, which ``rlgrad plot`` and ``rlgrad report`` read.
+analysis at its own step, TRL's scalars under rlgrad's names, ``TRL_METRICS``), ``analysis/step_N/``,
+``reward_components.jsonl`` and ``rollouts/step_N.jsonl``, which ``rlgrad plot``, ``report`` and ``samples`` read.
 
 Only TRL's documented extension points are used: this subclass calls TRL's own methods and adds to them
 (``_calculate_rewards``, ``_generate_and_score_completions``, ``log``) and a ``TrainerCallback``; nothing is
@@ -40,6 +40,7 @@ from rlgrad.errors import UserError
 from rlgrad.hooks import StepContext
 from rlgrad.integrations.trl_loss import TRLLoss, TRLLossSettings, batch_from_trl, trl_reward_view
 from rlgrad.logging.rewards import RewardComponentLog, step_record
+from rlgrad.logging.rollouts import RolloutLog, gather_samples, prompt_texts, rollout_dir, step_samples
 from rlgrad.logging.sinks import JsonlSink
 from rlgrad.loss import LossSettings
 from rlgrad.metrics import key
@@ -141,6 +142,7 @@ class _Instruments:
         self.unlogged: dict[str, float] = {}  # analysis metrics TRL's loggers have not seen yet
         self.metrics_log: JsonlSink | None = None
         self.reward_log: RewardComponentLog | None = None
+        self.rollout_log: RolloutLog | None = None
 
     # ---- run directory -----------------------------------------------------------------------------
     def open(self, step: int) -> None:
@@ -155,6 +157,8 @@ class _Instruments:
                     truncate_jsonl_after(f, step)  # a resumed run recomputes the steps after its checkpoint
             self.metrics_log = JsonlSink(path)
             self.reward_log = RewardComponentLog(self.run_dir)
+            self.rollout_log = RolloutLog(rollout_dir(self.run_dir))
+            self.rollout_log.discard_after(step)
 
     # ---- the step ----------------------------------------------------------------------------------
     def before_update(self, out: dict) -> None:
@@ -178,6 +182,7 @@ class _Instruments:
                                loss_settings=LossSettings(), config=self.cfg, run_dir=self.run_dir,
                                tokenizer=t.processing_class, is_main=self.is_main, reward_weights=weights,
                                loss=self.loss, component_advantages=lambda b: local)
+        self._log_rollouts(step, out, batch)
         lengths = collectives.all_gather_cat(out["completion_mask"].sum(1).cpu())
         if self.reward_log is not None:
             self.reward_log.append(step_record(step, view.components, weights, torch.nan_to_num(view.total),
@@ -187,6 +192,23 @@ class _Instruments:
                 res = hook.before_update(self.ctx)
                 if res is not None:
                     self.pending.update(res.metrics)
+
+    def _log_rollouts(self, step: int, out: dict, batch) -> None:
+        """``rollouts/step_N.jsonl`` (``rlgrad samples``, the report's samples): every process's completions."""
+        t = self.trainer
+        ids, mask = out["completion_ids"].cpu(), out["completion_mask"].bool().cpu()
+        lengths = mask.sum(1)
+        eos = set(getattr(t, "eos_token_ids", None) or [t.processing_class.eos_token_id])
+        truncated = torch.tensor([n == 0 or int(row[n - 1]) not in eos for row, n in zip(ids, lengths.tolist())])
+        samples = gather_samples(step_samples(
+            step, prompts=prompt_texts(t.processing_class, batch.input_ids, batch.attention_mask, batch.response_mask),
+            responses=t.processing_class.batch_decode([r[m] for r, m in zip(ids, mask)], skip_special_tokens=True),
+            group_ids=batch.group_ids, components=batch.components, totals=batch.scores,
+            reward_std=batch.reward_std, lengths=lengths, truncated=truncated,
+            kept=torch.ones(len(ids), dtype=torch.bool),
+            advantages=[float(a) for a in out["advantages"].float().cpu()]))
+        if self.rollout_log is not None:
+            self.rollout_log.write(step, samples)
 
     def on_grads(self, model: torch.nn.Module) -> None:
         """The step's accumulated gradient, before the optimizer step: neuron health."""
