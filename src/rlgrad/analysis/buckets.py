@@ -83,9 +83,10 @@ def global_buckets(group_ids: torch.Tensor, reward_std: torch.Tensor, *, mode: s
                    num_buckets: int = 6, trim: int = 0) -> Buckets:
     """``make_buckets`` over the groups of EVERY rank; ``rows`` index this rank's samples.
 
-    Each rank holds whole prompt groups (``group_ids`` are global), so gathering one (id, std) pair per
-    group gives every rank the same buckets, names and group table; a bucket this rank holds no sample
-    of has empty local rows. Rows whose group id is unknown (``Batch.blank_rows``) belong to no bucket.
+    ``group_ids`` and ``reward_std`` are global (a group split over ranks, as verl's length balancing does,
+    has the same id and std on each), so gathering each rank's (id, std) pairs, once per group, gives every
+    rank the same buckets, names and group table; a bucket this rank holds no sample of has empty local rows.
+    Rows whose group id is unknown (``Batch.blank_rows``) belong to no bucket.
     ``trim > 1``: RAGEN's DP trimming -- a bucket keeps the largest multiple of ``trim`` of its
     samples, dropping its LAST samples in global order (rank by rank); a bucket left empty is skipped
     and ``all`` becomes the union of the trimmed buckets. One process: ``make_buckets`` (then trimmed).

@@ -1,0 +1,268 @@
+"""rlgrad's instruments inside verl's PPO/GRPO trainer (verl 0.9, model-engine workers), without editing verl.
+
+Launch verl's trainer through rlgrad's entry point, with verl's own config and overrides plus rlgrad's::
+
+    python -m rlgrad.integrations.verl <verl's overrides...> \\
+        +actor_rollout_ref.rlgrad.analysis.every=10          # optional; any analysis.* setting of rlgrad
+
+It is verl's ``main_ppo`` with one change made through verl's own extension points: the trainer registered
+as ``rlgrad_sync`` (``register_trainer``, selected by ``trainer.v1.trainer_mode``) gives the actor role
+rlgrad's worker, a subclass of verl's ``ActorRolloutRefWorker`` whose actor ``TrainingWorker`` runs the
+instruments at the analysed steps, on the batch its ``train_mini_batch`` receives and before the update:
+the gradient by reward-variance bucket (prompt groups from ``uid``) and loss term (verl's own
+``actor.policy_loss``, ``loss_agg_mode``, entropy and KL loss, ``rlgrad.integrations.verl_loss``), and neuron
+health on the first mini-batch's gradient. The metrics come back through verl's metric dict (verl prefixes
+the actor's metrics with ``actor/``) and go to an rlgrad run directory (``actor_rollout_ref.rlgrad.dir``,
+default ``<trainer.default_local_dir>/rlgrad``) that ``rlgrad plot`` and ``rlgrad report`` read.
+
+The analysis runs on a plain (unsharded) replica of the policy that each rank refreshes from verl's FSDP
+shards at an analysed step: one more copy of the weights per GPU during the analysis.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+from pathlib import Path
+
+import torch
+from packaging.version import Version
+
+from rlgrad.analysis import hooks_from_config, schedules
+from rlgrad.collectives import all_reduce_sum, is_main
+from rlgrad.config import load_config
+from rlgrad.distributed import sync_policy
+from rlgrad.errors import UserError
+from rlgrad.hooks import Schedule, StepContext
+from rlgrad.integrations.verl_loss import batch_from_verl, verl_loss_settings
+from rlgrad.logging.sinks import JsonlSink
+from rlgrad.rundir import read_jsonl, truncate_jsonl_after
+
+try:
+    from verl.workers.engine_workers import ActorRolloutRefWorker as _VerlActorRolloutRefWorker
+    from verl.workers.engine_workers import TrainingWorker as _VerlTrainingWorker
+except ImportError as e:  # pragma: no cover - the module is only imported by people who use verl
+    raise ImportError("rlgrad.integrations.verl needs verl: pip install 'rlgrad[verl]'") from e
+
+VERL_VERSIONS = (Version("0.9"), Version("0.10"))  # supported: [low, high); CI tests the newest release
+DEFAULTS = ("analysis.every=10",)
+UNSUPPORTED = {"analysis.buckets.env_groups": None, "analysis.buckets.group_size": None,
+               "analysis.buckets.log_prefilter": False, "analysis.buckets.exit_after": False,
+               "analysis.buckets.save_batch": False, "analysis.neurons.actor.reset_every": 0}
+# verl's actor metrics (as its TrainingWorker returns them) written to metrics.jsonl under rlgrad's names.
+VERL_METRICS = {"actor/pg_loss": "actor/pg_loss", "actor/pg_clipfrac": "actor/pg_clipfrac",
+                "actor/ppo_kl": "actor/ppo_kl", "actor/pg_clipfrac_lower": "actor/pg_clipfrac_lower",
+                "actor/entropy_loss": "actor/entropy", "kl_loss": "actor/kl_loss", "grad_norm": "actor/grad_norm",
+                "lr": "actor/lr"}
+
+
+def check_verl_version(version: str | None = None) -> Version:
+    """The installed (or given) verl version; a one-line error outside ``VERL_VERSIONS``."""
+    v = Version(version or importlib.metadata.version("verl"))
+    low, high = VERL_VERSIONS
+    if not low <= v < high:
+        raise UserError(f"rlgrad.integrations.verl supports verl >={low},<{high}, found {v}")
+    return v
+
+
+def _mean(v) -> float | None:
+    """A verl metric value (a number, a list of per-micro-batch values, or a ``Metric``) as one float."""
+    if isinstance(v, list):
+        vals = [_mean(x) for x in v]
+        vals = [x for x in vals if x is not None]
+        return sum(vals) / len(vals) if vals else None
+    v = getattr(v, "value", v)
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+class TrainingWorker(_VerlTrainingWorker):
+    """verl's ``TrainingWorker`` (the actor's model engine) with rlgrad's instruments (module docstring).
+
+    ``rlgrad_setup`` turns them on; until then it is verl's worker unchanged. The instruments read the
+    weights and the batch and write metrics: the update itself, its RNG streams and the optimizer state are
+    verl's."""
+
+    rlgrad = None  # the instruments' state, set by rlgrad_setup
+
+    def rlgrad_setup(self, actor_config, overrides: list[str], run_dir: str | os.PathLike,
+                     temperature: float = 1.0) -> None:
+        check_verl_version()
+        self.rlgrad = _Instruments(self, actor_config, overrides, Path(run_dir), temperature)
+
+    def train_mini_batch(self, data):
+        rl = self.rlgrad
+        if rl is None:
+            return super().train_mini_batch(data)
+        rl.step += 1
+        metrics = rl.before_update(data)
+        output = super().train_mini_batch(data)
+        metrics.update(rl.after_update())
+        if output is not None:
+            from verl.utils import tensordict_utils as tu
+
+            verl_metrics = tu.get(output, "metrics")
+            rl.log(verl_metrics, metrics)
+            verl_metrics.update({k: [v] for k, v in metrics.items()})  # verl's trainer prefixes them with actor/
+        return output
+
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        out = super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
+        m = re.search(r"global_step_(\d+)", str(local_path))
+        if self.rlgrad is not None and m:  # verl's checkpoint directories carry the step the run resumes from
+            self.rlgrad.resume(int(m.group(1)))
+        return out
+
+
+class _Instruments:
+    """rlgrad's hooks run on one verl actor worker's update batches."""
+
+    def __init__(self, worker: _VerlTrainingWorker, actor_config, overrides: list[str], run_dir: Path,
+                 temperature: float):
+        self.worker = worker
+        self.cfg = load_config(None, None, [*DEFAULTS, *overrides])
+        values = {f"analysis.buckets.{k}": v for k, v in vars(self.cfg.analysis.buckets).items()}
+        values["analysis.neurons.actor.reset_every"] = self.cfg.analysis.neurons.actor.reset_every
+        for k, default in UNSUPPORTED.items():
+            if values[k] != default:
+                raise UserError(f"'{k}' needs rlgrad's own trainer; with verl leave it at {default}")
+        engine_cfg = worker.engine_config
+        if getattr(engine_cfg, "ulysses_sequence_parallel_size", 1) > 1:
+            raise UserError("rlgrad's instruments need every data-parallel rank to hold whole sequences: "
+                            "ulysses_sequence_parallel_size must be 1")
+        if getattr(engine_cfg, "strategy", "fsdp2") not in ("fsdp", "fsdp2"):
+            raise UserError(f"rlgrad's instruments support verl's fsdp/fsdp2 engines, not "
+                            f"'{engine_cfg.strategy}'")
+        lora = getattr(worker.model_config, "lora_rank", 0) or (getattr(worker.model_config, "lora", None) or {})
+        if (lora.get("rank", 0) if isinstance(lora, dict) else lora) > 0:
+            raise UserError("rlgrad's instruments do not support LoRA actors yet")
+        self.settings = verl_loss_settings(actor_config, temperature)
+        at = schedules(self.cfg)
+        at["components"] = Schedule(0)  # verl's reward components are not in the update batch
+        at["neurons/critic"] = Schedule(0)
+        self.at = at
+        self.hooks = hooks_from_config(self.cfg, at)
+        self.run_dir = run_dir
+        self.step = 0
+        self.ctx: StepContext | None = None
+        self.pending: dict[str, float] = {}
+        self.neurons_step = 0  # the step whose first mini-batch gradient neuron health has measured
+        self.replica: torch.nn.Module | None = None
+        self.metrics_log: JsonlSink | None = None
+        self._opened = False
+        worker.engine.optimizer.register_step_pre_hook(self._on_optimizer_step)
+
+    # ---- run directory -----------------------------------------------------------------------------
+    def _open(self) -> None:
+        if self._opened:
+            return
+        self._opened = True
+        if is_main():
+            path = self.run_dir / "metrics.jsonl"
+            if self.step == 1 and path.exists() and read_jsonl(path):
+                raise UserError(f"'{self.run_dir}' already holds an rlgrad metrics.jsonl of another run: set "
+                                "actor_rollout_ref.rlgrad.dir to a new directory, or resume that run")
+            if path.exists():
+                truncate_jsonl_after(path, self.step - 1)  # a resumed run recomputes the steps after its checkpoint
+            self.metrics_log = JsonlSink(path)
+
+    def resume(self, step: int) -> None:
+        self.step = step
+
+    # ---- the step ----------------------------------------------------------------------------------
+    def _due(self) -> bool:
+        return any(s.due(self.step) for s in self.at.values())
+
+    def _model(self) -> torch.nn.Module:
+        """A plain module with the current weights (verl's engine holds FSDP shards): built once, refreshed."""
+        module = self.worker.engine.module
+        if self.replica is None:
+            from transformers import AutoModelForCausalLM
+            from verl.utils.device import get_device_name
+
+            dtype = next(module.parameters()).dtype  # verl's actor keeps fp32 master weights
+            with torch.device("meta"):
+                replica = AutoModelForCausalLM.from_config(self.worker.model_config.hf_config, dtype=dtype)
+            self.replica = replica.to_empty(device=get_device_name())
+            self.replica.tie_weights()
+            buffers = dict(module.named_buffers())  # not sharded by FSDP (rotary frequencies): copied once
+            with torch.no_grad():
+                for name, b in self.replica.named_buffers():
+                    b.copy_(buffers[name])
+        sync_policy(module, self.replica)
+        return self.replica
+
+    def before_update(self, data) -> dict[str, float]:
+        self._open()
+        batch = batch_from_verl(data)
+        out = {"critic/score/mean": float(all_reduce_sum(batch.scores.sum().double()) /
+                                          max(float(all_reduce_sum(torch.tensor(float(len(batch))))), 1.0))}
+        if not self._due():
+            self.ctx = None
+            return out
+        model = self._model()
+        self.ctx = StepContext(step=self.step, batch=batch, actor=model, optimizer=self.worker.engine.optimizer,
+                               loss_settings=self.settings, config=self.cfg, run_dir=self.run_dir,
+                               is_main=is_main(), sync_actor=lambda: sync_policy(self.worker.engine.module, model))
+        with torch.enable_grad():
+            for hook in self.hooks:
+                res = hook.before_update(self.ctx)
+                if res is not None:
+                    out.update(res.metrics)
+        return out
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        """The first mini-batch's gradient (verl clips it before stepping: neuron health is scale-free)."""
+        ctx = self.ctx
+        if ctx is None or self.neurons_step == ctx.step:
+            return
+        self.neurons_step = ctx.step
+        with torch.enable_grad():
+            for hook in self.hooks:
+                self.pending.update(hook.on_grads(ctx, self.worker.engine.module, ctx.batch, "actor") or {})
+
+    def after_update(self) -> dict[str, float]:
+        out, self.pending = self.pending, {}
+        if self.ctx is not None:
+            for hook in self.hooks:
+                out.update(hook.after_update(self.ctx) or {})
+        return out
+
+    def log(self, verl_metrics: dict, ours: dict[str, float]) -> None:
+        if self.metrics_log is None:
+            return
+        row = {name: m for k, name in VERL_METRICS.items() if k in verl_metrics
+               and (m := _mean(verl_metrics[k])) is not None}
+        self.metrics_log.log(self.step, {**row, **ours})
+
+
+class ActorRolloutRefWorker(_VerlActorRolloutRefWorker):
+    """verl's hybrid actor/rollout/ref worker whose actor is rlgrad's ``TrainingWorker``; the rlgrad settings
+    are ``actor_rollout_ref.rlgrad`` (``dir`` and any ``analysis.*`` key of rlgrad's config)."""
+
+    actor_worker_cls = TrainingWorker
+
+    def init_model(self):
+        super().init_model()
+        if self.actor is not None:
+            from verl.utils.config import omega_conf_to_dataclass
+
+            if self.distillation_enabled:
+                raise UserError("rlgrad's instruments do not follow verl's distillation loss")
+            rl = self.config.get("rlgrad", None) or {}
+            overrides = [f"{k}={v}" for k, v in _flatten(rl, "").items() if k != "dir"]
+            self.actor.rlgrad_setup(omega_conf_to_dataclass(self.config.actor), overrides, rl.get("dir", None) or
+                                    "rlgrad", temperature=float(self.config.rollout.temperature))
+
+
+def _flatten(d, prefix: str) -> dict:
+    out = {}
+    for k, v in d.items():
+        if hasattr(v, "items"):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = "null" if v is None else v
+    return out

@@ -1,0 +1,252 @@
+"""rlgrad's instruments inside verl's actor worker (``rlgrad.integrations.verl``), on CPU.
+
+verl pins transformers below the version rlgrad's main environment has, so these tests run in their own
+environment: ``bash scripts/test_verl.sh`` (``scripts/test.sh`` runs it after the main suite). In the main
+environment they are skipped. verl's FSDP2 engine runs here on CPU processes (gloo), built the way verl's
+trainer builds it (``tests/verl_cpu.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+verl = pytest.importorskip("verl", reason="verl is tested in its own environment: bash scripts/test_verl.sh")
+
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.workers.engine_workers import TrainingWorker as VerlTrainingWorker  # noqa: E402
+from verl.workers.utils.losses import ppo_loss  # noqa: E402
+
+from rlgrad.analysis import analyse_buckets  # noqa: E402
+from rlgrad.config import ModelConfig, TinyModelConfig  # noqa: E402
+from rlgrad.errors import UserError  # noqa: E402
+from rlgrad.integrations.verl import check_verl_version  # noqa: E402
+from rlgrad.integrations.verl_loss import batch_from_verl, verl_loss_settings  # noqa: E402
+from rlgrad.loss import ActorLoss  # noqa: E402
+from rlgrad.models import build_char_tokenizer, build_tiny_model  # noqa: E402
+from tests.verl_cpu import N, R, actor_config, verl_batch, worker  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    import torch.distributed as dist
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(29500 + os.getpid() % 1000))
+    dist.init_process_group("gloo")  # verl's worker joins an existing group
+    root = tmp_path_factory.mktemp("verl")
+    tok = build_char_tokenizer()
+    cfg = ModelConfig(tiny=TinyModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                           num_key_value_heads=1, intermediate_size=64))
+    build_tiny_model(cfg, tok, 1).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    yield root / "model"
+    dist.destroy_process_group()
+
+
+def grads_of(w) -> dict[str, torch.Tensor]:
+    missing = [n for n, p in w.engine.module.named_parameters() if p.grad is None]
+    assert not missing, missing
+    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+            for n, p in w.engine.module.named_parameters()}
+
+
+def rel_err(ours, ref) -> float:
+    num = sum(float((ours[n] - ref[n]).pow(2).sum()) for n in ref)
+    den = sum(float(ref[n].pow(2).sum()) for n in ref)
+    assert den > 0
+    return (num / den) ** 0.5
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_bucket_gradients_equal_verl_engine_autograd(model_dir, tmp_path, agg):
+    """Each bucket's gradient (all terms) equals verl's own engine running verl's own ppo_loss on those rows."""
+    w = worker(model_dir)
+    ac = actor_config(loss_agg_mode=agg)
+    w.rlgrad_setup(ac, ["analysis.every=null", "analysis.buckets.enable=false"], tmp_path / "run")
+    td, _ = verl_batch()
+    batch = batch_from_verl(td)
+    model = w.rlgrad._model()
+    rep = analyse_buckets(model, batch, ActorLoss(w.rlgrad.settings), num_buckets=2, keep_grads=True)
+    assert set(rep.stats.grads) == {"task", "kl", "entropy"}
+    for k, name in enumerate(rep.stats.slices):
+        rows = rep.buckets.rows[name]
+        td_rows, _ = verl_batch(rows=rows)
+        w.engine.optimizer_zero_grad()
+        with w.engine.train_mode():
+            tu.assign_non_tensor(td_rows, use_remove_padding=False, use_dynamic_bsz=False, max_token_len_per_gpu=None,
+                                 micro_batch_size_per_gpu=len(rows), use_fused_kernels=False,
+                                 global_token_num=[1] * len(rows))
+            w.engine.forward_backward_batch(td_rows, partial(ppo_loss, config=ac), forward_only=False)
+            ref = grads_of(w)  # inside: leaving train mode may free the gradients
+        ours = {n: sum(rep.stats.grads[t][n][k] for t in rep.stats.grads) for n in ref}
+        assert rel_err(ours, ref) < 1e-5, (agg, name, rel_err(ours, ref))
+
+
+def test_batch_from_verl_matches_the_padded_batch(model_dir):
+    td, d = verl_batch(seed=3)
+    b = batch_from_verl(td)
+    assert torch.equal(b.input_ids[b.attention_mask.bool()], d["input_ids"][d["attention_mask"].bool()])
+    assert torch.equal(b.response_mask[:, -R:], d["response_mask"].float())
+    assert torch.equal(b.old_log_probs[:, -R:], d["old_log_probs"])
+    assert torch.allclose(b.scores, d["token_level_scores"].sum(1))
+    # groups from uid; the reward std is each group's unbiased std
+    for gid in b.group_ids.unique():
+        rows = (b.group_ids == gid).nonzero().squeeze(-1)
+        assert len({d["uid"][int(i)] for i in rows}) == 1 and len(rows) == N
+        assert torch.allclose(b.reward_std[rows], b.scores[rows].std().expand(N))
+
+
+def test_training_unchanged_metrics_and_run_files(model_dir, tmp_path):
+    """The same batch through verl's plain worker and rlgrad's: identical weights after two steps; the analysis
+    comes back in verl's metric dict and in metrics.jsonl."""
+    ac = actor_config()
+    plain = worker(model_dir, VerlTrainingWorker)
+    plain.set_loss_fn(partial(ppo_loss, config=ac))
+    for s in (0, 1):
+        plain.train_mini_batch(verl_batch(seed=s)[0])
+    ours = worker(model_dir)
+    ours.set_loss_fn(partial(ppo_loss, config=ac))
+    run = tmp_path / "run"
+    ours.rlgrad_setup(ac, ["analysis.every=1", "analysis.buckets.num_buckets=2"], run)
+    outs = [ours.train_mini_batch(verl_batch(seed=s)[0]) for s in (0, 1)]
+    a = {n: p.full_tensor() for n, p in plain.engine.module.state_dict().items()}
+    b = {n: p.full_tensor() for n, p in ours.engine.module.state_dict().items()}
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    initial = {n: p.full_tensor() for n, p in worker(model_dir).engine.module.state_dict().items()}
+    assert any(not torch.equal(a[k], initial[k]) for k in a)  # the two steps moved the weights
+    m = tu.get(outs[0], "metrics")
+    assert {"grad_norm/all/task", "grad_norm/bucket_1/kl", "actor/neuron/dormant_ratio", "actor/pg_loss"} <= set(m)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert {"grad_norm/all/task", "grad_norm/all/entropy", "actor/neuron/dormant_ratio", "actor/pg_loss",
+                "actor/grad_norm", "critic/score/mean"} <= set(r["data"])
+        assert r["data"]["grad_norm/all/task"] > 0
+    written = {p.name for p in (run / "analysis" / "step_1").iterdir()}
+    assert {"layers.json", "neurons.json", "group_rv_table.csv"} <= written
+    # a new run into the same directory is refused, the first one's files untouched
+    before = (run / "metrics.jsonl").read_text()
+    again = worker(model_dir)
+    again.set_loss_fn(partial(ppo_loss, config=ac))
+    again.rlgrad_setup(ac, [], run)
+    with pytest.raises(UserError, match="already holds"):
+        again.train_mini_batch(verl_batch()[0])
+    assert (run / "metrics.jsonl").read_text() == before
+
+
+def test_settings_refused_in_one_line():
+    with pytest.raises(UserError, match="loss_mode=gspo"):
+        verl_loss_settings(actor_config(policy_loss={"loss_mode": "gspo"}))
+    with pytest.raises(UserError, match="loss_scale_factor"):
+        verl_loss_settings(actor_config(loss_agg_mode="seq-mean-token-sum-norm"))
+    s = verl_loss_settings(actor_config(clip_ratio_low=0.1, clip_ratio_high=0.3,
+                                        loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=64))
+    assert (s.policy_loss, s.clip_ratio_low, s.clip_ratio_high, s.horizon, s.kl_loss_coef) == ("ppo", 0.1, 0.3, 64, 0.1)
+    with pytest.raises(UserError, match="supports verl >=0.9,<0.10, found 0.8.0"):
+        check_verl_version("0.8.0")
+    td, _ = verl_batch()
+    del td["uid"]
+    with pytest.raises(UserError, match="'uid'"):
+        batch_from_verl(td)
+
+
+def test_launcher_selects_rlgrad_trainer_and_worker(tmp_path):
+    """``python -m rlgrad.integrations.verl_main``: verl's config, the rlgrad trainer registered through verl's
+    registry, and rlgrad's worker in the actor role (the GPU launch itself cannot run here)."""
+    pytest.importorskip("transfer_queue", reason="verl's V1 trainer needs TransferQueue (verl[verl-core])")
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    from rlgrad.integrations import verl_main
+
+    with initialize_config_dir(config_dir=verl_main.VERL_CONFIG, version_base=None):
+        cfg = compose("ppo_trainer", overrides=[f"trainer.default_local_dir={tmp_path}/ckpt",
+                                                "+actor_rollout_ref.rlgrad.analysis.every=5"])
+    verl_main.prepare(cfg)
+    assert cfg.trainer.v1.trainer_mode == "rlgrad_sync" and get_trainer_cls("rlgrad_sync") is verl_main.RlgradPPOTrainer
+    assert cfg.actor_rollout_ref.rlgrad.dir == str(tmp_path / "ckpt" / "rlgrad")
+    trainer = verl_main.RlgradPPOTrainer.__new__(verl_main.RlgradPPOTrainer)
+    trainer.config = cfg
+    trainer._init_resource_pool_mgr()
+    actor = [r for r in verl_main.ACTOR_ROLES if r in trainer.role_worker_mapping]
+    assert len(actor) == 1
+    assert trainer.role_worker_mapping[actor[0]].__ray_actor_class__ is verl_main.ActorRolloutRefWorker
+    cfg.trainer.v1.trainer_mode = "separate_async"
+    with pytest.raises(UserError, match="trainer_mode=sync"):
+        verl_main.prepare(cfg)
+
+
+def verl_config(model_dir, run_dir, *extra):
+    """verl's own ppo_trainer config, as a user would override it for rlgrad's launcher (CPU-sized)."""
+    from hydra import compose, initialize_config_dir
+
+    from rlgrad.integrations import verl_main
+
+    a = "actor_rollout_ref"
+    with initialize_config_dir(config_dir=verl_main.VERL_CONFIG, version_base=None):
+        return compose("ppo_trainer", overrides=[
+            f"{a}.model.path={model_dir}", f"{a}.model.use_remove_padding=false", f"{a}.actor.strategy=fsdp2",
+            f"{a}.actor.ppo_micro_batch_size_per_gpu=4", f"{a}.rollout.log_prob_micro_batch_size_per_gpu=4",
+            f"{a}.actor.use_dynamic_bsz=false", f"+{a}.model.override_config.attn_implementation=eager",
+            f"+{a}.actor.fsdp_config.mixed_precision.param_dtype=fp32", f"{a}.actor.use_kl_loss=true",
+            f"{a}.actor.kl_loss_coef=0.05", f"+{a}.rlgrad.dir={run_dir}", *extra])
+
+
+def test_hybrid_worker_built_from_verl_config(model_dir, tmp_path):
+    """rlgrad's ActorRolloutRefWorker as verl's trainer builds it from its config (role actor): the rlgrad
+    settings from actor_rollout_ref.rlgrad, verl's loss settings, and update_actor as the trainer calls it."""
+    from rlgrad.integrations.verl import ActorRolloutRefWorker
+
+    cfg = verl_config(model_dir, tmp_path / "run", "+actor_rollout_ref.rlgrad.analysis.every=2",
+                      "+actor_rollout_ref.rlgrad.analysis.buckets.num_buckets=2")
+    w = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor")
+    w.init_model()
+    rl = w.actor.rlgrad
+    assert rl.cfg.analysis.every == 2 and rl.cfg.analysis.buckets.num_buckets == 2
+    assert (rl.settings.use_kl_loss, rl.settings.kl_loss_coef) == (True, 0.05)
+    for s in range(3):
+        td, _ = verl_batch(seed=s)
+        out = w.update_actor(td)
+        m = tu.get(out, "metrics")
+        assert ("grad_norm/all/task" in m) == (s != 1)  # steps 1 and 3
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and "grad_norm/all/kl" in rows[2]["data"]
+    assert "grad_norm/all/kl" not in rows[1]["data"] and "actor/kl_loss" in rows[1]["data"]
+
+
+def test_two_ranks_give_the_one_process_numbers(model_dir, tmp_path):
+    """verl's worker sharded over 2 CPU processes, every group split over both: each analysed number of the
+    first step (before any update) equals the one-process analysis of the whole batch."""
+    ac = actor_config()
+    one = worker(model_dir)
+    one.set_loss_fn(partial(ppo_loss, config=ac))
+    one.rlgrad_setup(ac, ["analysis.every=1", "analysis.buckets.num_buckets=2"], tmp_path / "one")
+    one.train_mini_batch(verl_batch(seed=0)[0])
+    run = tmp_path / "two"
+    script = Path(__file__).with_name("verl_two_ranks.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          "--master_port", str(29600 + os.getpid() % 300), str(script), str(model_dir), str(run)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    first = {}
+    for d in ("one", "two"):
+        rows = [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+        first[d] = next(r["data"] for r in rows if r["step"] == 1)
+    keys = [k for k in first["one"] if k.startswith("grad_norm/")]
+    assert len(keys) > 10 and set(keys) <= set(first["two"])
+    for k in keys:
+        assert first["two"][k] == pytest.approx(first["one"][k], rel=1e-5, abs=1e-9), k
+    assert first["two"]["critic/score/mean"] == pytest.approx(first["one"]["critic/score/mean"])
+    groups = (run / "analysis" / "step_1" / "group_rv_table.csv").read_text()
+    assert groups == (tmp_path / "one" / "analysis" / "step_1" / "group_rv_table.csv").read_text()
