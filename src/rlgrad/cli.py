@@ -139,6 +139,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from rlgrad.viz.doctor import doctor_command
+
+    if args.run is None and args.wandb_path is None:
+        raise UserError("name a run: a run directory, a TRL output directory, a verl JSONL log, or --wandb-path")
+    return doctor_command(args.run, args.wandb_path, args.json, args.explain, args.thresholds)
+
+
 def _steps_text(steps: list[int]) -> str:
     """1, 2, 3, 5, 7, 8, 9 -> '1-3, 5, 7-9'."""
     out, k = [], 0
@@ -273,6 +281,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="analysis steps drawn in full, evenly spaced, the last included "
                         "(default 6; rlgrad plot draws all)")
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("doctor", help="is the run healthy, and why did the gradient do that? (findings, most "
+                                      "serious first; exit 1 when one is critical)")
+    p.add_argument("run", nargs="?", help="an rlgrad run directory, a TRL output directory (trainer_state.json) "
+                                          "or verl's file-logger JSONL")
+    p.add_argument("--wandb-path", help="read a W&B run instead: ENTITY/PROJECT/RUN_ID (needs network)")
+    p.add_argument("--json", action="store_true", help="the findings as JSON on stdout")
+    p.add_argument("--explain", action="store_true", help="also list the checks the run lacks the metrics for")
+    p.add_argument("--thresholds", help="a YAML file overriding thresholds (rlgrad.viz.findings.Thresholds)")
+    p.set_defaults(func=cmd_doctor)
     p = sub.add_parser("samples", help="a step's prompt groups and what the model wrote (RUN/rollouts/step_N.jsonl)")
     p.add_argument("run_dir", help="a local run directory")
     p.add_argument("--step", type=int, help="default: the last step with a rollout file")

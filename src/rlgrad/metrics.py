@@ -396,6 +396,36 @@ def parse(template: str, key: str) -> dict[str, str] | None:
     return m.regex.fullmatch(key).groupdict()
 
 
+# Other trainers' names of quantities rlgrad logs, read by rlgrad's TRL integration and by ``rlgrad doctor``.
+# TRL's logged scalars (``GRPOTrainer.log``); differences: TRL's entropy is a token mean (rlgrad's actor/entropy
+# follows loss_agg_mode), TRL's kl the k3 estimate. ``rewards/<f>/mean`` maps to ``reward/<f>/mean``.
+TRL_NAMES = {
+    "reward": "critic/score/mean", "completions/mean_length": "response_length/mean",
+    "completions/max_length": "response_length/max", "completions/min_length": "response_length/min",
+    "completions/clipped_ratio": "response_length/clip_ratio", "entropy": "actor/entropy", "kl": "actor/kl_loss",
+    "clip_ratio/region_mean": "actor/pg_clipfrac", "grad_norm": "actor/grad_norm", "learning_rate": "actor/lr",
+    "step_time": "timing_s/step",
+}
+
+
+def foreign_key(name: str, source: str) -> str | None:
+    """rlgrad's name for a metric another trainer logged (``source``: ``trl`` or ``verl``), None if unknown.
+
+    verl's names are rlgrad's (rlgrad follows verl), but for validation: ``val-core/<data source>/acc/mean@N``
+    is ``val/accuracy`` and ``val-core/<data source>/reward/mean@N`` is ``val/score/mean``."""
+    if source == "trl":
+        parts = name.split("/")
+        if len(parts) == 3 and parts[0] == "rewards" and parts[2] == "mean":
+            return key("reward/{component}/mean", component=parts[1])
+        return TRL_NAMES.get(name)
+    if name.startswith("val-core/") or name.startswith("val-aux/"):
+        parts = name.split("/")
+        if len(parts) >= 4 and parts[-1].startswith("mean@"):  # the data source may hold slashes (openai/gsm8k)
+            return {"acc": "val/accuracy", "reward": "val/score/mean", "score": "val/score/mean"}.get(parts[-2])
+        return None
+    return name
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 

@@ -12,7 +12,7 @@ gradient by reward-variance bucket and loss term (``grad_norm/...``), the reward
 components), and, on the step's accumulated gradient, neuron health (``actor/neuron/...``). The numbers go to
 TRL's own logs (so every ``report_to`` sink shows them next to TRL's metrics, at TRL's next logging step) and
 to an rlgrad run directory, ``args.output_dir`` unless ``rlgrad_dir`` says otherwise: ``metrics.jsonl`` (the
-analysis at its own step, TRL's scalars under rlgrad's names, ``TRL_METRICS``), ``analysis/step_N/``,
+analysis at its own step, TRL's scalars under rlgrad's names, ``rlgrad.metrics.TRL_NAMES``), ``analysis/step_N/``,
 ``reward_components.jsonl`` and ``rollouts/step_N.jsonl``, which ``rlgrad plot``, ``report`` and ``samples`` read.
 
 Only TRL's documented extension points are used: this subclass calls TRL's own methods and adds to them
@@ -43,7 +43,7 @@ from rlgrad.logging.rewards import RewardComponentLog, step_record
 from rlgrad.logging.rollouts import RolloutLog, gather_samples, prompt_texts, rollout_dir, step_samples
 from rlgrad.logging.sinks import JsonlSink
 from rlgrad.loss import LossSettings
-from rlgrad.metrics import key
+from rlgrad.metrics import foreign_key
 from rlgrad.rundir import read_jsonl, truncate_jsonl_after
 
 try:
@@ -53,15 +53,6 @@ except ImportError as e:  # pragma: no cover - the module is only imported by pe
 
 TRL_VERSIONS = (Version("1.16"), Version("2"))  # supported: [low, high); CI tests the newest release
 DEFAULTS = ("analysis.every=10",)  # before the user's settings: every instrument at steps 1, 11, 21, ...
-# The TRL scalars written to metrics.jsonl, under the rlgrad (verl) name of the same quantity. Differences:
-# TRL's entropy is a token mean (rlgrad's actor/entropy follows loss_agg_mode); TRL's kl is the k3 estimate.
-TRL_METRICS = {
-    "reward": "critic/score/mean", "completions/mean_length": "response_length/mean",
-    "completions/max_length": "response_length/max", "completions/min_length": "response_length/min",
-    "completions/clipped_ratio": "response_length/clip_ratio", "entropy": "actor/entropy", "kl": "actor/kl_loss",
-    "clip_ratio/region_mean": "actor/pg_clipfrac", "grad_norm": "actor/grad_norm", "learning_rate": "actor/lr",
-    "step_time": "timing_s/step",
-}
 # rlgrad settings that need rlgrad's own trainer (a second rollout, the rollout filter, a stop, a reset).
 UNSUPPORTED = {"analysis.buckets.env_groups": None, "analysis.buckets.group_size": None,
                "analysis.buckets.log_prefilter": False, "analysis.buckets.exit_after": False,
@@ -80,13 +71,9 @@ def check_trl_version(version: str | None = None) -> Version:
 
 
 def trl_metrics(logs: dict[str, float]) -> dict[str, float]:
-    """TRL's logged scalars under rlgrad's names (``TRL_METRICS``; ``rewards/<f>/mean`` -> ``reward/<f>/mean``)."""
-    out = {TRL_METRICS[k]: float(v) for k, v in logs.items() if k in TRL_METRICS and isinstance(v, int | float)}
-    for k, v in logs.items():
-        parts = k.split("/")
-        if len(parts) == 3 and parts[0] == "rewards" and parts[2] == "mean" and isinstance(v, int | float):
-            out[key("reward/{component}/mean", component=parts[1])] = float(v)
-    return out
+    """TRL's logged scalars under rlgrad's names (``rlgrad.metrics.TRL_NAMES``)."""
+    return {name: float(v) for k, v in logs.items()
+            if isinstance(v, int | float) and (name := foreign_key(k, "trl")) is not None}
 
 
 class GRPOTrainer(_TRLGRPOTrainer):

@@ -20,7 +20,7 @@ from typing import Any
 
 from rlgrad.aliases import ALIASES, resolve_alias
 from rlgrad.errors import UserError
-from rlgrad.metrics import key, parse
+from rlgrad.metrics import foreign_key, key, parse
 
 PREFIX = "grad_norm"  # bucket metrics: grad_norm/{bucket}/... (rlgrad.metrics); layers.json's section
 GRAD_COMPONENTS = ("task", "entropy", "kl")
@@ -41,6 +41,8 @@ class RunData:
     config_text: str | None = None
     run_dir: Path | None = None  # None for a W&B run
     rv_tables: dict[int, list[tuple[str, int, float]]] = field(default_factory=dict)  # W&B group tables
+    nonfinite: dict[int, list[str]] = field(default_factory=dict)  # step -> metrics logged as NaN / inf
+    kind: str = "rlgrad"  # rlgrad | trl | verl | wandb: whose files (and metric names) the run came from
 
     def metrics(self, step: int) -> dict[str, float]:
         return self.rows.get(step, {})
@@ -60,13 +62,53 @@ def _finite(v: Any) -> float | None:
     return None
 
 
-def _metric_row(row: dict) -> tuple[int, dict[str, float]] | None:
-    """One metrics.jsonl line: ``{"step": N, "data": {...}}`` (the trainer) or flat ``{"step": N, key: v}``."""
+_NONFINITE = {"nan", "inf", "-inf", "NaN", "Infinity", "-Infinity"}
+
+
+def _metric_row(row: dict, null_is_nonfinite: bool = False) -> tuple[int, dict[str, float], list[str]] | None:
+    """One metrics.jsonl line: ``{"step": N, "data": {...}}`` (rlgrad's and verl's file logger) or flat
+    ``{"step": N, key: v}``; its finite values and the keys logged as NaN / inf (rlgrad writes them as strings,
+    verl's orjson as null: ``null_is_nonfinite``)."""
     step = row.get("step")
     if not isinstance(step, int):
         return None
     data = row["data"] if isinstance(row.get("data"), dict) else {k: v for k, v in row.items() if k != "step"}
-    return step, {k: f for k, v in data.items() if (f := _finite(v)) is not None}
+    bad = [k for k, v in data.items() if (isinstance(v, str) and v in _NONFINITE)
+           or (isinstance(v, float) and not math.isfinite(v)) or (v is None and null_is_nonfinite)]
+    return step, {k: f for k, v in data.items() if (f := _finite(v)) is not None}, bad
+
+
+def _read_metric_lines(path: Path, rename=None, null_is_nonfinite: bool = False
+                       ) -> tuple[dict[int, dict[str, float]], dict[int, list[str]]]:
+    rows: dict[int, dict[str, float]] = {}
+    bad: dict[int, list[str]] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            parsed = _metric_row(json.loads(line), null_is_nonfinite)
+        except (json.JSONDecodeError, AttributeError):
+            continue  # a torn last line (crash mid-append)
+        if parsed is None:
+            continue
+        step, vals, nonfinite = parsed
+        if rename is not None:
+            vals = {n: v for k, v in vals.items() if (n := rename(k)) is not None}
+            nonfinite = [n for k in nonfinite if (n := rename(k)) is not None]
+        rows.setdefault(step, {}).update(vals)  # a step written twice: the later value wins
+        if nonfinite:
+            bad.setdefault(step, []).extend(nonfinite)
+    return dict(sorted(rows.items())), bad
+
+
+def _read_config(path: Path) -> tuple[dict | None, str | None]:
+    if not path.is_file():
+        return None, None
+    from omegaconf import OmegaConf
+
+    text = path.read_text(errors="replace")
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=False), text
+    except Exception:  # a hand-edited, broken config.yaml should not stop the figures
+        return None, text
 
 
 def load_run(run_dir: str | Path) -> RunData:
@@ -77,26 +119,79 @@ def load_run(run_dir: str | Path) -> RunData:
     mfile = p / "metrics.jsonl"
     if not mfile.is_file():
         raise UserError(f"'{p}' is not a run directory (no metrics.jsonl)")
-    rows: dict[int, dict[str, float]] = {}
-    for line in mfile.read_text().splitlines():
-        try:
-            parsed = _metric_row(json.loads(line))
-        except (json.JSONDecodeError, AttributeError):
-            continue  # a torn last line (crash mid-append)
-        if parsed is not None:
-            rows.setdefault(parsed[0], {}).update(parsed[1])  # a step written twice: the later value wins
-    config, text = None, None
-    cfile = p / "config.yaml"
-    if cfile.is_file():
-        from omegaconf import OmegaConf
+    rows, bad = _read_metric_lines(mfile)
+    config, text = _read_config(p / "config.yaml")
+    return RunData(name=p.resolve().name, source=str(p), rows=rows, config=config, config_text=text, run_dir=p,
+                   nonfinite=bad)
 
-        text = cfile.read_text()
-        try:
-            config = OmegaConf.to_container(OmegaConf.load(cfile), resolve=False)
-        except Exception:  # a hand-edited, broken config.yaml should not stop the figures
-            config = None
-    return RunData(name=p.resolve().name, source=str(p), rows=dict(sorted(rows.items())), config=config,
-                   config_text=text, run_dir=p)
+
+def load_trl_output(out_dir: str | Path) -> RunData:
+    """A TRL output directory without rlgrad's files: ``trainer_state.json``'s log history (the directory's, or
+    its newest ``checkpoint-N``'s), TRL's names mapped to rlgrad's (``rlgrad.metrics.TRL_NAMES``)."""
+    p = Path(out_dir)
+    states = [p / "trainer_state.json"] + sorted(p.glob("checkpoint-*/trainer_state.json"),
+                                                 key=lambda f: int(f.parent.name.split("-")[-1]) if
+                                                 f.parent.name.split("-")[-1].isdigit() else -1, reverse=True)
+    state = next((f for f in states if f.is_file()), None)
+    if state is None:
+        raise UserError(f"'{p}' holds no trainer_state.json (a TRL output directory saves it with its checkpoints)")
+    try:
+        history = json.loads(state.read_text()).get("log_history", [])
+    except (OSError, json.JSONDecodeError, AttributeError) as e:
+        raise UserError(f"cannot read TRL state '{state}': {str(e).splitlines()[0]}") from None
+    rows: dict[int, dict[str, float]] = {}
+    bad: dict[int, list[str]] = {}
+    for entry in history if isinstance(history, list) else []:
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if not isinstance(step, int):
+            continue
+        for k, v in entry.items():
+            name = foreign_key(k, "trl")
+            if name is None:
+                continue
+            if (f := _finite(v)) is not None:
+                rows.setdefault(step, {})[name] = f
+            elif isinstance(v, float):
+                bad.setdefault(step, []).append(name)
+    return RunData(name=p.resolve().name, source=str(p), rows=dict(sorted(rows.items())), run_dir=None,
+                   nonfinite=bad, kind="trl")
+
+
+def load_verl_log(path: str | Path) -> RunData:
+    """verl's file-logger JSONL (``{"step", "data"}`` lines, verl's metric names; ``foreign_key``), with the
+    Hydra config found next to it (``.hydra/config.yaml`` or ``config.yaml``) when there is one."""
+    p = Path(path)
+    rows, bad = _read_metric_lines(p, rename=lambda k: foreign_key(k, "verl"), null_is_nonfinite=True)
+    if not rows and not bad:
+        raise UserError(f"'{p}' holds no metric lines of verl's file logger ('{{\"step\": N, \"data\": ...}}')")
+    config, text = None, None
+    for c in (p.parent / ".hydra" / "config.yaml", p.parent / "config.yaml"):
+        config, text = _read_config(c)
+        if config is not None:
+            break
+    return RunData(name=p.stem, source=str(p), rows=rows, config=config, config_text=text, run_dir=None,
+                   nonfinite=bad, kind="verl")
+
+
+def load_any(path: str | Path | None, wandb_path: str | None = None) -> RunData:
+    """Whatever run ``path`` names: an rlgrad run directory (also what rlgrad's TRL / verl integrations write),
+    a TRL output directory, or verl's file-logger JSONL; or a W&B run."""
+    if wandb_path:
+        run = load_wandb_run(wandb_path)
+        run.kind = "wandb"
+        return run
+    if path is None:
+        raise UserError("name a run: a run directory, a TRL output directory, a verl JSONL log, or --wandb-path")
+    p = Path(path)
+    if p.is_file():
+        return load_verl_log(p)
+    if not p.is_dir():
+        raise UserError(f"run '{p}' does not exist")
+    if (p / "metrics.jsonl").is_file():
+        return load_run(p)
+    if (p / "trainer_state.json").is_file() or any(p.glob("checkpoint-*/trainer_state.json")):
+        return load_trl_output(p)
+    raise UserError(f"'{p}' is not a run: no metrics.jsonl (rlgrad) or trainer_state.json (TRL)")
 
 
 def records_from_wandb_rows(rows: list[dict]) -> dict[int, dict[str, float]]:

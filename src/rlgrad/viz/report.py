@@ -18,6 +18,7 @@ from rlgrad.errors import UserError
 from rlgrad.rundir import atomic_write_text
 from rlgrad.viz import data as D
 from rlgrad.viz import run_figures as R
+from rlgrad.viz.doctor import diagnose
 from rlgrad.viz.figbase import png_bytes
 from rlgrad.viz.plot import step_figures
 from rlgrad.viz.reading import narrative
@@ -35,7 +36,9 @@ table{border-collapse:collapse;font-size:.85em;margin:8px 0 16px}
 th,td{border:1px solid #d9dde2;padding:3px 8px;text-align:left}th{background:#f0f2f5}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 ul.reading li{margin:.35em 0}\
-.reading{background:#f3f8ff;border-left:4px solid #3478c6;padding:10px 10px 10px 28px}
+.reading{background:#f3f8ff;border-left:4px solid #3478c6;padding:10px 10px 10px 28px}\
+.finding{margin:.5em 0;padding:6px 10px;border-left:4px solid #999}.finding.critical{border-color:#c0392b;\
+background:#fdf0ef}.finding.warn{border-color:#d68910;background:#fef8ec}.finding.info{border-color:#3478c6}
 details{margin:8px 0}summary{cursor:pointer;font-weight:600}
 pre{background:#f6f8fa;padding:10px;overflow-x:auto;font-size:.8em}
 nav a{margin-right:14px}
@@ -257,10 +260,12 @@ def build_report(run: D.RunData, dpi: int = 90, max_steps: int = 6) -> str:
         _section("critic", "Critic", _img(R.fig_critic(run), dpi, "Value function.")),
     ]
     reading = "".join(f"<li>{html.escape(t)}</li>" for t in narrative(run))
+    diagnosis = _diagnosis_section(run)
     nav = " ".join(f'<a href="#{sid}">{title}</a>' for sid, title in (
-        ("reading", "What changed"), ("config", "Configuration"), ("curves", "Training curves"),
-        ("analysis", "Gradient analysis"), ("rewards", "Reward components"), ("neurons", "Neuron health"),
-        ("critic", "Critic")) if sid == "reading" or any(f'id="{sid}"' in s for s in sections))
+        ("diagnosis", "Diagnosis"), ("reading", "What changed"), ("config", "Configuration"),
+        ("curves", "Training curves"), ("analysis", "Gradient analysis"), ("rewards", "Reward components"),
+        ("neurons", "Neuron health"), ("critic", "Critic"))
+        if sid in ("diagnosis", "reading") or any(f'id="{sid}"' in s for s in sections))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -272,10 +277,25 @@ def build_report(run: D.RunData, dpi: int = 90, max_steps: int = 6) -> str:
 {len(D.analysis_steps(run))} analysis step{'s' * (len(D.analysis_steps(run)) != 1)} · \
 generated {time.strftime('%Y-%m-%d %H:%M')}</p>
 <nav>{nav}</nav>
+{diagnosis}
 <section id="reading"><h2>What changed</h2><ul class="reading">{reading}</ul></section>
 {''.join(sections)}
 </main></body></html>
 """
+
+
+def _diagnosis_section(run: D.RunData) -> str:
+    """``rlgrad doctor``'s findings, most serious first."""
+    d = diagnose(run)
+    items = []
+    for f in d.findings:
+        at = f" · from step {f.step}" if f.step is not None else ""
+        evidence = "".join(f"<li>{html.escape(e)}</li>" for e in f.evidence)
+        items.append(f'<div class="finding {f.severity}"><b>{f.severity.upper()}</b> · {html.escape(f.title)}'
+                     f'<span class="muted"> ({f.id}{at})</span><ul>{evidence}</ul><p>{html.escape(f.explanation)}</p>'
+                     f"<p><i>What to do:</i> {html.escape(f.action)}</p></div>")
+    return (f'<section id="diagnosis"><h2>Diagnosis</h2>{"".join(items)}'
+            f'<p class="muted">{html.escape(d.scale)}</p></section>')
 
 
 def _section(sid: str, title: str, body: str) -> str:

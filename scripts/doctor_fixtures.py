@@ -1,0 +1,114 @@
+"""Regenerate the runs with known faults that tests/test_doctor.py diagnoses (tests/data/doctor/<name>/).
+
+    .venv/bin/python scripts/doctor_fixtures.py [NAME ...]     # all of them by default, a minute or two each
+
+Each is a short rlgrad run of the demo (GRPO on the embedded default model) with one thing wrong; only its
+small files are kept (metrics.jsonl, config.yaml, the analysis JSON/CSV files), not checkpoints or rollouts.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "data" / "doctor"
+BASE = ["--config-name", "demo", "trainer.total_training_steps=30", "trainer.test_freq=10", "trainer.save_freq=-1",
+        "analysis.every=10", "trainer.logger=[jsonl]", "trainer.num_threads=2"]
+# name -> (the fault's overrides, the finding tests/test_doctor.py expects)
+RUNS = {
+    "healthy": ([], None),
+    "lr_too_low": (["actor.optim.lr=1e-8"], "lr_too_small"),
+    "tiny_grad_clip": (["actor.max_grad_norm=0.001"], "clip_every_step"),
+    "std_norm_binary": (["algorithm.norm_adv_by_std_in_grpo=true", "reward.weights={correctness: 1.0, format: 0.0}"],
+                        "std_normalisation_amplifies"),
+    "format_heavy": (["reward.weights={correctness: 0.1, format: 0.9}"], "component_dominates"),
+    "kl_explodes": (["actor.use_kl_loss=true", "actor.kl_loss_coef=1.0", "actor.kl_loss_type=mse",
+                     "actor.optim.lr=3e-3"], "kl_blowup"),
+    # a policy pushed to determinism: an entropy *penalty* (a negative bonus) on a weakly warm-started model
+    "entropy_collapse": (["model.warmstart_steps=200", "actor.entropy_coeff=-1.0", "actor.optim.lr=5e-4"],
+                         "entropy_collapse"),
+    "lr_too_high": (["actor.optim.lr=3e-3", "actor.optim.lr_warmup_steps=0"], "reward_collapse"),
+    "zero_variance": (["model.warmstart_steps=0"], "zero_variance_groups"),
+}
+KEEP = ("layers.json", "neurons.json", "components.json", "group_rv_table.csv")
+
+
+def make(name: str) -> None:
+    overrides, _ = RUNS[name]
+    with tempfile.TemporaryDirectory(prefix=f"rlgrad-doctor-{name}-") as tmp:
+        run = Path(tmp) / "run"
+        cmd = [str(ROOT / ".venv" / "bin" / "rlgrad"), "train", *BASE, *overrides, f"trainer.default_local_dir={run}"]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            sys.exit(f"{name}: rlgrad train failed:\n{res.stderr[-2000:]}")
+        dest = OUT / name
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        for f in ("metrics.jsonl", "config.yaml"):
+            shutil.copy(run / f, dest / f)
+        for step_dir in sorted((run / "analysis").glob("step_*")):
+            for f in KEEP:
+                if (step_dir / f).exists():
+                    (dest / "analysis" / step_dir.name).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(step_dir / f, dest / "analysis" / step_dir.name / f)
+        print(f"{name}: {dest}")
+
+
+def make_trl(name: str = "trl_lr_too_low") -> None:
+    """A plain TRL GRPOTrainer run (no rlgrad) with a learning rate far too low: its trainer_state.json."""
+    import datasets
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlgrad.config import ModelConfig, TinyModelConfig
+    from rlgrad.models import build_char_tokenizer, build_tiny_model
+    from rlgrad.tasks import build_task
+
+    with tempfile.TemporaryDirectory(prefix="rlgrad-doctor-trl-") as tmp:
+        tok = build_char_tokenizer()
+        cfg = ModelConfig(tiny=TinyModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                               num_key_value_heads=1, intermediate_size=64))
+        build_tiny_model(cfg, tok, 1).save_pretrained(Path(tmp) / "model")
+        tok.save_pretrained(Path(tmp) / "model")
+        import random
+
+        rows = build_task("arithmetic", seed=1, val_size=8).train_examples(64, random.Random(1))
+        data = datasets.Dataset.from_dict({"prompt": [r.prompt for r in rows]})
+
+        def shorter(prompts, completions, **kw):
+            return [-len(c) / 8 for c in completions]
+
+        args = GRPOConfig(output_dir=str(Path(tmp) / "out"), use_cpu=True, per_device_train_batch_size=16,
+                          num_generations=4, max_completion_length=8, max_steps=24, logging_steps=1, report_to=[],
+                          save_strategy="no", learning_rate=1e-8, disable_tqdm=True, seed=1, bf16=False)
+        trainer = GRPOTrainer(model=str(Path(tmp) / "model"), reward_funcs=[shorter], args=args, train_dataset=data,
+                              processing_class=tok)
+        trainer.train()
+        dest = OUT / name
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        trainer.state.save_to_json(str(dest / "trainer_state.json"))
+        print(f"{name}: {dest}")
+
+
+def make_wandb(name: str = "wandb_kl_explodes.json", source: str = "kl_explodes") -> None:
+    """A recorded run's metrics as W&B's ``scan_history`` returns them (``_step``, ``_runtime``, None where a key
+    was not logged at a step), for ``rlgrad doctor --wandb-path`` without network."""
+    import json
+
+    rows: dict[int, dict] = {}
+    for line in (OUT / source / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        rows.setdefault(r["step"], {}).update(r["data"])
+    keys = sorted({k for d in rows.values() for k in d})
+    history = [{"_step": s, "_runtime": 1.5 * s, **{k: rows[s].get(k) for k in keys}} for s in sorted(rows)]
+    (OUT / name).write_text(json.dumps(history) + "\n")
+    print(f"{name}: {OUT / name}")
+
+
+if __name__ == "__main__":
+    for n in sys.argv[1:] or [*RUNS, "trl_lr_too_low", "wandb"]:
+        make_trl(n) if n.startswith("trl") else make_wandb() if n == "wandb" else make(n)

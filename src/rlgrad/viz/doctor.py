@@ -1,0 +1,106 @@
+"""``rlgrad doctor``: is a run healthy, and why did its gradient do what it did?
+
+A run (rlgrad's run directory, a TRL output directory, verl's file-logger JSONL or a W&B run: ``data.load_any``)
+is read into one view with rlgrad's metric names, and every signature below looks at it. A signature is a
+function of the view and the thresholds that returns a ``Finding`` or nothing; one that needs metrics the
+run lacks is listed under ``missing`` (``--explain``) instead of guessing. The scalar signatures are what a
+practitioner reads off the logs (KL, entropy, clip fraction, gradient norm, lengths, rewards, validation);
+the gradient-level ones read rlgrad's instruments (bucket and term norms, reward-component geometry, layers,
+neurons) and say *why*. Every threshold is a field of ``Thresholds``: documented there, overridable from a
+YAML file (``--thresholds FILE``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+from rlgrad.viz import data as D
+from rlgrad.viz.findings import SEVERITY, SIGNATURES, Diagnosis, Finding, Thresholds, View, fmt
+from rlgrad.viz.signatures import flat_reward  # importing the module registers every signature
+
+__all__ = ["SIGNATURES", "Diagnosis", "Finding", "Thresholds", "diagnose", "doctor_command", "render_text"]
+
+
+# ---------------------------------------------------------------- the diagnosis
+
+
+def _needs_met(v: View, need: str) -> bool:
+    for alt in need.split("|"):
+        if "{" in alt:
+            head = alt.split("{")[0]
+            tail = alt.split("}")[-1]
+            if any(k.startswith(head) and k.endswith(tail) for m in v.run.rows.values() for k in m):
+                return True
+        elif v.has(alt):
+            return True
+    return False
+
+
+def _scale(v: View) -> str:
+    _, g = v.series("actor/grad_norm")
+    if not g:
+        return "The run logs no gradient norm."
+    med = statistics.median(g)
+    flat, ev = flat_reward(v, Thresholds())
+    trend = f" Its reward went {ev.split(' ', 1)[1]}." if ev else ""
+    return (f"The median gradient norm is {fmt(med)}.{trend} Absolute gradient norms are not comparable across "
+            "runs or frameworks: they scale with the model, the loss aggregation (token-mean vs sequence-mean), "
+            "the advantage normalisation, the batch size and the share of zero-advantage groups. Small norms are "
+            "not a fault while the reward and validation accuracy rise, the loss is stable and the clip fraction "
+            "stays moderate (roughly 0.1-0.4, or 0 for on-policy updates).")
+
+
+def diagnose(run: D.RunData, thresholds: Thresholds | None = None) -> Diagnosis:
+    """Every signature on ``run``: findings most serious first, then by step."""
+    t = thresholds or Thresholds()
+    v = View(run)
+    findings: list[Finding] = []
+    missing: dict[str, list[str]] = {}
+    for sid, needs, rule in SIGNATURES:
+        lacking = [n for n in needs if not _needs_met(v, n)]
+        if lacking:
+            missing[sid] = [alt for n in lacking for alt in n.split("|")]
+            continue
+        f = rule(v, t)
+        if f is not None:
+            findings.append(f)
+    if not any(f.severity in ("warn", "critical") for f in findings):
+        findings.append(Finding("healthy", "info", None, 0.6 if missing else 0.8, "No sign of trouble",
+                                [f"{len(SIGNATURES) - len(missing)} of {len(SIGNATURES)} signatures checked"],
+                                "None of the checked signatures fired." + (
+                                    " Some could not be checked: see --explain." if missing else ""),
+                                "Keep watching the reward, validation accuracy and KL."))
+    findings.sort(key=lambda f: (SEVERITY[f.severity], f.step if f.step is not None else math.inf))
+    return Diagnosis(run.name, run.source, findings, missing, _scale(v))
+
+
+# ---------------------------------------------------------------- output
+
+
+def render_text(d: Diagnosis, explain: bool = False) -> str:
+    out = [f"rlgrad doctor: {d.run} ({d.source})", ""]
+    for f in d.findings:
+        at = f" from step {f.step}" if f.step is not None else ""
+        out.append(f"[{f.severity.upper()}] {f.id}: {f.title}{at} (confidence {f.confidence:.1f})")
+        out += [f"    evidence: {e}" for e in f.evidence]
+        out.append(f"    why: {f.explanation}")
+        out.append(f"    do: {f.action}")
+        out.append("")
+    out.append(f"Gradient scale: {d.scale}")
+    if explain and d.missing:
+        out += ["", "Not checked (the run lacks the metrics):"]
+        out += [f"    {sid}: needs {' or '.join(keys)}" for sid, keys in d.missing.items()]
+    elif d.missing:
+        out.append(f"({len(d.missing)} signatures not checked for lack of metrics: --explain lists them)")
+    return "\n".join(out) + "\n"
+
+
+def doctor_command(run: str | None, wandb_path: str | None = None, as_json: bool = False,
+                   explain: bool = False, thresholds: str | None = None) -> int:
+    """Print the diagnosis (text, or JSON with ``as_json``); exit status 1 when a finding is critical."""
+    t = Thresholds.from_file(thresholds) if thresholds else Thresholds()
+    d = diagnose(D.load_any(run, wandb_path), t)
+    print(json.dumps(d.to_json(), indent=2) if as_json else render_text(d, explain), end="\n" if as_json else "")
+    return 1 if d.critical else 0

@@ -1,0 +1,154 @@
+"""The pieces ``rlgrad doctor``'s signatures are made of: the thresholds, a finding, the run as one view.
+
+A signature (``rlgrad.viz.signatures``) is a function of a ``View`` and the ``Thresholds`` that returns a
+``Finding`` or None, registered with ``@signature(id, *needed metrics)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from rlgrad.errors import UserError
+from rlgrad.viz import data as D
+
+SEVERITY = {"critical": 0, "warn": 1, "info": 2}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What each signature calls abnormal. Override any of them with ``--thresholds FILE.yaml``."""
+
+    window: int = 10  # steps in a "recent" window (median for spikes, the first / last stretch of a run)
+    spike_factor: float = 10.0  # grad_norm_spike: a step's gradient norm above this × the previous window's median
+    clip_steps_frac: float = 0.9  # clip_every_step: the gradient norm above max_grad_norm on this share of steps
+    lr_low: float = 1e-6  # lr_too_small: a learning rate at or below this, with a flat reward ...
+    lr_very_low: float = 1e-7  # ... or at or below this whatever the reward does
+    kl_high: float = 1.0  # kl_blowup: the recent KL loss above this is critical
+    kl_growth: float = 20.0  # kl_blowup: the recent KL above this × the first window's (and above kl_floor) warns
+    kl_floor: float = 0.05
+    entropy_drop: float = 0.1  # entropy_collapse: the recent entropy below this share of the first window's
+    clipfrac_high: float = 0.4  # clipfrac_saturated: the recent clip fraction above this (healthy ≈ 0.1-0.4)
+    zero_var_frac: float = 0.75  # zero_variance_groups: more than this share of prompt groups with equal rewards
+    length_clip_high: float = 0.3  # length_runaway: the recent share of responses cut at the length limit
+    length_drop: float = 0.3  # length_collapse: the recent mean length below this share of the first window's
+    reward_drop: float = 0.5  # reward_collapse: the recent reward below its best by this share of its range
+    plateau_delta: float = 0.02  # reward_plateau: the reward's rise from the first to the last window below this
+    component_rise: float = 0.1  # format_over_correct: a non-correctness reward rising this much ...
+    correct_rise: float = 0.02  # ... while correctness rises less than this
+    val_drop: float = 0.05  # val_falls_train_rises: validation accuracy below its best by this much
+    reg_ratio: float = 1.0  # regularizer_dominates: the entropy / KL gradient norm above this × the task's
+    share_high: float = 0.5  # component_takes_over: a component's share of the update above this ...
+    sim_negative: float = 0.0  # ... while its gradient cosine with correctness is below this
+    adv_over_range: float = 1.2  # std_normalisation_amplifies: the largest advantage above this × the reward range
+    layer_top2: float = 0.8  # update_concentrated: the two largest layer groups hold this share of the squared norm
+    dormant_rise: float = 0.05  # dormant_growing: the dormant ratio rising by this much ...
+    dormant_high: float = 0.1  # ... to at least this
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Thresholds:
+        from omegaconf import OmegaConf
+
+        p = Path(path)
+        try:
+            raw = OmegaConf.to_container(OmegaConf.load(p))
+        except Exception as e:
+            raise UserError(f"cannot read thresholds file '{p}': {str(e).splitlines()[0]}") from None
+        if not isinstance(raw, dict):
+            raise UserError(f"thresholds file '{p}' must hold a mapping of threshold: value")
+        known = {f.name: f.type for f in fields(cls)}
+        out = {}
+        for k, v in raw.items():
+            if k not in known:
+                raise UserError(f"thresholds file '{p}': unknown threshold '{k}' (known: {', '.join(known)})")
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise UserError(f"thresholds file '{p}': '{k}' must be a non-negative number, got {v!r}")
+            out[k] = int(v) if known[k] == "int" else float(v)
+        if out.get("window", 1) < 1:
+            raise UserError(f"thresholds file '{p}': 'window' must be at least 1")
+        return cls(**out)
+
+
+@dataclass
+class Finding:
+    id: str
+    severity: str  # info | warn | critical
+    step: int | None  # the first step it shows at
+    confidence: float  # 0..1
+    title: str
+    evidence: list[str]
+    explanation: str
+    action: str
+
+
+@dataclass
+class Diagnosis:
+    run: str
+    source: str
+    findings: list[Finding]
+    missing: dict[str, list[str]] = field(default_factory=dict)  # signature -> the metrics it needed
+    scale: str = ""  # what the gradient-norm scale of this run means
+
+    @property
+    def critical(self) -> bool:
+        return any(f.severity == "critical" for f in self.findings)
+
+    def to_json(self) -> dict:
+        return {"run": self.run, "source": self.source, "critical": self.critical, "scale": self.scale,
+                "findings": [asdict(f) for f in self.findings], "missing": self.missing}
+
+
+# ---------------------------------------------------------------- the view
+
+
+class View:
+    """A run's metrics by rlgrad name, its config under rlgrad's or verl's spelling, and its analysis files."""
+
+    def __init__(self, run: D.RunData):
+        self.run = run
+        self.steps = sorted(run.rows)
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        return D.series(self.run, key)
+
+    def has(self, key: str) -> bool:
+        """Logged at some step (a value logged only as NaN / inf counts: that is what some signatures look for)."""
+        return any(key in m for m in self.run.rows.values()) or any(key in b for b in self.run.nonfinite.values())
+
+    def cfg(self, *keys: str):
+        for k in keys:
+            v = D.config_get(self.run, k)
+            if v is not None:
+                return v
+        return None
+
+    def keys(self, prefix: str) -> set[str]:
+        return {k for m in self.run.rows.values() for k in m if k.startswith(prefix)}
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def first_last(vals: list[float], w: int) -> tuple[float, float]:
+    """Means of the first and the last ``w`` values (of the first and last halves on a short series)."""
+    k = max(1, min(w, len(vals) // 2))
+    return mean(vals[:k]), mean(vals[-k:])
+
+
+def fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+Signature = Callable[[View, Thresholds], "Finding | None"]
+SIGNATURES: list[tuple[str, tuple[str, ...], Signature]] = []  # (id, the metrics it needs, the rule)
+
+
+def signature(sid: str, *needs: str):
+    """Register a rule; ``needs``: metrics of which the run must hold at least one ("a|b": either)."""
+    def deco(fn: Signature) -> Signature:
+        SIGNATURES.append((sid, needs, fn))
+        return fn
+    return deco

@@ -1,0 +1,273 @@
+"""``rlgrad doctor``: each signature on runs with a known fault, and the readers of every run source.
+
+Two kinds of runs: hand-made metric series (each signature fires on its fault and stays quiet on a clean
+series, the numbers in the evidence computed by hand), and the recorded rlgrad runs with known faults in
+``tests/data/doctor/`` (regenerate: ``.venv/bin/python scripts/doctor_fixtures.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlgrad.errors import UserError
+from rlgrad.viz import data as D
+from rlgrad.viz.doctor import SIGNATURES, Thresholds, diagnose
+from rlgrad.viz.report import build_report
+from tests.conftest import run_cli
+
+FIXTURES = Path(__file__).parent / "data" / "doctor"
+
+
+def run_of(series: dict[str, list[float]], config: dict | None = None, nonfinite=None) -> D.RunData:
+    n = max(len(v) for v in series.values())
+    rows = {s + 1: {k: v[s] for k, v in series.items() if s < len(v)} for s in range(n)}
+    return D.RunData(name="t", source="t", rows=rows, config=config, nonfinite=nonfinite or {})
+
+
+def ids(run: D.RunData, t: Thresholds | None = None) -> dict[str, str]:
+    return {f.id: f.severity for f in diagnose(run, t).findings}
+
+
+def healthy_series(n: int = 40) -> dict[str, list[float]]:
+    return {"actor/grad_norm": [0.3 + 0.01 * (i % 3) for i in range(n)],
+            "critic/score/mean": [0.2 + 0.5 * i / n for i in range(n)],
+            "actor/entropy": [1.5 - 0.005 * i for i in range(n)], "actor/pg_clipfrac": [0.15] * n,
+            "actor/kl_loss": [0.001 * (1 + i / n) for i in range(n)], "response_length/mean": [20.0] * n,
+            "response_length/clip_ratio": [0.01] * n, "actor/pg_loss": [0.01] * n}
+
+
+def test_clean_run_is_healthy_and_explains_the_scale():
+    d = diagnose(run_of(healthy_series(), {"actor": {"optim": {"lr": 1e-5}, "max_grad_norm": 1.0}}))
+    assert [f.id for f in d.findings] == ["healthy"] and not d.critical
+    assert "0.31" in d.scale and "not comparable" in d.scale  # the median gradient norm: 0.31
+
+
+@pytest.mark.parametrize("fault,key,values,expect", [
+    ("spike", "actor/grad_norm", [0.3] * 15 + [9.0] + [0.3] * 10, ("grad_norm_spike", "warn")),
+    ("kl", "actor/kl_loss", [0.001] * 20 + [2.0] * 20, ("kl_blowup", "critical")),
+    ("kl_growth", "actor/kl_loss", [0.001] * 20 + [0.3] * 20, ("kl_blowup", "warn")),
+    ("entropy", "actor/entropy", [1.5] * 10 + [0.05] * 30, ("entropy_collapse", "warn")),
+    ("clip", "actor/pg_clipfrac", [0.6] * 40, ("clipfrac_saturated", "warn")),
+    ("length", "response_length/clip_ratio", [0.0] * 20 + [0.6] * 20, ("length_runaway", "warn")),
+    ("short", "response_length/mean", [40.0] * 20 + [5.0] * 20, ("length_collapse", "warn")),
+    ("collapse", "critic/score/mean", [0.7] * 10 + [0.1] * 30, ("reward_collapse", "critical")),
+])
+def test_each_scalar_signature_fires_on_its_fault(fault, key, values, expect):
+    s = healthy_series()
+    s[key] = values
+    got = ids(run_of(s))
+    assert got.get(expect[0]) == expect[1], got
+    assert "healthy" not in got
+
+
+def test_spike_followed_by_collapse_is_critical():
+    s = healthy_series()
+    s["actor/grad_norm"] = [0.3] * 20 + [30.0] + [0.3] * 19
+    s["critic/score/mean"] = [0.6] * 21 + [0.1] * 19
+    d = diagnose(run_of(s))
+    f = next(f for f in d.findings if f.id == "grad_norm_spike")
+    assert (f.severity, f.step) == ("critical", 21) and d.findings[0] is f  # most serious first
+    assert "grad_norm 30 against a median of 0.3" in f.evidence[0]
+
+
+def test_clipping_every_step_gives_the_effective_learning_rate():
+    s = healthy_series()
+    s["actor/grad_norm"] = [0.05] * 40
+    d = diagnose(run_of(s, {"actor": {"optim": {"lr": 1e-5}, "max_grad_norm": 0.01}}))
+    f = next(f for f in d.findings if f.id == "clip_every_step")
+    assert "rescaled by about 0.2" in f.explanation and "effective lr of about 2e-06" in f.explanation  # 0.01/0.05
+    # verl's spelling of the clip is read too
+    assert "clip_every_step" in ids(run_of(s, {"actor_rollout_ref": {"actor": {"grad_clip": 0.01}}}))
+
+
+def test_small_learning_rate_needs_a_flat_reward_unless_tiny():
+    s = healthy_series()
+    assert "lr_too_small" not in ids(run_of(s, {"actor": {"optim": {"lr": 1e-6}}}))  # the reward rises
+    s["critic/score/mean"] = [0.3] * 40
+    assert ids(run_of(s, {"actor": {"optim": {"lr": 1e-6}}}))["lr_too_small"] == "warn"
+    assert "lr_too_small" in ids(run_of(healthy_series(), {"actor": {"optim": {"lr": 1e-8}}}))
+
+
+def test_nonfinite_and_zero_advantages_are_critical():
+    s = healthy_series()
+    got = ids(run_of(s, nonfinite={12: ["actor/grad_norm"]}))
+    assert got["nonfinite_steps"] == "critical"
+    only_nan = run_of({"critic/score/mean": [0.1] * 5}, nonfinite={s: ["actor/grad_norm"] for s in range(1, 6)})
+    assert ids(only_nan)["nonfinite_steps"] == "critical"  # a metric logged only as NaN is still seen
+    s["critic/advantages/max"] = [0.0] * 40
+    s["critic/advantages/min"] = [0.0] * 40
+    assert ids(run_of(s))["zero_variance_groups"] == "critical"
+    s = healthy_series()
+    s["rollout/filter_zero_count"] = [13.0] * 40
+    assert ids(run_of(s, {"data": {"train_batch_size": 16}}))["zero_variance_groups"] == "warn"  # 81% > 75%
+    s["rollout/filter_zero_count"] = [9.0] * 40  # 56%: common in a run that learns (groups all right)
+    assert "zero_variance_groups" not in ids(run_of(s, {"data": {"train_batch_size": 16}}))
+
+
+def test_format_rising_while_correctness_does_not():
+    s = healthy_series()
+    s["reward/correctness/mean"] = [0.3] * 40
+    s["reward/format/mean"] = [0.2 + 0.02 * i for i in range(40)]
+    assert ids(run_of(s))["format_over_correct"] == "warn"
+    s["reward/correctness/mean"] = [0.3 + 0.01 * i for i in range(40)]  # both rise: fine
+    assert "format_over_correct" not in ids(run_of(s))
+
+
+def test_validation_falling_while_training_reward_rises():
+    s = healthy_series()
+    s["val/accuracy"] = [0.5, 0.6, 0.7, 0.6, 0.55]
+    assert ids(run_of(s))["val_falls_train_rises"] == "warn"
+
+
+def test_std_normalisation_signature():
+    """Advantages larger than the reward range can only come from dividing by a small group std."""
+    cfg = {"algorithm": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True}}
+    s = healthy_series()
+    s.update({"critic/score/max": [1.0] * 40, "critic/score/min": [0.0] * 40, "critic/advantages/max": [2.47] * 40})
+    run = run_of(s, cfg)
+    for b, per, std in (("bucket_1", 0.3, 0.35), ("bucket_2", 0.1, 0.5)):
+        run.rows[11].update({f"grad_norm/{b}/task": per, f"grad_norm/{b}/per_sample/task": per,
+                             f"grad_norm/{b}/reward_std_mean": std})
+    f = next(f for f in diagnose(run).findings if f.id == "std_normalisation_amplifies")
+    assert "2.47 against a reward range of 1" in f.evidence[0] and "0.3 in bucket_1" in f.evidence[1]
+    s["critic/advantages/max"] = [0.875] * 40  # 7 of 8 wrong, no division: (1 - 1/8)
+    assert "std_normalisation_amplifies" not in ids(run_of(s, cfg))
+    s["critic/advantages/max"] = [2.47] * 40
+    cfg["algorithm"]["norm_adv_by_std_in_grpo"] = False
+    assert "std_normalisation_amplifies" not in ids(run_of(s, cfg))
+
+
+def test_gradient_level_signatures():
+    run = run_of(healthy_series(), {"actor": {"kl_loss_coef": 0.5}})
+    for s in (1, 11, 21):
+        run.rows[s].update({"grad_norm/all/task": 0.1, "grad_norm/all/kl": 0.4, "grad_comp/correctness/share": 0.2,
+                            "grad_comp/format/share": 0.8, "grad_sim/correctness__format": -0.3,
+                            "actor/neuron/dormant_ratio": 0.02 + 0.1 * (s // 10)})
+    got = ids(run)
+    assert got["regularizer_dominates"] == "warn" and got["component_takes_over"] == "warn"
+    assert got["component_dominates"] == "warn" and got["dormant_growing"] == "warn"
+
+
+def test_missing_metrics_are_listed_not_guessed():
+    d = diagnose(run_of({"critic/score/mean": [0.1] * 30}))
+    assert "kl_blowup" in d.missing and "actor/kl_loss" in d.missing["kl_blowup"]
+    assert not any(f.id == "kl_blowup" for f in d.findings)
+    assert len(d.missing) < len(SIGNATURES)
+
+
+def test_thresholds_file(tmp_path):
+    s = healthy_series()
+    s["actor/pg_clipfrac"] = [0.3] * 40
+    f = tmp_path / "t.yaml"
+    f.write_text("clipfrac_high: 0.25\nwindow: 5\n")
+    t = Thresholds.from_file(f)
+    assert (t.clipfrac_high, t.window) == (0.25, 5) and isinstance(t.window, int)
+    assert "clipfrac_saturated" in ids(run_of(s), t) and "clipfrac_saturated" not in ids(run_of(s))
+    for text, msg in [("nope: 1\n", "unknown threshold 'nope'"), ("window: -1\n", "non-negative"),
+                      ("kl_high: abc\n", "must be a non-negative number"), ("- 1\n", "mapping")]:
+        f.write_text(text)
+        with pytest.raises(UserError, match=msg):
+            Thresholds.from_file(f)
+
+
+# ---------------------------------------------------------------- sources
+
+
+def test_trl_output_directory(tmp_path):
+    state = {"log_history": [{"step": i, "reward": 0.1, "grad_norm": 0.2, "learning_rate": 1e-8, "entropy": 2.0,
+                              "rewards/shorter/mean": -0.5, "clip_ratio/region_mean": 0.0, "loss": 0.0}
+                             for i in range(1, 31)] + [{"step": 30, "train_runtime": 10.0}]}
+    (tmp_path / "checkpoint-30").mkdir()
+    (tmp_path / "checkpoint-30" / "trainer_state.json").write_text(json.dumps(state))
+    run = D.load_any(tmp_path)
+    assert run.kind == "trl" and run.rows[3]["actor/lr"] == 1e-8 and run.rows[3]["reward/shorter/mean"] == -0.5
+    assert run.rows[3]["critic/score/mean"] == 0.1 and "loss" not in run.rows[3]
+    assert "lr_too_small" in ids(run)
+
+
+def test_verl_file_logger_jsonl(tmp_path):
+    """verl's FileLogger lines ({"step", "data"}, orjson: NaN written as null), its validation names, and the
+    Hydra config saved next to the log."""
+    lines = []
+    for s in range(1, 31):
+        data = {"actor/grad_norm": 0.3, "actor/kl_loss": 0.001 if s < 15 else 3.0, "critic/score/mean": 0.5,
+                "actor/pg_clipfrac": 0.1, "val-core/openai/gsm8k/acc/mean@1": 0.4, "timing_s/gen": 1.0}
+        if s == 20:
+            data["actor/pg_loss"] = None
+        lines.append(json.dumps({"step": s, "data": data}))
+    log = tmp_path / "exp.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text("actor_rollout_ref:\n  actor:\n    grad_clip: 0.1\n"
+                                                     "    optim:\n      lr: 1.0e-6\n")
+    run = D.load_any(log)
+    assert run.kind == "verl" and run.rows[2]["val/accuracy"] == 0.4 and run.nonfinite == {20: ["actor/pg_loss"]}
+    got = ids(run)
+    assert got["kl_blowup"] == "critical" and got["clip_every_step"] == "warn" and got["nonfinite_steps"] == "critical"
+
+
+def test_wandb_history_rows():
+    rows = [{"_step": s, "_runtime": 1.0, "actor/entropy": 2.0 if s < 10 else 0.01, "critic/score/mean": 0.2,
+             "actor/grad_norm": float("nan") if s == 3 else 0.2} for s in range(1, 41)]
+    run = D.RunData(name="w", source="e/p/r", rows=D.records_from_wandb_rows(rows), kind="wandb")
+    assert ids(run)["entropy_collapse"] == "warn"
+
+
+def test_recorded_wandb_history():
+    rows = json.loads(fixture("wandb_kl_explodes.json").read_text())
+    assert any(v is None for r in rows for v in r.values())  # W&B's shape: None where a key was not logged
+    run = D.RunData(name="w", source="e/p/r", rows=D.records_from_wandb_rows(rows), kind="wandb")
+    assert ids(run)["kl_blowup"] == "critical"
+
+
+def test_bad_inputs_one_line_exit_2(tmp_path):
+    for args, msg in [([str(tmp_path / "nope")], "does not exist"), ([str(tmp_path)], "is not a run"),
+                      ([], "name a run")]:
+        res = run_cli(["doctor", *args])
+        assert res.returncode == 2 and msg in res.stderr and "Traceback" not in res.stderr, res.stderr
+    bad = tmp_path / "x.jsonl"
+    bad.write_text("not json\n")
+    res = run_cli(["doctor", str(bad)])
+    assert res.returncode == 2 and "holds no metric lines" in res.stderr
+
+
+# ---------------------------------------------------------------- the recorded runs with known faults
+
+
+def fixture(name: str) -> Path:
+    p = FIXTURES / name
+    if not p.exists():
+        pytest.fail(f"missing fixture {p}: .venv/bin/python scripts/doctor_fixtures.py {name}")
+    return p
+
+
+EXPECTED = {"lr_too_low": "lr_too_small", "tiny_grad_clip": "clip_every_step",
+            "std_norm_binary": "std_normalisation_amplifies", "format_heavy": "component_dominates",
+            "kl_explodes": "kl_blowup", "entropy_collapse": "entropy_collapse",
+            "zero_variance": "zero_variance_groups", "trl_lr_too_low": "lr_too_small",
+            "lr_too_high": "reward_collapse"}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_recorded_fault_is_diagnosed(name):
+    d = diagnose(D.load_any(fixture(name)))
+    assert EXPECTED[name] in {f.id for f in d.findings if f.severity in ("warn", "critical")}, \
+        [(f.id, f.severity) for f in d.findings]
+
+
+def test_recorded_healthy_demo_and_the_cli(tmp_path):
+    run = fixture("healthy")
+    d = diagnose(D.load_any(run))
+    assert not [f for f in d.findings if f.severity in ("warn", "critical")], [(f.id, f.evidence) for f in d.findings]
+    assert any(f.id == "healthy" for f in d.findings)
+    res = run_cli(["doctor", str(run), "--json"])
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["critical"] is False and out["findings"][0]["id"] in {f.id for f in d.findings}
+    res = run_cli(["doctor", str(fixture("zero_variance")), "--explain"])
+    assert res.returncode == 1 and "[CRITICAL] zero_variance_groups" in res.stdout
+    page = build_report(D.load_run(fixture("zero_variance")), dpi=30, max_steps=1)
+    assert page.index('id="diagnosis"') < page.index('id="reading"') and "finding critical" in page
