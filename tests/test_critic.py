@@ -311,11 +311,15 @@ def test_gae_resume_needs_a_critic_checkpoint(tiny, tmp_path):
 
 
 def test_critic_keys_unused_without_gae_and_checked_with_it(tmp_path):
-    bad = ["critic.ppo_epochs=0", "critic.model.path=/nonexistent/critic"]
-    cfg = load_config(overrides=bad)  # grpo: the critic is not built, its keys are not looked at
-    assert cfg.critic.ppo_epochs == 0
-    with pytest.raises(UserError, match="critic.ppo_epochs"):
+    bad = ["critic.model.path=/nonexistent/critic", "critic.ppo_mini_batch_size=3"]
+    cfg = load_config(overrides=bad)  # grpo: the critic is not built, its path and batch split are not looked at
+    assert cfg.critic.model.path == "/nonexistent/critic"
+    with pytest.raises(UserError, match="critic.ppo_mini_batch_size"):
         load_config(overrides=bad + ["algorithm.adv_estimator=gae"])
+    with pytest.raises(UserError, match="critic.model.path"):
+        load_config(overrides=bad[:1] + ["algorithm.adv_estimator=gae"])
+    with pytest.raises(UserError, match="critic.ppo_epochs"):  # a value no field accepts is refused always
+        load_config(overrides=["critic.ppo_epochs=0"])
     with pytest.raises(UserError, match="critic.ppo_mini_batch_size"):
         load_config(overrides=["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=3"])
     cfg = load_config(overrides=["critic.ppo_micro_batch_size_per_gpu=2", "critic.grad_clip=0.5"])

@@ -296,3 +296,38 @@ def test_entropy_and_length_metrics_drive_the_filter():
     assert r.kept_groups == [1]
     with pytest.raises(ValueError, match="entropies"):
         rollout_filter(ids, scores, strategy="top_k", value=0.5, metric="entropy_variance")
+
+
+def test_softmax_top_p_equal_groups_keeps_the_exact_prefix():
+    """12 tied groups (2 of 4 correct each), softmax top_p=0.5: each has probability 1/12, six reach 0.5 (the
+    float cumulative sum stops at 0.49999999999999994 after six; RAGEN keeps six)."""
+    g = torch.arange(48) // 4
+    s = torch.tensor([1.0, 0.0, 1.0, 0.0] * 12)
+    assert rollout_filter(g, s, strategy="top_p", value=0.5, top_p_prob_mode="softmax").kept_groups == list(range(6))
+    # every tied count k of 1..11 groups out of 12: exactly k kept at value k/12
+    for k in range(1, 12):
+        r = rollout_filter(g, s, strategy="top_p", value=k / 12, top_p_prob_mode="softmax")
+        assert r.kept_groups == list(range(k)), k
+
+
+def test_group_std_does_not_depend_on_sample_order():
+    g = torch.tensor([0, 0, 0, 1, 1, 1])
+    s = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0])  # the same rewards in another order: [1,0,1] vs [0,1,1]
+    _, m = group_metric("reward_variance", g, s)
+    assert m[0].item() == m[1].item()
+    # so ties go to the smaller group id, for every strategy
+    r = rollout_filter(g, s, strategy="top_k_abs", value=1)
+    assert r.kept_groups == [0]
+
+
+def test_selection_eps_is_rlgrads_setting():
+    from rlgrad.config import load_config
+
+    assert load_config(None, None, ["rollout.rollout_filter_selection_eps=0.05"]).rollout.rollout_filter_selection_eps \
+        == 0.05
+    g = torch.arange(8) // 2
+    s = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 0.9, 0.0, 0.1])  # stds 0.707, 0.707, 0.636, 0.0707
+    # linear top_p=0.66 of the mass 2.12: the first two groups reach 1.414 >= 1.400 - eps only with eps >= 0.0
+    assert rollout_filter(g, s, strategy="top_p", value=0.66, selection_eps=0.0).kept_groups == [0, 1]
+    assert rollout_filter(g, s, strategy="top_p", value=0.70, selection_eps=0.0).kept_groups == [0, 1, 2]
+    assert rollout_filter(g, s, strategy="top_p", value=0.70, selection_eps=0.1).kept_groups == [0, 1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from rlgrad.errors import UserError
@@ -37,11 +38,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     before, after = summary.get("val/accuracy_before"), summary.get("val/accuracy_after")
     print()
-    if before is not None and after is not None:
+    if before is not None and after is not None and not math.isnan(before):
         print(f"validation accuracy: before {100 * before:.1f}%  after {100 * after:.1f}%  "
               f"({100 * (after - before):+.1f} points)")
     elif after is not None:
-        print(f"validation accuracy: {100 * after:.1f}%")
+        print(f"validation accuracy: {100 * after:.1f}% (no validation before training"
+              + (": trainer.val_before_train=false)" if not cfg.trainer.val_before_train else ")"))
     print(f"run directory: {trainer.run_dir}")
     print(f"  metrics: {trainer.run_dir / 'metrics.jsonl'}")
     keep = [o for o in args.overrides

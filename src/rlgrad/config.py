@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +27,14 @@ from rlgrad.aliases import PROBE_ONLY_KEY, resolve_alias
 from rlgrad.errors import UserError
 
 
-def _f(default: Any = dataclasses.MISSING, help: str = "", choices: tuple | None = None, **kw):
-    meta = {"help": help}
+def _f(default: Any = dataclasses.MISSING, help: str = "", choices: tuple | None = None, *,
+       ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
+       also: tuple = (), why: str = "", **kw):
+    """A setting: its default, its documentation, and what it accepts (checked by ``validate`` for every field):
+    ``choices``, or bounds ``ge`` / ``gt`` / ``le`` / ``lt`` (a number must also be finite), ``also`` values
+    allowed outside them (``-1``: "off"), ``why`` the reason shown with a refusal."""
+    meta = {"help": help, "bounds": {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt))
+                                     if v is not None}, "also": also, "why": why}
     if choices:
         meta["choices"] = choices
     if default is not dataclasses.MISSING and isinstance(default, (list, dict)):
@@ -39,12 +46,12 @@ def _f(default: Any = dataclasses.MISSING, help: str = "", choices: tuple | None
 class TinyModelConfig:
     """Architecture of the embedded default model (a Qwen2 built locally; used when model.path is null)."""
 
-    hidden_size: int = _f(128, "Width of the residual stream.")
-    num_hidden_layers: int = _f(4, "Transformer blocks.")
-    num_attention_heads: int = _f(4, "Query heads.")
-    num_key_value_heads: int = _f(2, "Key/value heads (grouped-query attention).")
-    intermediate_size: int = _f(384, "MLP width.")
-    max_position_embeddings: int = _f(256, "Longest prompt+response the model accepts.")
+    hidden_size: int = _f(128, "Width of the residual stream.", ge=1)
+    num_hidden_layers: int = _f(4, "Transformer blocks.", ge=1)
+    num_attention_heads: int = _f(4, "Query heads.", ge=1)
+    num_key_value_heads: int = _f(2, "Key/value heads (grouped-query attention).", ge=1)
+    intermediate_size: int = _f(384, "MLP width.", ge=1)
+    max_position_embeddings: int = _f(256, "Longest prompt+response the model accepts.", ge=2)
 
 
 @dataclass
@@ -54,9 +61,9 @@ class ModelConfig:
                           "Never fetched from a hub.")
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     warmstart_steps: int = _f(1500, "Supervised warm-start steps for the "
-                              "embedded default (0: RL from scratch). Cached.")
-    warmstart_lr: float = _f(2e-3, "Learning rate of the warm start.")
-    warmstart_batch_size: int = _f(64, "Examples per warm-start step.")
+                              "embedded default (0: RL from scratch). Cached.", ge=0)
+    warmstart_lr: float = _f(2e-3, "Learning rate of the warm start.", gt=0)
+    warmstart_batch_size: int = _f(64, "Examples per warm-start step.", ge=1)
     cache_dir: str | None = _f(None, "Where warm-started default models and dequantised .gguf models are "
                                "cached (default: $RLGRAD_CACHE or ~/.cache/rlgrad).")
     dtype: str = _f("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
@@ -75,11 +82,11 @@ class ReasoningGymConfig:
 class DataConfig:
     task: str = _f("arithmetic", "Task: arithmetic | countdown | math | reasoning_gym.",
                    choices=("arithmetic", "countdown", "math", "reasoning_gym"))
-    train_batch_size: int = _f(16, "Prompts per training step (each sampled rollout.n times).")
-    val_size: int = _f(128, "Validation prompts (generated tasks) or held-out rows (math without val_files).")
+    train_batch_size: int = _f(16, "Prompts per training step (each sampled rollout.n times).", ge=1)
+    val_size: int = _f(128, "Validation prompts (generated tasks) or held-out rows (math without val_files).", ge=1)
     train_files: list[str] = _f([], "math: local .jsonl/.parquet training files.")
     val_files: list[str] = _f([], "math: local .jsonl/.parquet validation files.")
-    max_prompt_length: int = _f(256, "Longest prompt in tokens; a longer prompt is an error naming it.")
+    max_prompt_length: int = _f(256, "Longest prompt in tokens; a longer prompt is an error naming it.", ge=1)
     apply_chat_template: str = _f("auto", "Render prompts through the tokenizer's chat template "
                                   "(apply_chat_template(messages, add_generation_prompt=True), as verl and TRL "
                                   "do): auto (when the tokenizer has one) | true (an error when it has none) | "
@@ -90,14 +97,18 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    n: int = _f(8, "Samples per prompt (the GRPO group size).")
-    temperature: float = _f(1.0, "Sampling temperature of training rollouts.")
-    top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts.")
-    top_k: int = _f(0, "Top-k sampling (0: off).")
-    response_length: int = _f(8, "Maximum response tokens (verl: data.max_response_length).")
+    n: int = _f(8, "Samples per prompt (the GRPO group size).", ge=1)
+    temperature: float = _f(1.0, "Sampling temperature of training rollouts (> 0; greedy validation is "
+                            "rollout.val_do_sample=false).", gt=0,
+                            why="0 would be greedy decoding: every sample of a group the same, no reward variance "
+                            "and no GRPO signal, and no sampling distribution for the log-probs; use a small "
+                            "temperature such as 0.1 (validation is greedy already: rollout.val_do_sample=false)")
+    top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts.", gt=0, le=1)
+    top_k: int = _f(0, "Top-k sampling (0: off).", ge=0)
+    response_length: int = _f(8, "Maximum response tokens (verl: data.max_response_length).", ge=1)
     val_do_sample: bool = _f(False, "Sample during validation (false: greedy, as verl's val_kwargs default).")
     log_prob_micro_batch_size: int = _f(64, "Sequences per forward when computing old/ref "
-                                        "log-probs (and, with gae, the critic's old values).")
+                                        "log-probs (and, with gae, the critic's old values).", ge=1)
     recompute_log_probs: bool = _f(False, "Recompute old log-probs with a separate forward "
                                    "(verl's default) instead of taking them from the rollout.")
     engine: str = _f("auto", "Rollout engine: hf (transformers generate) | "
@@ -105,7 +116,7 @@ class RolloutConfig:
                      "auto (native when the model supports it, else hf).", choices=("auto", "hf", "native"))
     rollout_filter_strategy: str = _f("top_p", "Group filter: top_p | top_k | top_k_abs | min_p.",
                                       choices=("top_p", "top_k", "top_k_abs", "min_p"))
-    rollout_filter_value: float = _f(1.0, "Filter threshold (1.0 with top_p keeps every group).")
+    rollout_filter_value: float = _f(1.0, "Filter threshold (1.0 with top_p keeps every group).", ge=0)
     rollout_filter_type: str = _f("largest", "Keep the groups with the largest or smallest metric.",
                                   choices=("largest", "smallest"))
     rollout_filter_metric: str = _f("reward_variance", "Group metric the filter ranks by.",
@@ -114,47 +125,55 @@ class RolloutConfig:
     rollout_filter_top_p_prob_mode: str = _f("linear", "top_p probabilities: metric/sum (linear) or softmax.",
                                              choices=("linear", "softmax"))
     rollout_filter_include_zero: bool = _f(True, "Keep groups whose metric is exactly zero.")
+    rollout_filter_selection_eps: float = _f(0.01, "top_p with linear probabilities: the prefix stops once its "
+                                             "metric sum reaches value x the total minus this slack (metric "
+                                             "units; RAGEN's selection_eps).", ge=0)
     rollout_filter_empty_stop_steps: int = _f(5, "Stop the run after this many consecutive "
-                                              "steps whose filter kept nothing.")
+                                              "steps whose filter kept nothing.", ge=1)
     group_seeded_sampling: bool | None = _f(None, "Draw each prompt group's samples from its own "
                                             "generator seeded by (seed, step, group id), so the global "
                                             "batch does not depend on how groups are split over ranks (a "
                                             "1-process run with true reproduces an N-process run). null: "
-                                            "on when running under torchrun with more than one process.")
+                                            "on whenever torchrun launches rlgrad (any number of processes, "
+                                            "so torchrun with 1 and with N processes sample the same batch), "
+                                            "off in a plain one-process run.")
 
 
 @dataclass
 class OptimConfig:
-    lr: float = _f(1e-4, "AdamW learning rate.")
-    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    lr: float = _f(1e-4, "AdamW learning rate.", gt=0)
+    weight_decay: float = _f(0.0, "AdamW weight decay.", ge=0)
     betas: list[float] = _f([0.9, 0.999], "AdamW betas.")
-    eps: float = _f(1e-8, "AdamW epsilon.")
-    lr_warmup_steps: int = _f(0, "Linear learning-rate warm-up over this many optimizer steps.")
+    eps: float = _f(1e-8, "AdamW epsilon.", gt=0)
+    lr_warmup_steps: int = _f(0, "Linear learning-rate warm-up over this many optimizer steps.", ge=0)
 
 
 @dataclass
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
-    ppo_epochs: int = _f(1, "Passes over each step's batch.")
+    ppo_epochs: int = _f(1, "Passes over each step's batch.", ge=1)
     ppo_mini_batch_size: int | None = _f(None, "Prompts per optimizer step "
-                                         "(x rollout.n samples); null: the whole batch, one step per epoch.")
+                                         "(x rollout.n samples); null: the whole batch, one step per epoch.", ge=1)
     ppo_micro_batch_size: int = _f(64, "Samples per forward/backward (gradient "
-                                   "accumulation; does not change the update).")
+                                   "accumulation; does not change the update).", ge=1)
     shuffle: bool = _f(True, "Shuffle samples into mini-batches each epoch.")
     policy_loss: str = _f("ppo", "Policy loss: ppo (clipped, dual-clip) | cispo (clipped, stop-gradient IS weight).",
                           choices=("ppo", "cispo"))
-    clip_ratio_low: float = _f(0.2, "PPO lower clip: ratio >= 1 - clip_ratio_low.")
-    clip_ratio_high: float = _f(0.2, "PPO upper clip: ratio <= 1 + clip_ratio_high (CISPO's IS-weight cap).")
-    clip_ratio_c: float = _f(3.0, "Dual-clip bound for negative advantages.")
+    clip_ratio_low: float = _f(0.2, "PPO lower clip: ratio >= 1 - clip_ratio_low.", ge=0, lt=1)
+    clip_ratio_high: float = _f(0.2, "PPO upper clip: ratio <= 1 + clip_ratio_high (CISPO's IS-weight cap).", ge=0)
+    clip_ratio_c: float = _f(3.0, "Dual-clip bound for negative advantages.", gt=1,
+                             why="the dual clip bounds a negative-advantage token's loss at c x |A|, above the "
+                             "clipped ratio 1")
     loss_agg_mode: str = _f("token-mean", "Loss aggregation.",
                             choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                      "seq-mean-token-sum-norm"))
     use_kl_loss: bool = _f(False, "Add kl_loss_coef * KL(policy || reference) to the loss.")
-    kl_loss_coef: float = _f(0.001, "KL loss coefficient.")
+    kl_loss_coef: float = _f(0.001, "KL loss coefficient.", ge=0)
     kl_loss_type: str = _f("low_var_kl", "KL estimator: kl/k1 | abs | mse/k2 | low_var_kl/k3.",
                            choices=("kl", "k1", "abs", "mse", "k2", "low_var_kl", "low-var-kl", "k3"))
     entropy_coeff: float = _f(0.0, "Entropy bonus: the loss gets -entropy_coeff * entropy.")
-    max_grad_norm: float = _f(1.0, "Clip the global gradient norm (the pre-clip norm is logged as actor/grad_norm).")
+    max_grad_norm: float = _f(1.0, "Clip the global gradient norm (the pre-clip norm is logged as actor/grad_norm).",
+                              gt=0, why="a negative clip factor reverses the update")
 
 
 @dataclass
@@ -170,18 +189,19 @@ class CriticConfig:
 
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    ppo_epochs: int = _f(1, "Passes of the critic over each step's batch.")
+    ppo_epochs: int = _f(1, "Passes of the critic over each step's batch.", ge=1)
     ppo_mini_batch_size: int | None = _f(None, "Prompts per critic optimizer step "
-                                         "(x rollout.n samples); null: the whole batch.")
+                                         "(x rollout.n samples); null: the whole batch.", ge=1)
     ppo_micro_batch_size: int = _f(64, "Samples per critic forward/backward (gradient "
-                                   "accumulation; does not change the update).")
+                                   "accumulation; does not change the update).", ge=1)
     shuffle: bool = _f(True, "Shuffle samples into critic mini-batches each epoch.")
-    cliprange_value: float = _f(0.5, "Value clipping: the loss uses max((V-R)^2, (clip(V, V_old-c, V_old+c)-R)^2) / 2.")
+    cliprange_value: float = _f(0.5, "Value clipping: the loss uses max((V-R)^2, (clip(V, V_old-c, V_old+c)-R)^2) / 2.",
+                                gt=0)
     loss_agg_mode: str | None = _f(None, "Aggregation of the value loss (null: actor.loss_agg_mode).",
                                    choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                             "seq-mean-token-sum-norm"))
     max_grad_norm: float = _f(1.0, "Clip the critic's global gradient norm (the "
-                              "pre-clip norm is logged as critic/grad_norm).")
+                              "pre-clip norm is logged as critic/grad_norm).", gt=0)
 
 
 @dataclass
@@ -190,23 +210,24 @@ class AlgorithmConfig:
                             "(PPO with a critic: token-level GAE on a learned value model, see critic.*).",
                             choices=("grpo", "rloo", "gae"))
     norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's (unbiased) reward std + 1e-6.")
-    gamma: float = _f(1.0, "GAE discount factor over response tokens.")
-    lam: float = _f(1.0, "GAE lambda (bias/variance trade-off of the advantage; 1: Monte-Carlo return minus value).")
+    gamma: float = _f(1.0, "GAE discount factor over response tokens.", ge=0, le=1)
+    lam: float = _f(1.0, "GAE lambda (bias/variance trade-off of the advantage; 1: Monte-Carlo return minus value).",
+                    ge=0, le=1)
 
 
 @dataclass
 class RewardConfig:
     weights: dict[str, float] = _f({}, "Reward component weights (empty: the task's defaults), "
                                    "e.g. {correctness: 0.34, format: 0.33, length: 0.33}.")
-    length_max: int = _f(800, "math: target length of the length component.")
+    length_max: int = _f(800, "math: target length of the length component.", ge=1)
     length_unit: str = _f("chars", "math: length in chars or tokens.", choices=("chars", "tokens"))
 
 
 @dataclass
 class TrainerConfig:
-    total_training_steps: int = _f(20, "Training steps (counted from 1).")
-    save_freq: int = _f(-1, "Checkpoint every N steps (-1: only at the end).")
-    test_freq: int = _f(-1, "Validate every N steps (-1: only at the end).")
+    total_training_steps: int = _f(20, "Training steps (counted from 1).", ge=1)
+    save_freq: int = _f(-1, "Checkpoint every N steps (-1: only at the end).", ge=1, also=(-1,))
+    test_freq: int = _f(-1, "Validate every N steps (-1: only at the end).", ge=1, also=(-1,))
     val_before_train: bool = _f(True, "Validate before the first step.")
     project_name: str = _f("rlgrad", "Project (W&B project, run-directory parent).")
     experiment_name: str = _f("default", "Run name.")
@@ -216,21 +237,23 @@ class TrainerConfig:
                           choices=("auto", "disable", "resume_path"))
     resume_from_path: str | None = _f(None, "A global_step_N directory to resume from (resume_mode=resume_path).")
     critic_warmup: int = _f(0, "adv_estimator=gae: the first N steps update "
-                            "only the critic (the actor update is skipped).")
-    max_ckpt_to_keep: int | None = _f(None, "Keep only the newest N checkpoints (null: keep all).")
+                            "only the critic (the actor update is skipped).", ge=0)
+    max_ckpt_to_keep: int | None = _f(None, "Keep only the newest N checkpoints (null or -1: keep all).",
+                                    ge=1, also=(-1,), why="-1 or null keeps every checkpoint; 0 would delete the "
+                                    "newest")
     logger: list[str] = _f(["console", "jsonl"], "Metric sinks: console, jsonl, tensorboard, wandb.")
-    seed: int = _f(1, "Seed of data, sampling and initialisation.")
+    seed: int = _f(1, "Seed of data, sampling and initialisation.", ge=0, le=2**32 - 1)
     rollout_data_dir: str | None = _f(None, "Where each step's completions are written, one JSONL file per step "
                                             "(verl's key; null: RUN/rollouts/).")
     device: str = _f("auto", "cpu | cuda | auto.", choices=("auto", "cpu", "cuda"))
-    num_threads: int | None = _f(None, "torch CPU threads (null: torch's default).")
+    num_threads: int | None = _f(None, "torch CPU threads (null: torch's default).", ge=1)
     strategy: str = _f("ddp", "Data parallelism under torchrun: ddp (replicated weights) | fsdp2 (torch fully_shard "
                        "on each decoder layer and the root). Unused in one process.", choices=("ddp", "fsdp2"))
-    nnodes: int = _f(1, "Nodes (verl key). Under torchrun the environment wins: WORLD_SIZE / LOCAL_WORLD_SIZE.")
+    nnodes: int = _f(1, "Nodes (verl key). Under torchrun the environment wins: WORLD_SIZE / LOCAL_WORLD_SIZE.", ge=1)
     n_gpus_per_node: int = _f(1, "Processes per node (verl key). Under torchrun the environment wins: "
-                              "LOCAL_WORLD_SIZE. Also the divisor of analysis.buckets.dp_trim (x nnodes).")
+                              "LOCAL_WORLD_SIZE. Also the divisor of analysis.buckets.dp_trim (x nnodes).", ge=1)
     dist_timeout_s: float = _f(600.0, "Collective timeout in seconds: a rank that died or hangs "
-                               "ends the run with an error after this long instead of a hang.")
+                               "ends the run with an error after this long instead of a hang.", gt=0)
 
 
 @dataclass
@@ -240,15 +263,15 @@ class BucketAnalysisConfig:
     enable: bool = _f(True, "Probe the actor's gradient by reward-variance bucket and loss "
                       "term (no optimizer step). RAGEN: trainer.gradient_analysis_mode.")
     every: int = _f(50, "Analyse at steps 1, 1+every, 1+2·every, ... "
-                    "(RAGEN's (global_steps - 1) % every == 0). RAGEN: trainer.gradient_analysis_every.")
+                    "(RAGEN's (global_steps - 1) % every == 0). RAGEN: trainer.gradient_analysis_every.", ge=1)
     num_buckets: int = _f(6, "Number of quantile buckets of prompt groups by in-group reward "
-                          "std. RAGEN: actor_rollout_ref.rollout.gradient_analysis_num_buckets.")
+                          "std. RAGEN: actor_rollout_ref.rollout.gradient_analysis_num_buckets.", ge=1)
     bucket_mode: str = _f("quantile", "quantile (equal group counts) | fixed_rv ([0,1) .. [5,inf)). RAGEN: "
                           "actor_rollout_ref.rollout.gradient_analysis_bucket_mode.", choices=("quantile", "fixed_rv"))
     env_groups: int | None = _f(None, "Analyse a separate batch of this many prompt groups (null: "
-                                "the training batch). RAGEN: trainer.gradient_analysis_env_groups.")
+                                "the training batch). RAGEN: trainer.gradient_analysis_env_groups.", ge=1)
     group_size: int | None = _f(None, "Samples per group of the separate analysis batch (null: "
-                                "rollout.n). RAGEN: trainer.gradient_analysis_group_size.")
+                                "rollout.n). RAGEN: trainer.gradient_analysis_group_size.", ge=1)
     log_prefilter: bool = _f(False, "Also analyse the batch before the rollout filter "
                              "(grad_norm_prefilter/...). RAGEN: trainer.gradient_analysis_log_prefilter.")
     exit_after: bool = _f(False, "Log the analysis, then stop before the actor update, checkpoint "
@@ -266,7 +289,7 @@ class ComponentAnalysisConfig:
     """The gradient of each reward component (rldynamic's custom_main_ppo.py): ``grad_comp/...``, ``grad_sim/...``."""
 
     every: int = _f(0, "Reward-component gradient geometry (norms, cosines, shares of the policy gradient per "
-                    "reward component) at steps 1, 1+every, ...; 0: off. Needs outcome advantages (grpo / rloo).")
+                    "reward component) at steps 1, 1+every, ...; 0: off. Needs outcome advantages (grpo / rloo).", ge=0)
     mode: str = _f("shared_std", "Component advantages: shared_std (centred component reward / std of the TOTAL "
                    "reward: they sum to the update's advantage, the gradients to its policy gradient) | own_std (each "
                    "component through the advantage estimator on its own, as rldynamic's custom_main_ppo.py does).",
@@ -283,19 +306,20 @@ class NeuronHealthConfig:
 
     metric_every: int = _f(0, "Neuron-health metrics at steps N, 2N, ... (redo_metric_freq's step % N == 0; 0: off): "
                            "<role>/neuron/dormant_ratio, act_dormant_ratio, zero_grad_ratio, nullspace_ratio, "
-                           "<role>/param/zero_grad_ratio, and analysis/step_N/neurons.json.")
+                           "<role>/param/zero_grad_ratio, and analysis/step_N/neurons.json.", ge=0)
     reset_every: int = _f(0, "Reset dormant neurons at steps N, 2N, ..., "
-                          "after the optimizer step (redo_reset_freq; 0: off).")
+                          "after the optimizer step (redo_reset_freq; 0: off).", ge=0)
     tau: float = _f(0.1, "Dormancy threshold (redo_tau): neuron i is dormant when "
                     "s_i = a_i / mean_k a_k <= tau within its layer (a = mean |gradient| of its incoming weights; "
-                    "for act_dormant_ratio, mean |activation| over response tokens).")
+                    "for act_dormant_ratio, mean |activation| over response tokens).", ge=0)
     mode: str = _f("threshold", "Which neurons a reset takes (redo_mode): threshold (s <= tau) | percentage (the "
                    "lowest max_reset_frac of each layer) | hybrid (s <= tau, at most max_reset_frac of each layer).",
                    choices=("threshold", "percentage", "hybrid"))
     max_reset_frac: float = _f(0.1, "percentage/hybrid: fraction of a layer's neurons a reset "
-                               "may take (rounded down), in [0, 1] (redo_max_reset_frac).")
+                               "may take (rounded down), in [0, 1] (redo_max_reset_frac).", ge=0, le=1)
     nullspace_samples: int = _f(32, "Sequences (at most) sampled from the step's first mini-batch for the "
-                                "nullspace ratio and the activation scores (0: skip both; redo_nullspace_samples).")
+                                "nullspace ratio and the activation scores (0: skip both; redo_nullspace_samples).",
+                                ge=0)
     reset_outgoing: str = _f("zero", "Outgoing weights of a reset neuron (redo_reset_outgoing): zero | small "
                              "(N(0, (0.01 x RMS of the layer's other outgoing columns)^2)).", choices=("zero", "small"))
 
@@ -313,7 +337,7 @@ class AnalysisConfig:
     every: int | None = _f(None, "Run EVERY instrument at steps 1, 1+every, ...: the bucket analysis, the "
                            "reward-component geometry (outcome advantages only) and neuron-health metrics "
                            "of the actor (and of the critic with gae). Overrides each instrument's own "
-                           "cadence and switch; resets keep theirs. null: each instrument's own setting.")
+                           "cadence and switch; resets keep theirs. null: each instrument's own setting.", ge=1)
     method: str = _f("fast", "Gradient engine: fast (one forward, one backward per term, "
                      "buckets by linearity) | reference (RAGEN's per-bucket passes: a "
                      "sub-batch, a forward and a backward per bucket and term).", choices=("fast", "reference"))
@@ -394,6 +418,12 @@ def _read_yaml(path: Path) -> dict:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise UserError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"config file {path} is a directory") from None
+    except UnicodeDecodeError:
+        raise UserError(f"config file {path} is not UTF-8 text") from None
+    except OSError as e:
+        raise UserError(f"cannot read config file {path}: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
@@ -478,83 +508,75 @@ def _walk(node: Any, prefix: str = ""):
             yield f"{prefix}{f.name}", f, v
 
 
+_OPS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b), "le": ("<=", lambda v, b: v <= b),
+        "lt": ("<", lambda v, b: v < b)}
+
+
+def check_field(key: str, f: dataclasses.Field, v: Any) -> None:
+    """One setting against what its field declares (``_f``): choices, finiteness, bounds."""
+    if v is None:  # an Optional key left unset
+        return
+    choices = f.metadata.get("choices")
+    if choices and v not in choices:
+        hint = difflib.get_close_matches(str(v), choices, n=1)
+        raise UserError(f"'{key}' must be one of {', '.join(choices)}, got '{v}'"
+                        + (f"; did you mean '{hint[0]}'?" if hint else ""))
+    numbers = [v] if isinstance(v, int | float) and not isinstance(v, bool) else []
+    if isinstance(v, list | dict):  # a list of numbers (betas) or a mapping to numbers (reward weights)
+        numbers = [x for x in (v.values() if isinstance(v, dict) else v)
+                   if isinstance(x, int | float) and not isinstance(x, bool)]
+    why = f.metadata.get("why")
+    for x in numbers:
+        if not math.isfinite(x):
+            raise UserError(f"'{key}' must be a finite number, got {x}")
+        if x in f.metadata.get("also", ()):
+            continue
+        for op, bound in f.metadata.get("bounds", {}).items():
+            sign, ok = _OPS[op]
+            if not ok(x, bound):
+                allowed = " and ".join(f"{_OPS[o][0]} {b:g}" for o, b in f.metadata["bounds"].items())
+                extra = "".join(f" or {a}" for a in f.metadata.get("also", ()))
+                raise UserError(f"'{key}' must be {allowed}{extra}, got {x}" + (f": {why}" if why else ""))
+
+
 def validate(cfg: RLGradConfig) -> None:
+    """Every field against its declaration (``check_field``), then the relations between fields."""
     cfg.data.apply_chat_template = str(cfg.data.apply_chat_template).lower()  # YAML true/false arrive as bools
     for key, f, v in _walk(cfg):
-        choices = f.metadata.get("choices")
-        if choices and v is not None and v not in choices:  # None: an Optional key left unset
-            hint = difflib.get_close_matches(str(v), choices, n=1)
-            raise UserError(f"'{key}' must be one of {', '.join(choices)}, got '{v}'"
-                            + (f"; did you mean '{hint[0]}'?" if hint else ""))
-    positive = ["data.train_batch_size", "rollout.n", "analysis.buckets.every",
-                "analysis.buckets.num_buckets", "rollout.response_length", "actor.ppo_epochs",
-                "actor.ppo_micro_batch_size", "trainer.total_training_steps", "data.val_size",
-                "trainer.nnodes", "trainer.n_gpus_per_node"]
-    values = {k: v for k, _, v in _walk(cfg)}
-    for k in positive:
-        if values[k] is None or values[k] < 1:
-            raise UserError(f"'{k}' must be a positive integer, got {values[k]}")
-    validate_analysis(cfg)
-    mb = cfg.actor.ppo_mini_batch_size
-    if mb is not None and (mb < 1 or cfg.data.train_batch_size % mb):
-        raise UserError(f"'actor.ppo_mini_batch_size' ({mb}) must divide "
-                        f"data.train_batch_size ({cfg.data.train_batch_size})")
-    if not cfg.trainer.dist_timeout_s > 0:
-        raise UserError(f"'trainer.dist_timeout_s' must be positive, got {cfg.trainer.dist_timeout_s}")
-    if not 0 < cfg.rollout.top_p <= 1:
-        raise UserError(f"'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}")
+        check_field(key, f, v)
+    betas = cfg.actor.optim.betas, cfg.critic.optim.betas
+    for name, b in zip(("actor.optim.betas", "critic.optim.betas"), betas):
+        if len(b) != 2 or not all(0 <= x < 1 for x in b):
+            raise UserError(f"'{name}' must be two numbers in [0, 1), got {list(b)}")
+    t = cfg.model.tiny
+    if t.num_attention_heads % t.num_key_value_heads or t.hidden_size % t.num_attention_heads:
+        raise UserError(f"'model.tiny' needs num_key_value_heads ({t.num_key_value_heads}) to divide "
+                        f"num_attention_heads ({t.num_attention_heads}) and that to divide hidden_size "
+                        f"({t.hidden_size})")
+    if cfg.analysis.components.every > 0 and cfg.algorithm.adv_estimator not in OUTCOME_ESTIMATORS:
+        raise UserError("'analysis.components.every' needs outcome advantages (algorithm.adv_estimator: grpo | rloo), "
+                        f"got '{cfg.algorithm.adv_estimator}'")
+    for role in ("actor", "critic"):  # the critic's mini-batch matters only with gae
+        mb = getattr(cfg, role).ppo_mini_batch_size
+        if mb is not None and cfg.data.train_batch_size % mb and (role == "actor" or cfg.algorithm.adv_estimator
+                                                                  == "gae"):
+            raise UserError(f"'{role}.ppo_mini_batch_size' ({mb}) must divide "
+                            f"data.train_batch_size ({cfg.data.train_batch_size})")
     for s in cfg.trainer.logger:
         if s not in ("console", "jsonl", "tensorboard", "wandb"):
             raise UserError(f"'trainer.logger' entry '{s}' is not one of console, jsonl, tensorboard, wandb")
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise UserError("'trainer.resume_mode=resume_path' needs 'trainer.resume_from_path'")
-    if cfg.algorithm.adv_estimator == "gae":  # the critic's settings matter only then
-        validate_critic(cfg)
+    p = cfg.critic.model.path
+    if cfg.algorithm.adv_estimator == "gae" and p is not None and not (Path(p) / "config.json").is_file():
+        raise UserError(f"'critic.model.path' '{p}' is not a local Hugging Face model directory (no config.json)")
     if cfg.data.task == "math" and not cfg.data.train_files:
         raise UserError("'data.task=math' needs 'data.train_files' (local .jsonl or .parquet)")
 
 
-def validate_analysis(cfg: RLGradConfig) -> None:
-    """The instruments' settings, and what they need from the rest of the run."""
-    a = cfg.analysis
-    if a.every is not None and a.every < 1:
-        raise UserError(f"'analysis.every' must be a positive integer or null, got {a.every}")
-    if a.components.every < 0:
-        raise UserError(f"'analysis.components.every' must be >= 0 (0: off), got {a.components.every}")
-    if a.components.every > 0 and cfg.algorithm.adv_estimator not in OUTCOME_ESTIMATORS:
-        raise UserError("'analysis.components.every' needs outcome advantages (algorithm.adv_estimator: grpo | rloo), "
-                        f"got '{cfg.algorithm.adv_estimator}'")
-    for key in ("env_groups", "group_size"):
-        v = getattr(a.buckets, key)
-        if v is not None and v < 1:
-            raise UserError(f"'analysis.buckets.{key}' must be a positive integer or null, got {v}")
-    for role in ("actor", "critic"):
-        n: NeuronHealthConfig = getattr(a.neurons, role)
-        for k in ("metric_every", "reset_every", "nullspace_samples"):
-            if getattr(n, k) < 0:
-                raise UserError(f"'analysis.neurons.{role}.{k}' must be >= 0 (0: off), got {getattr(n, k)}")
-        if n.tau < 0:
-            raise UserError(f"'analysis.neurons.{role}.tau' must be >= 0, got {n.tau}")
-        if not 0 <= n.max_reset_frac <= 1:
-            raise UserError(f"'analysis.neurons.{role}.max_reset_frac' must be in [0, 1], got {n.max_reset_frac}")
-
-
-def validate_critic(cfg: RLGradConfig) -> None:
-    c = cfg.critic
-    for k in ("ppo_epochs", "ppo_micro_batch_size"):
-        if getattr(c, k) < 1:
-            raise UserError(f"'critic.{k}' must be a positive integer, got {getattr(c, k)}")
-    mb = c.ppo_mini_batch_size
-    if mb is not None and (mb < 1 or cfg.data.train_batch_size % mb):
-        raise UserError(f"'critic.ppo_mini_batch_size' ({mb}) must divide "
-                        f"data.train_batch_size ({cfg.data.train_batch_size})")
-    if c.cliprange_value <= 0:
-        raise UserError(f"'critic.cliprange_value' must be positive, got {c.cliprange_value}")
-    if cfg.trainer.critic_warmup < 0:
-        raise UserError(f"'trainer.critic_warmup' must be >= 0, got {cfg.trainer.critic_warmup}")
-    p = c.model.path
-    if p is not None and not (Path(p).is_dir() and (Path(p) / "config.json").is_file()):
-        raise UserError(f"'critic.model.path' '{p}' is not a local Hugging Face model directory (no config.json)")
+def flat_settings(cfg: RLGradConfig) -> dict[str, Any]:
+    """Every setting by its dotted key (mappings such as reward.weights as one value)."""
+    return {k: v for k, _, v in _walk(cfg)}
 
 
 def to_yaml(cfg: RLGradConfig) -> str:
@@ -566,6 +588,6 @@ def from_yaml_file(path: str | os.PathLike) -> RLGradConfig:
     base = OmegaConf.structured(RLGradConfig)
     try:
         merged = OmegaConf.merge(base, OmegaConf.load(path))
-    except (OSError, OmegaConfBaseException) as e:
+    except (OSError, OmegaConfBaseException, yaml.YAMLError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read config {path}: {str(e).splitlines()[0]}") from None
     return OmegaConf.to_object(merged)

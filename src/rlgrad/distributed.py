@@ -39,6 +39,11 @@ def env_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def under_torchrun() -> bool:
+    """Launched by torchrun (which sets TORCHELASTIC_RUN_ID), with any number of processes."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or env_world_size() > 1
+
+
 def was_setup() -> bool:
     """Whether this process joined a process group (errors before that are the same on every rank)."""
     return _SETUP

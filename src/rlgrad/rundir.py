@@ -2,7 +2,9 @@
 
 Layout (verl's names)::
 
-    RUN/config.yaml                      resolved config of the first start
+    RUN/config.yaml                      resolved config (a resume's allowed changes update it)
+    RUN/config_changes.jsonl             {"step": N, "changes": {key: [old, new]}} per resume that changed one
+    RUN/.lock                            held (flock) by the process writing the run
     RUN/metrics.jsonl                    {"step": N, "data": {...}} per step (step 0: validation before training)
     RUN/global_step_N/actor/             Hugging Face model + tokenizer (safetensors)
     RUN/global_step_N/trainer_state.pt   optimizer, scheduler, RNG and loop state
@@ -17,20 +19,32 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rlgrad.errors import UserError
+
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write to a temp file in the same directory, fsync, then rename over ``path``."""
+    """Write to a temp file in the same directory, fsync, then rename over ``path``. A path that cannot be
+    written (a directory, under a file, read-only, a full disk) is a one-line error naming it; ``path`` is
+    then as it was."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    if path.is_dir():
+        raise UserError(f"cannot write '{path}': it is a directory")
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"cannot write '{path}': {e.strerror or e}") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -48,7 +62,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     p = Path(path)
     if not p.exists():
         return rows
-    for line in p.read_text().splitlines():
+    for line in p.read_text(errors="replace").splitlines():  # damaged bytes: a line that does not parse
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
@@ -89,6 +103,44 @@ def checkpoint_dirs(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
         if suffix.isdigit() and (p / "COMPLETE").is_file():
             out.append((int(suffix), p))
     return sorted(out)
+
+
+RUN_FILES = ("config.yaml", "config_changes.jsonl", "metrics.jsonl", "metrics.discarded.jsonl",
+             "reward_components.jsonl", "latest_checkpointed_iteration.txt", ".lock")
+
+
+def check_output(out: str | os.PathLike, run_dir: str | os.PathLike) -> Path:
+    """``out`` unless it would overwrite one of the run's own records (a one-line error then)."""
+    out, rd = Path(out), Path(run_dir)
+    try:
+        rel = out.resolve().relative_to(rd.resolve())
+    except ValueError:
+        return out
+    if str(rel) in RUN_FILES or rel.parts[0] in ("rollouts", "analysis") or rel.parts[0].startswith("global_step_"):
+        raise UserError(f"--output '{out}' would overwrite the run's own {rel}; write somewhere else")
+    return out
+
+
+def lock_run_dir(run_dir: str | os.PathLike):
+    """Hold ``RUN/.lock`` (an exclusive ``flock``) for as long as the returned file stays open, so that two
+    processes never write one run directory; a one-line error when another process holds it."""
+    import fcntl
+
+    p = Path(run_dir) / ".lock"
+    f = open(p, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        pid = f.read().strip()
+        f.close()
+        raise UserError(f"run directory '{run_dir}' is in use by another rlgrad process"
+                        + (f" (pid {pid})" if pid else "")) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 def holds_a_run(run_dir: str | os.PathLike) -> bool:

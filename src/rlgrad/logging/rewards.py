@@ -96,11 +96,23 @@ class RewardComponentLog:
             os.fsync(f.fileno())
 
 
+def well_formed(row, full: bool = True) -> bool:
+    """A line shaped as ``step_record`` writes it (a hand-edited or damaged one is skipped like a torn one):
+    step, components and per-component stats; ``full``: also every component's stats, the samples and counts
+    (what the rldynamic export needs)."""
+    if not (isinstance(row, dict) and isinstance(row.get("step"), int) and isinstance(row.get("components"), list)
+            and isinstance(row.get("stats"), dict) and all(isinstance(v, dict) for v in row["stats"].values())):
+        return False
+    return not full or (all(c in row["stats"] for c in row["components"]) and isinstance(row.get("samples"), list)
+                        and isinstance(row.get("num_samples"), int)
+                        and isinstance(row.get("mean_length"), int | float))
+
+
 def read_reward_components(path: str | os.PathLike) -> list[dict]:
     """The lines of a ``reward_components.jsonl``, the LAST one of each step, by step; torn lines skipped."""
     p = Path(path)
     by_step: dict[int, dict] = {}
-    for line in p.read_text().splitlines():
+    for line in p.read_text(errors="replace").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
@@ -138,7 +150,7 @@ def export_rewards(run_dir: str | os.PathLike, output: str | os.PathLike | None 
     Default output: ``RUN/all_rewards.json``. A directory that is not a run with reward tracking is a UserError.
     """
     from rlgrad.errors import UserError
-    from rlgrad.rundir import atomic_write_json
+    from rlgrad.rundir import atomic_write_json, check_output
 
     if fmt != "json":
         raise UserError(f"export format '{fmt}' is not supported (json)")
@@ -149,7 +161,7 @@ def export_rewards(run_dir: str | os.PathLike, output: str | os.PathLike | None 
     if not src.is_file():
         raise UserError(f"'{run}' has no {FILE_NAME} (not an rlgrad run directory, or no training step finished)")
     try:
-        rows = read_reward_components(src)
+        rows = [r for r in read_reward_components(src) if well_formed(r)]  # damaged lines are skipped
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read {src}: {e}") from None
     if not rows:
@@ -158,11 +170,14 @@ def export_rewards(run_dir: str | os.PathLike, output: str | os.PathLike | None 
     if (run / "config.yaml").is_file():
         from rlgrad.config import from_yaml_file
 
-        cfg = from_yaml_file(run / "config.yaml")
-        model = cfg.model.path or "embedded default (tiny Qwen2)"
-        dataset = cfg.data.task + (f" ({', '.join(cfg.data.train_files)})" if cfg.data.train_files else "")
+        try:  # only for the metadata: a damaged config.yaml leaves it blank
+            cfg = from_yaml_file(run / "config.yaml")
+            model = cfg.model.path or "embedded default (tiny Qwen2)"
+            dataset = cfg.data.task + (f" ({', '.join(cfg.data.train_files)})" if cfg.data.train_files else "")
+        except UserError:
+            pass
     metadata = {"created_at": rows[0].get("timestamp"), "model": model, "dataset": dataset,
                 "last_saved": time.strftime("%Y-%m-%d %H:%M:%S"), "run_dir": str(run)}
-    out = Path(output) if output is not None else run / "all_rewards.json"
+    out = check_output(output, run) if output is not None else run / "all_rewards.json"
     atomic_write_json(out, to_seed_layout(rows, metadata))
     return out

@@ -7,6 +7,7 @@ A checkpoint is written into a temporary directory and renamed into place once c
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -43,7 +44,7 @@ def save_checkpoint(run_dir: Path, step: int, models: dict[str, Any], tokenizer,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     atomic_write_text(run_dir / "latest_checkpointed_iteration.txt", f"{step}\n")
-    if max_to_keep:
+    if max_to_keep is not None and max_to_keep > 0:  # null or -1: keep every checkpoint
         for _, old in checkpoint_dirs(run_dir)[:-max_to_keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
@@ -60,7 +61,33 @@ def checkpoint_step(path: Path) -> int:
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=False)
+    f = Path(path) / STATE_FILE
+    try:
+        return torch.load(f, map_location="cpu", weights_only=False)
+    except Exception as e:  # truncated or overwritten: name the file, not the unpickler's internals
+        raise UserError(f"checkpoint file '{f}' is damaged ({type(e).__name__}); resume from an earlier "
+                        "global_step_N") from None
+
+
+def damage(path: Path) -> str | None:
+    """Why checkpoint ``path`` cannot be resumed from, or None when it looks sound: its trainer state
+    unpickles, and every safetensors file is as long as its header says (a truncated copy is not)."""
+    path = Path(path)
+    try:
+        load_state(path)
+    except UserError:
+        return f"{STATE_FILE} does not load"
+    for f in sorted(path.rglob("*.safetensors")):
+        try:
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(n))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+            if 8 + n + end != f.stat().st_size:
+                return f"{f.relative_to(path)} is truncated"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return f"{f.relative_to(path)} is not a safetensors file"
+    return None
 
 
 def rng_state() -> dict[str, Any]:

@@ -8,13 +8,16 @@ and low-spread groups mostly add noise. Semantics follow RAGEN's ``ragen/trainer
   "reward variance" but computes ``torch.std``); a singleton group gets 0 here (RAGEN: nan).
 * ``include_zero=False`` drops groups whose metric is 0 (|m| <= 1e-10) before any strategy runs;
   ``rollout/filter_zero_count`` counts those groups whether or not they are dropped.
-* ``top_k``: ``value`` is always a FRACTION: k = int(value · num_groups), num_groups counting all
-  groups (also the dropped zero ones), clamped to [1, #candidates]. ``top_k_abs``: k = int(value),
+* ``top_k``: ``value`` is always a FRACTION: k = int(value · num_groups + 1e-9) (rounded down; the 1e-9
+  keeps 0.29 · 100 = 28.999... at 29), num_groups counting all groups (also the dropped zero ones),
+  clamped to [1, #candidates]. ``top_k_abs``: k = int(value),
   clamped the same way. So both keep at least one group unless no candidate is left.
 * ``top_p``: value >= 1 keeps every candidate. Otherwise the smallest prefix of the ranked groups
   whose cumulative probability reaches ``value``: ``softmax`` mode p = softmax(±m) (−m for
   "smallest"); ``linear`` mode p ∝ m (negative m counts as 0 mass), with RAGEN's slack: the prefix
-  stops once its metric sum >= value·Σm − ``selection_eps`` (in metric units).
+  stops once its metric sum >= value·Σm − ``selection_eps`` (in metric units;
+  ``rollout.rollout_filter_selection_eps``, RAGEN's ``selection_eps``). Both compare with a 1e-9
+  tolerance for round-off: six groups of probability 1/12 reach 0.5.
 * ``min_p``: largest keeps m >= value·max m (⇔ linear probability >= value·max probability);
   smallest keeps m <= min m / value (inclusive; RAGEN's min/(value + 1e-10) can drop a group sitting
   exactly on the bound). Ignores ``top_p_prob_mode``, as in RAGEN.
@@ -24,8 +27,9 @@ Where RAGEN's linear ``top_p`` is loose we define: the prefix always holds at le
 than ending the scan (RAGEN stops at the first, so "smallest" with any zero group kept nothing),
 and if every candidate's metric is 0 (Σm = 0, no probabilities exist) nothing is kept -- in
 RAGEN's main case (reward std) such groups have zero advantage, so the step carries no signal.
-Ties are broken by group id ascending. An empty result means ``keep`` is all False; the trainer
-skips such a step.
+Ties are broken by group id ascending; a group's metric is computed from its samples in sorted order, so
+groups with the same values tie exactly whatever their samples' order. An empty result means ``keep`` is
+all False; the trainer skips such a step.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ METRICS = ("reward_variance", "reward", "reward_sum", "entropy", "entropy_varian
 FILTER_TYPES = ("largest", "smallest")
 PROB_MODES = ("linear", "softmax")
 _ZERO = 1e-10  # RAGEN's |m| <= 1e-10 test for a "zero" group
+TOLERANCE = 1e-9  # round-off allowance of the top_k count and the top_p cumulative comparison
 
 
 @dataclass
@@ -77,6 +82,11 @@ def group_metric(
     else:
         values = scores
     values = values.double()  # rankings should not flip on fp32 round-off
+    # Each group's samples summed in sorted order: a group's metric is then a function of its multiset of
+    # values, bitwise (else [1, 0, 1] and [0, 1, 1] differ at 1e-16 and break "ties by group id").
+    order = torch.argsort(values, stable=True)
+    order = order[torch.argsort(inv[order], stable=True)]
+    values, group_ids, inv = values[order], group_ids[order], inv[order]
     per_group = torch.zeros(uniq.numel(), dtype=values.dtype, device=values.device)
     if name == "reward_sum":
         per_group = per_group.index_add(0, inv, values)
@@ -106,8 +116,7 @@ def _select(
     ranked = m[order]
 
     if strategy in ("top_k", "top_k_abs"):
-        # 1e-9 guards int() against round-off such as 0.29 * 100 = 28.999...
-        k = int(value * num_groups + 1e-9) if strategy == "top_k" else int(value)
+        k = int(value * num_groups + TOLERANCE) if strategy == "top_k" else int(value)
         return order[: min(max(k, 1), n)]
 
     if strategy == "top_p":
@@ -115,13 +124,13 @@ def _select(
             return order
         if prob_mode == "softmax":
             cum = torch.softmax(ranked if largest else -ranked, dim=0).cumsum(0)
-            target = value
+            target = value - TOLERANCE  # 6 x (1/12) sums to 0.49999999999999994, which reaches 0.5
         else:
             mass = ranked.clamp_min(0.0)
             if mass.sum() <= 0:
                 return order[:0]
             cum = mass.cumsum(0)
-            target = value * mass.sum().item() - selection_eps
+            target = value * mass.sum().item() - selection_eps - TOLERANCE * mass.sum().item()
         # First prefix whose cumulative mass reaches the target (at least one group).
         target_t = torch.tensor([target], dtype=cum.dtype, device=cum.device)
         k = int(torch.searchsorted(cum, target_t).item()) + 1

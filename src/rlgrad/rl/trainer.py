@@ -28,6 +28,7 @@ global batch. Only rank 0 writes files and prints.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
@@ -70,7 +71,13 @@ from rlgrad.rl.actor import update_actor
 from rlgrad.rl.critic import compute_values, update_critic
 from rlgrad.rl.filter import rollout_filter
 from rlgrad.rl.rollout import check_prompt_rendering, compute_log_probs, generate, render_prompts
-from rlgrad.rundir import atomic_write_text, checkpoint_dirs, holds_a_run, read_jsonl, truncate_jsonl_after
+from rlgrad.rl.run_directory import config_changes, find_resume_point, resolve_run_dir
+from rlgrad.rundir import (
+    atomic_write_text,
+    lock_run_dir,
+    read_jsonl,
+    truncate_jsonl_after,
+)
 from rlgrad.tasks import build_task
 
 
@@ -84,34 +91,6 @@ def timer(metrics: dict, key: str):
     t0 = time.perf_counter()
     yield
     metrics[key] = time.perf_counter() - t0
-
-
-def resolve_run_dir(cfg: RLGradConfig) -> Path:
-    t = cfg.trainer
-    return Path(t.default_local_dir or Path("runs") / t.project_name / t.experiment_name)
-
-
-def find_resume_point(cfg: RLGradConfig, run_dir: Path) -> Path | None:
-    """Which checkpoint to resume from, or None for a fresh run. Refuses to reuse another run's directory."""
-    t = cfg.trainer
-    if t.resume_mode == "resume_path":
-        src = Path(t.resume_from_path)
-        if not src.is_dir():
-            raise UserError(f"trainer.resume_from_path '{src}' does not exist")
-        ckpt.checkpoint_step(src)  # validates
-        if holds_a_run(run_dir) and src.resolve().parent != run_dir.resolve():
-            raise UserError(f"run directory '{run_dir}' already holds another run; choose a new "
-                            "trainer.experiment_name or trainer.default_local_dir")
-        return src
-    found = checkpoint_dirs(run_dir)
-    if t.resume_mode == "auto" and found:
-        return found[-1][1]
-    if holds_a_run(run_dir):
-        why = ("has no complete checkpoint to resume from" if t.resume_mode == "auto"
-               else "is in use (resume_mode=disable)")
-        raise UserError(f"run directory '{run_dir}' already holds a run and {why}; choose a new "
-                        "trainer.experiment_name or trainer.default_local_dir")
-    return None
 
 
 def build_optimizer(model: torch.nn.Module, o) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
@@ -146,13 +125,18 @@ class Trainer:
         t = cfg.trainer
         if t.num_threads:
             torch.set_num_threads(t.num_threads)
+        if t.device == "cuda" and not torch.cuda.is_available():
+            raise UserError("'trainer.device' is cuda, but this machine has no CUDA device (auto picks one when "
+                            "there is)")
         self.device = torch.device("cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
                                    else "cpu")
         self.run_dir = resolve_run_dir(cfg)
         self.is_main = is_main()
         self.log = log if self.is_main else (lambda *a, **k: None)
+        # Under torchrun (any number of processes) each group samples from its own generator, so 1 and N
+        # processes sample the same batch; a plain one-process run keeps the single stream.
         self.group_seeded = (cfg.rollout.group_seeded_sampling if cfg.rollout.group_seeded_sampling is not None
-                             else world_size() > 1)
+                             else distributed.under_torchrun() or world_size() > 1)
         # Everything that can reject the input happens before anything is written; under torchrun all
         # ranks reject it together (rank 0 alone looks at the run directory).
         distributed.agree(lambda: distributed.check_config(cfg))
@@ -244,11 +228,18 @@ class Trainer:
         t, rd = self.cfg.trainer, self.run_dir
         if not self.is_main:  # only rank 0 writes
             return MetricLogger([])
+        changes = config_changes(rd, self.cfg) if (rd / "config.yaml").is_file() else {}
+        self.created_run_dir = not (rd.exists() and any(rd.iterdir()))
         rd.mkdir(parents=True, exist_ok=True)
+        self.run_lock = lock_run_dir(rd)
         if not (rd / "config.yaml").exists():
             atomic_write_text(rd / "config.yaml", to_yaml(self.cfg))
-        elif self.resume_from is not None:
-            atomic_write_text(rd / f"config.resume_step_{self.step}.yaml", to_yaml(self.cfg))
+        elif changes:
+            atomic_write_text(rd / "config.yaml", to_yaml(self.cfg))
+            with open(rd / "config_changes.jsonl", "a") as f:
+                f.write(json.dumps({"step": self.step, "changes": changes}) + "\n")
+            self.log(f"resuming at step {self.step} with changed settings (recorded in config_changes.jsonl): "
+                     + ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changes.items()))
         moved = truncate_jsonl_after(rd / "metrics.jsonl", self.step)
         if moved:
             self.log(f"resuming at step {self.step}: {moved} metric rows past the checkpoint moved to "
@@ -353,6 +344,7 @@ class Trainer:
                              value=r.rollout_filter_value, filter_type=r.rollout_filter_type,
                              metric=r.rollout_filter_metric, top_p_prob_mode=r.rollout_filter_top_p_prob_mode,
                              include_zero=r.rollout_filter_include_zero,
+                             selection_eps=r.rollout_filter_selection_eps,
                              entropies=None if entropies is None else g(entropies), lengths=g(info["lengths"]))
         keep = torch.isin(batch.group_ids, torch.tensor(res.kept_groups, dtype=batch.group_ids.dtype))
         return keep, res.metrics
@@ -548,6 +540,7 @@ class Trainer:
                      "raise trainer.total_training_steps to continue")
             return self.summary
         logger = distributed.agree(self._open_run_dir)
+        start = self.step
         try:
             has_row = distributed.decide(
                 lambda: any(r.get("step") == self.step for r in read_jsonl(self.run_dir / "metrics.jsonl")))
@@ -575,8 +568,20 @@ class Trainer:
                         models = ({"actor": self.actor} if self.critic is None
                                   else {"actor": self.actor, "critic": self.critic})
                         ckpt.save_checkpoint(self.run_dir, step, models, self.tokenizer, state, t.max_ckpt_to_keep)
+        except UserError:
+            if self.step == start and getattr(self, "created_run_dir", False):
+                logger.close()
+                self._forget_run_dir()  # bad input found before the first step: leave no trace, the rerun starts
+            raise
         finally:
             logger.close()
             for hook in self.hooks:
                 hook.close()
         return self.summary
+
+    def _forget_run_dir(self) -> None:
+        """Remove the directory this fresh run created (we hold its lock: no other run is in it)."""
+        import shutil
+
+        if self.is_main and self.run_dir.is_dir():
+            shutil.rmtree(self.run_dir, ignore_errors=True)

@@ -232,8 +232,8 @@ def _row_to_example(row: Any, where: str) -> Example:
         messages = [{"role": str(m.get("role")), "content": str(m.get("content"))} for m in prompt
                     if isinstance(m, dict)]  # rendered as they are by the chat template
     elif "question" in row and "answer" in row:
-        question, layout, truth = row["question"], "gsm8k", str(row["answer"])
-        if "####" in truth:
+        question, layout, truth = row["question"], "gsm8k", row["answer"]
+        if isinstance(truth, str) and "####" in truth:
             truth = truth.split("####")[-1].replace(",", "")
     elif "problem" in row and (row.get("answer") is not None or "solution" in row):
         question, layout, truth = row["problem"], "math", row.get("answer")
@@ -247,6 +247,8 @@ def _row_to_example(row: Any, where: str) -> Example:
         raise UserError(f"{where}: row matches no supported layout (verl prompt messages + "
                         "reward_model.ground_truth, question+answer, problem+solution/answer, prompt+answer); "
                         f"keys: {', '.join(sorted(map(str, row)))}")
+    if truth is None or not isinstance(question, str) or not question.strip():
+        raise UserError(f"{where}: " + ("null ground-truth answer" if truth is None else "empty or non-text prompt"))
     truth = str(truth).strip()
     if not truth:
         raise UserError(f"{where}: empty ground-truth answer")

@@ -299,7 +299,7 @@ def rv_table(run: RunData, step: int) -> list[tuple[str, int, float]]:
     if f is None or not f.is_file():
         return []
     out = []
-    with open(f, newline="") as fh:
+    with open(f, newline="", errors="replace") as fh:
         for r in csv.DictReader(fh):
             try:
                 out.append((r["bucket"], int(r["group_id"]), float(r["reward_std"])))
@@ -325,8 +325,8 @@ def _read_json(path: Path | None) -> dict | None:
     if path is None or not path.is_file():
         return None
     try:
-        obj = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        obj = json.loads(path.read_text(errors="replace"))
+    except (OSError, json.JSONDecodeError):
         return None
     return obj if isinstance(obj, dict) else None
 
@@ -421,9 +421,9 @@ def reward_components(run: RunData) -> dict[int, dict]:
     f = run.run_dir / "reward_components.jsonl"
     if not f.is_file():
         return {}
-    from rlgrad.logging.rewards import read_reward_components
+    from rlgrad.logging.rewards import read_reward_components, well_formed
 
-    return {row["step"]: row for row in read_reward_components(f)}
+    return {row["step"]: row for row in read_reward_components(f) if well_formed(row, full=False)}
 
 
 # ---------------------------------------------------------------- rollouts (what the model wrote)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from rlgrad.errors import UserError
-from rlgrad.rundir import atomic_write_text
+from rlgrad.rundir import atomic_write_text, check_output
 from rlgrad.viz import data as D
 from rlgrad.viz import run_figures as R
 from rlgrad.viz.doctor import diagnose
@@ -304,7 +304,7 @@ def _section(sid: str, title: str, body: str) -> str:
 
 def report_command(run_dir: str, output: str | None, dpi: int = 90, max_steps: int = 6) -> int:
     run = D.load_run(run_dir)
-    out = Path(output) if output else Path(run_dir) / "report.html"
+    out = check_output(output, run_dir) if output else Path(run_dir) / "report.html"
     if out.is_dir():
         raise UserError(f"--output '{out}' is a directory; give a file name")
     atomic_write_text(out, build_report(run, dpi, max_steps))

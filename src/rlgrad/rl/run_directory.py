@@ -1,0 +1,74 @@
+"""Where a run lives and whether it may continue: the run directory, the checkpoint to resume from, and the
+settings a resume may not change."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+from rlgrad.config import RLGradConfig, flat_settings, from_yaml_file
+from rlgrad.errors import UserError
+from rlgrad.rl import checkpoint as ckpt
+from rlgrad.rundir import checkpoint_dirs, holds_a_run
+
+# Settings that define a run: a resume that changes one is refused (a cadence or more steps may change).
+DEFINING = ("model.", "data.task", "data.train_files", "data.val_files", "data.reasoning_gym", "data.train_batch_size",
+            "data.system_prompt", "data.apply_chat_template", "algorithm.", "reward.", "rollout.n",
+            "actor.policy_loss", "actor.loss_agg_mode", "critic.model", "trainer.seed")
+
+
+def resolve_run_dir(cfg: RLGradConfig) -> Path:
+    """The run directory; a one-line error when it cannot be one (a file, under a file, not writable)."""
+    t = cfg.trainer
+    rd = Path(t.default_local_dir or Path("runs") / t.project_name / t.experiment_name)
+    for p in (rd, *rd.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise UserError(f"run directory '{rd}': '{p}' is a file")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise UserError(f"run directory '{rd}': '{p}' is not writable")
+            break
+    return rd
+
+
+def find_resume_point(cfg: RLGradConfig, run_dir: Path) -> Path | None:
+    """Which checkpoint to resume from, or None for a fresh run. Refuses to reuse another run's directory."""
+    t = cfg.trainer
+    if t.resume_mode == "resume_path":
+        src = Path(t.resume_from_path)
+        if not src.is_dir():
+            raise UserError(f"trainer.resume_from_path '{src}' does not exist")
+        ckpt.checkpoint_step(src)  # validates
+        if holds_a_run(run_dir) and src.resolve().parent != run_dir.resolve():
+            raise UserError(f"run directory '{run_dir}' already holds another run; choose a new "
+                            "trainer.experiment_name or trainer.default_local_dir")
+        return src
+    found = checkpoint_dirs(run_dir)
+    if t.resume_mode == "auto" and found:
+        for _, path in reversed(found):  # the newest sound one: a damaged checkpoint is passed over, named
+            why = ckpt.damage(path)
+            if why is None:
+                return path
+            warnings.warn(f"skipping damaged checkpoint '{path}': {why}", stacklevel=2)
+        raise UserError(f"run directory '{run_dir}': every checkpoint is damaged (newest: {found[-1][1]}: "
+                        f"{ckpt.damage(found[-1][1])})")
+    if holds_a_run(run_dir):
+        why = ("has no complete checkpoint to resume from" if t.resume_mode == "auto"
+               else "is in use (resume_mode=disable)")
+        raise UserError(f"run directory '{run_dir}' already holds a run and {why}; choose a new "
+                        "trainer.experiment_name or trainer.default_local_dir")
+    return None
+
+
+def config_changes(run_dir: Path, cfg: RLGradConfig) -> dict[str, list]:
+    """Settings that differ from the run's config.yaml: a one-line error for one that defines the run
+    (``DEFINING``), else ``{key: [old, new]}``."""
+    old, new = flat_settings(from_yaml_file(run_dir / "config.yaml")), flat_settings(cfg)
+    diff = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+    fixed = [k for k in diff if k.startswith(DEFINING) and k != "model.cache_dir"]
+    if fixed:
+        raise UserError(f"run directory '{run_dir}' holds a run with other " + ", ".join(
+            f"{k} ({diff[k][0]!r}, now {diff[k][1]!r})" for k in fixed)
+            + "; these define the run: start a new one (trainer.experiment_name or trainer.default_local_dir)")
+    return diff

@@ -1,0 +1,116 @@
+"""Run directories that cannot be lost: one writer at a time, no trace of a rejected run, resumes that keep what
+defines the run, checkpoints that survive damage and retention settings."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from rlgrad import cli
+from rlgrad.config import load_config
+from rlgrad.errors import UserError
+from rlgrad.recipes import make_trainer
+from rlgrad.rundir import lock_run_dir, read_jsonl
+
+
+def quiet(overrides):
+    return make_trainer(load_config(overrides=overrides), log=lambda *a: None)
+
+
+def test_two_writers_cannot_share_a_run_directory(tmp_path):
+    held = lock_run_dir(tmp_path)
+    with pytest.raises(UserError, match="in use by another rlgrad process"):
+        lock_run_dir(tmp_path)
+    held.close()  # the first writer ends: the directory is free again
+    lock_run_dir(tmp_path).close()
+
+
+def test_a_run_rejected_before_its_first_step_leaves_no_trace(tiny, tmp_path, capsys):
+    run = tmp_path / "run"
+    rc = cli.main(["train", *tiny, "data.max_prompt_length=3", "trainer.total_training_steps=1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "data.max_prompt_length=3" in err and err.count("\n") == 1, err
+    assert not run.exists()  # so the corrected rerun is not refused as "already holds a run"
+    assert cli.main(["train", *tiny, "trainer.total_training_steps=1"]) == 0
+    assert (run / "config.yaml").is_file()
+
+
+def test_resume_refuses_a_changed_definition_and_records_allowed_changes(tiny, tmp_path):
+    run = tmp_path / "run"
+    quiet(tiny + ["trainer.total_training_steps=1"]).fit()
+    for change, name in (["data.task=countdown", "data.task"], ["rollout.n=2", "rollout.n"],
+                         ["actor.policy_loss=cispo", "actor.policy_loss"]):
+        with pytest.raises(UserError, match=f"{name} .*define the run"):
+            quiet(tiny + ["trainer.total_training_steps=2", change]).fit()
+    assert json.loads(json.dumps(read_jsonl(run / "metrics.jsonl")))[-1]["step"] == 1  # untouched
+    quiet(tiny + ["trainer.total_training_steps=2", "analysis.every=1"]).fit()
+    changes = read_jsonl(run / "config_changes.jsonl")
+    assert changes == [{"step": 1, "changes": {"analysis.every": [None, 1],
+                                               "trainer.total_training_steps": [1, 2]}}]
+    assert "every: 1" in (run / "config.yaml").read_text()
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_last_sound_one(tiny, tmp_path):
+    run = tmp_path / "run"
+    quiet(tiny + ["trainer.total_training_steps=2", "trainer.save_freq=1"]).fit()
+    state = run / "global_step_2" / "trainer_state.pt"
+    state.write_bytes(state.read_bytes()[:100])  # truncated, COMPLETE marker still there
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        t = quiet(tiny + ["trainer.total_training_steps=3", "trainer.save_freq=1"])
+    assert t.step == 1 and any("global_step_2" in str(x.message) and "trainer_state.pt" in str(x.message) for x in w)
+    t.fit()
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2, 3]
+    weights = run / "global_step_3" / "actor" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert quiet(tiny + ["trainer.total_training_steps=4", "trainer.save_freq=1"]).step == 2
+    assert any("model.safetensors is truncated" in str(x.message) for x in w)
+
+
+def test_keep_minus_one_keeps_every_checkpoint(tiny, tmp_path):
+    quiet(tiny + ["trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.max_ckpt_to_keep=-1"]).fit()
+    assert sorted(p.name for p in (tmp_path / "run").glob("global_step_*")) == [f"global_step_{i}" for i in (1, 2, 3)]
+
+
+def test_summary_without_validation_before_training(tiny, capsys):
+    assert cli.main(["train", *tiny, "trainer.total_training_steps=1", "trainer.val_before_train=false"]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out and "no validation before training: trainer.val_before_train=false" in out
+
+
+def test_torchrun_with_one_process_samples_by_group(tiny, monkeypatch):
+    assert not quiet(tiny).group_seeded
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")  # what torchrun sets, whatever --nproc_per_node
+    assert quiet(tiny).group_seeded
+
+
+def test_cuda_without_cuda_is_one_line(tiny, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert cli.main(["train", *tiny, "trainer.device=cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "'trainer.device' is cuda" in err and err.count("\n") == 1
+
+
+def test_a_run_directory_that_cannot_be_one(tiny, tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    for rd in (tmp_path / "afile", tmp_path / "afile" / "run"):
+        assert cli.main(["train", *tiny, f"trainer.default_local_dir={rd}"]) == 2
+        err = capsys.readouterr().err
+        assert f"'{tmp_path / 'afile'}' is a file" in err and err.count("\n") == 1
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_a_data_row_with_a_null_answer_is_named(tmp_path):
+    from rlgrad.tasks.math import load_examples
+
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": null}\n')
+    with pytest.raises(UserError, match=r"d.jsonl:2: null ground-truth answer"):
+        load_examples(str(f))
