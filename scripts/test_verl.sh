@@ -12,7 +12,7 @@ if [ ! -x $VENV/bin/python ]; then
   "$PYTHON" -m venv $VENV
 fi
 if ! $VENV/bin/python -c "import torch" >/dev/null 2>&1; then
-  $VENV/bin/pip install -q "${RLGRAD_TORCH_SPEC:-torch==2.13.0}"
+  $VENV/bin/pip install -q "${RLGRAD_TORCH_SPEC:-torch==2.13.0}" 2>&1 | grep -v -E "^WARNING: Location|^\s*$" || true
 fi
 stamp="$VENV/.rlgrad-install-$(cat pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then

@@ -218,3 +218,35 @@ def test_outputs_never_overwrite_the_run_and_bad_output_paths_are_one_line(tmp_p
         rc, err = run_main(argv, capsys)
         assert rc == 2 and err.startswith("rlgrad: error:") and err.count("\n") == 1, (argv, err)
         assert snapshot(tmp_path) == before, argv
+
+
+def test_damaged_model_directories_are_one_line(tmp_path):
+    import json as _json
+
+    from rlgrad.config import ModelConfig, TinyModelConfig
+    from rlgrad.models import build_char_tokenizer, build_tiny_model, load_pretrained
+
+    tok = build_char_tokenizer()
+    tiny = TinyModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                           intermediate_size=64)
+    model = build_tiny_model(ModelConfig(tiny=tiny), tok, 1)
+    cases = {}
+    for name in ("no_tokenizer", "truncated", "shape", "not_causal", "bad_config"):
+        d = tmp_path / name
+        model.save_pretrained(d)
+        if name != "no_tokenizer":
+            tok.save_pretrained(d)
+        cases[name] = d
+    w = cases["truncated"] / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    for name, change in (("shape", {"hidden_size": 64}), ("not_causal", {"architectures": ["BertModel"]})):
+        c = _json.loads((cases[name] / "config.json").read_text())
+        c.update(change)
+        (cases[name] / "config.json").write_text(_json.dumps(c))
+    (cases["bad_config"] / "config.json").write_text("[1, 2]")
+    expect = {"no_tokenizer": "has no tokenizer", "truncated": "could not be loaded", "shape": "could not be loaded",
+              "not_causal": "not a causal language model", "bad_config": "not a JSON object"}
+    for name, d in cases.items():
+        with pytest.raises(UserError, match=expect[name]) as e:
+            load_pretrained(d)
+        assert "\n" not in str(e.value) and str(d) in str(e.value), (name, str(e.value))

@@ -114,3 +114,34 @@ def test_a_data_row_with_a_null_answer_is_named(tmp_path):
     f.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": null}\n')
     with pytest.raises(UserError, match=r"d.jsonl:2: null ground-truth answer"):
         load_examples(str(f))
+
+
+def test_a_prompt_too_long_names_its_data_row(tiny, tmp_path, capsys):
+    f = tmp_path / "long.jsonl"
+    f.write_text("".join(f'{{"question": "{"x" * 400} {i}", "answer": "{i}"}}\n' for i in range(4)))
+    rc = cli.main(["train", *tiny, "data.task=math", f"data.train_files=[{f}]", "data.val_size=2",
+                   "trainer.total_training_steps=1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{f}:" in err and "more than data.max_prompt_length=256" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_run(tiny, tmp_path, monkeypatch):
+    import errno
+
+    import torch
+
+    run = tmp_path / "run"
+    quiet(tiny + ["trainer.total_training_steps=1", "trainer.save_freq=1"]).fit()
+    real_save = torch.save
+
+    def full(obj, f, *a, **k):
+        if str(f).endswith("trainer_state.pt"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(UserError, match="No space left on device.*earlier checkpoints and metrics are intact"):
+        quiet(tiny + ["trainer.total_training_steps=2", "trainer.save_freq=1"]).fit()
+    assert sorted(p.name for p in run.glob("global_step_*")) == ["global_step_1"]  # no half checkpoint
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]

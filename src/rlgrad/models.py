@@ -85,12 +85,19 @@ def _cache_dir(explicit: str | os.PathLike | None) -> Path:
     return Path(explicit or os.environ.get("RLGRAD_CACHE") or Path.home() / ".cache" / "rlgrad")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def _check_model_dir(path: str | os.PathLike, key: str) -> Path:
     p = Path(path)
     if not p.is_dir():
         raise UserError(f"{key} '{path}' is not a directory or a .gguf file (rlgrad only loads local models)")
     if not (p / "config.json").is_file():
         raise UserError(f"{key} '{path}' has no config.json: not a Hugging Face model directory")
+    try:
+        json.loads((p / "config.json").read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        raise UserError(f"{key} '{path}': config.json is not a JSON object") from None
     return p
 
 
@@ -243,11 +250,16 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", key: str = 
 
     _quiet_transformers()
     p = _check_model_dir(resolve_model_path(path, cache_dir, key, log=log), key)
+    arch = json.loads((p / "config.json").read_text()).get("architectures") or []
+    if arch and not any("CausalLM" in a or "LMHead" in a for a in arch):
+        raise UserError(f"{key} '{path}' is not a causal language model (architectures: {', '.join(arch)})")
+    if not any((p / f).is_file() for f in TOKENIZER_FILES):
+        raise UserError(f"{key} '{path}' has no tokenizer ({' / '.join(TOKENIZER_FILES)}): save it next to the model")
     try:
         tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=_dtype(dtype))
-    except (OSError, ValueError, KeyError) as e:
-        raise UserError(f"{key} '{path}' could not be loaded: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # a truncated or mismatched checkpoint fails deep inside transformers/safetensors
+        raise UserError(f"{key} '{path}' could not be loaded: {_first_line(e)}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

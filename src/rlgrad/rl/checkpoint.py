@@ -41,6 +41,9 @@ def save_checkpoint(run_dir: Path, step: int, models: dict[str, Any], tokenizer,
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(final)
+    except OSError as e:  # a full disk, a quota: the earlier checkpoints and the metrics are intact
+        raise UserError(f"could not write checkpoint global_step_{step} in '{run_dir}': {e.strerror or e}; the "
+                        "run's earlier checkpoints and metrics are intact (free space, then resume)") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     atomic_write_text(run_dir / "latest_checkpointed_iteration.txt", f"{step}\n")

@@ -99,13 +99,21 @@ def check_prompt_rendering(tokenizer, model, mode: str, system_prompt: str | Non
                         f"{'set' if system_prompt else 'null'}): {first}") from None
 
 
+class PromptTooLong(UserError):
+    """A prompt over ``data.max_prompt_length``; ``index``: its position in the call (the caller names its source)."""
+
+    def __init__(self, message: str, index: int):
+        super().__init__(message)
+        self.index = index
+
+
 def encode_prompts(tokenizer, prompts: list[str], max_prompt_length: int) -> tuple[torch.Tensor, torch.Tensor]:
     enc = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
     lengths = enc["attention_mask"].sum(-1)
     if int(lengths.max()) > max_prompt_length:
         i = int(lengths.argmax())
-        raise UserError(f"prompt {i} has {int(lengths[i])} tokens, more than data.max_prompt_length="
-                        f"{max_prompt_length}: {prompts[i][:60]!r}")
+        raise PromptTooLong(f"prompt {i} has {int(lengths[i])} tokens, more than data.max_prompt_length="
+                            f"{max_prompt_length}: {prompts[i][:60]!r}", i)
     return enc["input_ids"], enc["attention_mask"]
 
 

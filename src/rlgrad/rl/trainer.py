@@ -70,7 +70,7 @@ from rlgrad.rl import checkpoint as ckpt
 from rlgrad.rl.actor import update_actor
 from rlgrad.rl.critic import compute_values, update_critic
 from rlgrad.rl.filter import rollout_filter
-from rlgrad.rl.rollout import check_prompt_rendering, compute_log_probs, generate, render_prompts
+from rlgrad.rl.rollout import PromptTooLong, check_prompt_rendering, compute_log_probs, generate, render_prompts
 from rlgrad.rl.run_directory import config_changes, find_resume_point, resolve_run_dir
 from rlgrad.rundir import (
     atomic_write_text,
@@ -270,10 +270,14 @@ class Trainer:
         seeds = ([group_seed(cfg.trainer.seed, stream, step, first_group + i) for i in range(len(examples))]
                  if self.group_seeded and do_sample else None)
         prompts = render_prompts(self.tokenizer, examples, self.chat, cfg.data.system_prompt)
-        gen = generate(self.actor, self.tokenizer, prompts, n=n,
-                       max_new_tokens=r.response_length, do_sample=do_sample, temperature=r.temperature,
-                       top_p=r.top_p, top_k=r.top_k, max_prompt_length=cfg.data.max_prompt_length,
-                       engine=r.engine, seeds=seeds, stop_ids=self.stop_ids)
+        try:
+            gen = generate(self.actor, self.tokenizer, prompts, n=n,
+                           max_new_tokens=r.response_length, do_sample=do_sample, temperature=r.temperature,
+                           top_p=r.top_p, top_k=r.top_k, max_prompt_length=cfg.data.max_prompt_length,
+                           engine=r.engine, seeds=seeds, stop_ids=self.stop_ids)
+        except PromptTooLong as e:  # name the data row it came from (file:line for data files)
+            source = (examples[e.index].meta or {}).get("source")
+            raise UserError(f"{source}: {e}" if source else str(e)) from None
         scores = [self.task.score(text, examples[i // n], num_tokens=int(gen.response_lengths[i]))
                   for i, text in enumerate(gen.responses)]
         group_ids = torch.arange(first_group, first_group + len(examples)).repeat_interleave(n)
