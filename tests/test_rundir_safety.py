@@ -145,3 +145,16 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_run(tiny, tmp
         quiet(tiny + ["trainer.total_training_steps=2", "trainer.save_freq=1"]).fit()
     assert sorted(p.name for p in run.glob("global_step_*")) == ["global_step_1"]  # no half checkpoint
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_probe_of_a_damaged_checkpoint_is_one_line(tiny, tmp_path, capsys):
+    run = tmp_path / "run"
+    quiet(tiny + ["trainer.total_training_steps=1", "trainer.save_freq=1"]).fit()
+    ckpt = run / "global_step_1"
+    weights = ckpt / "actor" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert cli.main(["probe", "--resume-from-path", str(ckpt), *tiny[:-1]]) == 2
+    err = capsys.readouterr().err
+    assert "is damaged (actor/model.safetensors is truncated)" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no probe directory

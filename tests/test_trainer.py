@@ -166,7 +166,7 @@ def test_hook_sees_prepared_batch_and_can_stop(tiny, tmp_path):
 
 
 def test_empty_filter_skips_then_stops(tiny, tmp_path):
-    from rlgrad.rl.trainer import RunStopped
+    from rlgrad.rl.run_directory import RunStopped
     # include_zero=false with a reward that never varies (weights zero) keeps nothing.
     cfg = load_config(overrides=tiny + ["trainer.total_training_steps=5", "rollout.rollout_filter_include_zero=false",
                                         "reward.weights={correctness: 0.0, format: 0.0}",
@@ -204,3 +204,43 @@ def test_a_checkpoint_from_before_torchrun_support_is_refused_in_one_line(tiny, 
     torch.save(state, path)
     with pytest.raises(UserError, match="before 0.1's torchrun support"):
         make_trainer(load_config(overrides=tiny + ["trainer.total_training_steps=2"]), log=lambda *a: None)
+
+
+TERM_SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    from rlgrad.config import load_config
+    from rlgrad.hooks import Hook
+    from rlgrad.recipes import make_trainer
+    from rlgrad.rl.run_directory import Interrupted
+
+    class Term(Hook):
+        def before_update(self, ctx):
+            if ctx.step == int(os.environ["TERM_AT"]):
+                os.kill(os.getpid(), getattr(signal, os.environ["SIG"]))  # mid-step: the step still completes
+
+    try:
+        make_trainer(load_config(overrides=sys.argv[1:]), hooks=[Term()], log=lambda *a: None).fit()
+    except Interrupted as e:
+        sys.exit(128 + e.signum)
+""")
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_stops_after_the_step_with_a_checkpoint_and_resumes_exactly(tiny, tmp_path, sig):
+    steps = ["trainer.total_training_steps=4", "trainer.save_freq=-1", "trainer.test_freq=-1"]
+    ov = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + steps
+    straight = tmp_path / "straight"
+    make_trainer(load_config(overrides=ov + [f"trainer.default_local_dir={straight}"]), log=lambda *a: None).fit()
+    stopped = tmp_path / "stopped"
+    script = tmp_path / "term.py"
+    script.write_text(TERM_SCRIPT)
+    p = subprocess.run([sys.executable, str(script), *ov, f"trainer.default_local_dir={stopped}"],
+                       env={**os.environ, "TERM_AT": "2", "SIG": sig}, capture_output=True, text=True, cwd=REPO,
+                       timeout=300)
+    assert p.returncode == 128 + getattr(signal, sig), p.stderr[-2000:]
+    assert [x["step"] for x in rows(stopped)] == [0, 1, 2]  # step 2 whole, nothing of step 3
+    assert (stopped / "global_step_2" / "COMPLETE").exists()  # a checkpoint although save_freq=-1
+    make_trainer(load_config(overrides=ov + [f"trainer.default_local_dir={stopped}"]), log=lambda *a: None).fit()
+    a, b = weights(straight / "global_step_4"), weights(stopped / "global_step_4")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [x["step"] for x in rows(stopped)] == [0, 1, 2, 3, 4]

@@ -21,13 +21,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config_name, args.config_file, args.overrides)  # before the heavy imports: fast errors
     from rlgrad import distributed
     from rlgrad.recipes import make_trainer
-    from rlgrad.rl.trainer import RunStopped
+    from rlgrad.rl.run_directory import Interrupted, RunStopped
 
     distributed.setup(cfg)  # torchrun: join the process group (a no-op in one process)
     try:
         trainer = make_trainer(cfg)
         try:
             summary = trainer.fit()
+        except Interrupted as e:
+            if trainer.is_main:
+                print(f"rlgrad: {e}", file=sys.stderr)
+            return 128 + e.signum  # the shell's convention for a signal
         except RunStopped as e:
             if trainer.is_main:
                 print(f"rlgrad: run stopped: {e}", file=sys.stderr)
@@ -66,12 +70,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rlgrad.config import load_config
-    from rlgrad.rl.checkpoint import checkpoint_step
+    from rlgrad.rl.checkpoint import checkpoint_step, damage
 
     ckpt = Path(args.resume_from_path)
     if not ckpt.is_dir():
         raise UserError(f"--resume-from-path '{ckpt}' does not exist")
     step = checkpoint_step(ckpt)
+    if why := damage(ckpt):
+        raise UserError(f"checkpoint '{ckpt}' is damaged ({why}); probe an earlier global_step_N")
     run_cfg = ckpt.parent / "config.yaml"
     name = f"{ckpt.parent.name}_probe_step{step}_{time.strftime('%Y%m%d-%H%M%S')}"
     # Where the probe reads and writes, and RAGEN's probe settings: it ends after the bucket analysis.
@@ -84,7 +90,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                       base_file=str(run_cfg) if run_cfg.is_file() else None, probe=True)
     from rlgrad import distributed
     from rlgrad.recipes import make_prober
-    from rlgrad.rl.trainer import RunStopped
+    from rlgrad.rl.run_directory import RunStopped
 
     distributed.setup(cfg)
     try:

@@ -1,10 +1,13 @@
-"""Where a run lives and whether it may continue: the run directory, the checkpoint to resume from, and the
-settings a resume may not change."""
+"""Where a run lives and whether it may continue: the run directory, the checkpoint to resume from, the
+settings a resume may not change, and the signals that stop a run between steps."""
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 from rlgrad.config import RLGradConfig, flat_settings, from_yaml_file
@@ -72,3 +75,41 @@ def config_changes(run_dir: Path, cfg: RLGradConfig) -> dict[str, list]:
             f"{k} ({diff[k][0]!r}, now {diff[k][1]!r})" for k in fixed)
             + "; these define the run: start a new one (trainer.experiment_name or trainer.default_local_dir)")
     return diff
+
+
+class RunStopped(Exception):
+    """The run ended early for a reason the user must see (not bad input)."""
+
+
+class Interrupted(RunStopped):
+    """SIGTERM / SIGINT: the run stopped after a whole step and its checkpoint (``signum``: which signal)."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+@contextmanager
+def stop_requests():
+    """Note SIGTERM / SIGINT instead of dying mid-step; yields a list that holds the signal once one came."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
+        yield got
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s in previous:
+        signal.signal(s, lambda signum, frame: got.append(signum))
+    try:
+        yield got
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def forget_run_dir(run_dir: Path) -> None:
+    """Remove the directory a fresh run created and was rejected in before its first step (the run holds its
+    lock: no other run is in it), so the corrected rerun starts."""
+    import shutil
+
+    if run_dir.is_dir():
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import signal
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -67,11 +68,11 @@ from rlgrad.loss import CriticSettings, LossSettings, critic_loss_fn
 from rlgrad.metrics import key
 from rlgrad.models import load_actor, load_critic, load_pretrained, load_value_model
 from rlgrad.rl import checkpoint as ckpt
+from rlgrad.rl import run_directory as runs
 from rlgrad.rl.actor import update_actor
 from rlgrad.rl.critic import compute_values, update_critic
 from rlgrad.rl.filter import rollout_filter
 from rlgrad.rl.rollout import PromptTooLong, check_prompt_rendering, compute_log_probs, generate, render_prompts
-from rlgrad.rl.run_directory import config_changes, find_resume_point, resolve_run_dir
 from rlgrad.rundir import (
     atomic_write_text,
     lock_run_dir,
@@ -79,10 +80,6 @@ from rlgrad.rundir import (
     truncate_jsonl_after,
 )
 from rlgrad.tasks import build_task
-
-
-class RunStopped(Exception):
-    """The run ended early for a reason the user must see (not bad input)."""
 
 
 @contextmanager
@@ -130,7 +127,7 @@ class Trainer:
                             "there is)")
         self.device = torch.device("cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
                                    else "cpu")
-        self.run_dir = resolve_run_dir(cfg)
+        self.run_dir = runs.resolve_run_dir(cfg)
         self.is_main = is_main()
         self.log = log if self.is_main else (lambda *a, **k: None)
         # Under torchrun (any number of processes) each group samples from its own generator, so 1 and N
@@ -145,7 +142,7 @@ class Trainer:
             train_files=list(cfg.data.train_files), val_files=list(cfg.data.val_files),
             length_max=cfg.reward.length_max, length_unit=cfg.reward.length_unit,
             reasoning_gym=cfg.data.reasoning_gym))
-        self.resume_from = distributed.decide(lambda: find_resume_point(cfg, self.run_dir))
+        self.resume_from = distributed.decide(lambda: runs.find_resume_point(cfg, self.run_dir))
         torch.manual_seed(t.seed)
         if self.resume_from is not None:
             self.actor, self.tokenizer = distributed.agree(
@@ -228,7 +225,7 @@ class Trainer:
         t, rd = self.cfg.trainer, self.run_dir
         if not self.is_main:  # only rank 0 writes
             return MetricLogger([])
-        changes = config_changes(rd, self.cfg) if (rd / "config.yaml").is_file() else {}
+        changes = runs.config_changes(rd, self.cfg) if (rd / "config.yaml").is_file() else {}
         self.created_run_dir = not (rd.exists() and any(rd.iterdir()))
         rd.mkdir(parents=True, exist_ok=True)
         self.run_lock = lock_run_dir(rd)
@@ -424,7 +421,7 @@ class Trainer:
         m["rollout/filter_empty"] = 1.0
         limit = self.cfg.rollout.rollout_filter_empty_stop_steps
         if self.empty_streak >= limit:
-            raise RunStopped(f"the rollout filter kept nothing for {self.empty_streak} consecutive steps "
+            raise runs.RunStopped(f"the rollout filter kept nothing for {self.empty_streak} consecutive steps "
                              f"(rollout.rollout_filter_empty_stop_steps={limit}); "
                              "loosen rollout.rollout_filter_value or rollout.rollout_filter_include_zero")
         self.log(f"step {step}: the rollout filter kept no group; step skipped")
@@ -494,7 +491,7 @@ class Trainer:
         t0 = time.perf_counter()
         try:
             collected = self.collect(step, m)
-        except RunStopped:
+        except runs.RunStopped:
             m["timing_s/step"] = time.perf_counter() - t0
             logger.log(step, m)
             raise
@@ -545,6 +542,12 @@ class Trainer:
             return self.summary
         logger = distributed.agree(self._open_run_dir)
         start = self.step
+        with runs.stop_requests() as signals:
+            return self._fit(logger, start, signals)
+
+    def _fit(self, logger: MetricLogger, start: int, signals: list[int]) -> dict[str, float]:
+        t = self.cfg.trainer
+        total = t.total_training_steps
         try:
             has_row = distributed.decide(
                 lambda: any(r.get("step") == self.step for r in read_jsonl(self.run_dir / "metrics.jsonl")))
@@ -558,6 +561,9 @@ class Trainer:
                     logger.log(step, metrics)
                     self.summary["stopped_at_step"] = step
                     break
+                # A signal stops the run after this step, as the step would have ended anyway (validation only
+                # where due, so the checkpoint's RNG state is the uninterrupted run's), plus a checkpoint.
+                interrupted = distributed.decide(lambda: signals[0] if signals else 0)
                 last = step == total
                 if last or (t.test_freq > 0 and step % t.test_freq == 0):
                     with timer(metrics, "timing_s/val"):
@@ -566,26 +572,23 @@ class Trainer:
                     self.summary["val/accuracy_after"] = metrics["val/accuracy"]
                 self.step = step
                 logger.log(step, metrics)
-                if last or (t.save_freq > 0 and step % t.save_freq == 0):
+                if last or interrupted or (t.save_freq > 0 and step % t.save_freq == 0):
                     state = self._state()  # every rank: FSDP2 gathers the optimizer state
                     if self.is_main:
                         models = ({"actor": self.actor} if self.critic is None
                                   else {"actor": self.actor, "critic": self.critic})
                         ckpt.save_checkpoint(self.run_dir, step, models, self.tokenizer, state, t.max_ckpt_to_keep)
+                if interrupted and not last:
+                    raise runs.Interrupted(f"{signal.Signals(interrupted).name} after step {step}: its metrics and "
+                                      f"checkpoint are written; the same command resumes", interrupted)
         except UserError:
             if self.step == start and getattr(self, "created_run_dir", False):
                 logger.close()
-                self._forget_run_dir()  # bad input found before the first step: leave no trace, the rerun starts
+                if self.is_main:  # bad input found before the first step: leave no trace, the rerun starts
+                    runs.forget_run_dir(self.run_dir)
             raise
         finally:
             logger.close()
             for hook in self.hooks:
                 hook.close()
         return self.summary
-
-    def _forget_run_dir(self) -> None:
-        """Remove the directory this fresh run created (we hold its lock: no other run is in it)."""
-        import shutil
-
-        if self.is_main and self.run_dir.is_dir():
-            shutil.rmtree(self.run_dir, ignore_errors=True)
