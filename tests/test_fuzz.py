@@ -274,3 +274,24 @@ def test_bad_argument_values_for_every_subcommand(tmp_path, capsys):
         assert rc == 2, (argv, rc, err)
         assert err.startswith("rlgrad: error:") and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
         assert snapshot(tmp_path) == before, argv
+
+
+def test_written_files_follow_the_umask_and_errors_name_the_right_help(tmp_path, capsys):
+    from rlgrad.rundir import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x")  # a report or figure must be readable by others to be shared
+        assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
+        os.umask(0o077)
+        atomic_write_text(tmp_path / "b.txt", "x")
+        assert (tmp_path / "b.txt").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
+    for argv, hint in ((["nosuchcommand"], "(see rlgrad --help)"), (["plot", "--nope"], "(see rlgrad plot --help)")):
+        try:
+            cli.main(argv)
+        except SystemExit as e:
+            assert e.code == 2
+        err = capsys.readouterr().err
+        assert err.rstrip().endswith(hint) and "rlgrad rlgrad" not in err, err

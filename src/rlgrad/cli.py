@@ -61,7 +61,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2 (argparse would print the usage too)
-        self.exit(2, f"rlgrad: error: {message} (see rlgrad {self.prog.split()[-1]} --help)\n")
+        sub = self.prog.split()[1:]  # "rlgrad" or "rlgrad train": the help of the command that failed
+        self.exit(2, f"rlgrad: error: {message} (see rlgrad {' '.join(sub + ['--help'])})\n")
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -314,11 +315,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="json", choices=["json"], help="output format (default: json)")
     p.add_argument("--output", help="output file (default: RUN/all_rewards.json)")
     p.set_defaults(func=cmd_export)
+    parser.subcommands = sub.choices  # name -> its parser
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the subcommand's own parser, so the hint points at its help
+        parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except UserError as e:

@@ -22,6 +22,12 @@ from typing import Any
 from rlgrad.errors import UserError
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it: put it back at once
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write to a temp file in the same directory, fsync, then rename over ``path``. A path that cannot be
     written (a directory, under a file, read-only, a full disk) is a one-line error naming it; ``path`` is
@@ -33,6 +39,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600: give the file the mode open() would
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
