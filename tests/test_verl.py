@@ -34,12 +34,21 @@ from rlgrad.models import build_char_tokenizer, build_tiny_model  # noqa: E402
 from tests.verl_cpu import N, R, actor_config, verl_batch, worker  # noqa: E402
 
 
+def free_port() -> int:
+    """A port no process listens on (pid-derived ports collided between the two process groups)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     import torch.distributed as dist
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(29500 + os.getpid() % 1000))
+                      MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo")  # verl's worker joins an existing group
     root = tmp_path_factory.mktemp("verl")
     tok = build_char_tokenizer()
@@ -236,7 +245,7 @@ def test_two_ranks_give_the_one_process_numbers(model_dir, tmp_path):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                          "--master_port", str(29600 + os.getpid() % 300), str(script), str(model_dir), str(run)],
+                          "--master_port", str(free_port()), str(script), str(model_dir), str(run)],
                          env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     first = {}

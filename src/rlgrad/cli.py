@@ -151,8 +151,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from rlgrad.viz.doctor import doctor_command
 
-    if args.run is None and args.wandb_path is None:
-        raise UserError("name a run: a run directory, a TRL output directory, a verl JSONL log, or --wandb-path")
     return doctor_command(args.run, args.wandb_path, args.json, args.explain, args.thresholds)
 
 

@@ -5,3 +5,37 @@
 Each integration turns the trainer's own batch and loss into a ``Batch`` and a ``LossFn`` and runs the same
 hooks rlgrad's trainer runs (``rlgrad.analysis.hooks_from_config``), writing the same run files.
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlgrad.config import RLGradConfig, flat_settings, load_config
+from rlgrad.errors import UserError
+from rlgrad.logging.sinks import JsonlSink
+from rlgrad.rundir import read_jsonl, truncate_jsonl_after
+
+
+def instrument_settings(overrides: list[str], unsupported: dict[str, object], trainer: str) -> RLGradConfig:
+    """rlgrad's settings for the instruments inside another trainer; a one-line error for one that needs
+    rlgrad's own trainer (``unsupported``: key -> the only value allowed)."""
+    cfg = load_config(None, None, overrides)
+    values = flat_settings(cfg)
+    for k, default in unsupported.items():
+        if values[k] != default:
+            raise UserError(f"'{k}' needs rlgrad's own trainer; with {trainer} leave it at {default}")
+    return cfg
+
+
+def open_metrics(run_dir: Path, resumed_step: int, new_dir: str, also: tuple[Path, ...] = ()) -> JsonlSink:
+    """``run_dir/metrics.jsonl`` for appending: another run's is refused (``new_dir`` says how to choose a new
+    directory), a resumed run's (and ``also``'s) rows after ``resumed_step`` are dropped, as it recomputes them."""
+    path = run_dir / "metrics.jsonl"
+    if resumed_step == 0 and path.exists() and read_jsonl(path):
+        raise UserError(f"'{run_dir}' already holds an rlgrad metrics.jsonl of another run: {new_dir}, or resume "
+                        "that run")
+    for f in (path, *also):
+        if f.exists():
+            truncate_jsonl_after(f, resumed_step)
+    return JsonlSink(path)
+

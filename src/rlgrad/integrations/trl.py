@@ -35,16 +35,15 @@ from transformers import TrainerCallback
 
 from rlgrad import collectives
 from rlgrad.analysis import hooks_from_config
-from rlgrad.config import load_config
 from rlgrad.errors import UserError
 from rlgrad.hooks import StepContext
+from rlgrad.integrations import instrument_settings, open_metrics
 from rlgrad.integrations.trl_loss import TRLLoss, TRLLossSettings, batch_from_trl, trl_reward_view
 from rlgrad.logging.rewards import RewardComponentLog, step_record
 from rlgrad.logging.rollouts import RolloutLog, gather_samples, prompt_texts, rollout_dir, step_samples
 from rlgrad.logging.sinks import JsonlSink
 from rlgrad.loss import LossSettings
 from rlgrad.metrics import foreign_key
-from rlgrad.rundir import read_jsonl, truncate_jsonl_after
 
 try:
     from trl import GRPOTrainer as _TRLGRPOTrainer
@@ -112,13 +111,8 @@ class _Instruments:
 
     def __init__(self, trainer: _TRLGRPOTrainer, overrides: list[str], run_dir: Path):
         self.trainer = trainer
-        self.cfg = load_config(None, None, [*DEFAULTS, *overrides, f"trainer.seed={trainer.args.seed}"])
-        values = {f"analysis.buckets.{k}": v for k, v in vars(self.cfg.analysis.buckets).items()}
-        values.update({"analysis.components.mode": self.cfg.analysis.components.mode,
-                       "analysis.neurons.actor.reset_every": self.cfg.analysis.neurons.actor.reset_every})
-        for k, default in UNSUPPORTED.items():
-            if values[k] != default:
-                raise UserError(f"'{k}' needs rlgrad's own trainer; with TRL leave it at {default}")
+        self.cfg = instrument_settings([*DEFAULTS, *overrides, f"trainer.seed={trainer.args.seed}"], UNSUPPORTED,
+                                       "TRL")
         self.loss = TRLLoss(TRLLossSettings.of(trainer))
         self.hooks = hooks_from_config(self.cfg)
         self.run_dir = run_dir
@@ -134,15 +128,9 @@ class _Instruments:
     # ---- run directory -----------------------------------------------------------------------------
     def open(self, step: int) -> None:
         """At the start of training (``step``: the resumed global step): refuse another run's files, resume ours."""
-        path = self.run_dir / "metrics.jsonl"
         if self.is_main:
-            if step == 0 and path.exists() and read_jsonl(path):
-                raise UserError(f"'{self.run_dir}' already holds an rlgrad metrics.jsonl of another run: use a new "
-                                "output_dir (or rlgrad_dir), or resume that run")
-            for f in (path, self.run_dir / "reward_components.jsonl"):
-                if f.exists():
-                    truncate_jsonl_after(f, step)  # a resumed run recomputes the steps after its checkpoint
-            self.metrics_log = JsonlSink(path)
+            self.metrics_log = open_metrics(self.run_dir, step, "use a new output_dir (or rlgrad_dir)",
+                                            also=(self.run_dir / "reward_components.jsonl",))
             self.reward_log = RewardComponentLog(self.run_dir)
             self.rollout_log = RolloutLog(rollout_dir(self.run_dir))
             self.rollout_log.discard_after(step)

@@ -31,13 +31,12 @@ from packaging.version import Version
 
 from rlgrad.analysis import hooks_from_config, schedules
 from rlgrad.collectives import all_reduce_sum, is_main
-from rlgrad.config import load_config
 from rlgrad.distributed import sync_policy
 from rlgrad.errors import UserError
 from rlgrad.hooks import Schedule, StepContext
+from rlgrad.integrations import instrument_settings, open_metrics
 from rlgrad.integrations.verl_loss import batch_from_verl, verl_loss_settings
 from rlgrad.logging.sinks import JsonlSink
-from rlgrad.rundir import read_jsonl, truncate_jsonl_after
 
 try:
     from verl.workers.engine_workers import ActorRolloutRefWorker as _VerlActorRolloutRefWorker
@@ -123,12 +122,7 @@ class _Instruments:
     def __init__(self, worker: _VerlTrainingWorker, actor_config, overrides: list[str], run_dir: Path,
                  temperature: float):
         self.worker = worker
-        self.cfg = load_config(None, None, [*DEFAULTS, *overrides])
-        values = {f"analysis.buckets.{k}": v for k, v in vars(self.cfg.analysis.buckets).items()}
-        values["analysis.neurons.actor.reset_every"] = self.cfg.analysis.neurons.actor.reset_every
-        for k, default in UNSUPPORTED.items():
-            if values[k] != default:
-                raise UserError(f"'{k}' needs rlgrad's own trainer; with verl leave it at {default}")
+        self.cfg = instrument_settings([*DEFAULTS, *overrides], UNSUPPORTED, "verl")
         engine_cfg = worker.engine_config
         if getattr(engine_cfg, "ulysses_sequence_parallel_size", 1) > 1:
             raise UserError("rlgrad's instruments need every data-parallel rank to hold whole sequences: "
@@ -160,14 +154,9 @@ class _Instruments:
         if self._opened:
             return
         self._opened = True
-        if is_main():
-            path = self.run_dir / "metrics.jsonl"
-            if self.step == 1 and path.exists() and read_jsonl(path):
-                raise UserError(f"'{self.run_dir}' already holds an rlgrad metrics.jsonl of another run: set "
-                                "actor_rollout_ref.rlgrad.dir to a new directory, or resume that run")
-            if path.exists():
-                truncate_jsonl_after(path, self.step - 1)  # a resumed run recomputes the steps after its checkpoint
-            self.metrics_log = JsonlSink(path)
+        if is_main():  # self.step is the step about to run: the run resumed after step - 1
+            self.metrics_log = open_metrics(self.run_dir, self.step - 1,
+                                            "set actor_rollout_ref.rlgrad.dir to a new directory")
 
     def resume(self, step: int) -> None:
         self.step = step

@@ -229,10 +229,9 @@ class Trainer:
         self.created_run_dir = not (rd.exists() and any(rd.iterdir()))
         rd.mkdir(parents=True, exist_ok=True)
         self.run_lock = lock_run_dir(rd)
-        if not (rd / "config.yaml").exists():
+        if changes or not (rd / "config.yaml").exists():
             atomic_write_text(rd / "config.yaml", to_yaml(self.cfg))
-        elif changes:
-            atomic_write_text(rd / "config.yaml", to_yaml(self.cfg))
+        if changes:
             with open(rd / "config_changes.jsonl", "a") as f:
                 f.write(json.dumps({"step": self.step, "changes": changes}) + "\n")
             self.log(f"resuming at step {self.step} with changed settings (recorded in config_changes.jsonl): "
