@@ -10,7 +10,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlgrad"
 # Lowest first. A unit (a top-level module or subpackage of rlgrad) may import only units of LOWER layers
 # (and itself): siblings of one layer never import each other.
 LAYERS = [
-    {"errors", "aliases"},
+    {"errors", "aliases", "fields"},
+    {"envs"},  # the environments of multi-turn agents and their settings: stdlib / numpy / gymnasium only
     {"batch", "collectives", "core", "rundir", "metrics", "config"},  # leaves: torch / stdlib (+ errors) only
     {"loss", "tasks", "logging", "models", "distributed"},  # the loss math; data, sinks, models, processes
     {"hooks"},  # the hook contract: a batch, the models, the loss

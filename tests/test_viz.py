@@ -165,6 +165,23 @@ def test_a_run_gets_only_the_figures_it_has_data_for(recorded_run, tmp_path):
     assert list(step_figures(D.load_run(plain), 2)) == RAGEN_FILES + ["layers"]
 
 
+def test_plot_draws_a_run_without_bucket_analysis(recorded_run, tmp_path, capsys):
+    """A run with the bucket analysis off (components_demo) still gets its component and neuron figures."""
+    run = tmp_path / "no-buckets"
+    shutil.copytree(recorded_run, run, ignore=shutil.ignore_patterns("global_step_*"))
+    _write_rows(run, {s: {k: v for k, v in d.items() if not k.startswith(("grad_norm/", "grad_norm_prefilter/"))}
+                      for s, d in _rows(run).items()})
+    out = tmp_path / "out"
+    assert main(["plot", str(run), "--output-dir", str(out), "--dpi", DPI]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert "gradient_analysis_components_step_1.png" in names and "gradient_analysis_neurons_step_2.png" in names
+    assert not any("summary" in n or "rv_table" in n for n in names)
+    # a step list with one missing step draws the others and says which is missing
+    assert main(["plot", str(run), "--step", "1", "51", "--output-dir", str(tmp_path / "o2"), "--dpi", DPI]) == 0
+    assert "no analysis at step 51" in capsys.readouterr().out
+    assert (tmp_path / "o2" / "gradient_analysis_components_step_1.png").is_file()
+
+
 def test_list_steps(recorded_run, capsys):
     assert main(["plot", str(recorded_run), "--list-steps"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -586,7 +603,7 @@ def test_report_without_analysis_has_fewer_sections(tmp_path, capsys):
     _write_rows(run, {s: {"critic/score/mean": 0.1 * s, "actor/grad_norm": 1.0 / s, "actor/entropy": 2.0}
                       for s in (1, 2, 3)})
     assert main(["plot", str(run)]) == 2
-    assert "no gradient-analysis steps" in capsys.readouterr().err
+    assert "holds no analysis steps" in capsys.readouterr().err
     assert main(["report", str(run), "--dpi", DPI]) == 0  # default: RUN_DIR/report.html, written atomically
     assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl", "report.html"]
     page = (run / "report.html").read_text()

@@ -39,6 +39,14 @@ ALIASES: dict[str, str] = {
         ("metric_freq", "metric_every"), ("reset_freq", "reset_every"), ("tau", "tau"), ("mode", "mode"),
         ("max_reset_frac", "max_reset_frac"), ("nullspace_samples", "nullspace_samples"),
         ("reset_outgoing", "reset_outgoing"))},
+    # RAGEN's agent and environment settings (data.task=sokoban | frozen_lake)
+    "agent_proxy.": "agent.",
+    "es_manager.format_penalty": "agent.format_penalty",
+    **{f"custom_envs.{tag}.max_actions_per_traj": "agent.max_actions_per_traj"
+       for tag in ("SimpleSokoban", "LargerSokoban", "FrozenLake")},
+    "custom_envs.SimpleSokoban.env_config.": "env.sokoban.",
+    "custom_envs.LargerSokoban.env_config.": "env.sokoban.",
+    "custom_envs.FrozenLake.env_config.": "env.frozen_lake.",
     "actor_rollout_ref.actor.": "actor.",
     "actor_rollout_ref.rollout.": "rollout.",
     "actor_rollout_ref.model.": "model.",

@@ -9,8 +9,11 @@ Alignment convention (used everywhere in rlgrad):
   log-prob -- predicted from the logits at position ``t - 1`` -- enters the loss.
   Column 0 is therefore never a response token.
 * Per-token tensors (``old_log_probs``, ``ref_log_probs``, ``advantages``,
-  ``values``, ``returns``) use the same alignment: entry ``[i, t]`` belongs to
+  ``values``, ``returns``, ``token_rewards``) use the same alignment: entry ``[i, t]`` belongs to
   token ``t`` and is zero wherever ``response_mask`` is zero.
+
+A row may hold several response spans: a multi-turn episode (``rlgrad.rl.episodes``) interleaves the
+model's turns (mask 1) with the environment's text (mask 0).
 
 Per-sample tensors are ``[N]``. ``group_ids`` are global prompt-group ids: the
 ``rollout.n`` samples of one prompt share a group id. ``global_index`` (optional) is each row's
@@ -54,6 +57,9 @@ class Batch:
     advantages: torch.Tensor | None = None  # [N, L]
     values: torch.Tensor | None = None  # [N, L]
     returns: torch.Tensor | None = None  # [N, L]
+    # [N, L] per-token rewards when the task gives more than one per sequence (multi-turn agents with
+    # agent.use_turn_scores: each turn's on its last token); None: the score on the last response token
+    token_rewards: torch.Tensor | None = None
     global_index: torch.Tensor | None = None  # [N] long; None: the rows are in global order (ranks in order)
 
     def __len__(self) -> int:

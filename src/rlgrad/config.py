@@ -24,22 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlgrad.aliases import PROBE_ONLY_KEY, resolve_alias
+from rlgrad.envs.config import AgentConfig, EnvConfig
 from rlgrad.errors import UserError
-
-
-def _f(default: Any = dataclasses.MISSING, help: str = "", choices: tuple | None = None, *,
-       ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
-       also: tuple = (), why: str = "", **kw):
-    """A setting: its default, its documentation, and what it accepts (checked by ``validate`` for every field):
-    ``choices``, or bounds ``ge`` / ``gt`` / ``le`` / ``lt`` (a number must also be finite), ``also`` values
-    allowed outside them (``-1``: "off"), ``why`` the reason shown with a refusal."""
-    meta = {"help": help, "bounds": {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt))
-                                     if v is not None}, "also": also, "why": why}
-    if choices:
-        meta["choices"] = choices
-    if default is not dataclasses.MISSING and isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta, **kw)
-    return field(default=default, metadata=meta, **kw)
+from rlgrad.fields import setting as _f
 
 
 @dataclass
@@ -80,8 +67,9 @@ class ReasoningGymConfig:
 
 @dataclass
 class DataConfig:
-    task: str = _f("arithmetic", "Task: arithmetic | countdown | math | reasoning_gym.",
-                   choices=("arithmetic", "countdown", "math", "reasoning_gym"))
+    task: str = _f("arithmetic", "Task: arithmetic | countdown | math | reasoning_gym (single-turn), or a multi-turn "
+                   "environment: sokoban | frozen_lake (agent.*, env.*).",
+                   choices=("arithmetic", "countdown", "math", "reasoning_gym", "sokoban", "frozen_lake"))
     train_batch_size: int = _f(16, "Prompts per training step (each sampled rollout.n times).", ge=1)
     val_size: int = _f(128, "Validation prompts (generated tasks) or held-out rows (math without val_files).", ge=1)
     train_files: list[str] = _f([], "math: local .jsonl/.parquet training files.")
@@ -357,6 +345,8 @@ class RLGradConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
 
 
 OUTCOME_ESTIMATORS = ("grpo", "rloo")  # one advantage per response: what the reward-component geometry needs
@@ -570,6 +560,12 @@ def validate(cfg: RLGradConfig) -> None:
     p = cfg.critic.model.path
     if cfg.algorithm.adv_estimator == "gae" and p is not None and not (Path(p) / "config.json").is_file():
         raise UserError(f"'critic.model.path' '{p}' is not a local Hugging Face model directory (no config.json)")
+    if cfg.agent.use_turn_scores and cfg.algorithm.adv_estimator != "gae":
+        raise UserError("'agent.use_turn_scores' gives per-turn rewards, which only gae turns into advantages; "
+                        f"algorithm.adv_estimator is '{cfg.algorithm.adv_estimator}'")
+    if cfg.agent.use_turn_scores and cfg.agent.window is not None:
+        raise UserError("'agent.use_turn_scores' needs every turn in the trained sequence "
+                        "(agent.context_window_mode=full); a window drops the earlier turns' rewards")
     if cfg.data.task == "math" and not cfg.data.train_files:
         raise UserError("'data.task=math' needs 'data.train_files' (local .jsonl or .parquet)")
 

@@ -50,6 +50,10 @@ FIELD_MEANINGS: dict[str, str] = {
 # Group id -> (heading, one line of context shown under it), in document order.
 GROUPS: dict[str, tuple[str, str]] = {
     "rollout": ("Rollout", "The step's sampled training responses, before the rollout filter."),
+    "agent": ("Agent episodes (`env/`, `val/env/`)",
+              "data.task=sokoban | frozen_lake: the step's training episodes before the rollout filter (`env/`), "
+              "and the validation episodes (`val/env/`, one per validation start, greedy unless "
+              "rollout.val_do_sample)."),
     "filter": ("Rollout filter", "The prompt groups the rollout filter (rollout.rollout_filter_*) kept."),
     "reward": ("Rewards and advantages",
                "The kept batch: the responses the rollout filter kept, as the update sees them."),
@@ -134,6 +138,35 @@ CATALOGUE: tuple[Metric, ...] = (
          "responses."),
         ("response_length/clip_ratio",
          "Fraction of the step's sampled training responses cut at rollout.response_length without an EOS."),
+    ),
+    *_group(
+        "agent",
+        ("env/success",
+         "Fraction of episodes that ended in success (the environment's `success`, e.g. every box on a target)."),
+        ("env/num_turns",
+         "Mean model turns per episode."),
+        ("env/num_actions",
+         "Mean actions the environment played per episode."),
+        ("env/episode_reward",
+         "Mean episode score: the environment's rewards plus the format penalties, weighted by reward.weights."),
+        ("env/action_is_valid",
+         "Fraction of the action words the model wrote (up to agent.max_actions_per_turn a turn) that the "
+         "environment knows."),
+        ("env/action_is_effective",
+         "Fraction of the played actions that changed the environment's state (a move into a wall does not)."),
+        ("val/env/success",
+         "Fraction of episodes that ended in success (the environment's `success`, e.g. every box on a target)."),
+        ("val/env/num_turns",
+         "Mean model turns per episode."),
+        ("val/env/num_actions",
+         "Mean actions the environment played per episode."),
+        ("val/env/episode_reward",
+         "Mean episode score: the environment's rewards plus the format penalties, weighted by reward.weights."),
+        ("val/env/action_is_valid",
+         "Fraction of the action words the model wrote (up to agent.max_actions_per_turn a turn) that the "
+         "environment knows."),
+        ("val/env/action_is_effective",
+         "Fraction of the played actions that changed the environment's state (a move into a wall does not)."),
     ),
     *_group(
         "filter",

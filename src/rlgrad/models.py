@@ -305,9 +305,12 @@ def cache_root(cfg: ModelConfig) -> Path:
     return _cache_dir(cfg.cache_dir)
 
 
-def warmstart_key(cfg: ModelConfig, task_name: str, seed: int) -> str:
+def warmstart_key(cfg: ModelConfig, task_name: str, seed: int, task_spec: dict | None = None) -> str:
+    """``task_spec``: what else the warm start depends on (a multi-turn task's environment and agent settings)."""
     spec = {"v": WARMSTART_VERSION, "tiny": asdict(cfg.tiny), "task": task_name, "seed": seed,
             "steps": cfg.warmstart_steps, "lr": cfg.warmstart_lr, "bs": cfg.warmstart_batch_size}
+    if task_spec:
+        spec["task_spec"] = task_spec
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -331,7 +334,8 @@ def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int) ->
     """A short SFT phase on the task's reference responses (AdamW, one-cycle schedule).
 
     A task may supply its own warm-start teacher, ``task.warmstart_target(example, rng)``
-    (arithmetic: a sloppy one, so that RL has mistakes to fix); otherwise ``task.sft_target``.
+    (arithmetic: a sloppy one, so that RL has mistakes to fix); otherwise ``task.sft_target``. A multi-turn task
+    hands whole contexts and answers instead, ``task.warmstart_pairs(n, rng, eos)`` (a sloppy planner's turns).
     """
     rng = random.Random(seed)
     teacher = getattr(task, "warmstart_target", None)
@@ -340,9 +344,12 @@ def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int) ->
                                                 pct_start=0.1)
     model.train()
     for _ in range(cfg.warmstart_steps):
-        ex = task.train_examples(cfg.warmstart_batch_size, rng)
-        targets = [teacher(e, rng) if teacher else task.sft_target(e) for e in ex]
-        ids, att, lab = sft_batch(tokenizer, [e.prompt for e in ex], targets)
+        if hasattr(task, "warmstart_pairs"):
+            prompts, targets = task.warmstart_pairs(cfg.warmstart_batch_size, rng, tokenizer.eos_token)
+        else:
+            ex = task.train_examples(cfg.warmstart_batch_size, rng)
+            prompts, targets = [e.prompt for e in ex], [teacher(e, rng) if teacher else task.sft_target(e) for e in ex]
+        ids, att, lab = sft_batch(tokenizer, prompts, targets)
         pos = (att.cumsum(-1) - 1).clamp(min=0)
         logits = model(input_ids=ids, attention_mask=att, position_ids=pos).logits
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), lab[:, 1:].flatten(), ignore_index=-100)
@@ -356,7 +363,7 @@ def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int) ->
 
 def embedded_default(cfg: ModelConfig, task, seed: int, log=print):
     """Build (or reuse from the cache) the warm-started tiny default; returns its directory."""
-    key = warmstart_key(cfg, task.name, seed)
+    key = warmstart_key(cfg, task.name, seed, task.warmstart_spec() if hasattr(task, "warmstart_spec") else None)
     final = cache_root(cfg) / "warmstart" / f"{task.name}-{key}"
     if (final / "config.json").is_file() and (final / "model.safetensors").is_file():
         return final

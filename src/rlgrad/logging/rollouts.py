@@ -19,6 +19,13 @@ written too, every sample with ``kept: false``.
 The bucket of a group is not in the file: the bucket analysis runs after this file is written (a hook), and
 writes ``analysis/step_N/group_rv_table.csv``; ``rlgrad.viz.data`` joins the two when it reads a step.
 
+A multi-turn episode (``data.task=sokoban | frozen_lake``) adds its environment seed, ``success``, how it ``end``-ed
+(success | env_done | actions_spent | max_turn | context_full) and its ``turns``, each
+``{"observation", "response", "actions", "reward", "format_penalty", "response_length", "finish_reason"}``
+(the state the turn answered, the model's text from the opening tag on, the actions played, the environment's
+reward); ``prompt`` is then the episode's opening (instruction and first state) and ``response`` the model's turns,
+``response_length`` the model's tokens over all turns.
+
 A resumed run recomputes the steps past its checkpoint and replaces their files (same content).
 """
 
@@ -79,9 +86,10 @@ def sequence_advantages(advantages: torch.Tensor, response_mask: torch.Tensor, m
 def step_samples(step: int, *, prompts: list[str], responses: list[str], group_ids: torch.Tensor,
                  components: dict[str, torch.Tensor], totals: torch.Tensor, reward_std: torch.Tensor,
                  lengths: torch.Tensor, truncated: torch.Tensor, kept: torch.Tensor,
-                 advantages: list[float] | None) -> list[dict]:
+                 advantages: list[float] | None, episodes: list[dict] | None = None) -> list[dict]:
     """This rank's lines (``index`` filled in by ``gather_samples``). Per-sample tensors are ``[N]``;
-    ``kept`` is ``[N]`` bool, ``advantages`` one value per kept row in row order (None: nothing kept)."""
+    ``kept`` is ``[N]`` bool, ``advantages`` one value per kept row in row order (None: nothing kept);
+    ``episodes`` (multi-turn tasks) one record per sample, merged into its line."""
     n = len(responses)
     kept_l = [bool(x) for x in kept.tolist()]
     adv: list[float | None] = [None] * n
@@ -97,7 +105,7 @@ def step_samples(step: int, *, prompts: list[str], responses: list[str], group_i
     return [{"step": int(step), "index": i, "group_id": int(gids[i]), "prompt": prompts[i], "response": responses[i],
              "components": {c: cols[c][i] for c in cols}, "total": tot[i], "reward_std": rstd[i],
              "advantage": adv[i], "kept": kept_l[i], "response_length": int(lens[i]),
-             "finish_reason": "length" if trunc[i] else "eos"} for i in range(n)]
+             "finish_reason": "length" if trunc[i] else "eos", **(episodes[i] if episodes else {})} for i in range(n)]
 
 
 def gather_samples(samples: list[dict]) -> list[dict]:

@@ -9,10 +9,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rlgrad.errors import UserError
+from rlgrad.metrics import key
 
 
 def _clean(v: Any) -> Any:
@@ -134,3 +139,19 @@ class MetricLogger:
     def close(self) -> None:
         for s in self.sinks:
             s.close()
+
+
+@contextmanager
+def timer(metrics: dict, key: str):
+    """Seconds spent in the block, written to ``metrics[key]`` (a ``timing_s/...`` key)."""
+    t0 = time.perf_counter()
+    yield
+    metrics[key] = time.perf_counter() - t0
+
+
+def summarize(template: str, x: torch.Tensor) -> dict[str, float]:
+    """Mean, max and min of ``x`` under a ``.../{stat}`` metric template."""
+    x = x.float()
+    if x.numel() == 0:
+        return {}
+    return {key(template, stat=s): float(getattr(x, s)()) for s in ("mean", "max", "min")}

@@ -33,6 +33,12 @@ class Generation:
     log_probs: torch.Tensor | None = None
 
 
+def group_seed(seed: int, stream: int, step: int, group: int) -> int:
+    """Seed of one prompt group's sampling generator (``rollout.group_seeded_sampling``); stream 0: training,
+    1: separate analysis batches, 2: validation."""
+    return (((seed * 1_000_003 + stream) * 1_000_033 + step) * 1_000_037 + group) % (1 << 62)
+
+
 CHAT_TEMPLATE_MODES = ("auto", "true", "false")
 
 
@@ -182,9 +188,29 @@ def generate(model, tokenizer, prompts: list[str], *, n: int, max_new_tokens: in
     (how prompts are split over micro-batches or ranks). ``hf`` then generates prompt by prompt.
     ``stop_ids``: the tokens a response ends at (default: EOS; see ``stop_token_ids``).
     """
+    prompt_ids, prompt_att = encode_prompts(tokenizer, prompts, max_prompt_length)
+    return generate_from_ids(model, tokenizer, prompt_ids, prompt_att, n=n, max_new_tokens=max_new_tokens,
+                             do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
+                             micro_batch_size=micro_batch_size, engine=engine, seeds=seeds, stop_ids=stop_ids)
+
+
+def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> left-padded ``(input_ids, attention_mask)`` ``[N, max length]``."""
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.tensor([[pad] * (width - len(r)) + list(r) for r in rows], dtype=torch.long)
+    att = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    return ids.reshape(len(rows), width), att.reshape(len(rows), width)
+
+
+@torch.no_grad()
+def generate_from_ids(model, tokenizer, prompt_ids: torch.Tensor, prompt_att: torch.Tensor, *, n: int,
+                      max_new_tokens: int, do_sample: bool, temperature: float = 1.0, top_p: float = 1.0,
+                      top_k: int = 0, micro_batch_size: int = 256, engine: str = "hf",
+                      seeds: list[int] | None = None, stop_ids: list[int] | None = None) -> Generation:
+    """``generate`` on prompts already tokenized and left-padded (``prompt_ids``, ``prompt_att`` ``[P, L]``):
+    what a multi-turn episode samples from, its own token history."""
     from rlgrad.rl.decode import decode
 
-    prompt_ids, prompt_att = encode_prompts(tokenizer, prompts, max_prompt_length)
     ids, att = prompt_ids.repeat_interleave(n, 0), prompt_att.repeat_interleave(n, 0)
     device = next(model.parameters()).device
     stops = stop_ids or [tokenizer.eos_token_id]

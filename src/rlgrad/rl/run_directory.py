@@ -18,7 +18,7 @@ from rlgrad.rundir import checkpoint_dirs, holds_a_run
 # Settings that define a run: a resume that changes one is refused (a cadence or more steps may change).
 DEFINING = ("model.", "data.task", "data.train_files", "data.val_files", "data.reasoning_gym", "data.train_batch_size",
             "data.system_prompt", "data.apply_chat_template", "algorithm.", "reward.", "rollout.n",
-            "actor.policy_loss", "actor.loss_agg_mode", "critic.model", "trainer.seed")
+            "actor.policy_loss", "actor.loss_agg_mode", "critic.model", "trainer.seed", "env.", "agent.")
 
 
 def resolve_run_dir(cfg: RLGradConfig) -> Path:

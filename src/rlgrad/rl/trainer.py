@@ -33,7 +33,6 @@ import math
 import random
 import signal
 import time
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -63,16 +62,23 @@ from rlgrad.logging.rollouts import (
     sequence_advantages,
     step_samples,
 )
-from rlgrad.logging.sinks import ConsoleSink, JsonlSink, MetricLogger, TensorBoardSink, WandbSink
+from rlgrad.logging.sinks import ConsoleSink, JsonlSink, MetricLogger, TensorBoardSink, WandbSink, summarize, timer
 from rlgrad.loss import CriticSettings, LossSettings, critic_loss_fn
-from rlgrad.metrics import key
 from rlgrad.models import load_actor, load_critic, load_pretrained, load_value_model
 from rlgrad.rl import checkpoint as ckpt
 from rlgrad.rl import run_directory as runs
 from rlgrad.rl.actor import update_actor
 from rlgrad.rl.critic import compute_values, update_critic
+from rlgrad.rl.episodes import COUNTS, EpisodeRunner, episode_metrics
 from rlgrad.rl.filter import rollout_filter
-from rlgrad.rl.rollout import PromptTooLong, check_prompt_rendering, compute_log_probs, generate, render_prompts
+from rlgrad.rl.rollout import (
+    PromptTooLong,
+    check_prompt_rendering,
+    compute_log_probs,
+    generate,
+    group_seed,
+    render_prompts,
+)
 from rlgrad.rundir import (
     atomic_write_text,
     lock_run_dir,
@@ -82,14 +88,6 @@ from rlgrad.rundir import (
 from rlgrad.tasks import build_task
 
 
-@contextmanager
-def timer(metrics: dict, key: str):
-    """Seconds spent in the block, written to ``metrics[key]`` (a ``timing_s/...`` key)."""
-    t0 = time.perf_counter()
-    yield
-    metrics[key] = time.perf_counter() - t0
-
-
 def build_optimizer(model: torch.nn.Module, o) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW and its linear warm-up schedule from an ``OptimConfig`` (actor.optim, critic.optim)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
@@ -97,20 +95,6 @@ def build_optimizer(model: torch.nn.Module, o) -> tuple[torch.optim.Optimizer, t
     warm = o.lr_warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warm) if warm > 0 else 1.0)
     return optimizer, scheduler
-
-
-def group_seed(seed: int, stream: int, step: int, group: int) -> int:
-    """Seed of one prompt group's sampling generator (``rollout.group_seeded_sampling``); stream 0: training,
-    1: separate analysis batches, 2: validation."""
-    return (((seed * 1_000_003 + stream) * 1_000_033 + step) * 1_000_037 + group) % (1 << 62)
-
-
-def summarize(template: str, x: torch.Tensor) -> dict[str, float]:
-    """Mean, max and min of ``x`` under a ``.../{stat}`` metric template."""
-    x = x.float()
-    if x.numel() == 0:
-        return {}
-    return {key(template, stat=s): float(getattr(x, s)()) for s in ("mean", "max", "min")}
 
 
 class Trainer:
@@ -141,7 +125,7 @@ class Trainer:
             cfg.data.task, seed=t.seed, val_size=cfg.data.val_size, weights=dict(cfg.reward.weights),
             train_files=list(cfg.data.train_files), val_files=list(cfg.data.val_files),
             length_max=cfg.reward.length_max, length_unit=cfg.reward.length_unit,
-            reasoning_gym=cfg.data.reasoning_gym))
+            reasoning_gym=cfg.data.reasoning_gym, env=getattr(cfg.env, cfg.data.task, None), agent=cfg.agent))
         self.resume_from = distributed.decide(lambda: runs.find_resume_point(cfg, self.run_dir))
         torch.manual_seed(t.seed)
         if self.resume_from is not None:
@@ -158,6 +142,11 @@ class Trainer:
         self.chat, self.stop_ids = distributed.agree(lambda: check_prompt_rendering(
             self.tokenizer, self.actor, cfg.data.apply_chat_template, cfg.data.system_prompt,
             self.task.val_examples()[:1] or self.task.train_examples(1, random.Random(0))))
+        self.agent = None  # a multi-turn environment: its episodes are the rollouts (rl/episodes.py)
+        if getattr(self.task, "multi_turn", False):
+            self.agent = distributed.agree(lambda: EpisodeRunner(
+                self.task.make_env, cfg.agent, self.tokenizer, chat=self.chat, system_prompt=cfg.data.system_prompt,
+                stop_ids=self.stop_ids, weights=self.task.weights, max_context_length=cfg.data.max_prompt_length))
         if t.rollout_data_dir:  # where it is relative to now, not to wherever the run is looked at from
             t.rollout_data_dir = str(Path(t.rollout_data_dir).resolve())
         # train_actor: what the update runs on (DDP / FSDP2 wrapper); actor: a plain module with the same
@@ -265,6 +254,13 @@ class Trainer:
         cfg, r = self.cfg, self.cfg.rollout
         seeds = ([group_seed(cfg.trainer.seed, stream, step, first_group + i) for i in range(len(examples))]
                  if self.group_seeded and do_sample else None)
+        if self.agent is not None:  # n episodes per group, every one from the group's environment seed
+            gen_kwargs = dict(max_new_tokens=r.response_length, do_sample=do_sample, temperature=r.temperature,
+                              top_p=r.top_p, top_k=r.top_k, engine=r.engine)
+            episodes = self.agent.run(self.actor, [e.meta["env_seed"] for e in examples for _ in range(n)], gen_kwargs,
+                                      None if seeds is None else [s * 1_009 + j for s in seeds for j in range(n)])
+            return self.agent.to_batch(episodes, torch.arange(first_group, first_group + len(examples)
+                                                             ).repeat_interleave(n))
         prompts = render_prompts(self.tokenizer, examples, self.chat, cfg.data.system_prompt)
         try:
             gen = generate(self.actor, self.tokenizer, prompts, n=n,
@@ -291,20 +287,26 @@ class Trainer:
         examples = self.task.val_examples()
         lo, hi = self.shard(len(examples))
         with torch.random.fork_rng(devices=[]):  # validation never shifts the training RNG stream
-            correct, total = [torch.zeros(0)], [torch.zeros(0)]
+            correct, total, episodes = [torch.zeros(0)], [torch.zeros(0)], []
             for s in range(lo, hi, 256):
                 batch, info = self.rollout(examples[s:min(s + 256, hi)], n=1, do_sample=self.cfg.rollout.val_do_sample,
                                            first_group=s, stream=2, step=self.step)
                 correct.append(info["correct"])
                 total.append(batch.scores)
+                episodes.append(info)
         correct, total = all_gather_cat(torch.cat(correct)), all_gather_cat(torch.cat(total))
-        return {"val/accuracy": float(correct.mean()), "val/score/mean": float(total.mean())}
+        out = {"val/accuracy": float(correct.mean()), "val/score/mean": float(total.mean())}
+        if self.agent is not None:
+            out.update(episode_metrics({c: all_gather_cat(torch.cat([torch.zeros(0)] + [i[c] for i in episodes]))
+                                        for c in COUNTS}, "val"))
+        return out
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token advantages, and the critic's returns (gae only)."""
         a = self.cfg.algorithm
         if a.adv_estimator == "gae":
-            rewards = outcome_token_rewards(batch.scores, batch.response_mask)
+            rewards = (batch.token_rewards if batch.token_rewards is not None
+                       else outcome_token_rewards(batch.scores, batch.response_mask))
             return gae_advantages(rewards, batch.values, batch.response_mask, gamma=a.gamma, lam=a.lam)
         if a.adv_estimator == "grpo":
             adv = grpo_advantages(batch.scores, batch.group_ids, norm_by_std=a.norm_adv_by_std_in_grpo)
@@ -375,6 +377,8 @@ class Trainer:
         m["rollout/accuracy"] = float(g(info["correct"]).mean())
         m.update(summarize("response_length/{stat}", g(info["lengths"])))
         m["response_length/clip_ratio"] = float(g(info["truncated"]).mean())
+        if self.agent is not None:
+            m.update(episode_metrics({c: g(info[c]) for c in COUNTS}, "train"))
         with timer(m, "timing_s/filter"):
             keep, fm = self.filter(full, info)
         m.update(fm)
@@ -410,7 +414,7 @@ class Trainer:
         samples = gather_samples(step_samples(
             step, prompts=list(prompts), responses=list(info["responses"]), group_ids=full.group_ids,
             components=full.components, totals=full.scores, reward_std=full.reward_std, lengths=info["lengths"],
-            truncated=info["truncated"].bool(), kept=keep, advantages=advantages))
+            truncated=info["truncated"].bool(), kept=keep, advantages=advantages, episodes=info.get("episodes")))
         if self.rollout_log is not None:  # main process only (_open_run_dir)
             self.rollout_log.write(step, samples)
 

@@ -106,21 +106,24 @@ def sample_excluding(draw: Callable[[random.Random], Example], rng: random.Rando
     return out
 
 
-TASK_NAMES = ("arithmetic", "countdown", "math", "reasoning_gym")
+TASK_NAMES = ("arithmetic", "countdown", "math", "reasoning_gym", "sokoban", "frozen_lake")
 
 
 def build_task(name: str, *, seed: int = 0, val_size: int = 128, weights: dict[str, float] | None = None,
                train_files: list[str] | None = None, val_files: list[str] | None = None,
-               length_max: int = 800, length_unit: str = "chars", reasoning_gym: Any = None) -> Task:
+               length_max: int = 800, length_unit: str = "chars", reasoning_gym: Any = None, env: Any = None,
+               agent: Any = None) -> Task:
     """``reasoning_gym``: for task 'reasoning_gym', its settings (``data.reasoning_gym``): a mapping or an object
-    with ``dataset`` (a reasoning-gym dataset name) and ``config`` (that dataset's generator options)."""
+    with ``dataset`` (a reasoning-gym dataset name) and ``config`` (that dataset's generator options).
+    ``env`` / ``agent``: for a multi-turn environment (sokoban, frozen_lake), its options (``env.<task>``) and the
+    agent settings (``agent``)."""
     if length_unit not in LENGTH_UNITS:
         raise UserError(f"length_unit must be one of {', '.join(LENGTH_UNITS)}, got '{length_unit}'")
     if not length_max or length_max <= 0:
         raise UserError(f"length_max must be a positive integer, got {length_max!r}")
     if val_size < 0:
         raise UserError(f"val_size must be >= 0, got {val_size}")
-    if name in ("arithmetic", "countdown", "reasoning_gym") and (train_files or val_files):
+    if name in ("arithmetic", "countdown", "reasoning_gym", "sokoban", "frozen_lake") and (train_files or val_files):
         raise UserError(f"task '{name}' generates its own data; train_files/val_files are only for task 'math'")
     # Imported here so the task modules can import Example/Score from this package.
     if name == "arithmetic":
@@ -139,4 +142,7 @@ def build_task(name: str, *, seed: int = 0, val_size: int = 128, weights: dict[s
         get = rg.get if isinstance(rg, Mapping) else (lambda key: getattr(rg, key, None))
         return ReasoningGymTask(dataset=get("dataset"), config=get("config"), seed=seed, val_size=val_size,
                                 weights=weights, length_unit=length_unit)
+    if name in ("sokoban", "frozen_lake"):
+        from rlgrad.tasks.environment import EnvTask
+        return EnvTask(name, env, agent, seed=seed, val_size=val_size, weights=weights)
     raise UserError(f"unknown task '{name}' (known tasks: {', '.join(TASK_NAMES)})")

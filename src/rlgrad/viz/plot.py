@@ -43,11 +43,17 @@ def rv_table_csv(run: D.RunData, step: int) -> str:
     return buf.getvalue()
 
 
+def plottable_steps(run: D.RunData) -> list[int]:
+    """Steps with anything to draw: a bucket analysis, a reward-component geometry or a neuron-health measurement."""
+    return sorted(set(D.analysis_steps(run)) | set(D.component_steps(run)) | set(D.neuron_steps(run)))
+
+
 def step_figures(run: D.RunData, step: int) -> dict[str, Figure]:
-    """name -> figure for one analysis step (RAGEN's five, then whatever else the run holds)."""
+    """name -> figure for one step: RAGEN's five on a bucket-analysis step, then whatever else the step holds."""
     sv = B.StepView(run, step)
-    figs = {name: make(sv) for name, make in RAGEN_FIGURES.items()}
-    extra = {"layers": B.fig_layers(sv)}
+    buckets = step in D.analysis_steps(run)
+    figs = {name: make(sv) for name, make in RAGEN_FIGURES.items()} if buckets else {}
+    extra = {"layers": B.fig_layers(sv) if buckets else None}
     geom = D.component_geometry(run, step)
     if geom is not None:
         extra["components"] = R.fig_components(geom, sv.title("Reward-component gradient geometry"))
@@ -67,9 +73,10 @@ def write_step_outputs(run: D.RunData, step: int, out_dir: Path, dpi: int = 150)
     path = out_dir / f"gradient_analysis_metrics_step_{step}.json"
     atomic_write_text(path, json.dumps(step_metrics_export(run, step), indent=2, sort_keys=True) + "\n")
     written.append(path)
-    path = out_dir / f"gradient_analysis_bucket_rv_table_step_{step}.csv"
-    atomic_write_text(path, rv_table_csv(run, step))
-    written.append(path)
+    if step in D.analysis_steps(run):
+        path = out_dir / f"gradient_analysis_bucket_rv_table_step_{step}.csv"
+        atomic_write_text(path, rv_table_csv(run, step))
+        written.append(path)
     return written
 
 
@@ -78,25 +85,26 @@ def plot_command(run_dir: str | None, wandb_path: str | None, steps: list[int] |
     if (run_dir is None) == (wandb_path is None):
         raise UserError("give a RUN_DIR or --wandb-path ENTITY/PROJECT/RUN_ID (one of them)")
     run = D.load_run(run_dir) if run_dir is not None else D.load_wandb_run(wandb_path)
-    available = D.analysis_steps(run)
+    available = plottable_steps(run)
     if list_steps:
         if available:
-            print(f"gradient-analysis steps in {run.source}:")
+            print(f"analysis steps in {run.source} (bucket analysis, reward components, neuron health):")
             for s in available:
                 print(s)
         else:
-            print(f"no gradient-analysis steps in {run.source}")
+            print(f"no analysis steps in {run.source}")
         return 0
     if not available:
-        raise UserError(f"'{run.source}' holds no gradient-analysis steps (no grad_norm/bucket_* metrics)")
-    if steps:
-        missing = sorted(set(steps) - set(available))
-        if missing:
-            raise UserError(f"step {', '.join(map(str, missing))} has no gradient analysis in '{run.source}' "
-                            f"(available: {', '.join(map(str, available))})")
-        chosen = sorted(set(steps))
-    else:
-        chosen = available
+        raise UserError(f"'{run.source}' holds no analysis steps (no bucket analysis, reward-component geometry or "
+                        "neuron-health measurement)")
+    chosen = sorted(set(steps or available) & set(available))
+    missing = sorted(set(steps or []) - set(available))
+    if missing and not chosen:
+        raise UserError(f"step {', '.join(map(str, missing))} has no analysis in '{run.source}' "
+                        f"(available: {', '.join(map(str, available))})")
+    if missing:
+        print(f"no analysis at step {', '.join(map(str, missing))} (available: {', '.join(map(str, available))}); "
+              "drawing the others")
     out = Path(output_dir) if output_dir else Path("gradient_analysis_outputs") / sanitize(run.name)
     if out.exists() and not out.is_dir():
         raise UserError(f"--output-dir '{out}' exists and is not a directory")
