@@ -98,3 +98,30 @@ def test_a_resumed_multi_turn_run_equals_the_uninterrupted_one(tiny, tmp_path):
 
     assert [same(x) for x in rows(straight)] == [same(y) for y in rows(resumed)]
     assert (straight / "rollouts" / "step_3.jsonl").read_text() == (resumed / "rollouts" / "step_3.jsonl").read_text()
+
+
+@pytest.mark.parametrize("preset", ["sokoban_ppo_filter_grad_analysis", "sokoban_grpo_filter_grad_analysis",
+                                    "sokoban_demo"])
+def test_the_sokoban_presets_run_and_the_probe_reads_them(tiny, tmp_path, preset):
+    """RAGEN's runs scaled down further (a narrower model, one step): the separate analysis batch of episodes,
+    the filter, the critic where there is one; then RAGEN's checkpoint probe of the PPO run."""
+    keep = [o for o in tiny if o.split("=")[0] in ("model.cache_dir", "trainer.default_local_dir", "trainer.logger",
+                                                   "trainer.num_threads") or o.startswith("model.tiny.")]
+    keep = [o for o in keep if not o.startswith("model.tiny.max_position_embeddings")]
+    ov = keep + ["model.warmstart_steps=40", "trainer.total_training_steps=1", "trainer.save_freq=1",
+                 "data.val_size=4", "analysis.buckets.env_groups=4", "analysis.buckets.group_size=4",
+                 "rollout.rollout_filter_value=1.0", "rollout.rollout_filter_include_zero=true"]
+    from rlgrad.cli import main
+
+    assert main(["train", "--config-name", preset, *ov]) == 0
+    run = tmp_path / "run"
+    step = rows(run)[1]["data"]
+    assert "env/success" in step and "grad_norm/all/task" in step
+    assert step["grad_norm/all/sample_count"] == 16  # the separate 4 x 4 analysis batch, not the training one
+    if preset == "sokoban_ppo_filter_grad_analysis":
+        assert "critic/vf_loss" in step
+        assert main(["probe", "--config-name", "sokoban_probe", "--resume-from-path", str(run / "global_step_1"),
+                     "analysis.buckets.env_groups=4", "analysis.buckets.group_size=4"]) == 0
+        probe = next(p for p in tmp_path.iterdir() if "probe_step1" in p.name)
+        probed = rows(probe)[-1]["data"]
+        assert "grad_norm/all/kl" in probed and "grad_norm/all/entropy" in probed

@@ -55,14 +55,41 @@ def test_unknown_flag_is_one_line(tmp_path):
     assert len(res.stderr.strip().splitlines()) == 1 and "--bogus" in res.stderr
 
 
-def test_the_console_says_where_an_analysed_steps_time_went(capsys):
+def test_the_console_tells_each_step_and_what_an_analysis_found(tmp_path):
+    import io
+
     from rlgrad.logging.sinks import ConsoleSink
 
-    sink = ConsoleSink(total=3)
-    sink.log(1, {"timing_s/step": 4.0, "timing_s/gen": 1.5, "timing_s/analysis/buckets": 2.25,
-                 "timing_s/update_actor": 0.25})
-    sink.log(2, {"timing_s/step": 1.0, "timing_s/gen": 0.5})  # no instrument: no line
+    (tmp_path / "analysis" / "step_1").mkdir(parents=True)
+    out = io.StringIO()  # not a terminal: plain lines, one a step (no carriage returns for a log file)
+    sink = ConsoleSink(total=3, run_dir=tmp_path, stream=out)
+    analysed = {"timing_s/step": 4.0, "timing_s/gen": 1.5, "timing_s/analysis/buckets": 2.25,
+                "timing_s/update_actor": 0.25, "rollout/accuracy": 0.5, "rollout/score/mean": 0.45,
+                "grad_norm/bucket_1/group_rv_count": 3.0, "grad_norm/bucket_1/reward_std_max": 0.0,
+                "grad_norm/bucket_1/task": 0.0, "grad_norm/bucket_2/group_rv_count": 1.0,
+                "grad_norm/bucket_2/reward_std_max": 0.5, "grad_norm/bucket_2/reward_std_mean": 0.5,
+                "grad_norm/bucket_2/task": 2.0, "grad_comp/correctness/share": 0.8, "grad_comp/format/share": 0.2,
+                "grad_sim/correctness__format": -0.25, "actor/neuron/dormant_ratio": 0.031}
+    sink.log(1, analysed)
+    sink.log(2, {"timing_s/step": 1.0, "timing_s/gen": 0.5, "rollout/accuracy": 0.75, "rollout/score/mean": 0.7})
     sink.close()
-    out = capsys.readouterr()
-    lines = [x for x in (out.out + out.err).splitlines() if x.startswith("step ")]
-    assert lines == ["step 1: 4.00 s (gen 1.50, analysis/buckets 2.25, update_actor 0.25)"]
+    assert "\r" not in out.getvalue()
+    assert out.getvalue().splitlines() == [
+        "step 1/3  acc 0.500  reward 0.450  (4.0 s)",
+        "step 1 analysis: 75% of groups have zero reward variance; largest task gradient: bucket_2 (reward std "
+        "0.50); largest reward component: correctness (80% of the gradient); correctness vs format pull apart "
+        f"(cosine -0.25); 3.1% of actor neurons dormant (files: {tmp_path / 'analysis' / 'step_1'})",
+        "step 1: 4.00 s (gen 1.50, analysis/buckets 2.25, update_actor 0.25)",
+        "step 2/3  acc 0.750  reward 0.700  (1.0 s)"]
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Terminal()
+    sink = ConsoleSink(total=3, stream=tty)
+    sink.log(1, {"rollout/accuracy": 0.5, "rollout/score/mean": 0.45})
+    sink.close()
+    assert "\r" in tty.getvalue() and "acc=0.500" in tty.getvalue() and "reward=0.450" in tty.getvalue()
+
+

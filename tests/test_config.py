@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from rlgrad.config import CONFIG_DIRS, from_yaml_file, load_config, to_yaml
@@ -64,6 +66,37 @@ def test_seed_probe_command_lines():
 def test_unknown_key_suggests_closest():
     with pytest.raises(UserError, match=r"'trainer.total_training_step'.*did you mean 'trainer.total_training_steps'"):
         load_config(overrides=["trainer.total_training_step=5"])
+
+
+@pytest.mark.parametrize("key, first, also", [
+    ("actor.lr", "actor.optim.lr", ["critic.optim.lr"]),  # the same word in another part of the section
+    ("lr", "actor.optim.lr", ["critic.optim.lr"]),  # a bare word: every setting ending in it
+    ("trainer.gradient_analysis_freq", "trainer.gradient_analysis_every", []),  # verl's _freq is our _every
+    ("agent.max_turns", "agent.max_turn", []),
+])
+def test_unknown_keys_get_the_settings_they_most_likely_meant(key, first, also):
+    with pytest.raises(UserError) as e:
+        load_config(overrides=[f"{key}=1"])
+    hints = re.findall(r"'([^']+)'", str(e.value).split("did you mean", 1)[1])
+    assert hints[0] == first and all(a in hints for a in also) and len(hints) <= 3
+    assert "actor" not in hints  # a section is not a setting
+    assert "--show-config" in str(e.value)
+
+
+def test_show_config_prints_every_setting_documented_and_loads_back(tmp_path, capsys):
+    from rlgrad.cli import main
+    from rlgrad.config import flat_settings
+
+    assert main(["train", "--config-name", "sokoban_demo", "rollout.n=3", "--show-config"]) == 0
+    text = capsys.readouterr().out
+    assert "# Samples per prompt (the GRPO group size)." in text and "  n: 3" in text
+    (tmp_path / "c.yaml").write_text(text)
+    assert flat_settings(load_config(config_file=str(tmp_path / "c.yaml"))) == flat_settings(
+        load_config("sokoban_demo", overrides=["rollout.n=3"]))
+    assert not (tmp_path / "runs").exists()
+    assert main(["presets"]) == 0
+    listed = capsys.readouterr().out
+    assert "sokoban_demo" in listed and "The demo: GRPO on the embedded default" in listed
 
 
 def test_unsupported_seed_key_says_so():

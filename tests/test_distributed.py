@@ -31,7 +31,8 @@ from rlgrad.analysis.components import analyse_components
 from rlgrad.analysis.gradient_probe import analyse_buckets
 from rlgrad.analysis.neurons import measure
 from rlgrad.analysis.redo import reset_dormant, select_reset
-from rlgrad.config import NeuronHealthConfig, load_config
+from rlgrad.analysis_config import NeuronHealthConfig
+from rlgrad.config import load_config
 from rlgrad.loss import ActorLoss, LossSettings
 from rlgrad.recipes import make_trainer
 from rlgrad.rl.actor import update_actor

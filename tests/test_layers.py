@@ -11,7 +11,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlgrad"
 # (and itself): siblings of one layer never import each other.
 LAYERS = [
     {"errors", "aliases", "fields"},
-    {"envs"},  # the environments of multi-turn agents and their settings: stdlib / numpy / gymnasium only
+    {"envs", "analysis_config"},  # environments (stdlib / numpy / gymnasium) | the instruments' settings
     {"batch", "collectives", "core", "rundir", "metrics", "config"},  # leaves: torch / stdlib (+ errors) only
     {"loss", "tasks", "logging", "models", "distributed"},  # the loss math; data, sinks, models, processes
     {"hooks"},  # the hook contract: a batch, the models, the loss

@@ -245,3 +245,20 @@ def test_two_grpo_steps_on_smollm2_with_its_chat_template(smol, tmp_path):
     assert "grad_norm/all/task" in rows[0]["data"] and "val/accuracy" in rows[-1]["data"]
     model = AutoModelForCausalLM.from_pretrained(run / "global_step_2" / "actor", local_files_only=True)
     assert model.config.tie_word_embeddings and sum(p.numel() for p in model.parameters()) > 100e6
+
+
+def test_a_warm_start_says_how_far_it_is(tmp_path):
+    from rlgrad.config import TinyModelConfig
+    from rlgrad.tasks import build_task
+
+    lines = []
+    cfg = ModelConfig(cache_dir=str(tmp_path), warmstart_steps=20, warmstart_batch_size=4,
+                      tiny=TinyModelConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                           num_key_value_heads=1, intermediate_size=48))
+    models.embedded_default(cfg, build_task("arithmetic", val_size=4), seed=0, log=lines.append)
+    progress = [x for x in lines if "warm start: step" in x]
+    assert [x.split("step ")[1].split(",")[0] for x in progress] == [f"{k}/20" for k in range(2, 20, 2)]
+    assert all("min left" in x for x in progress)
+    lines.clear()
+    models.embedded_default(cfg, build_task("arithmetic", val_size=4), seed=0, log=lines.append)
+    assert lines == []  # cached: nothing to say

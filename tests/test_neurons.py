@@ -11,8 +11,9 @@ from torch import nn
 from rlgrad.analysis import hooks_from_config
 from rlgrad.analysis.neurons import find_neurons, gradient_stats, measure, nullspace_ratio, sample_rows
 from rlgrad.analysis.redo import NeuronHealthHook, reset_dormant, select_reset
+from rlgrad.analysis_config import NeuronHealthConfig
 from rlgrad.batch import Batch
-from rlgrad.config import ModelConfig, NeuronHealthConfig, TinyModelConfig, load_config
+from rlgrad.config import ModelConfig, TinyModelConfig, load_config
 from rlgrad.errors import UserError
 from rlgrad.hooks import StepContext
 from rlgrad.loss import ActorLoss, Denominators, LossSettings, actor_loss_terms, per_token_loss

@@ -158,3 +158,17 @@ def test_probe_of_a_damaged_checkpoint_is_one_line(tiny, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "is damaged (actor/model.safetensors is truncated)" in err and err.count("\n") == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no probe directory
+
+
+def test_a_finished_run_refuses_to_train_nothing_and_names_the_settings_it_would_ignore(tiny, tmp_path, capsys):
+    """The README's examples in a row used to share runs/rlgrad/default: the second exited 0 having measured
+    nothing, its overrides silently ignored."""
+    quiet(tiny + ["trainer.total_training_steps=1"]).fit()
+    before = (tmp_path / "run" / "metrics.jsonl").read_bytes()
+    assert cli.main(["train", *tiny, "trainer.total_training_steps=1", "actor.redo_metric_freq=10"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "already finished step 1" in err
+    assert "analysis.neurons.actor.metric_every: 0 -> 10" in err and "trainer.experiment_name" in err
+    assert cli.main(["train", *tiny, "trainer.total_training_steps=1"]) == 2  # the same command again
+    assert "already finished step 1;" in capsys.readouterr().err
+    assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == before

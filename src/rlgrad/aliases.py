@@ -44,6 +44,9 @@ ALIASES: dict[str, str] = {
     "es_manager.format_penalty": "agent.format_penalty",
     **{f"custom_envs.{tag}.max_actions_per_traj": "agent.max_actions_per_traj"
        for tag in ("SimpleSokoban", "LargerSokoban", "FrozenLake")},
+    "custom_envs.SimpleSokoban.env_instruction": "env.sokoban.instruction",
+    "custom_envs.LargerSokoban.env_instruction": "env.sokoban.instruction",
+    "custom_envs.FrozenLake.env_instruction": "env.frozen_lake.instruction",
     "custom_envs.SimpleSokoban.env_config.": "env.sokoban.",
     "custom_envs.LargerSokoban.env_config.": "env.sokoban.",
     "custom_envs.FrozenLake.env_config.": "env.frozen_lake.",

@@ -16,9 +16,12 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlgrad.config import load_config
+    from rlgrad.config import documented_yaml, load_config
 
     cfg = load_config(args.config_name, args.config_file, args.overrides)  # before the heavy imports: fast errors
+    if args.show_config:
+        print(documented_yaml(cfg), end="")
+        return 0
     from rlgrad import distributed
     from rlgrad.recipes import make_trainer
     from rlgrad.rl.run_directory import Interrupted, RunStopped
@@ -53,9 +56,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     keep = [o for o in args.overrides
             if not o.startswith(("trainer.default_local_dir=", "trainer.total_training_steps="))]
     preset = f"--config-name {args.config_name} " if args.config_name else ""
-    print("next: continue this run with\n"
+    print(f"next:\n  rlgrad report {trainer.run_dir}      # one HTML page: curves, analyses, diagnosis\n"
+          f"  rlgrad doctor {trainer.run_dir}      # is the run healthy?\n"
           f"  rlgrad train {preset}{' '.join(keep)} trainer.default_local_dir={trainer.run_dir} "
-          "trainer.total_training_steps=<more steps>")
+          "trainer.total_training_steps=<more steps>      # continue it")
+    return 0
+
+
+def _presets_epilog() -> str:
+    from rlgrad.config import presets
+
+    rows = [f"  {name:<34} {_clip(about, 80)}" for name, about in presets()]
+    return ("presets (--config-name NAME):\n" + "\n".join(rows) + "\n\nevery setting, its default and its meaning: "
+            "rlgrad train [--config-name NAME] [overrides] --show-config")
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from rlgrad.config import presets
+
+    for name, about in presets():
+        print(f"{name:<34} {about}")
+    print("\nuse one with: rlgrad train --config-name NAME [key=value ...]  (--show-config: its resolved settings)")
     return 0
 
 
@@ -253,9 +274,15 @@ def cmd_samples(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rlgrad", description="Gradient-level analysis of RL fine-tuning of LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    p = sub.add_parser("train", help="train a policy (GRPO / RLOO advantages, PPO / CISPO loss)")
+    p = sub.add_parser("train", help="train a policy (GRPO / RLOO advantages, PPO / CISPO loss)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_presets_epilog())
     _add_config_args(p)
+    p.add_argument("--show-config", action="store_true",
+                   help="print the resolved settings (preset and overrides applied) with each one's documentation, "
+                        "and exit")
     p.set_defaults(func=cmd_train)
+    p = sub.add_parser("presets", help="the presets --config-name takes, each with what it is for")
+    p.set_defaults(func=cmd_presets)
     p = sub.add_parser("probe", help="reload a checkpoint, run one gradient-analysis pass, exit")
     p.add_argument("--resume-from-path", required=True, help="a global_step_N checkpoint directory")
     p.add_argument("--with-val", action="store_true", help="validate before the probe")

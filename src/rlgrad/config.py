@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlgrad.aliases import PROBE_ONLY_KEY, resolve_alias
+from rlgrad.analysis_config import AnalysisConfig
 from rlgrad.envs.config import AgentConfig, EnvConfig
 from rlgrad.errors import UserError
 from rlgrad.fields import setting as _f
@@ -245,96 +246,6 @@ class TrainerConfig:
 
 
 @dataclass
-class BucketAnalysisConfig:
-    """The gradient by reward-variance bucket and loss term (RAGEN's gradient analysis): ``grad_norm/...``."""
-
-    enable: bool = _f(True, "Probe the actor's gradient by reward-variance bucket and loss "
-                      "term (no optimizer step). RAGEN: trainer.gradient_analysis_mode.")
-    every: int = _f(50, "Analyse at steps 1, 1+every, 1+2·every, ... "
-                    "(RAGEN's (global_steps - 1) % every == 0). RAGEN: trainer.gradient_analysis_every.", ge=1)
-    num_buckets: int = _f(6, "Number of quantile buckets of prompt groups by in-group reward "
-                          "std. RAGEN: actor_rollout_ref.rollout.gradient_analysis_num_buckets.", ge=1)
-    bucket_mode: str = _f("quantile", "quantile (equal group counts) | fixed_rv ([0,1) .. [5,inf)). RAGEN: "
-                          "actor_rollout_ref.rollout.gradient_analysis_bucket_mode.", choices=("quantile", "fixed_rv"))
-    env_groups: int | None = _f(None, "Analyse a separate batch of this many prompt groups (null: "
-                                "the training batch). RAGEN: trainer.gradient_analysis_env_groups.", ge=1)
-    group_size: int | None = _f(None, "Samples per group of the separate analysis batch (null: "
-                                "rollout.n). RAGEN: trainer.gradient_analysis_group_size.", ge=1)
-    log_prefilter: bool = _f(False, "Also analyse the batch before the rollout filter "
-                             "(grad_norm_prefilter/...). RAGEN: trainer.gradient_analysis_log_prefilter.")
-    exit_after: bool = _f(False, "Log the analysis, then stop before the actor update, checkpoint "
-                          "and validation. RAGEN: trainer.exit_after_gradient_analysis.")
-    save_batch: bool = _f(False, "Write analysis/step_N/batch.safetensors and "
-                          "loss.json so every number can be recomputed offline.")
-    save_model: bool = _f(False, "Also write the probed actor to analysis/step_N/model/ (Hugging Face format).")
-    dp_trim: bool = _f(False, "RAGEN's data-parallel trimming: drop each bucket's last samples that do not divide "
-                       "by trainer.nnodes x trainer.n_gpus_per_node (the number of processes under torchrun). Off: "
-                       "buckets keep every sample and norms are exact global ones (no trimming is needed for that).")
-
-
-@dataclass
-class ComponentAnalysisConfig:
-    """The gradient of each reward component (rldynamic's custom_main_ppo.py): ``grad_comp/...``, ``grad_sim/...``."""
-
-    every: int = _f(0, "Reward-component gradient geometry (norms, cosines, shares of the policy gradient per "
-                    "reward component) at steps 1, 1+every, ...; 0: off. Needs outcome advantages (grpo / rloo).", ge=0)
-    mode: str = _f("shared_std", "Component advantages: shared_std (centred component reward / std of the TOTAL "
-                   "reward: they sum to the update's advantage, the gradients to its policy gradient) | own_std (each "
-                   "component through the advantage estimator on its own, as rldynamic's custom_main_ppo.py does).",
-                   choices=("shared_std", "own_std"))
-    save_gradients: bool = _f(False, "Also write every component's full per-parameter gradient "
-                              "to analysis/step_N/component_grads.npz (background writer).")
-
-
-@dataclass
-class NeuronHealthConfig:
-    """Neuron health of one model (gradient / activation dormancy, zero-gradient and nullspace ratios) and
-    its ReDo-style reset. verl/RAGEN spellings: ``<role>.redo_metric_freq`` etc. (``actor_rollout_ref.actor.redo_*``).
-    See docs/architecture.md, "Neuron health"."""
-
-    metric_every: int = _f(0, "Neuron-health metrics at steps N, 2N, ... (redo_metric_freq's step % N == 0; 0: off): "
-                           "<role>/neuron/dormant_ratio, act_dormant_ratio, zero_grad_ratio, nullspace_ratio, "
-                           "<role>/param/zero_grad_ratio, and analysis/step_N/neurons.json.", ge=0)
-    reset_every: int = _f(0, "Reset dormant neurons at steps N, 2N, ..., "
-                          "after the optimizer step (redo_reset_freq; 0: off).", ge=0)
-    tau: float = _f(0.1, "Dormancy threshold (redo_tau): neuron i is dormant when "
-                    "s_i = a_i / mean_k a_k <= tau within its layer (a = mean |gradient| of its incoming weights; "
-                    "for act_dormant_ratio, mean |activation| over response tokens).", ge=0)
-    mode: str = _f("threshold", "Which neurons a reset takes (redo_mode): threshold (s <= tau) | percentage (the "
-                   "lowest max_reset_frac of each layer) | hybrid (s <= tau, at most max_reset_frac of each layer).",
-                   choices=("threshold", "percentage", "hybrid"))
-    max_reset_frac: float = _f(0.1, "percentage/hybrid: fraction of a layer's neurons a reset "
-                               "may take (rounded down), in [0, 1] (redo_max_reset_frac).", ge=0, le=1)
-    nullspace_samples: int = _f(32, "Sequences (at most) sampled from the step's first mini-batch for the "
-                                "nullspace ratio and the activation scores (0: skip both; redo_nullspace_samples).",
-                                ge=0)
-    reset_outgoing: str = _f("zero", "Outgoing weights of a reset neuron (redo_reset_outgoing): zero | small "
-                             "(N(0, (0.01 x RMS of the layer's other outgoing columns)^2)).", choices=("zero", "small"))
-
-
-@dataclass
-class NeuronsConfig:
-    actor: NeuronHealthConfig = field(default_factory=NeuronHealthConfig)
-    critic: NeuronHealthConfig = field(default_factory=NeuronHealthConfig)
-
-
-@dataclass
-class AnalysisConfig:
-    """Every instrument's settings. The instruments run at the trainer's hook points and never change training."""
-
-    every: int | None = _f(None, "Run EVERY instrument at steps 1, 1+every, ...: the bucket analysis, the "
-                           "reward-component geometry (outcome advantages only) and neuron-health metrics "
-                           "of the actor (and of the critic with gae). Overrides each instrument's own "
-                           "cadence and switch; resets keep theirs. null: each instrument's own setting.", ge=1)
-    method: str = _f("fast", "Gradient engine: fast (one forward, one backward per term, "
-                     "buckets by linearity) | reference (RAGEN's per-bucket passes: a "
-                     "sub-batch, a forward and a backward per bucket and term).", choices=("fast", "reference"))
-    buckets: BucketAnalysisConfig = field(default_factory=BucketAnalysisConfig)
-    components: ComponentAnalysisConfig = field(default_factory=ComponentAnalysisConfig)
-    neurons: NeuronsConfig = field(default_factory=NeuronsConfig)
-
-
-@dataclass
 class RLGradConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -366,19 +277,48 @@ def _schema_keys(node: Any, prefix: str = "") -> list[str]:
 
 
 SCHEMA_KEYS = _schema_keys(RLGradConfig())
+SECTIONS = {k for k in SCHEMA_KEYS if any(o.startswith(k + ".") for o in SCHEMA_KEYS)}
 _DICT_KEYS = {"reward.weights", "data.reasoning_gym.config"}  # free-form mappings: their sub-keys are user data
 
 
+# Words that name the same thing in different frameworks' keys (verl's ``*_freq`` are rlgrad's ``*_every``).
+_SYNONYMS = {"freq": "every", "frequency": "every", "every": "freq", "learning_rate": "lr", "steps": "every"}
+
+
+def suggest_keys(key: str, n: int = 3) -> list[str]:
+    """The settings most likely meant by an unknown ``key``: a synonym's spelling (``..._freq`` -> ``..._every``),
+    the same last word in any section (``actor.lr`` -> ``actor.optim.lr``; plain ``lr`` -> every ``*.lr``), then
+    the closest spellings of the whole key among the schema and the aliases, those in the key's section first."""
+    from rlgrad.aliases import ALIASES
+
+    names = SCHEMA_KEYS + [a for a in ALIASES if not a.endswith(".")]
+    leaf, section = key.rsplit(".", 1)[-1], key.split(".", 1)[0]
+    swapped = [key[: len(key) - len(leaf)] + leaf.replace(a, b) for a, b in _SYNONYMS.items() if a in leaf]
+    out = [k for k in swapped if k in names]
+    same_leaf = sorted((k for k in SCHEMA_KEYS if k.rsplit(".", 1)[-1] == leaf),
+                       key=lambda k: (not k.startswith(section + "."), k.count("."), k))
+    names = [k for k in names if k not in SECTIONS]  # settings, not the sections holding them
+    scored = sorted(((difflib.SequenceMatcher(None, key, k).ratio(), k) for k in names), reverse=True)
+    best = scored[0][0] if scored else 0.0
+    close = [k for r, k in scored if r >= max(0.6, best - 0.08)]  # only the near-best spellings, not padding
+    for k in same_leaf + close:
+        if k not in out and k != key:
+            out.append(k)
+    return out[:n]
+
+
 def check_key(key: str, origin: str) -> str:
-    """Map an alias to our key and fail with a suggestion if the key does not exist."""
+    """Map an alias to our key and fail with suggestions if the key does not exist."""
     ours = resolve_alias(key)
     if ours in SCHEMA_KEYS or any(ours.startswith(d + ".") for d in _DICT_KEYS):
         return ours
-    hint = difflib.get_close_matches(ours, SCHEMA_KEYS, n=1, cutoff=0.5)
+    hints = suggest_keys(ours)
     alias = f" (alias of '{ours}')" if ours != key else ""
     what = "a setting rlgrad does not support" if alias else "an unknown config key"
     msg = f"{origin}: '{key}'{alias} is {what}"
-    raise UserError(msg + (f"; did you mean '{hint[0]}'?" if hint else ""))
+    if hints:
+        msg += "; did you mean " + " or ".join(f"'{h}'" for h in hints) + "?"
+    raise UserError(msg + " (`rlgrad train --show-config` lists every setting)")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -573,6 +513,37 @@ def validate(cfg: RLGradConfig) -> None:
 def flat_settings(cfg: RLGradConfig) -> dict[str, Any]:
     """Every setting by its dotted key (mappings such as reward.weights as one value)."""
     return {k: v for k, _, v in _walk(cfg)}
+
+
+def documented_yaml(node: Any, indent: int = 0) -> str:
+    """``node`` (the resolved config) as YAML with every setting's documentation above it, as ``rlgrad train
+    --show-config`` prints it; it loads back as the same settings."""
+    import textwrap
+
+    pad, out = "  " * indent, []
+    for f in dataclasses.fields(node):
+        v = getattr(node, f.name)
+        doc = f.metadata.get("help") or (dataclasses.is_dataclass(v) and (type(v).__doc__ or "").strip())
+        if doc and not str(doc).startswith(type(v).__name__ + "("):  # dataclasses' own signature docstring
+            if dataclasses.is_dataclass(v):
+                doc = " ".join(doc.split())
+            out += [f"{pad}# {line}" for line in textwrap.wrap(str(doc), max(40, 110 - len(pad)))]
+        if dataclasses.is_dataclass(v):
+            out += [f"{pad}{f.name}:", documented_yaml(v, indent + 1).rstrip("\n")]
+        else:
+            value = yaml.safe_dump(v, default_flow_style=True, allow_unicode=True).strip()
+            out.append(f"{pad}{f.name}: {value.removesuffix(chr(10) + '...').strip()}")
+    return "\n".join(out) + "\n"
+
+
+def presets() -> list[tuple[str, str]]:
+    """``(name, first comment line)`` of every preset ``--config-name`` finds, by name."""
+    found: dict[str, str] = {}
+    for d in CONFIG_DIRS:
+        for p in sorted(d.glob("*.yaml")) if d.is_dir() else []:
+            first = next((ln.lstrip("# ").strip() for ln in p.read_text().splitlines() if ln.startswith("#")), "")
+            found.setdefault(p.stem, first)
+    return sorted(found.items())
 
 
 def to_yaml(cfg: RLGradConfig) -> str:

@@ -133,6 +133,9 @@ CATALOGUE: tuple[Metric, ...] = (
         ("rollout/accuracy",
          "Fraction of the step's sampled training responses (rollout.n per prompt) that the task scores "
          "correct."),
+        ("rollout/score/mean",
+         "Mean sequence score (weighted total reward) over the step's sampled training responses, before the "
+         "rollout filter (critic/score/ is the kept batch's)."),
         ("response_length/{stat}",
          "Mean / max / min response length in tokens (EOS included) over the step's sampled training "
          "responses."),

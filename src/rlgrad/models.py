@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -330,7 +331,7 @@ def sft_batch(tokenizer, prompts: list[str], targets: list[str]) -> tuple[torch.
     return ids, att, lab
 
 
-def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int) -> None:
+def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int, log=None) -> None:
     """A short SFT phase on the task's reference responses (AdamW, one-cycle schedule).
 
     A task may supply its own warm-start teacher, ``task.warmstart_target(example, rng)``
@@ -343,7 +344,11 @@ def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int) ->
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.warmstart_lr, total_steps=max(cfg.warmstart_steps, 2),
                                                 pct_start=0.1)
     model.train()
-    for _ in range(cfg.warmstart_steps):
+    t0, every = time.perf_counter(), max(1, cfg.warmstart_steps // 10)
+    for k in range(cfg.warmstart_steps):
+        if log is not None and k and k % every == 0 and cfg.warmstart_steps >= 20:  # a long one says how far it is
+            left = (time.perf_counter() - t0) / k * (cfg.warmstart_steps - k)
+            log(f"  warm start: step {k}/{cfg.warmstart_steps}, about {left / 60:.1f} min left")
         if hasattr(task, "warmstart_pairs"):
             prompts, targets = task.warmstart_pairs(cfg.warmstart_batch_size, rng, tokenizer.eos_token)
         else:
@@ -374,7 +379,7 @@ def embedded_default(cfg: ModelConfig, task, seed: int, log=print):
     model = build_tiny_model(cfg, tokenizer, seed)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        supervised_warmstart(model, tokenizer, task, cfg, seed)
+        supervised_warmstart(model, tokenizer, task, cfg, seed, log=log)
     _save_into_cache(final, model, tokenizer)
     return final
 

@@ -51,7 +51,7 @@ from rlgrad.loss import LossFn, PerTokenLoss
 from rlgrad.metrics import key
 
 if TYPE_CHECKING:
-    from rlgrad.config import NeuronHealthConfig
+    from rlgrad.analysis_config import NeuronHealthConfig
 
 NULL_EPS = 1e-5  # λ_k < NULL_EPS² · λ_max counts as a null direction
 

@@ -26,7 +26,8 @@ from rlgrad.metrics import key
 from rlgrad.rundir import atomic_write_json
 
 if TYPE_CHECKING:
-    from rlgrad.config import NeuronHealthConfig, RLGradConfig
+    from rlgrad.analysis_config import NeuronHealthConfig
+    from rlgrad.config import RLGradConfig
 
 SMALL_OUTGOING = 0.01  # reset_outgoing=small: N(0, (SMALL_OUTGOING · RMS of the surviving columns)²)
 

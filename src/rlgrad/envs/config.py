@@ -60,8 +60,10 @@ class SokobanConfig:
     dim_y: int = _f(6, "Room height, walls included.", ge=4)
     num_boxes: int = _f(1, "Boxes (and targets).", ge=1)
     max_steps: int = _f(100, "The environment's own step limit.", ge=1)
-    search_depth: int = _f(30, "Backward moves played when generating a room (how far boxes end from targets).",
-                           ge=1)
+    search_depth: int = _f(30, "The longest shortest solution a room is generated with: each room takes k moves, k "
+                           "drawn from 1 to this (or the most the room allows).", ge=1)
+    instruction: str | None = _f(None, "The task description shown before the first state (null: the built-in one; "
+                                 "RAGEN: custom_envs.<env>.env_instruction).")
 
 
 @dataclass
@@ -72,6 +74,8 @@ class FrozenLakeConfig:
     p: float = _f(0.8, "Probability that a tile is frozen (walkable) rather than a hole.", gt=0, le=1)
     is_slippery: bool = _f(True, "Slippery ice: a move may go sideways (gymnasium's dynamics).")
     max_steps: int = _f(100, "The environment's own step limit.", ge=1)
+    instruction: str | None = _f(None, "The task description shown before the first state (null: the built-in one; "
+                                 "RAGEN: custom_envs.FrozenLake.env_instruction).")
 
 
 @dataclass

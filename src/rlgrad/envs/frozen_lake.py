@@ -31,11 +31,13 @@ class FrozenLakeEnv:
     actions = ACTIONS
     instruction = INSTRUCTION
 
-    def __init__(self, size: int = 4, p: float = 0.8, is_slippery: bool = True, max_steps: int = 100):
+    def __init__(self, size: int = 4, p: float = 0.8, is_slippery: bool = True, max_steps: int = 100,
+                 instruction: str | None = None):
         if size < 2 or not 0 < p <= 1 or max_steps < 1:
             raise ValueError(f"needs size >= 2, 0 < p <= 1 and max_steps >= 1, got size={size} p={p} "
                              f"max_steps={max_steps}")
         self.size, self.p, self.is_slippery, self.max_steps = size, p, is_slippery, max_steps
+        self.instruction = INSTRUCTION if instruction is None else instruction
         self.gym: GymFrozenLake | None = None
         self.steps = 0
 

@@ -43,7 +43,7 @@ class SokobanEnv:
     instruction = INSTRUCTION
 
     def __init__(self, dim_x: int = 6, dim_y: int = 6, num_boxes: int = 1, max_steps: int = 100,
-                 search_depth: int = 30):
+                 search_depth: int = 30, instruction: str | None = None):
         if min(dim_x, dim_y) < 4 or num_boxes < 1 or max_steps < 1 or search_depth < 1:
             raise ValueError(f"needs dim_x, dim_y >= 4 and num_boxes, max_steps, search_depth >= 1, got "
                              f"dim_x={dim_x} dim_y={dim_y} num_boxes={num_boxes} max_steps={max_steps} "
@@ -52,6 +52,7 @@ class SokobanEnv:
             raise ValueError(f"num_boxes={num_boxes} does not fit a {dim_x}x{dim_y} room")
         self.dim_x, self.dim_y, self.num_boxes = dim_x, dim_y, num_boxes
         self.max_steps, self.search_depth = max_steps, search_depth
+        self.instruction = INSTRUCTION if instruction is None else instruction
         self.room: Room | None = None
         self.steps = 0
 
@@ -102,7 +103,7 @@ class SokobanEnv:
 
     def copy(self) -> SokobanEnv:
         """An independent copy of the current state (for a planner to look ahead)."""
-        out = SokobanEnv(self.dim_x, self.dim_y, self.num_boxes, self.max_steps, self.search_depth)
+        out = SokobanEnv(self.dim_x, self.dim_y, self.num_boxes, self.max_steps, self.search_depth, self.instruction)
         r = self.room
         out.room = None if r is None else Room(r.walls, r.targets, r.boxes, r.player, r.height, r.width)
         out.steps = self.steps

@@ -97,30 +97,79 @@ PHASES = ("gen", "filter", "old_log_prob", "ref", "values", "adv", "update_criti
           "analysis/buckets", "update_actor", "neuron/actor", "neuron/critic")
 
 
-class ConsoleSink:
-    """A tqdm progress bar (step, reward, ETA), a line for each validation, and, at a step where an instrument
-    ran, a line saying where the step's time went."""
+def analysis_summary(step: int, m: dict[str, float]) -> str | None:
+    """One line on what a step's instruments found (None when none ran): the zero-variance share and the bucket
+    carrying the most task gradient, the largest reward-component share and the most opposed pair, the dormant
+    share of the actor's neurons."""
+    parts = []
+    buckets = {k.split("/")[1] for k in m if k.startswith("grad_norm/bucket_") and k.endswith("/group_rv_count")}
+    if buckets:
+        groups = {b: m[f"grad_norm/{b}/group_rv_count"] for b in buckets}
+        zero = sum(n for b, n in groups.items() if m.get(f"grad_norm/{b}/reward_std_max", 1.0) == 0.0)
+        parts.append(f"{100 * zero / max(sum(groups.values()), 1):.0f}% of groups have zero reward variance")
+        task = {b: m[f"grad_norm/{b}/task"] for b in buckets if f"grad_norm/{b}/task" in m}
+        if task:
+            top = max(task, key=task.get)
+            std = m.get(f"grad_norm/{top}/reward_std_mean", 0.0)
+            parts.append(f"largest task gradient: {top} (reward std {std:.2f})")
+    shares = {k.split("/")[1]: v for k, v in m.items() if k.startswith("grad_comp/") and k.endswith("/share")}
+    if shares:
+        top = max(shares, key=shares.get)
+        parts.append(f"largest reward component: {top} ({100 * shares[top]:.0f}% of the gradient)")
+        sims = {k.split("/", 1)[1].replace("__", " vs "): v for k, v in m.items() if k.startswith("grad_sim/")}
+        worst = min(sims, key=sims.get) if sims else None
+        if worst is not None and sims[worst] < 0:
+            parts.append(f"{worst} pull apart (cosine {sims[worst]:+.2f})")
+    if "actor/neuron/dormant_ratio" in m:
+        parts.append(f"{100 * m['actor/neuron/dormant_ratio']:.1f}% of actor neurons dormant")
+    return f"step {step} analysis: " + "; ".join(parts) if parts else None
 
-    def __init__(self, total: int, initial: int = 0):
+
+class ConsoleSink:
+    """Progress on the console: a tqdm bar on a terminal, one plain line a step otherwise (a log file or a pipe,
+    where a bar's carriage returns read badly); a line for each validation; at a step where an instrument ran,
+    what it found (``analysis_summary``), where its files went, and where the step's time went."""
+
+    def __init__(self, total: int, initial: int = 0, run_dir: Path | None = None, stream=None):
+        import sys
+
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=total, initial=initial, desc="rlgrad", unit="step", dynamic_ncols=True)
+        self.stream = stream or sys.stderr
+        self.total, self.run_dir = total, run_dir
+        self.bar = (tqdm(total=total, initial=initial, desc="rlgrad", unit="step", dynamic_ncols=True,
+                         file=self.stream) if self.stream.isatty() else None)
+
+    def write(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        if "critic/score/mean" in metrics:
-            self.bar.set_postfix(reward=f"{metrics['critic/score/mean']:.3f}",
-                                 acc=f"{metrics.get('rollout/accuracy', float('nan')):.2f}", refresh=False)
-        if step > 0:
-            self.bar.update(step - self.bar.n)
+        # accuracy and reward of the same samples: every sampled response, before the rollout filter
+        shown = {k: metrics[key] for k, key in (("acc", "rollout/accuracy"), ("reward", "rollout/score/mean"))
+                 if key in metrics}
+        if self.bar is not None:
+            self.bar.set_postfix({k: f"{v:.3f}" for k, v in shown.items()}, refresh=False)
+            if step > 0:
+                self.bar.update(step - self.bar.n)
+        elif step > 0:
+            stats = "  ".join(f"{k} {v:.3f}" for k, v in shown.items())
+            self.write(f"step {step}/{self.total}  {stats}  ({metrics.get('timing_s/step', float('nan')):.1f} s)")
         if "val/accuracy" in metrics:
-            self.bar.write(f"step {step}: val/accuracy = {metrics['val/accuracy']:.3f}")
+            self.write(f"step {step}: val/accuracy = {metrics['val/accuracy']:.3f}")
         if any(k.startswith(("timing_s/analysis/", "timing_s/neuron/")) for k in metrics):
+            found = analysis_summary(step, metrics)
+            if found:
+                where = self.run_dir / "analysis" / f"step_{step}" if self.run_dir else None
+                self.write(found + (f" (files: {where})" if where is not None and where.is_dir() else ""))
             parts = [f"{p} {metrics['timing_s/' + p]:.2f}" for p in PHASES if "timing_s/" + p in metrics]
-            self.bar.write(f"step {step}: {metrics.get('timing_s/step', float('nan')):.2f} s "
-                           f"({', '.join(parts)})")
+            self.write(f"step {step}: {metrics.get('timing_s/step', float('nan')):.2f} s ({', '.join(parts)})")
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 class MetricLogger:

@@ -235,6 +235,17 @@ class EpisodeRunner:
                              None if seeds is None else [seeds[i] for i in idx])
         return episodes
 
+    def rollout(self, model, examples: list, n: int, r, *, do_sample: bool, first_group: int = 0,
+                seeds: list[int] | None = None) -> tuple[Batch, dict]:
+        """``n`` episodes from each example's environment seed (``meta["env_seed"]``), sampled as ``r``
+        (``rollout.*``) says, as a batch whose group ids count from ``first_group``; ``seeds``: one per group
+        (group-seeded sampling), each episode then draws from its own generators."""
+        gen_kwargs = dict(max_new_tokens=r.response_length, do_sample=do_sample, temperature=r.temperature,
+                          top_p=r.top_p, top_k=r.top_k, engine=r.engine)
+        episodes = self.run(model, [e.meta["env_seed"] for e in examples for _ in range(n)], gen_kwargs,
+                            None if seeds is None else [s * 1_009 + j for s in seeds for j in range(n)])
+        return self.to_batch(episodes, torch.arange(first_group, first_group + len(examples)).repeat_interleave(n))
+
     def to_batch(self, episodes: list[Episode], group_ids: torch.Tensor) -> tuple[Batch, dict]:
         """The episodes as rows (see the module docstring) and the per-episode records of ``info``."""
         rows, masks, lps, rewards = [], [], [], []

@@ -77,6 +77,16 @@ def config_changes(run_dir: Path, cfg: RLGradConfig) -> dict[str, list]:
     return diff
 
 
+def finished_run_changes(run_dir: Path, cfg: RLGradConfig) -> str:
+    """The settings of ``cfg`` that differ from a finished run's (``a: old -> new, ...``; empty when none, or when
+    the run has no config.yaml): what a command that would train nothing must not silently ignore."""
+    if not (run_dir / "config.yaml").is_file():
+        return ""
+    diff = config_changes(run_dir, cfg)
+    diff.pop("trainer.total_training_steps", None)
+    return ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in diff.items())
+
+
 class RunStopped(Exception):
     """The run ended early for a reason the user must see (not bad input)."""
 

@@ -234,7 +234,7 @@ class Trainer:
         self.rollout_log = RolloutLog(rollout_dir(rd, t.rollout_data_dir))
         self.rollout_log.discard_after(self.step)
         if "console" in t.logger:
-            sinks.append(ConsoleSink(t.total_training_steps, initial=self.step))
+            sinks.append(ConsoleSink(t.total_training_steps, initial=self.step, run_dir=rd))
         if "tensorboard" in t.logger:
             sinks.append(TensorBoardSink(rd / "tensorboard"))
         if "wandb" in t.logger:
@@ -255,12 +255,8 @@ class Trainer:
         seeds = ([group_seed(cfg.trainer.seed, stream, step, first_group + i) for i in range(len(examples))]
                  if self.group_seeded and do_sample else None)
         if self.agent is not None:  # n episodes per group, every one from the group's environment seed
-            gen_kwargs = dict(max_new_tokens=r.response_length, do_sample=do_sample, temperature=r.temperature,
-                              top_p=r.top_p, top_k=r.top_k, engine=r.engine)
-            episodes = self.agent.run(self.actor, [e.meta["env_seed"] for e in examples for _ in range(n)], gen_kwargs,
-                                      None if seeds is None else [s * 1_009 + j for s in seeds for j in range(n)])
-            return self.agent.to_batch(episodes, torch.arange(first_group, first_group + len(examples)
-                                                             ).repeat_interleave(n))
+            return self.agent.rollout(self.actor, examples, n, r, do_sample=do_sample, first_group=first_group,
+                                      seeds=seeds)
         prompts = render_prompts(self.tokenizer, examples, self.chat, cfg.data.system_prompt)
         try:
             gen = generate(self.actor, self.tokenizer, prompts, n=n,
@@ -374,7 +370,7 @@ class Trainer:
         with timer(m, "timing_s/gen"):
             full, info = self.rollout(examples[lo:hi], n=cfg.rollout.n, do_sample=True, first_group=lo, step=step)
         g = all_gather_cat  # global metrics: every rank's samples
-        m["rollout/accuracy"] = float(g(info["correct"]).mean())
+        m["rollout/accuracy"], m["rollout/score/mean"] = float(g(info["correct"]).mean()), float(g(full.scores).mean())
         m.update(summarize("response_length/{stat}", g(info["lengths"])))
         m["response_length/clip_ratio"] = float(g(info["truncated"]).mean())
         if self.agent is not None:
@@ -539,10 +535,12 @@ class Trainer:
     def fit(self) -> dict[str, float]:
         t = self.cfg.trainer
         total = t.total_training_steps
-        if self.step >= total:
-            self.log(f"the run in {self.run_dir} already finished step {self.step}; "
-                     "raise trainer.total_training_steps to continue")
-            return self.summary
+        if self.step >= total:  # nothing to train: refuse settings this run never had rather than ignore them
+            changes = distributed.decide(lambda: runs.finished_run_changes(self.run_dir, self.cfg))
+            raise UserError(f"the run in {self.run_dir} already finished step {self.step}"
+                            + (f" with other settings ({changes})" if changes else "")
+                            + "; raise trainer.total_training_steps to continue it, or start a new run "
+                              "(trainer.experiment_name=NAME)")
         logger = distributed.agree(self._open_run_dir)
         start = self.step
         with runs.stop_requests() as signals:
