@@ -262,3 +262,19 @@ def test_a_warm_start_says_how_far_it_is(tmp_path):
     lines.clear()
     models.embedded_default(cfg, build_task("arithmetic", val_size=4), seed=0, log=lines.append)
     assert lines == []  # cached: nothing to say
+
+
+def test_the_embedded_tokenizer_keeps_spaces_and_newlines_after_the_cache(tmp_path):
+    """transformers' AutoTokenizer took the Qwen2 class from config.json and its byte-level pre-tokenizer dropped
+    every space and newline of the character tokenizer: sokoban grids and countdown prompts lost their layout."""
+    from rlgrad.config import TinyModelConfig
+    from rlgrad.tasks import build_task
+
+    cfg = ModelConfig(cache_dir=str(tmp_path), warmstart_steps=1, warmstart_batch_size=2,
+                      tiny=TinyModelConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                           num_key_value_heads=1, intermediate_size=48))
+    _, tok = load_actor(cfg, build_task("arithmetic", val_size=4), seed=0)
+    text = "Turn 1:\nState:\n#_P#\n## X #"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids == models.build_char_tokenizer()(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == text and len(ids) == len(text)

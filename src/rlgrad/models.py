@@ -240,6 +240,24 @@ def resolve_model_path(path: str | os.PathLike, cache_dir: str | os.PathLike | N
     return gguf_model_dir(path, cache_dir, key, log=log) if is_gguf(path) else Path(path)
 
 
+# tokenizer_config.json classes meaning "tokenizer.json as it is" (what save_pretrained writes for a tokenizer built
+# from a `tokenizers` object, like the embedded default's character tokenizer).
+_GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _load_tokenizer(p: Path):
+    """The directory's tokenizer. A generic one is loaded as its tokenizer.json says: AutoTokenizer would take the
+    class of config.json's model type (Qwen2's byte-level pre-tokenizer for the embedded default), which drops the
+    spaces and newlines of a character tokenizer."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg = p / "tokenizer_config.json"
+    declared = json.loads(cfg.read_text()).get("tokenizer_class") if cfg.is_file() else None
+    if declared in _GENERIC_TOKENIZERS and (p / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(p, local_files_only=True)
+    return AutoTokenizer.from_pretrained(p, local_files_only=True)
+
+
 def load_pretrained(path: str | os.PathLike, dtype: str = "float32", key: str = "model.path", *,
                     cache_dir: str | os.PathLike | None = None, log=print):
     """Load a local HF causal LM and its tokenizer; a bad path is a UserError, never a hub lookup.
@@ -247,7 +265,7 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", key: str = 
     ``path``: a Hugging Face directory or a ``.gguf`` file (dequantised once into ``cache_dir``, see
     ``gguf_model_dir``). The tokenizer pads on the left, with EOS as the pad token when it has none.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     _quiet_transformers()
     p = _check_model_dir(resolve_model_path(path, cache_dir, key, log=log), key)
@@ -257,7 +275,7 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", key: str = 
     if not any((p / f).is_file() for f in TOKENIZER_FILES):
         raise UserError(f"{key} '{path}' has no tokenizer ({' / '.join(TOKENIZER_FILES)}): save it next to the model")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
+        tokenizer = _load_tokenizer(p)
         model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=_dtype(dtype))
     except Exception as e:  # a truncated or mismatched checkpoint fails deep inside transformers/safetensors
         raise UserError(f"{key} '{path}' could not be loaded: {_first_line(e)}") from None

@@ -8,7 +8,10 @@ format penalties), both weighted 1 unless ``reward.weights`` says otherwise.
 
 The embedded default model is warm-started on a *sloppy planner* (``warmstart_pairs``): episodes where each
 turn plays the environment's shortest solution with every move, with probability ``PLANNER_SLIP``, swapped for
-a random other one; the model learns the format and roughly how to move, and RL has mistakes to fix.
+a random other one, and, as the arithmetic teacher drops minus signs, one systematic slip: the first action word
+(Sokoban's Up, FrozenLake's Left) written as the third (Left, Right) ``PLANNER_CONFUSION`` of the time. The
+model learns the format and how to move, but its greedy move is wrong wherever the solution needs that word
+while it samples the right one about a third of the time: RL has mistakes to fix.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from rlgrad.errors import UserError
 from rlgrad.tasks import Example, Score, make_val_set, resolve_weights, sample_excluding
 
 DEFAULT_WEIGHTS = {"env": 1.0, "format": 1.0}
-PLANNER_SLIP = 0.3
+PLANNER_SLIP = 0.1
+PLANNER_CONFUSION = 0.65
 
 
 class EnvTask:
@@ -72,7 +76,8 @@ class EnvTask:
 
     def warmstart_spec(self) -> dict:
         """What the warm start depends on beyond the task's name (part of its cache key)."""
-        return {"env": self.options, "agent": asdict(self.agent), "weights": self.weights, "slip": PLANNER_SLIP}
+        return {"env": self.options, "agent": asdict(self.agent), "weights": self.weights, "slip": PLANNER_SLIP,
+                "confusion": PLANNER_CONFUSION}
 
     def warmstart_pairs(self, n: int, rng: random.Random, eos: str) -> tuple[list[str], list[str]]:
         """``n`` (context, answer) pairs in the plain layout the embedded model plays in: each from a sloppy
@@ -86,6 +91,8 @@ class EnvTask:
             obs, used, done = env.reset(ex.meta["env_seed"]), 0, False
             while not done and len(seen) < a.max_turn and used < a.max_actions_per_traj:
                 moves = planner(env, rng, PLANNER_SLIP)[:a.max_actions_per_turn] or [rng.choice(env.actions)]
+                confused, meant = env.actions[2], env.actions[0]
+                moves = [confused if m == meant and rng.random() < PLANNER_CONFUSION else m for m in moves]
                 body = f" {a.action_sep} ".join(moves) + "</answer>"
                 answer = ("</think><answer>" + body) if a.enable_think else body
                 shown, reward = turn_text(len(seen) + 1, obs, a.max_actions_per_traj - used), 0.0
