@@ -223,6 +223,7 @@ class EpisodeRunner:
     def run(self, model, env_seeds: list[int], gen_kwargs: dict, seeds: list[int] | None = None) -> list[Episode]:
         """One episode per entry of ``env_seeds``; ``seeds`` (optional, one per episode): each episode samples
         from its own generators (group-seeded sampling)."""
+        self._ids.clear()  # token ids of this batch's texts only: states differ from batch to batch
         episodes = []
         for seed in env_seeds:
             env = self.make_env()
