@@ -294,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="figures, metrics JSON and group table for each gradient-analysis step of a run")
     p.add_argument("run_dir", nargs="?", help="a local run directory (offline; the default)")
     p.add_argument("--wandb-path", help="read a W&B run instead: ENTITY/PROJECT/RUN_ID (needs network)")
-    p.add_argument("--list-steps", action="store_true", help="print the steps that hold bucket metrics and exit")
+    p.add_argument("--list-steps", action="store_true",
+                   help="print the analysis steps (bucket analysis, reward components, neuron health) and exit")
     p.add_argument("--step", dest="steps", type=int, nargs="+", help="steps to plot (default: every analysis step)")
     p.add_argument("--output-dir", help="default: gradient_analysis_outputs/<run name>/")
     p.add_argument("--dpi", type=int, default=150, help="PNG resolution (default 150)")

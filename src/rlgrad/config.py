@@ -23,7 +23,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlgrad.aliases import PROBE_ONLY_KEY, resolve_alias
+from rlgrad.aliases import ALIASES, PROBE_ONLY_KEY, resolve_alias
 from rlgrad.analysis_config import AnalysisConfig
 from rlgrad.envs.config import AgentConfig, EnvConfig
 from rlgrad.errors import UserError
@@ -289,8 +289,6 @@ def suggest_keys(key: str, n: int = 3) -> list[str]:
     """The settings most likely meant by an unknown ``key``: a synonym's spelling (``..._freq`` -> ``..._every``),
     the same last word in any section (``actor.lr`` -> ``actor.optim.lr``; plain ``lr`` -> every ``*.lr``), then
     the closest spellings of the whole key among the schema and the aliases, those in the key's section first."""
-    from rlgrad.aliases import ALIASES
-
     names = SCHEMA_KEYS + [a for a in ALIASES if not a.endswith(".")]
     leaf, section = key.rsplit(".", 1)[-1], key.split(".", 1)[0]
     swapped = [key[: len(key) - len(leaf)] + leaf.replace(a, b) for a, b in _SYNONYMS.items() if a in leaf]

@@ -135,8 +135,8 @@ class EpisodeRunner:
         self.window = settings.window
         self._ids: dict[str, list[int]] = {}
         env = make_env()  # a first turn that cannot fit is bad input: refused before the run starts
-        first = Episode(env, 0, env.reset(0), [Turn(turn_text(1, "", settings.max_actions_per_traj), "")])
-        first.turns[0].shown = turn_text(1, first.observation, settings.max_actions_per_traj)
+        obs = env.reset(0)
+        first = Episode(env, 0, obs, [Turn(turn_text(1, obs, settings.max_actions_per_traj), obs)])
         self.check_fits(len([t for ids, _ in self.pieces(first, 0, False) for t in ids]))
 
     def check_fits(self, length: int) -> None:
