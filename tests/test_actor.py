@@ -88,8 +88,9 @@ def _grads_after(model, batch, settings, micro, mini):
     return captured
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
-@pytest.mark.parametrize("kind", ["ppo", "cispo"])
+@pytest.mark.parametrize("mode", ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
+                                  "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("kind", ["ppo", "cispo", "gspo"])
 def test_micro_batches_equal_full_batch_gradient(model_and_tok, mode, kind):
     model, tok = model_and_tok
     b = make_batch(model, tok)

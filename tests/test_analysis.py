@@ -50,6 +50,22 @@ def test_fewer_groups_than_buckets_and_all_zero():
     assert [sorted({int(x) for x in g[b.rows[n]]}) for n in ("bucket_1", "bucket_2")] == [[0], [1]]
 
 
+def test_quantile_nonzero_puts_zero_variance_groups_in_bucket_1_and_keeps_ties_together():
+    # group stds: four at 0, three tied at 0.3, then two distinct
+    g, rs = _groups([0.0, 0.0, 0.0, 0.0, 0.3, 0.3, 0.3, 0.5, 0.9])
+    b = make_buckets(g, rs, mode="quantile_nonzero", num_buckets=4)
+    members = {n: sorted({int(x) for x in g[b.rows[n]]}) for n in b.names if n != "all"}
+    # quantile would give buckets 1 and 2 identical zero-variance groups and split the tie at 0.3 in two
+    assert members == {"bucket_1": [0, 1, 2, 3], "bucket_2": [4, 5, 6], "bucket_3": [7], "bucket_4": [8]}
+    plain = make_buckets(g, rs, mode="quantile", num_buckets=4)
+    assert {int(x) for x in g[plain.rows["bucket_2"]]} <= {2, 3, 4}
+    # no zero-variance group: bucket_1 is absent (the name keeps its meaning), the rest still in quantiles
+    g, rs = _groups([0.1, 0.2, 0.3, 0.4])
+    b = make_buckets(g, rs, mode="quantile_nonzero", num_buckets=3)
+    assert b.names == ["all", "bucket_2", "bucket_3"]
+    assert sorted(torch.cat([b.rows["bucket_2"], b.rows["bucket_3"]]).tolist()) == list(range(len(g)))
+
+
 def test_fixed_rv_buckets_skip_empty():
     g, rs = _groups([0.5, 1.0, 2.5, 7.0, 0.99])
     b = make_buckets(g, rs, mode="fixed_rv")
@@ -99,6 +115,10 @@ SETTINGS = [
                  clip_ratio_low=0.05, clip_ratio_high=0.05),
     LossSettings(loss_agg_mode="seq-mean-token-sum", use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01,
                  horizon=5, kl_loss_type="k2"),
+    LossSettings(loss_agg_mode="token-sum", use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01, horizon=5,
+                 policy_loss="gspo", kl_loss_type="low_var_kl+"),
+    LossSettings(loss_agg_mode="seq-mean-token-mean", horizon=5, policy_loss="gspo", clip_ratio_low=0.02,
+                 clip_ratio_high=0.02, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k1+"),
 ]
 
 

@@ -309,5 +309,5 @@ def test_cispo_value_and_gradient():
 
 
 def test_policy_loss_unknown_kind_raises():
-    with pytest.raises(ValueError, match="gspo"):
-        policy_loss(torch.zeros(1), torch.zeros(1), torch.ones(1), torch.ones(1), **dict(PPO, kind="gspo"))
+    with pytest.raises(ValueError, match="unknown policy loss kind .sapo"):
+        policy_loss(torch.zeros(1), torch.zeros(1), torch.ones(1), torch.ones(1), **dict(PPO, kind="sapo"))

@@ -11,7 +11,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlgrad"
 # (and itself): siblings of one layer never import each other.
 LAYERS = [
     {"errors", "aliases", "fields"},
-    {"envs", "analysis_config"},  # environments (stdlib / numpy / gymnasium) | the instruments' settings
+    {"envs", "analysis_config", "algorithm_config"},  # environments | the instruments' and algorithm's settings
     {"batch", "collectives", "core", "rundir", "metrics", "config"},  # leaves: torch / stdlib (+ errors) only
     {"loss", "tasks", "logging", "models", "distributed"},  # the loss math; data, sinks, models, processes
     {"hooks"},  # the hook contract: a batch, the models, the loss

@@ -181,7 +181,7 @@ def test_a_skipped_step_is_written_and_rendered_prompts_are_used(model_cache, tm
         return batch, info
 
     t.rollout = with_prompts
-    t.filter = lambda batch, info: (torch.zeros(len(batch), dtype=torch.bool), {})
+    t.filter = lambda batch, info, among=None: (torch.zeros(len(batch), dtype=torch.bool), {})
     t.fit()
     assert _metrics(tmp_path / "run")[1]["rollout/filter_empty"] == 1.0
     lines = read_rollouts(tmp_path / "run" / "rollouts" / "step_1.jsonl")

@@ -74,11 +74,12 @@ def rel_err(ours, ref) -> float:
     return (num / den) ** 0.5
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
-def test_bucket_gradients_equal_verl_engine_autograd(model_dir, tmp_path, agg):
+@pytest.mark.parametrize("agg,kw", [("token-mean", {}), ("seq-mean-token-mean", {}), ("seq-mean-token-sum", {}),
+                                    ("token-sum", {"policy_loss": {"loss_mode": "gspo"}, "kl_loss_type": "k3+"})])
+def test_bucket_gradients_equal_verl_engine_autograd(model_dir, tmp_path, agg, kw):
     """Each bucket's gradient (all terms) equals verl's own engine running verl's own ppo_loss on those rows."""
     w = worker(model_dir)
-    ac = actor_config(loss_agg_mode=agg)
+    ac = actor_config(loss_agg_mode=agg, **kw)
     w.rlgrad_setup(ac, ["analysis.every=null", "analysis.buckets.enable=false"], tmp_path / "run")
     td, _ = verl_batch()
     batch = batch_from_verl(td)
@@ -152,8 +153,9 @@ def test_training_unchanged_metrics_and_run_files(model_dir, tmp_path):
 
 
 def test_settings_refused_in_one_line():
-    with pytest.raises(UserError, match="loss_mode=gspo"):
-        verl_loss_settings(actor_config(policy_loss={"loss_mode": "gspo"}))
+    with pytest.raises(UserError, match="loss_mode=sapo"):
+        verl_loss_settings(actor_config(policy_loss={"loss_mode": "sapo"}))
+    assert verl_loss_settings(actor_config(policy_loss={"loss_mode": "gspo"}, kl_loss_type="k1+")).policy_loss == "gspo"
     with pytest.raises(UserError, match="loss_scale_factor"):
         verl_loss_settings(actor_config(loss_agg_mode="seq-mean-token-sum-norm"))
     s = verl_loss_settings(actor_config(clip_ratio_low=0.1, clip_ratio_high=0.3,
@@ -259,3 +261,54 @@ def test_two_ranks_give_the_one_process_numbers(model_dir, tmp_path):
     assert first["two"]["critic/score/mean"] == pytest.approx(first["one"]["critic/score/mean"])
     groups = (run / "analysis" / "step_1" / "group_rv_table.csv").read_text()
     assert groups == (tmp_path / "one" / "analysis" / "step_1" / "group_rv_table.csv").read_text()
+
+
+def test_core_math_equals_verls_core_algos():
+    """GSPO, token-sum, the straight-through KL estimators, REINFORCE++(-baseline) and the adaptive KL controller:
+    rlgrad's functions against verl's own, values and gradients."""
+    import numpy as np
+    from verl.trainer.ppo import core_algos as ca
+    from verl.workers.config import ActorConfig
+
+    from rlgrad import core
+    from rlgrad.rl.shaping import KLController
+
+    g = torch.Generator().manual_seed(0)
+    mask = (torch.rand(6, 9, generator=g) < 0.8).float()
+    mask[:, 0] = 1
+    old = -torch.rand(6, 9, generator=g) * 3
+    adv = torch.randn(6, generator=g)[:, None] * mask
+    for agg in ("token-mean", "token-sum", "seq-mean-token-mean"):
+        logp = (old + 0.3 * torch.randn(6, 9, generator=g)).requires_grad_(True)
+        cfg = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=4, ppo_mini_batch_size=2,
+                          clip_ratio_low=0.1, clip_ratio_high=0.15)
+        want, metrics = ca.compute_policy_loss_gspo(old, logp, adv, mask, loss_agg_mode=agg, config=cfg)
+        got = core.policy_loss(logp, old, adv, mask, kind="gspo", clip_ratio_low=0.1, clip_ratio_high=0.15,
+                               clip_ratio_c=3.0, agg_mode=agg, horizon=9)
+        torch.testing.assert_close(got.loss, want)
+        (gw,) = torch.autograd.grad(want, logp, retain_graph=True)
+        (gg,) = torch.autograd.grad(got.loss, logp)
+        torch.testing.assert_close(gg, gw)
+        assert float(got.clipfrac) == pytest.approx(metrics["actor/pg_clipfrac"])
+    loss = torch.randn(6, 9, generator=g)
+    torch.testing.assert_close(core.agg_loss(loss, mask, "token-sum", horizon=9), ca.agg_loss(loss, mask, "token-sum"))
+    ref = -torch.rand(6, 9, generator=g) * 3
+    for kind in ("k1+", "kl+", "abs+", "low_var_kl+", "k3+"):
+        lp = (ref + 0.5 * torch.randn(6, 9, generator=g)).requires_grad_(True)
+        want, got = ca.kl_penalty(lp, ref, kind), core.kl_penalty(lp, ref, kind)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(torch.autograd.grad(got.sum(), lp)[0], torch.autograd.grad(want.sum(), lp)[0])
+    rewards = torch.randn(6, 9, generator=g) * mask
+    want_a, want_r = ca.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config=ca.AlgoConfig(gamma=0.9))
+    got_a, got_r = core.reinforce_plus_plus_advantages(rewards, mask, gamma=0.9)
+    torch.testing.assert_close(got_a, want_a)
+    torch.testing.assert_close(got_r, want_r)
+    index = np.array(["a", "a", "b", "b", "b", "c"], dtype=object)
+    want_b, _ = ca.compute_reinforce_plus_plus_baseline_outcome_advantage(rewards.clone(), mask, index)
+    got_b = core.reinforce_plus_plus_baseline_advantages(rewards.sum(-1), torch.tensor([0, 0, 1, 1, 1, 2]), mask)
+    torch.testing.assert_close(got_b, want_b, rtol=1e-5, atol=1e-6)
+    ours, theirs = KLController("adaptive", 0.2, 0.1, 500), ca.AdaptiveKLController(0.2, 0.1, 500)
+    for kl, n in ((0.3, 64), (0.05, 32), (0.11, 128)):
+        ours.update(kl, n)
+        theirs.update(kl, n)
+        assert ours.value == pytest.approx(theirs.value, rel=1e-12)

@@ -16,6 +16,9 @@ ALIASES: dict[str, str] = {
     "critic.grad_clip": "critic.max_grad_norm",
     "model_path": "model.path",
     "data.max_response_length": "rollout.response_length",
+    "actor.policy_loss.loss_mode": "actor.policy_loss",
+    "reward_model.overlong_buffer.": "reward.overlong_buffer.",
+    "reward_model.reward_kwargs.overlong_buffer_cfg.": "reward.overlong_buffer.",
     "es_manager.train.env_groups": "data.train_batch_size",
     "es_manager.train.group_size": "rollout.n",
     # RAGEN's gradient analysis

@@ -18,8 +18,10 @@ class BucketAnalysisConfig:
                     "(RAGEN's (global_steps - 1) % every == 0). RAGEN: trainer.gradient_analysis_every.", ge=1)
     num_buckets: int = _f(6, "Number of quantile buckets of prompt groups by in-group reward "
                           "std. RAGEN: actor_rollout_ref.rollout.gradient_analysis_num_buckets.", ge=1)
-    bucket_mode: str = _f("quantile", "quantile (equal group counts) | fixed_rv ([0,1) .. [5,inf)). RAGEN: "
-                          "actor_rollout_ref.rollout.gradient_analysis_bucket_mode.", choices=("quantile", "fixed_rv"))
+    bucket_mode: str = _f("quantile", "quantile (equal group counts) | quantile_nonzero (bucket_1: the groups of "
+                          "zero reward std; quantiles, ties kept together, over the others) | fixed_rv ([0,1) .. "
+                          "[5,inf)). RAGEN: actor_rollout_ref.rollout.gradient_analysis_bucket_mode.",
+                          choices=("quantile", "quantile_nonzero", "fixed_rv"))
     env_groups: int | None = _f(None, "Analyse a separate batch of this many prompt groups (null: "
                                 "the training batch). RAGEN: trainer.gradient_analysis_env_groups.", ge=1)
     group_size: int | None = _f(None, "Samples per group of the separate analysis batch (null: "

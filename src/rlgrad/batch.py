@@ -83,6 +83,31 @@ class Batch:
                 out[f.name] = v
         return Batch(**out)
 
+    @classmethod
+    def cat(cls, batches: list[Batch]) -> Batch:
+        """The rows of ``batches`` in order, in one Batch. Each is left-padded so that its first response column
+        lands on the common one (prompts still end at the same column) and right-padded to the common width;
+        padding is unattended and carries no loss. Optional fields are kept where every batch has them."""
+        start = max(b.response_start() for b in batches)
+        width = start + max(b.input_ids.shape[1] - b.response_start() for b in batches)
+
+        def pad(t: torch.Tensor, b: Batch) -> torch.Tensor:
+            if t.dim() < 2:
+                return t
+            left = start - b.response_start()
+            return torch.nn.functional.pad(t, (left, width - left - t.shape[1]))
+
+        out = {}
+        for f in dataclasses.fields(cls):
+            vals = [getattr(b, f.name) for b in batches]
+            if all(isinstance(v, torch.Tensor) for v in vals):
+                out[f.name] = torch.cat([pad(v, b) for v, b in zip(vals, batches)])
+            elif all(isinstance(v, dict) for v in vals):
+                out[f.name] = {k: torch.cat([v[k] for v in vals]) for k in vals[0]}
+            else:
+                out[f.name] = None if f.name != "components" else {}
+        return cls(**out)
+
     def blank_rows(self, n: int = 1) -> Batch:
         """``n`` rows that carry no loss (response_mask 0, every position attended, group id -1).
 

@@ -23,6 +23,17 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlgrad.algorithm_config import (  # noqa: F401  (re-exported: the schema is read from rlgrad.config)
+    OUTCOME_ESTIMATORS,
+    ActorConfig,
+    AlgorithmConfig,
+    CriticConfig,
+    CriticModelConfig,
+    OptimConfig,
+    RewardConfig,
+    per_response_advantage,
+    validate_algorithm,
+)
 from rlgrad.aliases import ALIASES, PROBE_ONLY_KEY, resolve_alias
 from rlgrad.analysis_config import AnalysisConfig
 from rlgrad.envs.config import AgentConfig, EnvConfig
@@ -81,6 +92,8 @@ class DataConfig:
                                   "do): auto (when the tokenizer has one) | true (an error when it has none) | "
                                   "false.", choices=("auto", "true", "false"))
     system_prompt: str | None = _f(None, "A system turn put before every prompt's messages (chat template only).")
+    gen_batch_size: int | None = _f(None, "algorithm.filter_groups: prompt groups per generation round (verl's "
+                                    "data.gen_batch_size; null: train_batch_size).", ge=1)
     reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
 
 
@@ -126,90 +139,6 @@ class RolloutConfig:
                                             "on whenever torchrun launches rlgrad (any number of processes, "
                                             "so torchrun with 1 and with N processes sample the same batch), "
                                             "off in a plain one-process run.")
-
-
-@dataclass
-class OptimConfig:
-    lr: float = _f(1e-4, "AdamW learning rate.", gt=0)
-    weight_decay: float = _f(0.0, "AdamW weight decay.", ge=0)
-    betas: list[float] = _f([0.9, 0.999], "AdamW betas.")
-    eps: float = _f(1e-8, "AdamW epsilon.", gt=0)
-    lr_warmup_steps: int = _f(0, "Linear learning-rate warm-up over this many optimizer steps.", ge=0)
-
-
-@dataclass
-class ActorConfig:
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    ppo_epochs: int = _f(1, "Passes over each step's batch.", ge=1)
-    ppo_mini_batch_size: int | None = _f(None, "Prompts per optimizer step "
-                                         "(x rollout.n samples); null: the whole batch, one step per epoch.", ge=1)
-    ppo_micro_batch_size: int = _f(64, "Samples per forward/backward (gradient "
-                                   "accumulation; does not change the update).", ge=1)
-    shuffle: bool = _f(True, "Shuffle samples into mini-batches each epoch.")
-    policy_loss: str = _f("ppo", "Policy loss: ppo (clipped, dual-clip) | cispo (clipped, stop-gradient IS weight).",
-                          choices=("ppo", "cispo"))
-    clip_ratio_low: float = _f(0.2, "PPO lower clip: ratio >= 1 - clip_ratio_low.", ge=0, lt=1)
-    clip_ratio_high: float = _f(0.2, "PPO upper clip: ratio <= 1 + clip_ratio_high (CISPO's IS-weight cap).", ge=0)
-    clip_ratio_c: float = _f(3.0, "Dual-clip bound for negative advantages.", gt=1,
-                             why="the dual clip bounds a negative-advantage token's loss at c x |A|, above the "
-                             "clipped ratio 1")
-    loss_agg_mode: str = _f("token-mean", "Loss aggregation.",
-                            choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                                     "seq-mean-token-sum-norm"))
-    use_kl_loss: bool = _f(False, "Add kl_loss_coef * KL(policy || reference) to the loss.")
-    kl_loss_coef: float = _f(0.001, "KL loss coefficient.", ge=0)
-    kl_loss_type: str = _f("low_var_kl", "KL estimator: kl/k1 | abs | mse/k2 | low_var_kl/k3.",
-                           choices=("kl", "k1", "abs", "mse", "k2", "low_var_kl", "low-var-kl", "k3"))
-    entropy_coeff: float = _f(0.0, "Entropy bonus: the loss gets -entropy_coeff * entropy.")
-    max_grad_norm: float = _f(1.0, "Clip the global gradient norm (the pre-clip norm is logged as actor/grad_norm).",
-                              gt=0, why="a negative clip factor reverses the update")
-
-
-@dataclass
-class CriticModelConfig:
-    path: str | None = _f(None, "Local Hugging Face directory the value model starts from "
-                          "(its base weights; a zero value head unless it has one). null: "
-                          "the actor's initial weights (model.path or the embedded default).")
-
-
-@dataclass
-class CriticConfig:
-    """The value model of PPO with a critic; used only when algorithm.adv_estimator=gae."""
-
-    model: CriticModelConfig = field(default_factory=CriticModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    ppo_epochs: int = _f(1, "Passes of the critic over each step's batch.", ge=1)
-    ppo_mini_batch_size: int | None = _f(None, "Prompts per critic optimizer step "
-                                         "(x rollout.n samples); null: the whole batch.", ge=1)
-    ppo_micro_batch_size: int = _f(64, "Samples per critic forward/backward (gradient "
-                                   "accumulation; does not change the update).", ge=1)
-    shuffle: bool = _f(True, "Shuffle samples into critic mini-batches each epoch.")
-    cliprange_value: float = _f(0.5, "Value clipping: the loss uses max((V-R)^2, (clip(V, V_old-c, V_old+c)-R)^2) / 2.",
-                                gt=0)
-    loss_agg_mode: str | None = _f(None, "Aggregation of the value loss (null: actor.loss_agg_mode).",
-                                   choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                                            "seq-mean-token-sum-norm"))
-    max_grad_norm: float = _f(1.0, "Clip the critic's global gradient norm (the "
-                              "pre-clip norm is logged as critic/grad_norm).", gt=0)
-
-
-@dataclass
-class AlgorithmConfig:
-    adv_estimator: str = _f("grpo", "Advantage estimator: grpo | rloo (outcome, group baseline) | gae "
-                            "(PPO with a critic: token-level GAE on a learned value model, see critic.*).",
-                            choices=("grpo", "rloo", "gae"))
-    norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's (unbiased) reward std + 1e-6.")
-    gamma: float = _f(1.0, "GAE discount factor over response tokens.", ge=0, le=1)
-    lam: float = _f(1.0, "GAE lambda (bias/variance trade-off of the advantage; 1: Monte-Carlo return minus value).",
-                    ge=0, le=1)
-
-
-@dataclass
-class RewardConfig:
-    weights: dict[str, float] = _f({}, "Reward component weights (empty: the task's defaults), "
-                                   "e.g. {correctness: 0.34, format: 0.33, length: 0.33}.")
-    length_max: int = _f(800, "math: target length of the length component.", ge=1)
-    length_unit: str = _f("chars", "math: length in chars or tokens.", choices=("chars", "tokens"))
 
 
 @dataclass
@@ -259,8 +188,6 @@ class RLGradConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
 
-
-OUTCOME_ESTIMATORS = ("grpo", "rloo")  # one advantage per response: what the reward-component geometry needs
 
 CONFIG_DIRS = [Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs"]
 
@@ -481,9 +408,7 @@ def validate(cfg: RLGradConfig) -> None:
         raise UserError(f"'model.tiny' needs num_key_value_heads ({t.num_key_value_heads}) to divide "
                         f"num_attention_heads ({t.num_attention_heads}) and that to divide hidden_size "
                         f"({t.hidden_size})")
-    if cfg.analysis.components.every > 0 and cfg.algorithm.adv_estimator not in OUTCOME_ESTIMATORS:
-        raise UserError("'analysis.components.every' needs outcome advantages (algorithm.adv_estimator: grpo | rloo), "
-                        f"got '{cfg.algorithm.adv_estimator}'")
+    validate_algorithm(cfg)
     for role in ("actor", "critic"):  # the critic's mini-batch matters only with gae
         mb = getattr(cfg, role).ppo_mini_batch_size
         if mb is not None and cfg.data.train_batch_size % mb and (role == "actor" or cfg.algorithm.adv_estimator
@@ -498,9 +423,6 @@ def validate(cfg: RLGradConfig) -> None:
     p = cfg.critic.model.path
     if cfg.algorithm.adv_estimator == "gae" and p is not None and not (Path(p) / "config.json").is_file():
         raise UserError(f"'critic.model.path' '{p}' is not a local Hugging Face model directory (no config.json)")
-    if cfg.agent.use_turn_scores and cfg.algorithm.adv_estimator != "gae":
-        raise UserError("'agent.use_turn_scores' gives per-turn rewards, which only gae turns into advantages; "
-                        f"algorithm.adv_estimator is '{cfg.algorithm.adv_estimator}'")
     if cfg.agent.use_turn_scores and cfg.agent.window is not None:
         raise UserError("'agent.use_turn_scores' needs every turn in the trained sequence "
                         "(agent.context_window_mode=full); a window drops the earlier turns' rewards")

@@ -35,7 +35,7 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 # Loss aggregation
 # ---------------------------------------------------------------------------------------------
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def agg_loss(
@@ -52,6 +52,7 @@ def agg_loss(
     With ``ℓ`` the loss, ``m`` the mask, ``T`` = ``num_tokens``, ``S`` = ``num_seqs``, ``H`` = ``horizon``:
 
     * ``token-mean``:              Σ_{i,t} ℓ·m / T
+    * ``token-sum``:               Σ_{i,t} ℓ·m             (no normaliser: the gradient grows with the batch)
     * ``seq-mean-token-sum``:      Σ_i (Σ_t ℓ·m) / S
     * ``seq-mean-token-mean``:     Σ_i (Σ_t ℓ·m / max(Σ_t m, 1)) / S
     * ``seq-mean-token-sum-norm``: Σ_{i,t} ℓ·m / (S·H)   (Dr. GRPO)
@@ -77,6 +78,8 @@ def agg_loss(
     seq_sum = masked_sum(loss_mat, mask, dim=-1)  # [N]
     if mode == "token-mean":
         return seq_sum.sum() / denom(num_tokens, mask.sum())
+    if mode == "token-sum":
+        return seq_sum.sum()
     seqs = denom(num_seqs, float(loss_mat.shape[0]))
     if mode == "seq-mean-token-sum":
         return seq_sum.sum() / seqs
@@ -92,13 +95,16 @@ def agg_token_weights(mask: Tensor, mode: str, *, horizon: int) -> tuple[Tensor,
 
     Returns ``ω`` ``[N, L]`` (per-token weights, independent of which rows are aggregated) and
     ``u`` ``[N]`` (each row's share of the denominator). This is what lets one backward pass give
-    the gradient of any subset's loss: the subset only changes the denominator.
+    the gradient of any subset's loss: the subset only changes the denominator. ``token-sum`` has no
+    denominator: its ``u`` is 0, and a subset whose ``Σ u`` is 0 divides by 1 (``denominator``).
     """
     mask = mask.to(torch.float32) if not mask.is_floating_point() else mask
     lengths = mask.sum(-1)
     ones = torch.ones_like(lengths)
     if mode == "token-mean":
         return mask, lengths
+    if mode == "token-sum":
+        return mask, torch.zeros_like(lengths)
     if mode == "seq-mean-token-sum":
         return mask, ones
     if mode == "seq-mean-token-mean":
@@ -106,6 +112,12 @@ def agg_token_weights(mask: Tensor, mode: str, *, horizon: int) -> tuple[Tensor,
     if mode == "seq-mean-token-sum-norm":
         return mask / horizon, ones
     raise ValueError(f"unknown loss aggregation mode {mode!r}; expected one of {AGG_MODES}")
+
+
+def denominator(u_sum: float) -> float:
+    """A row subset's loss denominator from its ``Σ u`` (``agg_token_weights``): 1 where that is 0
+    (``token-sum``, or a subset without response tokens, whose loss is 0 either way)."""
+    return u_sum if u_sum > 0 else 1.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,11 +223,17 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     μ = masked mean, σ² = masked variance with Bessel's correction n/(n − 1) (verl's ``masked_whiten``,
     ``shift_mean=True``). With a single masked entry (n = 1) verl divides by zero; here σ² = 0 then.
     """
+    mean, rstd = whiten_stats(x, mask, eps)
+    return torch.where(mask != 0, (x - mean) * rstd, torch.zeros_like(x))
+
+
+def whiten_stats(x: Tensor, mask: Tensor, eps: float = 1e-8) -> tuple[Tensor, Tensor]:
+    """``masked_whiten``'s (μ, 1 / sqrt(σ² + eps)): whitening is x ↦ (x − μ)·rstd on the masked entries."""
     m = mask.to(x.dtype)
     n = m.sum()
     mean = masked_mean(x, m)
     var = masked_mean((x - mean) ** 2, m) * (n / (n - 1) if float(n) > 1 else 1.0)
-    return torch.where(m != 0, (x - mean) * torch.rsqrt(var + eps), torch.zeros_like(x))
+    return mean, torch.rsqrt(var + eps)
 
 
 def gae_advantages(token_rewards: Tensor, values: Tensor, response_mask: Tensor, *, gamma: float,
@@ -249,6 +267,78 @@ def gae_advantages(token_rewards: Tensor, values: Tensor, response_mask: Tensor,
     return masked_whiten(adv, m), returns * m
 
 
+def reinforce_plus_plus_advantages(token_rewards: Tensor, response_mask: Tensor, *, gamma: float
+                                   ) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ (Hu et al. 2025, arXiv:2501.03262; verl ``compute_reinforce_plus_plus_outcome_advantage``):
+    no critic and no group baseline, the discounted return whitened over the whole batch,
+
+        G_t = r_t + γ G_{t+1}           (over response tokens; a masked column carries G through)
+        A_t = masked_whiten(G)_t        (mean and Bessel std over every response token of the batch)
+
+    Returns ``(advantages, returns)``, both ``[N, L]`` and 0 outside ``response_mask``. With an outcome
+    reward and γ = 1 every token of a response has the same return, its score.
+    """
+    m = response_mask.to(token_rewards.dtype if token_rewards.is_floating_point() else torch.float32)
+    rewards = token_rewards.to(m.dtype) * m
+    running = torch.zeros_like(rewards[:, 0])
+    returns = torch.zeros_like(rewards)
+    for t in reversed(range(rewards.shape[1])):
+        new = rewards[:, t] + gamma * running
+        returns[:, t] = new * m[:, t]
+        running = new * m[:, t] + running * (1 - m[:, t])
+    return masked_whiten(returns, m), returns
+
+
+def reinforce_plus_plus_baseline_advantages(scores: Tensor, group_ids: Tensor, response_mask: Tensor) -> Tensor:
+    """REINFORCE++-baseline (arXiv:2501.03262; verl ``compute_reinforce_plus_plus_baseline_outcome_advantage``):
+    the score minus its group's mean (a singleton group: mean 0), put on every response token and whitened
+    over the batch's response tokens,
+
+        A_it = masked_whiten(s_i − mean_g s)_it
+
+    ``[N, L]``, 0 outside ``response_mask``. Unlike GRPO the scale comes from the whole batch, not the group.
+    """
+    centred = grpo_advantages(scores, group_ids, norm_by_std=False)
+    return masked_whiten(broadcast_to_tokens(centred, response_mask), response_mask)
+
+
+ESTIMATORS = ("grpo", "rloo", "gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+PER_TOKEN = ("gae", "reinforce_plus_plus")  # advantages that may change along a response (the rest: one per response)
+
+
+def compute_advantages(estimator: str, scores: Tensor, group_ids: Tensor, response_mask: Tensor, *,
+                       token_rewards: Tensor | None = None, values: Tensor | None = None, gamma: float = 1.0,
+                       lam: float = 1.0, norm_by_std: bool = True) -> tuple[Tensor, Tensor | None]:
+    """Per-token advantages ``[N, L]`` of verl's ``algorithm.adv_estimator``, and the returns (gae and
+    reinforce_plus_plus; else None).
+
+    ``token_rewards`` (verl's ``token_level_rewards``; default: each score on its response's last token) is
+    what every estimator starts from: the outcome estimators (grpo, rloo, reinforce_plus_plus_baseline) take
+    its row sums as the scores, as verl does.
+    """
+    if estimator in ("gae", "reinforce_plus_plus"):
+        rewards = token_rewards if token_rewards is not None else outcome_token_rewards(scores, response_mask)
+        if estimator == "gae":
+            return gae_advantages(rewards, values, response_mask, gamma=gamma, lam=lam)
+        return reinforce_plus_plus_advantages(rewards, response_mask, gamma=gamma)
+    scores = sequence_scores(scores, token_rewards, response_mask)
+    if estimator == "reinforce_plus_plus_baseline":
+        return reinforce_plus_plus_baseline_advantages(scores, group_ids, response_mask), None
+    if estimator == "grpo":
+        adv = grpo_advantages(scores, group_ids, norm_by_std=norm_by_std)
+    elif estimator == "rloo":
+        adv = rloo_advantages(scores, group_ids)
+    else:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
+    return broadcast_to_tokens(adv, response_mask), None
+
+
+def sequence_scores(scores: Tensor, token_rewards: Tensor | None, response_mask: Tensor) -> Tensor:
+    """``[N]``: what an outcome estimator baselines, each response's summed token reward (its score when there
+    are no token rewards; less the KL with algorithm.use_kl_in_reward)."""
+    return scores if token_rewards is None else masked_sum(token_rewards, response_mask, dim=-1)
+
+
 def explained_variance(returns: Tensor, values: Tensor, mask: Tensor) -> Tensor:
     """1 − Var[R − V] / (Var[R] + 1e-5) over the masked tokens (unbiased variances; verl's
     ``critic/vf_explained_var``): 1 = the values predict the returns, 0 = no better than their mean."""
@@ -273,7 +363,17 @@ def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, kind: str) -> Tensor:
     * ``low_var_kl`` / ``low-var-kl`` / ``k3``: with k = ref − logp, exp(k) − k − 1 clamped to [−10, 10].
       k is first clamped to [−20, 20] (as newer verl does): the value is unchanged (the result
       saturates at 10 long before) but exp never overflows, so the backward pass never sees inf·0.
+    * any of these with ``+`` (``k1+``, ``abs+``, ``low_var_kl+``, ``k3+`` ...): straight-through, verl's
+      ``kl_penalty``: the value of the named estimator with the gradient of k2, ½ (logp − ref)²,
+
+          kl_t = sg(est_t) + k2_t − sg(k2_t)
+
+      whose expected gradient is the gradient of KL(π‖π_ref) (k1's and k3's are not).
     """
+    if kind.endswith("+"):
+        value = kl_penalty(log_probs, ref_log_probs, kind[:-1]).detach()
+        k2 = 0.5 * (log_probs - ref_log_probs).square()
+        return value + k2 - k2.detach()
     delta = log_probs - ref_log_probs
     if kind in ("kl", "k1"):
         return delta
@@ -284,7 +384,8 @@ def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, kind: str) -> Tensor:
     if kind in ("low_var_kl", "low-var-kl", "k3"):
         k = (-delta).clamp(-20.0, 20.0)
         return (torch.exp(k) - k - 1).clamp(-10.0, 10.0)
-    raise ValueError(f"unknown kl_penalty kind {kind!r}; expected kl/k1, abs, mse/k2, low_var_kl/k3")
+    raise ValueError(f"unknown kl_penalty kind {kind!r}; expected kl/k1, abs, mse/k2, low_var_kl/k3 (each "
+                     "optionally with +)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,9 +487,18 @@ def policy_loss(
         ppo:   u = −r·live,  live = [r ≤ 1+ε_high] (A > 0),  [1−ε_low ≤ r ≤ c] (A < 0),
                                     [1−ε_low ≤ r ≤ 1+ε_high] (A = 0)
         cispo: u = −sg(min(r, 1+ε_high))·logp
+        gspo:  u = −s_it·live, live as for ppo with s_i for r and no dual clip
 
     So the gradient of Σ A'·u for any other advantage A' (a reward component's share of A) is that
     advantage's policy gradient under the update's clipping; the shares of A sum to the update's gradient.
+
+    ``gspo`` -- GSPO (Zheng et al. 2025, arXiv:2507.18071), in its token form (verl's ``gspo`` policy loss,
+    TRL's ``importance_sampling_level="sequence"``): the sequence ratio is the geometric mean of the token
+    ratios, s_i = exp(Σ_t m·(logp − logp_old) / Σ_t m), carried by every token with the token's own gradient,
+        s_it = sg(s_i) · π(y_t) / sg(π(y_t)),   log s_it clamped at 10
+        loss_t = max(−A·s_it, −A·clip(s_it, 1−ε_low, 1+ε_high))
+      The clip is decided per sequence (s_it = s_i in value), and there is no dual clip. clipfrac =
+      mean[clipped term larger]; clipfrac_lower = 0, as verl reports them.
 
     ppo_kl = mean(logp_old − logp). Metrics are masked means over this (micro-)batch, detached.
     """
@@ -400,29 +510,46 @@ def policy_loss(
     if kind == "ppo":
         if clip_ratio_c <= 1.0:
             raise ValueError(f"dual-clip clip_ratio_c must be > 1, got {clip_ratio_c}")
-        pg1 = -advantages * ratio
-        pg2 = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-        clipped = torch.maximum(pg1, pg2)
-        pg3 = -advantages * clip_ratio_c
-        neg = advantages < 0
-        loss_mat = torch.where(neg, torch.minimum(clipped, pg3), clipped)
-        clipfrac = masked_mean((pg2 > pg1).to(mask.dtype), mask)
-        clipfrac_lower = masked_mean(((clipped > pg3) & neg).to(mask.dtype), mask)
-        r = ratio.detach()
-        low_ok, high_ok = r >= 1.0 - clip_ratio_low, r <= 1.0 + clip_ratio_high
-        live = torch.where(advantages > 0, high_ok, torch.where(neg, low_ok & (r <= clip_ratio_c), low_ok & high_ok))
-        unit = -ratio * live.to(ratio.dtype)
+        loss_mat, unit, clipfrac, clipfrac_lower = _clipped_surrogate(ratio, advantages, mask, clip_ratio_low,
+                                                                      clip_ratio_high, clip_ratio_c)
     elif kind == "cispo":
         weight = ratio.detach().clamp(max=1.0 + clip_ratio_high)
         loss_mat = -weight * advantages * log_probs
         unit = -weight * log_probs
         clipfrac = masked_mean((ratio > 1.0 + clip_ratio_high).to(mask.dtype), mask)
         clipfrac_lower = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
+    elif kind == "gspo":
+        seq_log_ratio = masked_sum(log_probs - old_log_probs, mask, -1) / mask.sum(-1).clamp_min(1.0)
+        # s_it: the value of s_i, the gradient of the token's own log-prob; past the clamp no gradient at all
+        ratio_s = torch.exp((log_probs - log_probs.detach() + seq_log_ratio.detach()[:, None]).clamp(max=10.0))
+        loss_mat, unit, clipfrac, clipfrac_lower = _clipped_surrogate(ratio_s, advantages, mask, clip_ratio_low,
+                                                                      clip_ratio_high, None)
     else:
-        raise ValueError(f"unknown policy loss kind {kind!r}; expected 'ppo' or 'cispo'")
+        raise ValueError(f"unknown policy loss kind {kind!r}; expected 'ppo', 'cispo' or 'gspo'")
 
     loss = agg_loss(loss_mat, mask, agg_mode, horizon=horizon, num_tokens=num_tokens, num_seqs=num_seqs)
     return PolicyLossOutput(loss, clipfrac.detach(), clipfrac_lower.detach(), ppo_kl, loss_mat, unit)
+
+
+def _clipped_surrogate(ratio: Tensor, advantages: Tensor, mask: Tensor, low: float, high: float,
+                       dual_c: float | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """PPO's clipped surrogate max(−A·r, −A·clip(r, 1−low, 1+high)), with the dual clip min(·, −A·c) where A < 0
+    when ``dual_c`` is set: ``(loss_mat, unit_loss_mat, clipfrac, clipfrac_lower)`` (``policy_loss``)."""
+    pg1 = -advantages * ratio
+    pg2 = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
+    clipped = torch.maximum(pg1, pg2)
+    neg = advantages < 0
+    r = ratio.detach()
+    low_ok, high_ok = r >= 1.0 - low, r <= 1.0 + high
+    neg_ok, loss_mat = low_ok, clipped
+    clipfrac_lower = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
+    if dual_c is not None:
+        pg3 = -advantages * dual_c
+        loss_mat = torch.where(neg, torch.minimum(clipped, pg3), clipped)
+        clipfrac_lower = masked_mean(((clipped > pg3) & neg).to(mask.dtype), mask)
+        neg_ok = low_ok & (r <= dual_c)
+    live = torch.where(advantages > 0, high_ok, torch.where(neg, neg_ok, low_ok & high_ok))
+    return loss_mat, -ratio * live.to(ratio.dtype), masked_mean((pg2 > pg1).to(mask.dtype), mask), clipfrac_lower
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ class StepContext:
     tokenizer: Any = None  # a Hugging Face tokenizer
     is_main: bool = True  # rank 0: the only process that writes files
     unfiltered_batch: Batch | None = None  # the batch before the rollout filter (not prepared)
-    reward_weights: dict[str, float] = field(default_factory=dict)  # the task's: total = Σ weight · component
+    reward_weights: dict[str, float] = field(default_factory=dict)  # total = Σ weight · component (+ shaping, weight 1)
     # Batch -> Batch: adds old/ref log-probs (critic values) and advantages, as for the training batch.
     prepare: Callable[[Batch], Batch] | None = None
     # (groups, group_size) -> (prepared filtered batch or None when the filter kept nothing, unfiltered batch):

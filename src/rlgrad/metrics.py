@@ -42,7 +42,9 @@ FIELD_MEANINGS: dict[str, str] = {
             "(KL to the reference), without coefficients, and `total` = policy − entropy_coeff·entropy + "
             "kl_loss_coef·kl; a custom loss: its terms (with coefficients) and `total`",
     "role": "the trained model: `actor` or `critic`",
-    "component": "a reward component of the task (`correctness`, `format`, `length`, ...: reward.weights)",
+    "component": "a reward component of the task (`correctness`, `format`, `length`, ...: reward.weights), or "
+                 "of the shaping: `overlong` (reward.overlong_buffer) and `kl_penalty` (algorithm.use_kl_in_reward: "
+                 "−beta·Σ_t KL of the response), each with weight 1",
     "pair": "two reward components `<a>__<b>`, in the task's component order",
     "stat": "`mean`, `max` or `min` over the samples or tokens named in the meaning",
 }
@@ -181,6 +183,14 @@ CATALOGUE: tuple[Metric, ...] = (
          "dropped."),
         ("rollout/filter_empty",
          "1.0 when the rollout filter kept no group: the step was skipped (no update, no analysis)."),
+        ("train/num_gen_batches",
+         "algorithm.filter_groups (DAPO's dynamic sampling): generation rounds of data.gen_batch_size groups "
+         "this step took to find data.train_batch_size groups whose samples differ (verl's name)."),
+        ("train/num_gen_samples",
+         "algorithm.filter_groups: responses sampled this step over all its rounds."),
+        ("train/num_signal_groups",
+         "algorithm.filter_groups: groups with a signal found over the rounds (the step trains on the first "
+         "data.train_batch_size of them; fewer when max_num_gen_batches ran out)."),
     ),
     *_group(
         "reward",
@@ -191,8 +201,15 @@ CATALOGUE: tuple[Metric, ...] = (
         ("reward/{component}/std",
          "Population std (divide by n) of the reward component (unweighted) over the kept responses."),
         ("critic/advantages/{stat}",
-         "Mean / max / min advantage over the kept batch's response tokens (grpo / rloo: the sequence "
-         "advantage on every token; gae: whitened GAE advantages)."),
+         "Mean / max / min advantage over the kept batch's response tokens (grpo / rloo / "
+         "reinforce_plus_plus_baseline: the sequence advantage on every token; gae, reinforce_plus_plus: "
+         "per-token advantages)."),
+        ("actor/reward_kl_penalty",
+         "algorithm.use_kl_in_reward: KL of the sampling policy from the reference (algorithm.kl_penalty), "
+         "mean over each response's tokens, then over the kept responses (verl's name)."),
+        ("actor/reward_kl_penalty_coeff",
+         "algorithm.use_kl_in_reward: the coefficient beta the step's reward used (kl_ctrl; adaptive: before "
+         "this step's update)."),
     ),
     *_group(
         "actor",

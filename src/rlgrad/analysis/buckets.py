@@ -6,7 +6,13 @@ A group's reward std is the unbiased std of its samples' sequence scores (the sa
 * ``quantile``: groups sorted by std ascending (ties by group id), ``B = min(num_buckets,
   num_groups)`` buckets of ``num_groups // B`` consecutive groups, the remainder going to
   the last bucket. ``bucket_1`` holds the lowest variance.
-* ``fixed_rv``: ``[0,1) [1,2) [2,3) [3,4) [4,5) [5,inf)``; empty buckets are skipped.
+* ``quantile_nonzero``: ``bucket_1`` holds every group whose rewards are all equal (std 0: no task gradient
+  under GRPO), and the other groups are split by std into ``num_buckets - 1`` quantile buckets, ties never
+  split across two. With most groups at std 0 (a small model on a hard task) ``quantile`` would fill several
+  buckets with identical zero-variance groups; this shows them once and spreads the quantiles over the rest.
+* ``fixed_rv``: ``[0,1) [1,2) [2,3) [3,4) [4,5) [5,inf)``.
+
+Empty buckets are skipped (their names are not reused: ``bucket_k`` keeps its meaning).
 
 ``all`` (the whole batch) is always included. Every sample is in exactly one real bucket.
 """
@@ -61,11 +67,15 @@ def make_buckets(group_ids: torch.Tensor, reward_std: torch.Tensor, *, mode: str
         b = min(num_buckets, len(gids))
         per = len(gids) // b if b else 0
         members = [order[i * per:(i + 1) * per] if i < b - 1 else order[i * per:] for i in range(b)]
+    elif mode == "quantile_nonzero":
+        order = sorted(range(len(gids)), key=lambda k: (float(stds[k]), int(gids[k])))
+        rest = [k for k in order if float(stds[k]) > 0]
+        members = [[k for k in order if float(stds[k]) == 0]] + _tied_quantiles(rest, stds, num_buckets - 1)
     elif mode == "fixed_rv":
         members = [[k for k in range(len(gids)) if lo <= float(stds[k]) < hi]
                    for lo, hi in zip(FIXED_RV_EDGES[:-1], FIXED_RV_EDGES[1:])]
     else:
-        raise ValueError(f"unknown analysis.buckets.bucket_mode '{mode}' (quantile | fixed_rv)")
+        raise ValueError(f"unknown analysis.buckets.bucket_mode '{mode}' (quantile | quantile_nonzero | fixed_rv)")
     rows = {"all": torch.arange(len(group_ids))}
     table = []
     for i, ks in enumerate(members, start=1):
@@ -77,6 +87,19 @@ def make_buckets(group_ids: torch.Tensor, reward_std: torch.Tensor, *, mode: str
         table += [(name, int(gids[k]), float(stds[k]))
                   for k in sorted(ks, key=lambda k: (float(stds[k]), int(gids[k])))]
     return Buckets(rows, table)
+
+
+def _tied_quantiles(order: list[int], stds: torch.Tensor, b: int) -> list[list[int]]:
+    """``order`` (groups by ascending std) in ``b`` consecutive chunks of about equal size: each takes its share
+    of the groups left (at least one), extended past the groups that tie with its last; the last takes the rest."""
+    out, start = [], 0
+    for i in range(max(b, 0)):
+        end = len(order) if i == b - 1 else min(start + max((len(order) - start) // (b - i), 1), len(order))
+        while 0 < end < len(order) and float(stds[order[end]]) == float(stds[order[end - 1]]):
+            end += 1
+        out.append(order[start:end])
+        start = end
+    return out
 
 
 def global_buckets(group_ids: torch.Tensor, reward_std: torch.Tensor, *, mode: str = "quantile",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlgrad.config import OUTCOME_ESTIMATORS, RLGradConfig
+from rlgrad.config import RLGradConfig, per_response_advantage
 from rlgrad.hooks import Schedule
 
 
@@ -11,10 +11,10 @@ def schedules(cfg: RLGradConfig) -> dict[str, Schedule]:
 
     Each instrument's own cadence keeps its convention (RAGEN's ``(step - 1) % every`` for the buckets and
     components, ReDo's ``step % every`` for neuron health); ``analysis.every`` puts every instrument that
-    applies to the run on steps 1, 1+every, ... (the reward components need outcome advantages, the critic
+    applies to the run on steps 1, 1+every, ... (the reward components need one advantage per response, the critic
     exists with gae). Resets keep their own cadence."""
     a = cfg.analysis
-    outcome = cfg.algorithm.adv_estimator in OUTCOME_ESTIMATORS
+    outcome = per_response_advantage(cfg.algorithm) is None
     out = {"buckets": Schedule(a.buckets.every if a.buckets.enable else 0),
            "components": Schedule(a.components.every if outcome else 0)}
     for role in ("actor", "critic"):

@@ -1,6 +1,6 @@
 """Gradient geometry of reward components: how correctness, format and length pull on the policy.
 
-With outcome advantages (GRPO, RLOO) the advantage A_i is one number per response, and the policy
+With one advantage per response (GRPO, RLOO, REINFORCE++-baseline, REINFORCE++ with γ = 1), A_i, the policy
 loss's gradient is, token by token, A_i times the gradient of a "unit" loss u (``core.policy_loss``):
 
     ∇L_pg = Σ_i (A_i / D) Σ_t ω_it ∇u_it            (ω, D: the loss aggregation, ``agg_token_weights``)
@@ -10,7 +10,8 @@ the component gradients come from one engine call: rows weighted W[c, i] = A_c,i
 one backward (``analysis.engine``). Two splits:
 
 * ``shared_std``: A_c,i = w_c (r_c,i − mean_g r_c) / (std_g(total) + eps), the GRPO advantage with the
-  total reward's group std (RLOO: the leave-one-out baseline of w_c r_c). Linear in the reward, so
+  total reward's group std (RLOO: the leave-one-out baseline of w_c r_c; REINFORCE++(-baseline): the batch
+  whitening of w_c r_c (less its group mean) with the total's token std). Linear in the reward, so
   Σ_c A_c = A exactly and Σ_c g_c is the update's policy gradient; ``total`` is that sum. (A group whose
   total reward is constant has A = 0, and all its A_c are set to 0.)
 * ``own_std``: A_c = the advantage estimator applied to the unweighted component reward alone (GRPO:
@@ -19,7 +20,8 @@ one backward (``analysis.engine``). Two splits:
 
 Reported: norms, pairwise cosines (all trainable parameters, and per layer group), and each
 component's share of the update, share_c = <g_c, g_total> / |g_total|² (the shares sum to 1 in
-``shared_std``). The clip decisions (PPO) are those of the update's own advantage, and the gradients are
+``shared_std``). The clip decisions (PPO, GSPO's per-sequence clip) are those of the update's own advantage, so
+the split stays exact under clipping; the gradients are
 the policy-loss gradients before clipping of the gradient norm. No optimizer step is taken; weights,
 optimizer state, ``.grad`` and RNG streams are left as they were.
 """
@@ -44,7 +46,16 @@ from rlgrad.analysis.cadence import schedules
 from rlgrad.analysis.engine import GradStats, layer_group, slice_gradients
 from rlgrad.batch import Batch
 from rlgrad.config import OUTCOME_ESTIMATORS
-from rlgrad.core import group_stats, grpo_advantages, rloo_advantages
+from rlgrad.core import (
+    broadcast_to_tokens,
+    compute_advantages,
+    denominator,
+    group_stats,
+    grpo_advantages,
+    rloo_advantages,
+    sequence_scores,
+    whiten_stats,
+)
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
 from rlgrad.loss import LossFn, LossSettings, PerTokenLoss, as_unit_loss
 from rlgrad.metrics import key
@@ -60,23 +71,26 @@ TERM = "policy"
 
 # ---- per-component advantages ------------------------------------------------------------------
 
-def outcome_advantages(scores: torch.Tensor, group_ids: torch.Tensor, estimator: str,
-                       norm_by_std: bool) -> torch.Tensor:
-    """``[N]`` GRPO / RLOO advantage of per-sample scores (the trainer's estimator)."""
-    if estimator == "grpo":
-        return grpo_advantages(scores, group_ids, norm_by_std=norm_by_std)
-    if estimator == "rloo":
-        return rloo_advantages(scores, group_ids)
-    raise ValueError(f"component advantages need an outcome estimator ({', '.join(ESTIMATORS)}), got '{estimator}'")
+def outcome_advantages(scores: torch.Tensor, group_ids: torch.Tensor, estimator: str, norm_by_std: bool,
+                       response_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``[N]``: the trainer's advantage of per-sample scores (``core.compute_advantages``), one per response
+    (reinforce_plus_plus with gamma 1). ``response_mask``: the whitening of REINFORCE++ weighs responses by length."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"component advantages need one advantage per response ({', '.join(ESTIMATORS)}), "
+                         f"got '{estimator}'")
+    mask = response_mask if response_mask is not None else torch.ones(len(scores), 1)
+    adv, _ = compute_advantages(estimator, scores, group_ids, mask, norm_by_std=norm_by_std)
+    return row_values(adv, mask)
 
 
 def component_advantages(components: dict[str, torch.Tensor], weights: dict[str, float], scores: torch.Tensor,
                          group_ids: torch.Tensor, *, mode: str, estimator: str, norm_by_std: bool,
-                         eps: float = 1e-6) -> dict[str, torch.Tensor]:
+                         eps: float = 1e-6, response_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """``{c: [N]}`` per-component advantages (module docstring). ``scores`` is the total reward the update's
-    advantage was computed from (Σ_c w_c r_c)."""
+    advantage was computed from (Σ_c w_c r_c); ``response_mask`` is needed by the REINFORCE++ estimators."""
     if mode == "own_std":
-        return {c: outcome_advantages(r.float(), group_ids, estimator, norm_by_std) for c, r in components.items()}
+        return {c: outcome_advantages(r.float(), group_ids, estimator, norm_by_std, response_mask)
+                for c, r in components.items()}
     if mode != "shared_std":
         raise ValueError(f"unknown component mode '{mode}' ({' | '.join(MODES)})")
     missing = [c for c in components if c not in weights]
@@ -84,6 +98,12 @@ def component_advantages(components: dict[str, torch.Tensor], weights: dict[str,
         raise ValueError(f"no reward weight for component(s) {', '.join(missing)}")
     if estimator == "rloo":  # linear in the reward: the baselines of w_c r_c add up to the total's
         return {c: rloo_advantages(weights[c] * r.float(), group_ids) for c, r in components.items()}
+    if estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        return _whitened_split(components, weights, scores, group_ids, response_mask,
+                               baseline=estimator.endswith("baseline"))
+    if estimator != "grpo":
+        raise ValueError(f"component advantages need one advantage per response ({', '.join(ESTIMATORS)}), "
+                         f"got '{estimator}'")
     # GRPO: centre each weighted component in its group (a singleton keeps mean 0, as grpo_advantages does) ...
     out = {c: grpo_advantages(weights[c] * r.float(), group_ids, norm_by_std=False) for c, r in components.items()}
     if not norm_by_std:
@@ -97,15 +117,41 @@ def component_advantages(components: dict[str, torch.Tensor], weights: dict[str,
     return {c: torch.where(flat, torch.zeros_like(a), a / (std + eps)) for c, a in out.items()}
 
 
+def _whitened_split(components: dict[str, torch.Tensor], weights: dict[str, float], scores: torch.Tensor,
+                    group_ids: torch.Tensor, response_mask: torch.Tensor | None, *, baseline: bool
+                    ) -> dict[str, torch.Tensor]:
+    """REINFORCE++(-baseline) split by component: whitening is x ↦ (x − μ)·rstd over the batch's response tokens,
+    so A_c = (x_c − μ_c)·rstd(total), with x_c = w_c r_c (less its group mean with the baseline). Σ_c A_c = A."""
+    if response_mask is None:
+        raise ValueError("the REINFORCE++ component split needs the batch's response_mask")
+
+    def tokens(x: torch.Tensor) -> torch.Tensor:
+        x = grpo_advantages(x, group_ids, norm_by_std=False) if baseline else x
+        return broadcast_to_tokens(x, response_mask)
+
+    _, rstd = whiten_stats(tokens(scores.float()), response_mask)
+    out = {}
+    for c, r in components.items():
+        x = tokens(weights[c] * r.float())
+        out[c] = row_values(x - whiten_stats(x, response_mask)[0], response_mask) * rstd
+    return out
+
+
+def row_values(x: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``[N, L]`` -> ``[N]``: each row's value at its first response token (0 for a row without one)."""
+    mask = response_mask != 0
+    first = mask.to(torch.int8).argmax(-1, keepdim=True)
+    return x.gather(1, first).squeeze(1) * mask.any(-1)
+
+
 def per_sequence_advantage(batch: Batch) -> torch.Tensor:
     """``[N]``: the advantage of each response; fails unless it is constant along the response."""
     mask = batch.response_mask != 0
-    first = mask.to(torch.int8).argmax(-1, keepdim=True)  # the first response token (0 for an empty row)
-    a = batch.advantages.gather(1, first).squeeze(1) * mask.any(-1)
+    a = row_values(batch.advantages, batch.response_mask)
     spread = torch.where(mask, (batch.advantages - a[:, None]).abs(), 0.0)
     if mask.any() and float(spread.max()) > 1e-5 * (1.0 + float(a.abs().max())):
         raise ValueError("reward-component gradients need an advantage that is constant along each response "
-                         "(outcome advantages: grpo, rloo)")
+                         f"(one per response: {', '.join(ESTIMATORS)}; reinforce_plus_plus with gamma 1)")
     return a
 
 
@@ -171,10 +217,10 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
         raise ValueError("the batch carries no reward components")
     adv = per_sequence_advantage(batch)
     comp = advantages if advantages is not None else component_advantages(
-        batch.components, weights, batch.scores, batch.group_ids, mode=mode, estimator=estimator,
-        norm_by_std=norm_by_std)
+        batch.components, weights, sequence_scores(batch.scores, batch.token_rewards, batch.response_mask),
+        batch.group_ids, mode=mode, estimator=estimator, norm_by_std=norm_by_std, response_mask=batch.response_mask)
     _, u = unit.agg.weights(batch.response_mask)
-    denom = float(collectives.all_reduce_sum(u.sum().double())) or 1.0  # the update's loss denominator
+    denom = denominator(float(collectives.all_reduce_sum(u.sum().double())))  # the update's loss denominator
     rows = [comp[c] for c in names]
     slices, derived = list(names), {"total": {c: 1.0 for c in names}}
     if mode == "own_std":  # the components do not add up: the update's advantage is its own slice

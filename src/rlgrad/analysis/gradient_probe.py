@@ -26,6 +26,7 @@ from rlgrad.analysis.cadence import schedules
 from rlgrad.analysis.engine import GradStats, fast_unsupported, slice_gradients
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_reduce_sum
+from rlgrad.core import denominator
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
 from rlgrad.loss import LossFn, LossSettings, PerTokenLoss, as_loss_fn
 from rlgrad.metrics import key, match, parse
@@ -66,11 +67,11 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
     real = [n for n in buckets.names if n != "all"]
     weights = torch.zeros(len(real), len(batch))
     for k, n in enumerate(real):
-        weights[k, buckets.rows[n]] = 1.0 / max(denom[n], 1e-8)
-    derived = {"all": {n: denom[n] / max(denom["all"], 1e-8) for n in real}}
+        weights[k, buckets.rows[n]] = 1.0 / denom[n]
+    derived = {"all": {n: denom[n] / denom["all"] for n in real}}
     if method == "reference":  # RAGEN's procedure: `all` is one more sub-batch, probed on its own
         w_all = torch.zeros(1, len(batch))
-        w_all[0, buckets.rows["all"]] = 1.0 / max(denom["all"], 1e-8)
+        w_all[0, buckets.rows["all"]] = 1.0 / denom["all"]
         weights = torch.cat([weights, w_all])
         real, derived = real + ["all"], {}
     seen: list[dict] = []
@@ -98,7 +99,7 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
         metrics[key("grad_norm/{bucket}/reward_std_mean", bucket=b)] = float(stds.mean())
         metrics[key("grad_norm/{bucket}/reward_std_min", bucket=b)] = float(stds.min())
         metrics[key("grad_norm/{bucket}/reward_std_max", bucket=b)] = float(stds.max())
-        losses = {name: v / max(denom[b], 1e-8) for name, v in values[b].items() if name != "total"}
+        losses = {name: v / denom[b] for name, v in values[b].items() if name != "total"}
         losses["total"] = sum(c * losses[name] for name, c in values[b]["total"].items())
         for name, v in losses.items():
             metrics[key("grad_norm/{bucket}/loss/{loss}", bucket=b, loss=name)] = v
@@ -114,12 +115,13 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
 
 def _bucket_sizes(batch: Batch, buckets: Buckets, loss_fn: LossFn
                   ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-    """Each bucket's samples, response tokens and aggregation denominator (Σ u), over all ranks."""
+    """Each bucket's samples, response tokens and loss denominator (Σ u, ``core.denominator``), over all ranks."""
     _, u = loss_fn.agg.weights(batch.response_mask)
     sizes = all_reduce_sum(torch.tensor([[len(buckets.rows[n]), float(batch.response_mask[buckets.rows[n]].sum()),
                                           float(u[buckets.rows[n]].sum())] for n in buckets.names],
                                         dtype=torch.float64).reshape(len(buckets.names), 3))
-    return tuple({n: float(sizes[k, j]) for k, n in enumerate(buckets.names)} for j in range(3))
+    count, tokens, denom = ({n: float(sizes[k, j]) for k, n in enumerate(buckets.names)} for j in range(3))
+    return count, tokens, {n: denominator(d) for n, d in denom.items()}
 
 
 def _loss_values(model: nn.Module, batch: Batch, loss_fn: LossFn, out: dict | None, row_order: torch.Tensor | None,

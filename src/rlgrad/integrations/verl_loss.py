@@ -1,7 +1,7 @@
 """verl's actor loss and update batch in rlgrad's terms: ``LossSettings`` and a ``Batch``.
 
 verl's ``ppo_loss`` (``verl.workers.utils.losses``, verl 0.9) is, per response token, the policy loss of
-``actor.policy_loss.loss_mode`` (``vanilla``: PPO-clip with the dual clip ``clip_ratio_c``), minus
+``actor.policy_loss.loss_mode`` (``vanilla``: PPO-clip with the dual clip ``clip_ratio_c``; ``gspo``), minus
 ``entropy_coeff`` times the entropy, plus ``kl_loss_coef`` times the ``kl_loss_type`` estimate (with
 ``use_kl_loss``), each aggregated by ``loss_agg_mode`` over the global mini-batch. That is rlgrad's own actor
 loss (``rlgrad.loss.ActorLoss``, the same equations as verl's ``core_algos``), so the instruments take verl's
@@ -20,8 +20,8 @@ from rlgrad.core import AGG_MODES, group_reward_std
 from rlgrad.errors import UserError
 from rlgrad.loss import LossSettings
 
-POLICY_LOSSES = {"vanilla": "ppo"}  # verl's loss_mode -> rlgrad's policy_loss
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+POLICY_LOSSES = {"vanilla": "ppo", "gspo": "gspo"}  # verl's loss_mode -> rlgrad's policy_loss
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "low_var_kl+", "k3+")
 # The batch fields that hold each sample's reward, most raw first (verl's reward before the KL-in-reward penalty).
 SCORE_FIELDS = ("token_level_scores", "rm_scores", "token_level_rewards")
 

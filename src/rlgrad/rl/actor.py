@@ -145,3 +145,12 @@ def update_actor(model, optimizer, batch: Batch, s: LossSettings, *, ppo_epochs:
                       mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size,
                       max_grad_norm=max_grad_norm, shuffle=shuffle, seed=seed, scheduler=scheduler,
                       on_grads=on_grads)
+
+
+def build_optimizer(model: torch.nn.Module, o) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW and its linear warm-up schedule from an ``OptimConfig`` (actor.optim, critic.optim)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                                  weight_decay=o.weight_decay)
+    warm = o.lr_warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warm) if warm > 0 else 1.0)
+    return optimizer, scheduler

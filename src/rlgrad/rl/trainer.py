@@ -1,12 +1,13 @@
 """The training loop, top to bottom.
 
     for step in 1..total_training_steps:
-        rollout   sample rollout.n responses for data.train_batch_size prompts, score them
+        rollout   sample rollout.n responses for data.train_batch_size prompts, score them (DAPO: in rounds
+                  until that many groups carry a signal, algorithm.filter_groups)
         filter    keep prompt groups by reward variance (or another group metric)
-        prepare   old log-probs, reference log-probs, (critic values,) advantages (GRPO / RLOO / GAE)
+        prepare   old log-probs, reference log-probs, (critic values,) KL in the reward, advantages
         critic    gae only: clipped value-loss epochs over mini-batches, fitting the GAE returns
         hooks     the hook point: the hooks the trainer was handed see the prepared batch, may stop the run
-        update    PPO / CISPO epochs over mini-batches (AdamW, gradient clipping; skipped during critic_warmup)
+        update    PPO / CISPO / GSPO epochs over mini-batches (AdamW, gradient clipping; skipped during critic_warmup)
         validate  greedy accuracy on the task's validation set (every test_freq, and last)
         log       one metrics.jsonl row per step
         save      global_step_N/ checkpoint (every save_freq, and last)
@@ -42,15 +43,7 @@ from rlgrad import distributed
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_cat, all_reduce_sum, is_main, rank, world_size
 from rlgrad.config import RLGradConfig, to_yaml
-from rlgrad.core import (
-    broadcast_to_tokens,
-    explained_variance,
-    gae_advantages,
-    group_reward_std,
-    grpo_advantages,
-    outcome_token_rewards,
-    rloo_advantages,
-)
+from rlgrad.core import PER_TOKEN, compute_advantages, explained_variance, group_reward_std
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult, StepContext
 from rlgrad.logging.rewards import RewardComponentLog, reward_metrics, step_record
@@ -67,7 +60,7 @@ from rlgrad.loss import CriticSettings, LossSettings, critic_loss_fn
 from rlgrad.models import load_actor, load_critic, load_pretrained, load_value_model
 from rlgrad.rl import checkpoint as ckpt
 from rlgrad.rl import run_directory as runs
-from rlgrad.rl.actor import update_actor
+from rlgrad.rl.actor import build_optimizer, update_actor
 from rlgrad.rl.critic import compute_values, update_critic
 from rlgrad.rl.episodes import COUNTS, EpisodeRunner, episode_metrics
 from rlgrad.rl.filter import rollout_filter
@@ -79,22 +72,9 @@ from rlgrad.rl.rollout import (
     group_seed,
     render_prompts,
 )
-from rlgrad.rundir import (
-    atomic_write_text,
-    lock_run_dir,
-    read_jsonl,
-    truncate_jsonl_after,
-)
+from rlgrad.rl.shaping import KLController, dynamic_sampling, kl_in_reward, kl_reward_share, overlong_penalty
+from rlgrad.rundir import atomic_write_text, lock_run_dir, read_jsonl, truncate_jsonl_after
 from rlgrad.tasks import build_task
-
-
-def build_optimizer(model: torch.nn.Module, o) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW and its linear warm-up schedule from an ``OptimConfig`` (actor.optim, critic.optim)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-                                  weight_decay=o.weight_decay)
-    warm = o.lr_warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warm) if warm > 0 else 1.0)
-    return optimizer, scheduler
 
 
 class Trainer:
@@ -153,7 +133,7 @@ class Trainer:
         # weights (rollouts, log-probs, hooks, checkpoints). The same object in one process.
         self.train_actor, self.actor = distributed.wrap(self.actor, t.strategy)
         self.ref = None
-        if cfg.actor.use_kl_loss:  # the reference is the initial policy, also when resuming
+        if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:  # the initial policy, also when resuming
             self.ref, _ = load_actor(cfg.model, self.task, t.seed, log=log)
             self.ref.to(self.device).eval().requires_grad_(False)
         self.optimizer, self.scheduler = build_optimizer(self.train_actor, cfg.actor.optim)
@@ -163,6 +143,10 @@ class Trainer:
             self.train_critic, self.critic = distributed.wrap(self._load_critic().to(self.device), t.strategy)
             self.critic_optimizer, self.critic_scheduler = build_optimizer(self.train_critic, cfg.critic.optim)
             self.critic_settings = CriticSettings.from_config(cfg)
+        k = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = KLController(k.type, k.kl_coef, k.target_kl, k.horizon)  # algorithm.use_kl_in_reward
+        # total = Σ weight · component: the task's, and weight 1 for the shaping's components (rl/shaping.py)
+        self.reward_weights = {**self.task.weights, "overlong": 1.0, "kl_penalty": 1.0}
         self.data_rng = random.Random(t.seed)
         self.step = 0
         self.empty_streak = 0
@@ -198,13 +182,14 @@ class Trainer:
         self.step = state["step"]
         self.empty_streak = state["empty_streak"]
         self.summary = dict(state.get("summary", {}))
+        self.kl_ctrl.load_state_dict(state.get("kl_ctrl", self.kl_ctrl.state_dict()))
 
     def _state(self) -> dict:
         # every rank calls this (FSDP2 gathers the sharded optimizer state); rank 0 saves it
         state = {"optimizer": distributed.optimizer_state(self.train_actor, self.optimizer),
                  "scheduler": self.scheduler.state_dict(), "rng": ckpt.rng_state(),
                  "data_rng": self.data_rng.getstate(), "step": self.step, "empty_streak": self.empty_streak,
-                 "summary": self.summary}
+                 "summary": self.summary, "kl_ctrl": self.kl_ctrl.state_dict()}
         if self.critic is not None:
             state["critic_optimizer"] = distributed.optimizer_state(self.train_critic, self.critic_optimizer)
             state["critic_scheduler"] = self.critic_scheduler.state_dict()
@@ -271,6 +256,9 @@ class Trainer:
         group_ids = torch.arange(first_group, first_group + len(examples)).repeat_interleave(n)
         total = torch.tensor([s.total for s in scores], dtype=torch.float32)
         comps = {k: torch.tensor([s.components[k] for s in scores], dtype=torch.float32) for k in scores[0].components}
+        if (ob := cfg.reward.overlong_buffer).enable:  # DAPO's length shaping: one more component, weight 1
+            comps["overlong"] = overlong_penalty(gen.response_lengths, r.response_length, ob.len, ob.penalty_factor)
+            total = total + comps["overlong"]
         batch = Batch(gen.input_ids, gen.attention_mask, gen.response_mask, group_ids, total,
                       group_reward_std(total, group_ids), comps, old_log_probs=gen.log_probs)
         info = {"correct": torch.tensor([s.correct for s in scores], dtype=torch.float32),
@@ -297,19 +285,6 @@ class Trainer:
                                         for c in COUNTS}, "val"))
         return out
 
-    def advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token advantages, and the critic's returns (gae only)."""
-        a = self.cfg.algorithm
-        if a.adv_estimator == "gae":
-            rewards = (batch.token_rewards if batch.token_rewards is not None
-                       else outcome_token_rewards(batch.scores, batch.response_mask))
-            return gae_advantages(rewards, batch.values, batch.response_mask, gamma=a.gamma, lam=a.lam)
-        if a.adv_estimator == "grpo":
-            adv = grpo_advantages(batch.scores, batch.group_ids, norm_by_std=a.norm_adv_by_std_in_grpo)
-        else:
-            adv = rloo_advantages(batch.scores, batch.group_ids)
-        return broadcast_to_tokens(adv, batch.response_mask), None
-
     def prepare(self, batch: Batch, metrics: dict) -> Batch:
         r = self.cfg.rollout
         with timer(metrics, "timing_s/old_log_prob"):  # the sampling model is the old policy: its rollout log-probs
@@ -325,11 +300,37 @@ class Trainer:
         if self.critic is not None:
             with timer(metrics, "timing_s/values"):
                 batch.values = compute_values(self.critic, batch, micro_batch_size=r.log_prob_micro_batch_size)
+        a = self.cfg.algorithm
+        if a.use_kl_in_reward:  # verl's apply_kl_penalty; the KL's share of the reward is a component of its own
+            batch.token_rewards, kl = kl_in_reward(batch.scores, batch.token_rewards, batch.old_log_probs,
+                                                   batch.ref_log_probs, batch.response_mask, a.kl_penalty,
+                                                   self.kl_ctrl.value)
+            batch.components["kl_penalty"] = kl_reward_share(batch.token_rewards, batch.scores, batch.response_mask)
+            metrics["actor/reward_kl_penalty"] = float(all_gather_cat(kl).mean())
+            metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
         with timer(metrics, "timing_s/adv"):
-            batch.advantages, batch.returns = self.advantages(batch)
+            batch.advantages, batch.returns = compute_advantages(
+                a.adv_estimator, batch.scores, batch.group_ids, batch.response_mask, token_rewards=batch.token_rewards,
+                values=batch.values, gamma=a.gamma, lam=a.lam, norm_by_std=a.norm_adv_by_std_in_grpo)
         return batch
 
-    def filter(self, batch: Batch, info: dict) -> tuple[torch.Tensor, dict]:
+    def sample_round(self, step: int, groups: int, r: int) -> tuple[Batch, dict]:
+        """Round ``r`` of a step's rollout: ``groups`` new prompts (the same on every rank), ids from r·groups."""
+        examples = self.task.train_examples(groups, self.data_rng)
+        lo, hi = self.shard(len(examples))
+        return self.rollout(examples[lo:hi], n=self.cfg.rollout.n, do_sample=True, first_group=r * groups + lo,
+                            step=step)
+
+    def filter(self, batch: Batch, info: dict, among: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+        """``[N]`` bool: the rows of the groups the rollout filter keeps (of the rows ``among``, when given)."""
+        if among is not None:
+            rows = torch.nonzero(among).squeeze(-1)
+            keep = torch.zeros_like(among)
+            if float(all_reduce_sum(among.sum())) == 0:
+                return keep, {}
+            sub, fm = self.filter(batch.select(rows), {"lengths": info["lengths"][rows]})
+            keep[rows[sub]] = True
+            return keep, fm
         r = self.cfg.rollout
         entropies = None
         if r.rollout_filter_metric in ("entropy", "entropy_variance"):
@@ -364,11 +365,14 @@ class Trainer:
     def collect(self, step: int, m: dict) -> tuple[Batch, Batch] | None:
         """rollout -> filter -> prepare for ``step``: ``(prepared filtered batch, unfiltered batch)``, or None
         when the filter kept no group (a skipped step). Logs the rollout, reward and advantage metrics into ``m``."""
-        cfg = self.cfg
-        examples = self.task.train_examples(cfg.data.train_batch_size, self.data_rng)  # the same on every rank
-        lo, hi = self.shard(len(examples))
+        cfg, fg, size = self.cfg, self.cfg.algorithm.filter_groups, self.cfg.data.train_batch_size
+        gen = cfg.data.gen_batch_size or size
         with timer(m, "timing_s/gen"):
-            full, info = self.rollout(examples[lo:hi], n=cfg.rollout.n, do_sample=True, first_group=lo, step=step)
+            if fg.enable:  # DAPO: rounds of data.gen_batch_size groups until `size` of them carry a signal
+                full, info, signal = dynamic_sampling(lambda r: self.sample_round(step, gen, r), size,
+                                                      fg.max_num_gen_batches, fg.metric, m)
+            else:
+                (full, info), signal = self.sample_round(step, size, 0), None
         g = all_gather_cat  # global metrics: every rank's samples
         m["rollout/accuracy"], m["rollout/score/mean"] = float(g(info["correct"]).mean()), float(g(full.scores).mean())
         m.update(summarize("response_length/{stat}", g(info["lengths"])))
@@ -376,7 +380,7 @@ class Trainer:
         if self.agent is not None:
             m.update(episode_metrics({c: g(info[c]) for c in COUNTS}, "train"))
         with timer(m, "timing_s/filter"):
-            keep, fm = self.filter(full, info)
+            keep, fm = self.filter(full, info, signal)
         m.update(fm)
         if float(all_reduce_sum(keep.sum())) == 0:
             self._log_rollouts(step, full, info, keep, None)
@@ -385,25 +389,26 @@ class Trainer:
         self.empty_streak = 0
         kept = torch.nonzero(keep).squeeze(-1)
         batch = self.prepare(full.select(kept), m)
+        if cfg.algorithm.use_kl_in_reward:  # verl: the controller moves after each batch, by its sample count
+            self.kl_ctrl.update(m["actor/reward_kl_penalty"], int(all_reduce_sum(torch.tensor(len(batch)))))
         self._log_rollouts(step, full, info, keep, sequence_advantages(batch.advantages, batch.response_mask,
-                                                                      mean=cfg.algorithm.adv_estimator == "gae"))
+                                                                      mean=batch.token_rewards is not None
+                                                                      or cfg.algorithm.adv_estimator in PER_TOKEN))
         comps, scores = {k: g(v) for k, v in batch.components.items()}, g(batch.scores)
         m.update(summarize("critic/score/{stat}", scores))
         m.update(reward_metrics(comps))
         lengths, correct, gids = g(info["actual_lengths"][kept]), g(info["correct"][kept]), g(batch.group_ids)
         if self.reward_log is not None:  # main process only
-            self.reward_log.append(step_record(step, comps, self.task.weights, scores, gids, lengths, correct))
+            self.reward_log.append(step_record(step, comps, self.reward_weights, scores, gids, lengths, correct))
         rm = batch.response_mask.bool()
         m.update(summarize("critic/advantages/{stat}", g(batch.advantages[rm])))
         if self.critic is not None:
             values, returns = g(batch.values[rm]), g(batch.returns[rm])
-            m.update(summarize("critic/values/{stat}", values))
-            m.update(summarize("critic/returns/{stat}", returns))
+            m.update({**summarize("critic/values/{stat}", values), **summarize("critic/returns/{stat}", returns)})
             m["critic/vf_explained_var"] = float(explained_variance(returns, values, torch.ones_like(values)))
         return batch, full
 
-    def _log_rollouts(self, step: int, full: Batch, info: dict, keep: torch.Tensor,
-                      advantages: list[float] | None) -> None:
+    def _log_rollouts(self, step: int, full: Batch, info: dict, keep: torch.Tensor, advantages: list | None) -> None:
         """rollouts/step_<N>.jsonl (``logging/rollouts.py``): every rank gathers (a collective), rank 0 writes."""
         prompts = info.get("prompts") or prompt_texts(self.tokenizer, full.input_ids, full.attention_mask,
                                                       full.response_mask)
@@ -431,7 +436,7 @@ class Trainer:
         ctx = StepContext(step=step, batch=batch, actor=self.actor, optimizer=self.optimizer,
                           loss_settings=self.loss_settings, config=self.cfg, run_dir=self.run_dir, ref=self.ref,
                           critic=self.critic, critic_optimizer=self.critic_optimizer, tokenizer=self.tokenizer,
-                          is_main=self.is_main, unfiltered_batch=full, reward_weights=dict(self.task.weights),
+                          is_main=self.is_main, unfiltered_batch=full, reward_weights=self.reward_weights,
                           prepare=lambda b: self.prepare(b, {}),
                           sample_batch=lambda groups, size: self.analysis_batch(step, groups, size),
                           sync_actor=lambda: distributed.sync_policy(self.train_actor, self.actor))
