@@ -558,11 +558,42 @@ def test_rule_component_cosines_of_a_zero_gradient(tmp_path):
          "global": {"norm": {"correctness": 0.5, "format": 0.0, "total": 0.5}, "share": {},
                     "cosine": {"correctness__format": None}}}))
     assert R.rule_component_cosines(run) == [
-        "At step 3 the reward components' gradients: correctness and format have no cosine (one gradient "
-        "is zero)."]
+        "At step 3 the reward components' gradients: correctness and format: cosine n/a (zero gradient)."]
     geom = D.component_geometry(run, 3)
     assert math.isnan(geom["global"]["cosine"]["correctness__format"])
-    assert _png_ok(png_bytes(RF.fig_components(geom, "zero gradients"))).shape[2] >= 3  # drawn, no crash
+    fig = RF.fig_components(geom, "zero gradients")
+    assert _png_ok(png_bytes(fig)).shape[2] >= 3  # drawn, no crash
+    # the undefined cells say so and are grey, not the scale's white ("orthogonal")
+    ax = fig.axes[0]
+    assert sum("n/a" in t.get_text() for t in ax.texts) == 2
+    bad = ax.images[0].cmap.get_bad()
+    assert tuple(bad[:3]) != (1.0, 1.0, 1.0) and bad[3] == 1.0
+
+
+def test_console_says_n_a_for_an_undefined_share_or_cosine():
+    from rlgrad.logging.sinks import analysis_summary
+
+    line = analysis_summary(3, {"grad_comp/correctness/share": math.nan, "grad_comp/format/share": math.nan,
+                                "grad_sim/correctness__format": math.nan})
+    assert "reward-component shares n/a (zero gradient)" in line and "nan" not in line
+    line = analysis_summary(3, {"grad_comp/correctness/share": 0.8, "grad_comp/format/share": math.nan,
+                                "grad_sim/correctness__format": math.nan})
+    assert "largest reward component: correctness (80%" in line and "nan" not in line
+
+
+def test_component_trend_draws_cosines_and_shares_over_steps_with_gaps(tmp_path):
+    rows = {s: {"grad_sim/correctness__format": c, "grad_comp/correctness/norm": 1.0, "grad_comp/format/norm": n,
+                "grad_comp/correctness/share": sc, "grad_comp/format/share": sf, "grad_comp/total/norm": 1.0}
+            for s, c, n, sc, sf in ((1, -0.4, 0.5, 0.9, 0.1), (11, math.nan, 0.0, 1.0, math.nan),
+                                    (21, 0.2, 0.3, 0.7, 0.3))}
+    run = D.RunData("r", "r", rows, run_dir=tmp_path)
+    fig = RF.fig_component_trend(run)
+    cos_ax, share_ax = fig.axes[:2]
+    y = cos_ax.lines[0].get_ydata()
+    assert list(cos_ax.lines[0].get_xdata()) == [1, 11, 21] and y[0] == -0.4 and math.isnan(y[1])
+    assert "n/a (zero gradient)" in fig._suptitle.get_text()
+    assert [ln.get_label() for ln in share_ax.lines if not ln.get_label().startswith("_")] == ["correctness", "format"]
+    assert RF.fig_component_trend(D.RunData("r", "r", {1: rows[1]}, run_dir=tmp_path)) is None  # one step: no trend
 
 
 def test_config_get_reads_a_setting_under_its_earlier_name():
@@ -675,3 +706,23 @@ def test_layer_heatmap_holds_the_layers_json_numbers(recorded_run):
             else:
                 assert np.ma.is_masked(norms[i, j])
             assert share[i, j] == pytest.approx(v[j] ** 2 / sq if sq > 0 else 0.0)
+
+
+def test_report_config_table_says_when_each_instrument_ran():
+    from rlgrad.viz.report import _instrument_rows
+
+    off = D.RunData("r", "r", {}, config={"analysis": {"every": None, "buckets": {"enable": False, "every": 50},
+                                                       "components": {"every": 5},
+                                                       "neurons": {"actor": {"metric_every": 5, "reset_every": 10,
+                                                                             "tau": 0.1, "mode": "threshold"}}}})
+    rows = {r[0]: r[1] for r in _instrument_rows(off)}
+    assert rows["bucket analysis"] == "off" and "bucket mode" not in rows  # not "every 50" for an analysis that was off
+    assert rows["reward-component geometry"] == "every 5 (steps 1, 6, …)"
+    assert rows["neuron health"] == "every 5 (steps 5, 10, …)"  # ReDo's step rule
+    assert rows["ReDo resets"] == "every 10 (τ 0.1, threshold)"
+    # trainer-era names (actor.redo_*) and analysis.every, which puts every instrument on steps 1, 1+every, ...
+    old = D.RunData("r", "r", {}, config={"actor": {"redo_metric_freq": 3}, "trainer": {"gradient_analysis_every": 7}})
+    rows = {r[0]: r[1] for r in _instrument_rows(old)}
+    assert rows["bucket analysis"] == "every 7 (steps 1, 8, …)" and rows["neuron health"] == "every 3 (steps 3, 6, …)"
+    every = D.RunData("r", "r", {}, config={"analysis": {"every": 10, "components": {"every": 0}}})
+    assert {r[0]: r[1] for r in _instrument_rows(every)}["reward-component geometry"] == "every 10 (steps 1, 11, …)"

@@ -112,11 +112,17 @@ def analysis_summary(step: int, m: dict[str, float]) -> str | None:
             top = max(task, key=task.get)
             std = m.get(f"grad_norm/{top}/reward_std_mean", 0.0)
             parts.append(f"largest task gradient: {top} (reward std {std:.2f})")
+    def defined(v) -> bool:  # a zero gradient has no share or cosine (null / NaN): shown as n/a, never a number
+        return isinstance(v, int | float) and math.isfinite(v)
+
     shares = {k.split("/")[1]: v for k, v in m.items() if k.startswith("grad_comp/") and k.endswith("/share")}
     if shares:
-        top = max(shares, key=shares.get)
-        parts.append(f"largest reward component: {top} ({100 * shares[top]:.0f}% of the gradient)")
-        sims = {k.split("/", 1)[1].replace("__", " vs "): v for k, v in m.items() if k.startswith("grad_sim/")}
+        known = {c: v for c, v in shares.items() if defined(v)}
+        top = max(known, key=known.get) if known else None
+        parts.append(f"largest reward component: {top} ({100 * known[top]:.0f}% of the gradient)" if top
+                     else "reward-component shares n/a (zero gradient)")
+        sims = {k.split("/", 1)[1].replace("__", " vs "): v for k, v in m.items()
+                if k.startswith("grad_sim/") and defined(v)}
         worst = min(sims, key=sims.get) if sims else None
         if worst is not None and sims[worst] < 0:
             parts.append(f"{worst} pull apart (cosine {sims[worst]:+.2f})")

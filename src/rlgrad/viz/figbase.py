@@ -70,12 +70,19 @@ def note(ax, text: str) -> None:
             bbox={"boxstyle": "round", "fc": "#f4f4f4", "ec": "#bbb"})
 
 
-def annotate(ax, im, values: np.ndarray, fmt: str) -> None:
-    """Write each cell's value in black or white, whichever reads on the cell's colour."""
+UNDEFINED = "n/a (zero gradient)"  # how figures, report and console show a cosine or share a zero gradient lacks
+BAD_CELL = "#d0d0d0"  # the colour of such a cell in a heatmap (never a colour of the scale)
+
+
+def annotate(ax, im, values: np.ndarray, fmt: str, missing: str | None = None) -> None:
+    """Write each cell's value in black or white, whichever reads on the cell's colour; a non-finite cell gets
+    ``missing`` (when given) instead of a number."""
     for i in range(values.shape[0]):
         for j in range(values.shape[1]):
             v = values[i, j]
             if not math.isfinite(v):
+                if missing:
+                    ax.text(j, i, missing.replace(" (", "\n("), ha="center", va="center", fontsize=6, color="#333")
                 continue
             if v <= 0 and isinstance(im.norm, LogNorm):
                 rgb = (0.87, 0.87, 0.87)

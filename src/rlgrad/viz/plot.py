@@ -111,6 +111,10 @@ def plot_command(run_dir: str | None, wandb_path: str | None, steps: list[int] |
     for s in chosen:
         files = write_step_outputs(run, s, out, dpi)
         print(f"step {s}: {len(files)} files")
+    trend = R.fig_component_trend(run)
+    if trend is not None:  # the run-level view of the component steps
+        atomic_write_bytes(out / "gradient_analysis_components_over_steps.png", png_bytes(trend, dpi))
+        print("reward components over the steps: gradient_analysis_components_over_steps.png")
     print(f"all outputs written to {out.resolve()}")
     return 0
 

@@ -235,7 +235,7 @@ def rule_component_cosines(run: D.RunData) -> list[str]:
     for pair, c in sorted(cos.items()):
         a, b = pair.split("__", 1)
         if not math.isfinite(c):  # a zero gradient has no direction (components.json writes null)
-            words.append(f"{a} and {b} have no cosine (one gradient is zero)")
+            words.append(f"{a} and {b}: cosine n/a (zero gradient)")
         else:
             words.append(f"{a} and {b} are {_cosine_word(c)} (cosine {c:+.2f})")
     if not words:

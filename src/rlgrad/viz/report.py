@@ -84,17 +84,45 @@ KEY_SETTINGS = [
     ("actor.max_grad_norm", "gradient clip"), ("data.train_batch_size", "prompts per step"),
     ("rollout.n", "samples per prompt"),
     ("rollout.response_length", "max response tokens"), ("rollout.temperature", "temperature"),
-    ("trainer.total_training_steps", "training steps"), ("analysis.buckets.every", "analysis every"),
-    ("analysis.buckets.bucket_mode", "bucket mode"),
-    ("analysis.buckets.num_buckets", "buckets"),
+    ("trainer.total_training_steps", "training steps"),
+    ("algorithm.use_kl_in_reward", "KL in the reward"), ("algorithm.filter_groups.enable", "dynamic sampling (DAPO)"),
+    ("reward.overlong_buffer.enable", "overlong penalty (DAPO)"),
 ]
+
+
+def _instrument_rows(run: D.RunData) -> list[list]:
+    """When each instrument ran: "off", or its steps, as the run's own settings say (analysis.every wins)."""
+    every, rows = D.config_get(run, "analysis.every", None), []
+
+    def when(n, ragen: bool = True) -> str:  # RAGEN's steps 1, 1+n, ... (buckets, components); ReDo's n, 2n, ...
+        if every is not None:
+            n, ragen = every, True
+        if not isinstance(n, int) or n <= 0:
+            return "off"
+        return f"every {n} (steps {f'1, {1 + n}' if ragen else f'{n}, {2 * n}'}, …)"
+
+    on = D.config_get(run, "analysis.buckets.enable", True) is not False
+    rows.append(["bucket analysis", when(D.config_get(run, "analysis.buckets.every", None)) if on or every else "off",
+                 "analysis.buckets.every"])
+    if on or every:
+        rows += [[label, D.config_get(run, f"analysis.buckets.{k}", "–"), f"analysis.buckets.{k}"]
+                 for label, k in (("bucket mode", "bucket_mode"), ("buckets", "num_buckets"))]
+    rows.append(["reward-component geometry", when(D.config_get(run, "analysis.components.every", 0)),
+                 "analysis.components.every"])
+    rows.append(["neuron health", when(D.config_get(run, "analysis.neurons.actor.metric_every", 0), ragen=False),
+                 "analysis.neurons.actor.metric_every"])
+    resets = D.config_get(run, "analysis.neurons.actor.reset_every", 0)
+    rows.append(["ReDo resets", "off" if not resets else
+                 f"every {resets} (τ {D.config_get(run, 'analysis.neurons.actor.tau', '–')}, "
+                 f"{D.config_get(run, 'analysis.neurons.actor.mode', '–')})", "analysis.neurons.actor.reset_every"])
+    return rows
 
 
 def _config_section(run: D.RunData) -> str:
     if run.config is None and run.config_text is None:
         return ""
     rows = [[label, D.config_get(run, key, "–"), key] for key, label in KEY_SETTINGS
-            if D.config_get(run, key, "__missing__") != "__missing__"]
+            if D.config_get(run, key, "__missing__") != "__missing__"] + _instrument_rows(run)
     full = (f"<details><summary>full config.yaml</summary><pre>{html.escape(run.config_text)}</pre></details>"
             if run.config_text else "")
     return ('<section id="config"><h2>Run configuration</h2>' + _table(["setting", "value", "key"], rows)
@@ -210,6 +238,10 @@ def _components_section(run: D.RunData, dpi: int) -> str:
         return ""
     parts = ['<section id="rewards"><h2>Reward components</h2>',
              _img(trend, dpi, "Reward components over training.")]
+    pulls = R.fig_component_trend(run)
+    if pulls is not None:
+        parts.append(_img(pulls, dpi, "Gradient cosine of each pair and each component's share of the update, "
+                                      "at every reward-component step."))
     rc = D.reward_components(run)
     if rc:
         last = rc[max(rc)]

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from rlgrad.viz import data as D
-from rlgrad.viz.figbase import COLORS, NORM_UNIT, annotate, auto_scale, finite, new_fig
+from rlgrad.viz.figbase import BAD_CELL, COLORS, NORM_UNIT, UNDEFINED, annotate, auto_scale, finite, new_fig
 
 # ---------------------------------------------------------------- one step's components.json / neurons.json
 
@@ -35,27 +35,30 @@ def fig_components(geom: dict, title: str) -> Figure:
         for j, b in enumerate(comps):
             if i != j:
                 mat[i, j] = cos.get(f"{a}__{b}", cos.get(f"{b}__{a}", np.nan))
-    im = ax.imshow(mat, cmap="RdBu_r", norm=TwoSlopeNorm(0, -1, 1))
-    annotate(ax, im, mat, "{:+.2f}")
+    # an undefined cosine (a component with a zero gradient) is a grey "n/a" cell, never white ("orthogonal")
+    im = ax.imshow(mat, cmap=matplotlib.colormaps["RdBu_r"].with_extremes(bad=BAD_CELL), norm=TwoSlopeNorm(0, -1, 1))
+    annotate(ax, im, mat, "{:+.2f}", missing=UNDEFINED)
     ax.set_xticks(range(n), comps, rotation=30, ha="right")
     ax.set_yticks(range(n), comps)
     ax.set_xlabel("reward component")
     ax.set_ylabel("reward component")
     ax.set_title("cosine similarity of component gradients", fontweight="bold", fontsize=11)
-    fig.colorbar(im, ax=ax, label="cosine (−1 opposed, 0 orthogonal, +1 aligned)", shrink=0.85)
+    cb = fig.colorbar(im, ax=ax, shrink=0.85, pad=0.02)
+    cb.set_label("cosine (−1 opposed, 0 orthogonal, +1 aligned)", fontsize=8)
 
     ax = axes[0, 1]
     norms = g.get("norm", {})
     share = g.get("share", {})
-    vals = [norms.get(c, np.nan) for c in comps]
-    bars = ax.bar(comps, np.nan_to_num(vals), color="#34495e", alpha=0.85, edgecolor="black")
-    ax.bar_label(bars, labels=[f"{v:.3g}" + (f"\n{share[c]:.0%}" if math.isfinite(share.get(c, math.nan)) else "")
-                               for v, c in zip(vals, comps)], fontsize=8, padding=2)
-    if "total" in norms:
-        ax.axhline(norms["total"], color=COLORS["all"], linestyle="--", label=f"total: {norms['total']:.3g}")
-        ax.legend(fontsize=8)
+    names = comps + (["total"] if "total" in norms else [])  # the update's gradient as a bar of its own
+    vals = [norms.get(c, np.nan) for c in names]
+    bars = ax.bar(names, np.nan_to_num(vals), color=["#34495e"] * len(comps) + [COLORS["all"]] * (len(names) - n),
+                  alpha=0.85, edgecolor="black")
+    labels = [f"{v:.3g}" + (f"\n{share[c]:.0%}" if math.isfinite(share.get(c) or math.nan)
+                            else ("\nshare n/a" if c != "total" else "")) for v, c in zip(vals, names)]
+    ax.bar_label(bars, labels=labels, fontsize=8, padding=2)
+    ax.tick_params(axis="x", labelrotation=30)
     ax.set_ylabel(f"gradient norm ({NORM_UNIT})")
-    ax.set_xlabel("reward component (label: norm, share)")
+    ax.set_xlabel("reward component (label: norm, share of the update)")
     ax.set_title("component gradient norm and share", fontweight="bold", fontsize=11)
     ax.margins(y=0.2)
     ax.grid(axis="y", linestyle="--", alpha=0.5)
@@ -269,6 +272,42 @@ def fig_bucket_trend(run: D.RunData, steps: list[int]) -> Figure | None:
         ax.grid(linestyle="--", alpha=0.4)
         ax.legend(fontsize=7, ncols=2)
     fig.suptitle(f"Buckets across analysis steps — run {run.name}", fontsize=13)
+    return fig
+
+
+def fig_component_trend(run: D.RunData) -> Figure | None:
+    """What pulls against what over training: each pair's gradient cosine and each component's share of the
+    update at every reward-component step (a cosine or share a zero gradient lacks is a gap, marked n/a)."""
+    steps = D.component_steps(run)
+    geoms = [(s, g) for s in steps if (g := D.component_geometry(run, s))]
+    if len(geoms) < 2:
+        return None
+    comps = list(dict.fromkeys(c for _, g in geoms for c in g.get("components") or []))
+    pairs = list(dict.fromkeys(p for _, g in geoms for p in g["global"].get("cosine", {})))
+    fig, axes = new_fig(1, 2, (14, 4.6))
+    gaps = False
+    for ax, names, part in ((axes[0, 0], pairs, "cosine"), (axes[0, 1], comps, "share")):
+        for name in names:
+            xs = [s for s, _ in geoms]
+            ys = np.array([g["global"].get(part, {}).get(name, np.nan) for _, g in geoms], dtype=float)
+            line = ax.plot(xs, ys, "o-", markersize=4, label=name.replace("__", " · "))[0]
+            bad = [x for x, y in zip(xs, ys) if not math.isfinite(y)]
+            if bad:  # never a number or a colour: an x on the axis line, said in the legend
+                gaps = True
+                ax.plot(bad, [0.0] * len(bad), "x", color=line.get_color(), markersize=7)
+        ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_xlabel("training step (reward-component steps)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(linestyle="--", alpha=0.4)
+        if names:
+            ax.legend(fontsize=8, loc="best")
+    axes[0, 0].set_ylim(-1.05, 1.05)
+    axes[0, 0].set_ylabel("cosine of the two gradients")
+    axes[0, 0].set_title("Which components pull against each other (cosine < 0)", fontweight="bold", fontsize=11)
+    axes[0, 1].set_ylabel("share of the update's policy gradient")
+    axes[0, 1].set_title("Each component's share of the update", fontweight="bold", fontsize=11)
+    fig.suptitle(f"Reward-component gradients over training — run {run.name}"
+                 + (f"  (x: {UNDEFINED})" if gaps else ""), fontsize=13)
     return fig
 
 
