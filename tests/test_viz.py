@@ -366,7 +366,7 @@ def test_narrative_is_the_rules_in_order():
         "rule_val_accuracy", "rule_training_reward", "rule_response_length", "rule_actor_grad_norm",
         "rule_top_bucket", "rule_top_bucket_moved", "rule_zero_variance_buckets", "rule_monotonicity",
         "rule_regulariser_vs_task", "rule_no_analysis", "rule_reward_components", "rule_component_cosines",
-        "rule_dormant_neurons", "rule_critic_explained_variance"]
+        "rule_dormant_neurons", "rule_neuron_resets", "rule_critic_explained_variance"]
     m = _bucket_metrics(rv=[0.0, 0.2, 0.4], task=[0.0, 0.6, 0.3], kl=[0.02, 0.01, 0.01], all_={"task": 0.25})
     run = _run({0: {"val/accuracy": 0.25}, 1: {**m, "critic/vf_explained_var": 0.5},
                 2: {"val/accuracy": 0.5, "grad_sim/a__b": 0.9}})
@@ -726,3 +726,87 @@ def test_report_config_table_says_when_each_instrument_ran():
     assert rows["bucket analysis"] == "every 7 (steps 1, 8, …)" and rows["neuron health"] == "every 3 (steps 3, 6, …)"
     every = D.RunData("r", "r", {}, config={"analysis": {"every": 10, "components": {"every": 0}}})
     assert {r[0]: r[1] for r in _instrument_rows(every)}["reward-component geometry"] == "every 10 (steps 1, 11, …)"
+
+
+def test_figures_leave_out_the_panels_of_terms_the_run_never_computed():
+    m = _bucket_metrics(rv=[0.0, 0.2, 0.4], task=[0.0, 0.6, 0.3], all_={"task": 0.4, "reward_std_mean": 0.2})
+    for i in (1, 2, 3):
+        m[f"grad_norm/bucket_{i}/loss/policy"] = 0.1 * i
+        m[f"grad_norm/bucket_{i}/loss/total"] = 0.1 * i
+    sv = _step_view(m)
+    for fig in (F.fig_grad_norms(sv), F.fig_normed(sv)):
+        assert len(fig.axes) == 1 and "Task" in fig.axes[0].get_title()
+        assert "not drawn, not computed in this run: entropy (actor.entropy_coeff = 0), KL" in fig._suptitle.get_text()
+    losses = F.fig_losses(sv)
+    assert [ax.get_title() for ax in losses.axes] == ["Policy (task) loss", "Total loss"]
+    assert len(F.fig_summary(sv).axes) == 2
+    grid = RF.fig_steps_grid([("Step 1", m), ("Step 2", m)], "grpo")
+    assert len(grid.axes) == 4 and "not computed" in grid._suptitle.get_text()
+    # with a KL term: its panels come back, in RAGEN's order
+    m_kl = {**m, **{f"grad_norm/bucket_{i}/kl": 0.01 for i in (1, 2, 3)}}
+    assert [ax.get_title() for ax in F.fig_grad_norms(_step_view(m_kl)).axes] == [
+        "KL gradient norm", "Task (policy) gradient norm"]
+    assert len(F.fig_summary(_step_view(m_kl)).axes) >= 3
+
+
+def test_training_curves_leave_out_what_one_update_per_batch_makes_zero_and_bands_stay_in_range(tmp_path):
+    rows = {s: {"critic/score/mean": 0.1 * s, "actor/ppo_kl": 1e-7 * (-1) ** s, "actor/pg_clipfrac": 0.0,
+                "actor/entropy": 1.0} for s in (1, 2, 3)}
+    on_policy = D.RunData("r", "r", rows, config={"actor": {"ppo_epochs": 1, "ppo_mini_batch_size": None},
+                                                  "data": {"train_batch_size": 16}})
+    fig = RF.fig_training_curves(on_policy)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+    assert "KL" not in titles and "Clip fraction" not in titles and "Entropy" in titles
+    assert "0 by construction, not drawn" in fig._suptitle.get_text()
+    epochs = D.RunData("r", "r", rows, config={"actor": {"ppo_epochs": 2}, "data": {"train_batch_size": 16}})
+    assert {"KL", "Clip fraction"} <= {ax.get_title() for ax in RF.fig_training_curves(epochs).axes}
+    # a 0/1 reward with mean 0.5 and std 0.6: the band is [0, 1], not [-0.1, 1.1]
+    (tmp_path / "reward_components.jsonl").write_text("".join(json.dumps(
+        {"step": s, "components": ["correctness"], "weights": {"correctness": 1.0},
+         "stats": {"correctness": {"mean": 0.5, "std": 0.6, "min": 0.0, "max": 1.0}}}) + "\n" for s in (1, 2)))
+    band = RF.fig_reward_components(D.RunData("r", "r", {}, run_dir=tmp_path)).axes[0].collections[0]
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert ys.min() == pytest.approx(0.0) and ys.max() == pytest.approx(1.0)
+
+
+def test_bucket_trend_tracks_reward_std_levels_not_bucket_labels():
+    s1 = _bucket_metrics(rv=[0.0, 0.2, 0.4], task=[0.0, 0.6, 0.3], all_={"task": 0.4})
+    s2 = _bucket_metrics(rv=[0.1, 0.5, 0.9], task=[0.2, 0.5, 0.8], all_={"task": 0.6})
+    fig = RF.fig_bucket_trend(D.RunData("r", "r", {1: s1, 11: s2}), [1, 11])
+    left, right = fig.axes[:2]  # then the colourbar
+    pts = left.collections[0]
+    assert sorted(pts.get_array().tolist()) == [0.0, 0.1, 0.2, 0.4, 0.5, 0.9]  # colour = the bucket's reward std
+    assert [ln.get_label() for ln in left.lines] == ["all (whole batch)"]  # no line joins bucket k over steps
+    curves = {ln.get_label(): ln for ln in right.lines}
+    assert list(curves) == ["step 1", "step 11"] and list(curves["step 11"].get_xdata()) == [0.1, 0.5, 0.9]
+
+
+def test_neuron_figures_read_plainly():
+    health = {"actor": {"tau": 0.1, "global": {"dormant_ratio": 0.042, "zero_grad_ratio": 0.01, "reset_count": 152},
+                        "layers": {"model.layers.0.mlp": {"kind": "mlp", "neurons": 64, "dormant_ratio": 0.1,
+                                                          "act_dormant": 2, "zero_grad": 1},
+                                   "model.layers.0.self_attn": {"kind": "attn", "neurons": 8, "dormant_ratio": 0.0,
+                                                                "act_dormant": 0, "zero_grad": 0},
+                                   "model.layers.1.self_attn": {"kind": "attn"}}}}
+    ax = RF.fig_neurons(health, "t").axes[0]
+    assert "dormant 4.2%" in ax.get_title() and "reset this step 152" in ax.get_title()
+    assert "dormant_ratio" not in ax.get_title()
+    notes = [t.get_text() for t in ax.texts]
+    assert notes == ["0 (none)", "not measured"]  # a zero row and an unmeasured row are told apart
+    rows = {s: {"actor/neuron/reset_count": 152.0, "actor/neuron/dormant_ratio": 0.04} for s in (5, 10, 15)}
+    resets = next(a for a in RF.fig_neuron_trend(D.RunData("r", "r", rows)).axes if a.get_title() == "ReDo resets")
+    assert resets.get_ylim()[0] == 0  # a constant count is a flat line from 0, not noise on a 144-160 axis
+
+
+def test_narrative_names_resets_and_a_falling_component(tmp_path):
+    lines = [{"step": 1, "components": ["correctness", "format"],
+              "stats": {"correctness": {"mean": 0.25}, "format": {"mean": 0.9}}},
+             {"step": 9, "components": ["correctness", "format"],
+              "stats": {"correctness": {"mean": 0.75}, "format": {"mean": 0.4}}}]
+    (tmp_path / "reward_components.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    run = _run({1: {"val/accuracy": 0.5}}, run_dir=tmp_path)
+    assert R.rule_reward_components(run)[-1] == "Fell over the run: format."
+    resets = _run({5: {"actor/neuron/reset_count": 100.0}, 10: {"actor/neuron/reset_count": 0.0},
+                   15: {"actor/neuron/reset_count": 52.0}})
+    assert R.rule_neuron_resets(resets) == ["ReDo reset 152 actor neurons over 2 reset steps (steps 5–15)."]
+    assert R.rule_neuron_resets(_run({5: {"actor/neuron/reset_count": 0.0}})) == []

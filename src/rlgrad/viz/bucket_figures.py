@@ -26,6 +26,7 @@ from rlgrad.viz.figbase import (
     annotate,
     auto_scale,
     finite,
+    left_out,
     new_fig,
     note,
 )
@@ -110,10 +111,18 @@ def _bucket_legend(fig: Figure, color: str = "white") -> None:
 # ---------------------------------------------------------------- RAGEN's per-step files
 
 
+def _terms(sv: StepView) -> tuple[list[str], list[str]]:
+    """The loss terms a step's analysis measured (KL, entropy, task: RAGEN's panel order) and the regularisers it
+    did not (their panels are left out, not drawn empty); the task term is always drawn."""
+    present = [c for c in ("kl", "entropy", "task") if c == "task" or D.has_component(sv.m, c)]
+    return present, [c for c in ("entropy", "kl") if c not in present]
+
+
 def fig_grad_norms(sv: StepView) -> Figure:
     """gradient_analysis_plots_step_N: KL / entropy / task gradient norm per bucket."""
-    fig, axes = new_fig(1, 3, (17, 5.2))
-    for ax, comp in zip(axes[0], ("kl", "entropy", "task")):
+    comps, absent = _terms(sv)
+    fig, axes = new_fig(1, len(comps), (5.7 * len(comps) + 0.5, 5.2))
+    for ax, comp in zip(axes[0], comps):
         ax.set_title(f"{TITLES[comp]} norm", fontweight="bold")
         ax.set_ylabel(f"gradient norm ({NORM_UNIT})")
         if not D.has_component(sv.m, comp):
@@ -123,16 +132,19 @@ def fig_grad_norms(sv: StepView) -> Figure:
         shown = _bucket_bars(ax, sv, comp, COLORS[comp])
         if auto_scale(ax, shown) == "linear":
             _pad(ax, shown)
-    fig.suptitle(sv.title("Gradient norm per loss component and reward-variance bucket"), fontsize=13)
+    fig.suptitle(sv.title("Gradient norm per loss component and reward-variance bucket") + left_out(absent),
+                 fontsize=13)
     _bucket_legend(fig)
     return fig
 
 
 def fig_losses(sv: StepView) -> Figure:
     """gradient_analysis_loss_plots_step_N: policy / entropy / KL / total loss per bucket."""
-    fig, axes = new_fig(2, 2, (15, 9))
+    terms = [t for t in D.LOSS_TERMS if t in ("policy", "total") or any(math.isfinite(v)
+                                                                       for v in sv.values(f"loss/{t}"))]
+    fig, axes = new_fig(2, 2, (15, 9)) if len(terms) == 4 else new_fig(1, len(terms), (6.5 * len(terms), 5.2))
     agg = D.config_get(sv.run, "actor.loss_agg_mode", None)
-    for ax, term in zip(axes.flat, D.LOSS_TERMS):
+    for ax, term in zip(axes.flat, terms):
         ax.set_title(LOSS_TITLES[term], fontweight="bold")
         ax.set_ylabel(LOSS_UNITS[term] + (f", {agg}" if agg and term in ("policy", "total") else ""))
         if not any(math.isfinite(v) for v in sv.values(f"loss/{term}")):
@@ -143,7 +155,8 @@ def fig_losses(sv: StepView) -> Figure:
         shown = _bucket_bars(ax, sv, f"loss/{term}", color, fmt="%.3g")
         _pad(ax, shown)
         ax.axhline(0, color="black", linewidth=0.6)
-    fig.suptitle(sv.title("Per-component losses by reward-variance bucket"), fontsize=13)
+    fig.suptitle(sv.title("Per-component losses by reward-variance bucket")
+                 + left_out([t for t in ("entropy", "kl") if t not in terms]), fontsize=13)
     _bucket_legend(fig)
     return fig
 
@@ -177,8 +190,9 @@ def fig_reward_std(sv: StepView) -> Figure:
 
 def fig_normed(sv: StepView) -> Figure:
     """gradient_analysis_normed_grads_step_N: gradient norm per sample and per token, per component."""
-    fig, axes = new_fig(1, 3, (17, 5.2))
-    for ax, comp in zip(axes[0], ("kl", "entropy", "task")):
+    comps, absent = _terms(sv)
+    fig, axes = new_fig(1, len(comps), (5.7 * len(comps) + 0.5, 5.2))
+    for ax, comp in zip(axes[0], comps):
         ax.set_title(f"{TITLES[comp]}: norm per sample vs per token", fontweight="bold", fontsize=11)
         ax.set_ylabel("gradient norm / sample count, / token count")
         if not D.has_component(sv.m, comp):
@@ -200,7 +214,7 @@ def fig_normed(sv: StepView) -> Figure:
         if auto_scale(ax, [*ps, *pt]) != "linear":
             ax.set_title(f"{TITLES[comp]}: per sample vs per token (log)", fontweight="bold", fontsize=11)
         ax.legend(fontsize=8)
-    fig.suptitle(sv.title("Normalised gradient norms"), fontsize=13)
+    fig.suptitle(sv.title("Normalised gradient norms") + left_out(absent), fontsize=13)
     return fig
 
 
@@ -298,12 +312,15 @@ def _summary_reg_panel(ax, sv: StepView, rv: list[float], task: list[float]) -> 
 
 def fig_summary(sv: StepView) -> Figure:
     """gradient_analysis_summary_step_N: RV by bucket; task and regulariser gradient norm vs RV mean."""
-    fig, axes = new_fig(1, 3, (17, 5.2))
+    _, absent = _terms(sv)
+    reg = len(absent) < 2  # panel (c) only when a regulariser was measured
+    fig, axes = new_fig(1, 3 if reg else 2, (17 if reg else 12, 5.2))
     rv, task = sv.values("reward_std_mean"), sv.values("task")
     _summary_rv_panel(axes[0, 0], sv, rv)
     _summary_task_panel(axes[0, 1], sv, rv, task)
-    _summary_reg_panel(axes[0, 2], sv, rv, task)
-    fig.suptitle(sv.title("Gradient summary"), fontsize=13)
+    if reg:
+        _summary_reg_panel(axes[0, 2], sv, rv, task)
+    fig.suptitle(sv.title("Gradient summary") + ("" if reg else left_out(absent)), fontsize=13)
     return fig
 
 

@@ -31,6 +31,13 @@ LOSS_UNITS = {"policy": "loss (advantage-weighted ratio)", "entropy": "entropy (
 NORM_UNIT = "L2 norm over all parameters"
 MISSING = {"entropy": "not computed in this run\n(actor.entropy_coeff = 0)",
            "kl": "not computed in this run\n(actor.use_kl_loss = false)"}
+WHY_ABSENT = {"entropy": "entropy (actor.entropy_coeff = 0)", "kl": "KL (actor.use_kl_loss = false)"}
+
+
+def left_out(terms: Sequence[str]) -> str:
+    """A title's second line naming the panels a figure leaves out because the run never computed them."""
+    return ("\nnot drawn, not computed in this run: " + ", ".join(WHY_ABSENT.get(t, t) for t in terms)
+            if terms else "")
 
 
 def png_bytes(fig: Figure, dpi: int = 150) -> bytes:

@@ -208,15 +208,20 @@ def rule_reward_components(run: D.RunData) -> list[str]:
     if not rc:
         return []
     s0, s1 = min(rc), max(rc)
-    parts = []
+    parts, fell = [], []
     for c in rc[s1].get("components", []):
         a = rc[s0].get("stats", {}).get(c, {}).get("mean")
         b = rc[s1].get("stats", {}).get(c, {}).get("mean")
         if a is not None and b is not None:
             parts.append(f"{c} {a:.3g} → {b:.3g}")
+            if s1 > s0 and b < a - 0.05 * max(abs(a), 1e-12):
+                fell.append(c)
     if not parts:
         return []
-    return [f"Reward components (mean per sample, step {s0} → {s1}): {', '.join(parts)}."]
+    out = [f"Reward components (mean per sample, step {s0} → {s1}): {', '.join(parts)}."]
+    if fell:  # a component given up while the total is optimised is worth a sentence of its own
+        out.append(f"Fell over the run: {', '.join(fell)}.")
+    return out
 
 
 def _cosine_word(c: float) -> str:
@@ -257,6 +262,18 @@ def rule_dormant_neurons(run: D.RunData) -> list[str]:
     return out
 
 
+def rule_neuron_resets(run: D.RunData) -> list[str]:
+    """Per role: how many neurons the ReDo-style reset re-initialised, over which steps."""
+    out = []
+    for role in D.ROLES:
+        s, v = D.series(run, f"{role}/neuron/reset_count")
+        hits = [(st, n) for st, n in zip(s, v) if n]
+        if hits:
+            out.append(f"ReDo reset {int(sum(n for _, n in hits))} {role} neurons over {len(hits)} reset "
+                       f"step{'s' if len(hits) > 1 else ''} (steps {hits[0][0]}–{hits[-1][0]}).")
+    return out
+
+
 def rule_critic_explained_variance(run: D.RunData) -> list[str]:
     """The critic's explained variance at the last step (and the first)."""
     s, v = D.series(run, "critic/vf_explained_var")
@@ -270,7 +287,8 @@ RULES: tuple[Rule, ...] = (
     rule_val_accuracy, rule_training_reward, rule_response_length, rule_actor_grad_norm,
     rule_top_bucket, rule_top_bucket_moved, rule_zero_variance_buckets, rule_monotonicity,
     rule_regulariser_vs_task, rule_no_analysis,
-    rule_reward_components, rule_component_cosines, rule_dormant_neurons, rule_critic_explained_variance,
+    rule_reward_components, rule_component_cosines, rule_dormant_neurons, rule_neuron_resets,
+    rule_critic_explained_variance,
 )
 
 

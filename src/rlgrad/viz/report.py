@@ -189,6 +189,9 @@ def _samples_block(run: D.RunData, step: int) -> str:
     return "".join(parts)
 
 
+MAIN_STEP_FIGURES = ("summary", "components", "neurons")  # shown open in a step of the report; the others folded
+
+
 def _pick(steps: list[int], k: int) -> list[int]:
     """At most ``k`` steps, evenly spaced, the last one always included."""
     if len(steps) <= k:
@@ -219,12 +222,19 @@ def _analysis_section(run: D.RunData, dpi: int, max_steps: int) -> str:
                      f"<code>rlgrad plot {html.escape(run.source)}</code> draws every step.</p>")
     for s in shown:
         figs = step_figures(run, s)
-        is_open = " open" if s in (shown[0], shown[-1]) else ""
+        is_open = " open" if s == shown[-1] else ""
         parts.append(f"<details{is_open}><summary>Step {s}</summary>")
         parts.append(_bucket_table(run, s))
         parts.append(_samples_block(run, s))
-        for name, fig in figs.items():
-            parts.append(_img(fig, dpi, f"step {s}: {name.replace('_', ' ')}"))
+        # one figure per question in view (which buckets push; how components pull; which neurons sleep), the
+        # rest of RAGEN's per-step figures folded
+        for name in [n for n in MAIN_STEP_FIGURES if n in figs]:
+            parts.append(_img(figs[name], dpi, f"step {s}: {name.replace('_', ' ')}"))
+        rest = [n for n in figs if n not in MAIN_STEP_FIGURES]
+        if rest:
+            parts.append(f"<details><summary>more figures of step {s}: {', '.join(n.replace('_', ' ') for n in rest)}"
+                         "</summary>" + "".join(_img(figs[n], dpi, f"step {s}: {n.replace('_', ' ')}") for n in rest)
+                         + "</details>")
         parts.append("</details>")
     parts.append("</section>")
     return "".join(parts)

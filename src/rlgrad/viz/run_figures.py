@@ -15,7 +15,17 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from rlgrad.viz import data as D
-from rlgrad.viz.figbase import BAD_CELL, COLORS, NORM_UNIT, UNDEFINED, annotate, auto_scale, finite, new_fig
+from rlgrad.viz.figbase import (
+    BAD_CELL,
+    COLORS,
+    NORM_UNIT,
+    UNDEFINED,
+    annotate,
+    auto_scale,
+    finite,
+    left_out,
+    new_fig,
+)
 
 # ---------------------------------------------------------------- one step's components.json / neurons.json
 
@@ -96,7 +106,7 @@ def fig_neurons(health: dict, title: str) -> Figure:
         glob = h.get("global", {})
         layers = h.get("layers") or {}
         if layers:
-            names = list(layers)
+            names, rows = list(layers), []
             y = np.arange(len(names))
             hgt = 0.8 / len(kinds)
             for k, (key, label, color) in enumerate(kinds):
@@ -112,6 +122,12 @@ def fig_neurons(health: dict, title: str) -> Figure:
                     else:
                         vals.append(np.nan)
                 ax.barh(y + (k - 1) * hgt, np.nan_to_num(vals), hgt, color=color, label=label)
+                rows.append(vals)
+            for i in range(len(names)):  # a row with no bar: say whether it measured zero or nothing
+                got = [r[i] for r in rows if math.isfinite(r[i])]
+                if not any(got):
+                    ax.text(0.002, y[i], "0 (none)" if got else "not measured", va="center", fontsize=6,
+                            color="#555")
             ax.set_yticks(y, [f"{nm} ({layers[nm].get('kind', '?')})" for nm in names], fontsize=7)
             ax.invert_yaxis()
             ax.set_ylabel("module (input → output)")
@@ -123,10 +139,13 @@ def fig_neurons(health: dict, title: str) -> Figure:
         ax.set_xlabel("fraction of neurons")
         ax.set_xlim(0, min(1.0, max(0.05, 1.15 * ax.dataLim.x1)))
         ax.grid(axis="x", linestyle="--", alpha=0.5)
-        facts = [f"{k} {glob[k]:.3g}"
-                 for k in ("dormant_ratio", "zero_grad_ratio", "nullspace_ratio", "reset_count") if k in glob]
+        facts = [f"{label} {glob[k]:.1%}" for k, label in (("dormant_ratio", "dormant"),
+                                                           ("zero_grad_ratio", "zero gradient"),
+                                                           ("nullspace_ratio", "gradient null space")) if k in glob]
+        if "reset_count" in glob:
+            facts.append(f"reset this step {int(glob['reset_count'])}")
         ax.set_title(f"{role}" + (f" (τ = {h['tau']})" if "tau" in h else "") + "\n" + ", ".join(facts),
-                     fontweight="bold", fontsize=10)
+                     fontweight="bold", fontsize=10, wrap=True)
         ax.legend(fontsize=8, loc="lower right")
     fig.suptitle(title, fontsize=13)
     return fig
@@ -158,7 +177,9 @@ def fig_steps_grid(steps: list[tuple[str, dict[str, float]]], mode: str, title: 
         common = b if common is None else [x for x in common if x in b]
     buckets = common or []
     labels = [b.replace("_", " ") for b in buckets]
-    fig, axes = new_fig(len(steps), 3, (16, 3.4 * len(steps) + 0.8), sharex="col")
+    has_reg = any(D.has_component(m, c) for _, m in steps for c in ("kl", "entropy"))  # else no column (c)
+    fig, axes = new_fig(len(steps), 3 if has_reg else 2, ((16 if has_reg else 11), 3.4 * len(steps) + 0.8),
+                        sharex="col")
     regs: list[float] = []
     for r, (name, m) in enumerate(steps):
         mean = [D.bucket_value(m, b, "reward_std_mean", 0.0) for b in buckets]
@@ -174,8 +195,8 @@ def fig_steps_grid(steps: list[tuple[str, dict[str, float]]], mode: str, title: 
         _rv_scale(ax, [*mean, *hi], "y")
         ax.set_ylabel(f"{name}\nreward std (reward units)")
         ax.set_xticks(x, labels if r == len(steps) - 1 else [""] * len(x))
-        for c, (ys, color, ylab) in enumerate(((task, "#e67e22", "task grad norm (L2)"),
-                                               (reg, "#16a085", "KL + entropy grad norm (L2)")), start=1):
+        cols = ((task, "#e67e22", "task grad norm (L2)"), (reg, "#16a085", "KL + entropy grad norm (L2)"))
+        for c, (ys, color, ylab) in enumerate(cols[:2 if has_reg else 1], start=1):
             ax = axes[r, c]
             ax.plot(mean, ys, "o-", color=color, markersize=5)
             _rv_scale(ax, mean, "x")
@@ -184,17 +205,18 @@ def fig_steps_grid(steps: list[tuple[str, dict[str, float]]], mode: str, title: 
             ax.grid(axis="y", linestyle="--", alpha=0.3)
             ax.spines[["top", "right"]].set_visible(False)
     top = max(finite(regs) or [0.0])
-    for r in range(len(steps)):
+    for r in range(len(steps) if has_reg else 0):
         axes[r, 2].set_ylim(0, top * 1.15 if top > 0 else 1.0)
-    axes[0, 0].set_title("(a) Reward variance by bucket", fontweight="bold")
-    axes[0, 1].set_title("(b) Task gradient norm vs reward variance", fontweight="bold")
-    axes[0, 2].set_title("(c) KL + entropy gradient norm vs RV", fontweight="bold")
-    axes[-1, 0].set_xlabel(f"reward-variance quantile bucket ({labels[0] if labels else ''} → "
+    axes[0, 0].set_title("(a) Reward std by bucket", fontweight="bold")
+    axes[0, 1].set_title("(b) Task gradient norm vs reward std", fontweight="bold")
+    if has_reg:
+        axes[0, 2].set_title("(c) KL + entropy gradient norm vs reward std", fontweight="bold")
+    axes[-1, 0].set_xlabel(f"reward-std quantile bucket ({labels[0] if labels else ''} → "
                            f"{labels[-1] if labels else ''})")
-    for c in (1, 2):
+    for c in range(1, 3 if has_reg else 2):
         axes[-1, c].set_xlabel(f"bucket mean reward std ({axes[-1, c].get_xscale()} scale)")
-    fig.suptitle(title or f"{mode.upper()}: gradient norm vs reward variance across training steps",
-                 fontsize=14)
+    fig.suptitle((title or f"{mode.upper()}: gradient norm vs reward std across training steps")
+                 + ("" if has_reg else left_out(["entropy", "kl"])), fontsize=14)
     return fig
 
 
@@ -202,8 +224,9 @@ Panel = tuple[list[tuple[str, str]], str, str]  # ([(metric, legend label)], tit
 
 
 def _series_grid(run: D.RunData, panels: list[Panel], title: str, ncols: int = 3,
-                 pct: frozenset[str] = frozenset()) -> Figure | None:
-    """A grid of time-series panels; a panel none of whose metrics were logged is left out."""
+                 pct: frozenset[str] = frozenset(), counts: frozenset[str] = frozenset()) -> Figure | None:
+    """A grid of time-series panels; a panel none of whose metrics were logged is left out. A panel titled in
+    ``counts`` starts its axis at 0 (a constant count is a flat line, not noise on a zoomed axis)."""
     keep = [p for p in panels if any(D.series(run, k)[0] for k, _ in p[0])]
     if not keep:
         return None
@@ -217,6 +240,8 @@ def _series_grid(run: D.RunData, panels: list[Panel], title: str, ncols: int = 3
                 v = [100 * x for x in v] if key in pct else v
                 ax.plot(s, v, "o-" if len(s) < 30 else "-", markersize=3, label=label)
         ax.set_title(ptitle, fontweight="bold", fontsize=11)
+        if ptitle in counts:
+            ax.set_ylim(bottom=0, top=max(1.0, 1.1 * ax.dataLim.y1))
         ax.set_xlabel("training step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(ylabel)
@@ -246,31 +271,58 @@ def fig_training_curves(run: D.RunData) -> Figure | None:
         ([("actor/pg_clipfrac", "clipped (upper)"), ("actor/pg_clipfrac_lower", "dual-clip")],
          "Clip fraction", "fraction of tokens"),
     ]
-    return _series_grid(run, panels, f"Training curves — run {run.name}", pct=frozenset({"val/accuracy"}))
+    title = f"Training curves — run {run.name}"
+    mini = D.config_get(run, "actor.ppo_mini_batch_size", None)
+    if D.config_get(run, "actor.ppo_epochs", None) == 1 and mini in (None, D.config_get(run, "data.train_batch_size")):
+        # one update per batch, from the policy that sampled it: the ratio is 1, PPO's KL(old ‖ new) float noise
+        # and the clip fraction 0 by construction; drawing them would only show noise
+        drop = {"actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"}
+        trimmed = [([(k, lb) for k, lb in keys if k not in drop], t, y) for keys, t, y in panels]
+        panels = [p for p in trimmed if p[0]]
+        title += "\n(one update per batch: KL(old ‖ new) and clip fraction are 0 by construction, not drawn)"
+    return _series_grid(run, panels, title, pct=frozenset({"val/accuracy"}))
 
 
 def fig_bucket_trend(run: D.RunData, steps: list[int]) -> Figure | None:
-    """Task gradient norm of each bucket (and all) across analysis steps."""
+    """The task gradient by reward-std level across analysis steps. A bucket's members change from step to step,
+    so no line joins "bucket k" over steps: (a) each bucket is a point coloured by its mean reward std, the whole
+    batch a line; (b) one curve per step through its buckets, task gradient norm against bucket reward std."""
     if len(steps) < 2:
         return None
-    buckets = sorted({b for s in steps for b in D.bucket_names(run.metrics(s))}, key=D._bucket_key)
-    fig, axes = new_fig(1, 2, (14, 4.6))
+    pts = [(s, b, D.bucket_value(run.metrics(s), b, "reward_std_mean"), D.bucket_value(run.metrics(s), b, "task"))
+           for s in steps for b in D.bucket_names(run.metrics(s))]
+    pts = [p for p in pts if math.isfinite(p[2]) and math.isfinite(p[3])]
+    if not pts:
+        return None
+    fig, axes = new_fig(1, 2, (14, 4.8))
+    ax = axes[0, 0]
+    stds = [p[2] for p in pts]
+    norm = matplotlib.colors.Normalize(min(stds), max(stds) if max(stds) > min(stds) else min(stds) + 1)
+    sc = ax.scatter([p[0] for p in pts], [p[3] for p in pts], c=stds, cmap="viridis", norm=norm, s=36,
+                    edgecolors="black", linewidths=0.4, zorder=3)
+    fig.colorbar(sc, ax=ax, pad=0.02).set_label("bucket mean reward std", fontsize=8)
+    xs, ys = D.series(run, "grad_norm/all/task")
+    if xs:
+        ax.plot(xs, ys, "--", color=COLORS["all"], label="all (whole batch)", zorder=2)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.14), frameon=False)
+    ax.set_title("Task gradient norm per bucket (colour: its reward std)", fontweight="bold", fontsize=11)
+    ax.set_xlabel("training step (analysis steps)")
+    ax.set_ylabel(f"gradient norm ({NORM_UNIT})")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    auto_scale(ax, [p[3] for p in pts])
+    ax.grid(linestyle="--", alpha=0.4)
+    ax = axes[0, 1]
     cmap = matplotlib.colormaps["plasma"]
-    for i, b in enumerate([*buckets, "all"]):
-        color = COLORS["all"] if b == "all" else cmap(0.1 + 0.75 * i / max(1, len(buckets) - 1))
-        style = "--" if b == "all" else "o-"
-        for ax, name in zip(axes[0], ("task", "reward_std_mean")):
-            ys = [D.bucket_value(run.metrics(s), b, name) for s in steps]
-            ax.plot(steps, ys, style, color=color, label=b.replace("_", " "), markersize=4)
-    axes[0, 0].set_title("Task gradient norm per bucket", fontweight="bold", fontsize=11)
-    axes[0, 0].set_ylabel(f"gradient norm ({NORM_UNIT})")
-    axes[0, 1].set_title("Mean in-group reward std per bucket", fontweight="bold", fontsize=11)
-    axes[0, 1].set_ylabel("reward std (reward units)")
-    for ax in axes[0]:
-        ax.set_xlabel("training step (analysis steps)")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(linestyle="--", alpha=0.4)
-        ax.legend(fontsize=7, ncols=2)
+    for i, s in enumerate(steps):
+        mine = sorted((p[2], p[3]) for p in pts if p[0] == s)
+        if mine:
+            ax.plot(*zip(*mine), "o-", markersize=4, color=cmap(0.85 * i / max(1, len(steps) - 1)), label=f"step {s}")
+    ax.set_title("Task gradient norm vs bucket reward std, per step", fontweight="bold", fontsize=11)
+    ax.set_xlabel("bucket mean in-group reward std (reward units)")
+    ax.set_ylabel(f"gradient norm ({NORM_UNIT})")
+    auto_scale(ax, stds, axis="x")
+    ax.grid(linestyle="--", alpha=0.4)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)  # beside the data
     fig.suptitle(f"Buckets across analysis steps — run {run.name}", fontsize=13)
     return fig
 
@@ -334,9 +386,11 @@ def fig_reward_components(run: D.RunData) -> Figure | None:
             mu = np.asarray(mu, dtype=float)
             sd = np.asarray([run.metrics(st).get(f"reward/{c}/std", np.nan) for st in s], dtype=float)
         line = ax.plot(s, mu, "o-" if len(s) < 30 else "-", markersize=3, label=c)[0]
-        if np.isfinite(sd).any():
-            ax.fill_between(s, mu - np.nan_to_num(sd), mu + np.nan_to_num(sd), color=line.get_color(),
-                            alpha=0.15)
+        if np.isfinite(sd).any():  # the band stays within the values the samples took (a 0/1 reward: [0, 1])
+            lo = np.array([rc[st]["stats"][c].get("min", -np.inf) for st in s], dtype=float) if rc else -np.inf
+            hi = np.array([rc[st]["stats"][c].get("max", np.inf) for st in s], dtype=float) if rc else np.inf
+            ax.fill_between(s, np.maximum(mu - np.nan_to_num(sd), lo), np.minimum(mu + np.nan_to_num(sd), hi),
+                            color=line.get_color(), alpha=0.15)
     ax.set_title("Reward components: mean ± std over samples", fontweight="bold", fontsize=11)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
@@ -376,7 +430,8 @@ def fig_neuron_trend(run: D.RunData) -> Figure | None:
           (f"{role}/neuron/nullspace_ratio", "gradient null space")], f"{role}: neuron health", "fraction")
         for role in D.ROLES]
     panels.append(([(f"{r}/neuron/reset_count", r) for r in D.ROLES], "ReDo resets", "neurons reset (count)"))
-    return _series_grid(run, panels, f"Neuron health over training — run {run.name}")
+    return _series_grid(run, panels, f"Neuron health over training — run {run.name}",
+                        counts=frozenset({"ReDo resets"}))
 
 
 def fig_critic(run: D.RunData) -> Figure | None:
