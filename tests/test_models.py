@@ -278,3 +278,24 @@ def test_the_embedded_tokenizer_keeps_spaces_and_newlines_after_the_cache(tmp_pa
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert ids == models.build_char_tokenizer()(text, add_special_tokens=False)["input_ids"]
     assert tok.decode(ids) == text and len(ids) == len(text)
+
+
+def test_runs_that_differ_only_in_trainer_seed_share_one_warm_start(tmp_path):
+    from rlgrad.config import TinyModelConfig
+    from rlgrad.tasks import build_task
+
+    task = build_task("arithmetic", seed=1, val_size=4, weights={})
+    tiny = TinyModelConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                           intermediate_size=32)
+    cfg = ModelConfig(tiny=tiny, warmstart_steps=2, warmstart_batch_size=4, cache_dir=str(tmp_path))
+    built = []
+    a = models.initial_weights(cfg, task, seed=1, log=built.append)
+    b = models.initial_weights(cfg, task, seed=7, log=built.append)
+    assert a == b and len(built) == 1  # the second run read the cache: no second warm start
+    per_seed = ModelConfig(tiny=tiny, warmstart_steps=2, warmstart_batch_size=4, cache_dir=str(tmp_path),
+                           warmstart_seed=None)
+    c = models.initial_weights(per_seed, task, seed=7, log=built.append)
+    d = models.initial_weights(per_seed, task, seed=8, log=built.append)
+    assert c != d and len(built) == 3
+    wa, wc = load_pretrained(a)[0].state_dict(), load_pretrained(c)[0].state_dict()
+    assert any(not torch.equal(wa[k], wc[k]) for k in wa)  # seed 7's own initial model differs from the shared one

@@ -63,6 +63,10 @@ class ModelConfig:
                               "embedded default (0: RL from scratch). Cached.", ge=0)
     warmstart_lr: float = _f(2e-3, "Learning rate of the warm start.", gt=0)
     warmstart_batch_size: int = _f(64, "Examples per warm-start step.", ge=1)
+    warmstart_seed: int | None = _f(1, "Seed of the embedded default's initial weights and warm start, apart from "
+                                    "trainer.seed: runs that differ only in trainer.seed share one cached warm "
+                                    "start. null: trainer.seed (each seed builds its own initial model).",
+                                    ge=0, le=2**32 - 1)
     cache_dir: str | None = _f(None, "Where warm-started default models and dequantised .gguf models are "
                                "cached (default: $RLGRAD_CACHE or ~/.cache/rlgrad).")
     dtype: str = _f("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))

@@ -385,7 +385,9 @@ def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int, lo
 
 
 def embedded_default(cfg: ModelConfig, task, seed: int, log=print):
-    """Build (or reuse from the cache) the warm-started tiny default; returns its directory."""
+    """Build (or reuse from the cache) the warm-started tiny default; returns its directory. ``seed`` (the run's)
+    counts only with model.warmstart_seed null."""
+    seed = seed if cfg.warmstart_seed is None else cfg.warmstart_seed
     key = warmstart_key(cfg, task.name, seed, task.warmstart_spec() if hasattr(task, "warmstart_spec") else None)
     final = cache_root(cfg) / "warmstart" / f"{task.name}-{key}"
     if (final / "config.json").is_file() and (final / "model.safetensors").is_file():
