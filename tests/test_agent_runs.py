@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlgrad.analysis.cadence import schedules
 from rlgrad.config import load_config
 from rlgrad.errors import UserError
 from rlgrad.recipes import make_trainer
@@ -66,6 +67,9 @@ def test_grpo_with_the_reward_component_geometry_and_ragen_keys(tiny, tmp_path):
     assert "grad_comp/env/norm" in step or any(k.startswith("grad_comp/") for k in step)
     first = json.loads((tmp_path / "run" / "rollouts" / "step_1.jsonl").read_text().splitlines()[0])
     assert all(len(row) == 7 for row in first["turns"][0]["observation"].splitlines())
+    # the format component is a penalty: a valid format is an episode none of whose turns was penalised
+    rec = json.loads((tmp_path / "run" / "reward_components.jsonl").read_text().splitlines()[0])
+    assert rec["num_valid_format"] == sum(x["components"]["format"] == 0 for x in rec["samples"])
 
 
 def test_turn_scores_need_gae_and_the_full_history(tiny):
@@ -76,6 +80,12 @@ def test_turn_scores_need_gae_and_the_full_history(tiny):
                                     "agent.context_window_mode=state"))
     with pytest.raises(UserError, match="max_prompt_length"):
         make_trainer(load_config(overrides=agent(tiny, "sokoban", "data.max_prompt_length=20")), log=lambda *a: None)
+    # REINFORCE++ turns per-turn rewards into per-token advantages too, which the component split cannot take
+    pp = agent(tiny, "sokoban", "agent.use_turn_scores=true", "algorithm.adv_estimator=reinforce_plus_plus")
+    with pytest.raises(UserError, match="cannot split reinforce_plus_plus with agent.use_turn_scores"):
+        load_config(overrides=[*pp, "analysis.components.every=1"])
+    cfg = load_config(overrides=[*pp, "analysis.every=1"])  # every instrument that applies: not the components
+    assert schedules(cfg)["components"].every == 0 and schedules(cfg)["buckets"].every == 1
 
 
 def weights(path):

@@ -54,6 +54,17 @@ def test_straight_through_kl_has_the_estimators_value_and_k2s_gradient(base):
     assert not torch.allclose(grads(kl_penalty(logp, ref, base).sum(), logp), (logp - ref).detach())
 
 
+def test_every_kl_type_with_plus_is_accepted_as_verl_accepts_it():
+    from rlgrad.algorithm_config import KL_TYPES
+
+    plain = [k for k in KL_TYPES if not k.endswith("+")]
+    assert sorted(k for k in KL_TYPES if k.endswith("+")) == sorted(k + "+" for k in plain)
+    logp, ref = torch.tensor([-1.0, -2.0], requires_grad=True), torch.tensor([-1.5, -1.0])
+    k2plus = kl_penalty(logp, ref, "k2+")  # k2's value and k2's gradient: k2 itself
+    assert torch.allclose(k2plus, kl_penalty(logp, ref, "k2"))
+    assert torch.allclose(grads(k2plus.sum(), logp), (logp - ref).detach())
+
+
 # ---- GSPO -----------------------------------------------------------------------------------------
 
 def gspo_sequence_loss(logp, old, adv, mask, low, high):

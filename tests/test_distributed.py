@@ -152,6 +152,26 @@ def _with_components(batch):
 
 
 CW = {"a": 0.5, "b": 0.5, "c": 0.0}
+WHITENED = ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline")  # estimators that whiten over the batch
+
+
+def _whitened(batch_of, reduce=None):
+    """Per split: the batch-whitening estimators' advantages and REINFORCE++'s component split of the rows held."""
+    from rlgrad.analysis.components import component_advantages
+    from rlgrad.core import compute_advantages
+
+    out = {}
+    for split in SPLITS:
+        b = batch_of(split)
+        values = 0.1 * b.scores[:, None] + 0.01 * torch.arange(b.response_mask.shape[1])  # a stand-in critic
+        for est in WHITENED:
+            out[(split, est)] = compute_advantages(est, b.scores, b.group_ids, b.response_mask, values=values,
+                                                   gamma=1.0, lam=0.9, reduce=reduce)[0]
+            if est != "gae":
+                out[(split, est, "split")] = component_advantages(
+                    b.components, CW, b.scores, b.group_ids, mode="shared_std", estimator=est, norm_by_std=True,
+                    response_mask=b.response_mask, reduce=reduce)
+    return out
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -176,6 +196,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         results[strategy] = (stats, {k: v.detach().clone() for k, v in full.items()})
         train, plain = wrap(copy.deepcopy(model), strategy)
         results[f"neurons/{strategy}"] = _neuron_update(train, plain, _share(batch, SPLITS["uneven"][rank]))
+    from rlgrad.collectives import all_reduce_sum
+
+    torch.save(_whitened(lambda split: _share(batch, SPLITS[split][rank]), all_reduce_sum),
+               os.path.join(out_dir, f"whitened_{rank}.pt"))
     if rank == 0:
         torch.save(results, os.path.join(out_dir, "results.pt"))
     dist.destroy_process_group()
@@ -219,6 +243,17 @@ def test_two_ranks_equal_one_process_update_and_analysis(tmp_path):
     want_n = _neuron_update(one, one, batch)
     for strategy in ("ddp", "fsdp2"):
         _assert_neurons_equal(got[f"neurons/{strategy}"], want_n, strategy)
+
+    # whitening over the whole batch (verl whitens on its driver), not over each process's rows
+    full = _whitened(lambda split: _with_components(_model_batch()[1]))
+    for r in (0, 1):
+        part = torch.load(tmp_path / f"whitened_{r}.pt", weights_only=False)
+        for (split, est, *what), v in part.items():
+            rows = torch.isin(batch.group_ids, torch.tensor(SPLITS[split][r], dtype=torch.long))
+            want_v = full[(split, est, *what)]
+            for got_t, want_t in ([(v[c], want_v[c]) for c in v] if what else [(v, want_v)]):
+                assert torch.allclose(got_t, want_t[rows], rtol=1e-5, atol=1e-6), (r, split, est, what)
+        assert part[("uneven", "reinforce_plus_plus")].abs().sum() > 0
 
 
 # ----------------------------------------------------------------------------------- end to end

@@ -11,8 +11,8 @@ from rlgrad.errors import UserError
 from rlgrad.fields import setting as _f
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "low-var-kl", "k3", "kl+", "k1+", "abs+", "low_var_kl+",
-            "k3+")
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "low-var-kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+",
+            "low_var_kl+", "low-var-kl+", "k3+")  # verl's kl_penalty takes any estimator with "+"
 # One advantage per response (constant along it): what the reward-component geometry splits.
 OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "reinforce_plus_plus")
 
@@ -149,14 +149,18 @@ class RewardConfig:
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
-def per_response_advantage(a: AlgorithmConfig) -> str | None:
-    """None when the advantage is one number per response (what the reward-component split needs), else why not."""
+def per_response_advantage(a: AlgorithmConfig, turn_scores: bool = False) -> str | None:
+    """None when the advantage is one number per response (what the reward-component split needs), else why not.
+    ``turn_scores``: the run puts each turn's reward on its own token (``agent.use_turn_scores``)."""
     if a.adv_estimator not in OUTCOME_ESTIMATORS:
         return (f"needs one advantage per response (algorithm.adv_estimator: {' | '.join(OUTCOME_ESTIMATORS)}), "
                 f"got '{a.adv_estimator}'")
     if a.adv_estimator == "reinforce_plus_plus" and a.gamma != 1:
         return (f"with reinforce_plus_plus needs algorithm.gamma=1: with gamma {a.gamma} the advantage changes "
                 "along the response")
+    if a.adv_estimator == "reinforce_plus_plus" and turn_scores:
+        return ("cannot split reinforce_plus_plus with agent.use_turn_scores: each turn's reward makes the advantage "
+                "change along the response")
     if a.adv_estimator == "reinforce_plus_plus" and a.use_kl_in_reward:
         return ("cannot split reinforce_plus_plus with algorithm.use_kl_in_reward: the per-token KL makes the "
                 "advantage change along the response")
@@ -167,7 +171,7 @@ def validate_algorithm(cfg: Any) -> None:
     """The relations between the algorithm's settings in an ``RLGradConfig`` (each field is checked on its own
     first)."""
     a = cfg.algorithm
-    if cfg.analysis.components.every > 0 and (why := per_response_advantage(a)):
+    if cfg.analysis.components.every > 0 and (why := per_response_advantage(a, cfg.agent.use_turn_scores)):
         raise UserError(f"'analysis.components.every' {why}")
     if cfg.agent.use_turn_scores and a.adv_estimator not in ("gae", "reinforce_plus_plus"):
         raise UserError("'agent.use_turn_scores' gives per-turn rewards, which only gae and reinforce_plus_plus turn "

@@ -8,6 +8,7 @@ are ``[N]``; ``group_ids`` ``[N]`` are prompt-group ids (arbitrary ints, need no
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -217,27 +218,30 @@ def outcome_token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
     return out
 
 
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
-    """(x − μ) / sqrt(σ² + eps) over the masked entries; 0 outside the mask.
+Reduce = Callable[[Tensor], Tensor]  # sums a tensor over the processes that share a batch (identity in one)
 
-    μ = masked mean, σ² = masked variance with Bessel's correction n/(n − 1) (verl's ``masked_whiten``,
-    ``shift_mean=True``). With a single masked entry (n = 1) verl divides by zero; here σ² = 0 then.
-    """
-    mean, rstd = whiten_stats(x, mask, eps)
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, reduce: Reduce | None = None) -> Tensor:
+    """(x − μ) / sqrt(σ² + eps) over the masked entries; 0 outside the mask. μ = masked mean, σ² = masked variance
+    with Bessel's correction n/(n − 1) (verl's ``masked_whiten``, ``shift_mean=True``). With a single masked entry
+    (n = 1) verl divides by zero; here σ² = 0 then."""
+    mean, rstd = whiten_stats(x, mask, eps, reduce)
     return torch.where(mask != 0, (x - mean) * rstd, torch.zeros_like(x))
 
 
-def whiten_stats(x: Tensor, mask: Tensor, eps: float = 1e-8) -> tuple[Tensor, Tensor]:
-    """``masked_whiten``'s (μ, 1 / sqrt(σ² + eps)): whitening is x ↦ (x − μ)·rstd on the masked entries."""
-    m = mask.to(x.dtype)
-    n = m.sum()
-    mean = masked_mean(x, m)
-    var = masked_mean((x - mean) ** 2, m) * (n / (n - 1) if float(n) > 1 else 1.0)
+def whiten_stats(x: Tensor, mask: Tensor, eps: float = 1e-8, reduce: Reduce | None = None) -> tuple[Tensor, Tensor]:
+    """``masked_whiten``'s (μ, 1 / sqrt(σ² + eps)): whitening is x ↦ (x − μ)·rstd on the masked entries. ``reduce``
+    (``collectives.all_reduce_sum`` under torchrun) makes μ and σ those of the whole batch when its rows are split
+    over processes, as verl whitens the whole batch on its driver (exact partial sums)."""
+    m, total = mask.to(x.dtype), reduce or (lambda t: t)
+    n, s = total(torch.stack([m.sum(), masked_sum(x, m)]))
+    mean = s / n.clamp_min(1e-8)
+    var = total(masked_sum((x - mean) ** 2, m)) / n.clamp_min(1e-8) * (n / (n - 1) if float(n) > 1 else 1.0)
     return mean, torch.rsqrt(var + eps)
 
 
 def gae_advantages(token_rewards: Tensor, values: Tensor, response_mask: Tensor, *, gamma: float,
-                   lam: float) -> tuple[Tensor, Tensor]:
+                   lam: float, reduce: Reduce | None = None) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation (Schulman et al. 2015, arXiv:1506.02438), as verl computes it.
 
     Over the response tokens of each row, backwards from its last token (V beyond it is 0):
@@ -247,7 +251,7 @@ def gae_advantages(token_rewards: Tensor, values: Tensor, response_mask: Tensor,
         return     R_t = A_t + V_t          (the critic's regression target, before whitening)
 
     "t + 1" is the next RESPONSE token: masked-out columns are skipped (they carry V and A through).
-    The advantages are then whitened over all response tokens of the batch (``masked_whiten``).
+    The advantages are then whitened over all response tokens of the batch (``masked_whiten``, ``reduce``).
     Returns ``(advantages, returns)``, both ``[N, L]`` and 0 outside ``response_mask``.
     """
     m = response_mask.to(values.dtype)
@@ -264,20 +268,19 @@ def gae_advantages(token_rewards: Tensor, values: Tensor, response_mask: Tensor,
         next_adv = a_t * keep + (1 - keep) * next_adv
         adv[:, t] = next_adv * keep
     returns = adv + values
-    return masked_whiten(adv, m), returns * m
+    return masked_whiten(adv, m, reduce=reduce), returns * m
 
 
-def reinforce_plus_plus_advantages(token_rewards: Tensor, response_mask: Tensor, *, gamma: float
-                                   ) -> tuple[Tensor, Tensor]:
+def reinforce_plus_plus_advantages(token_rewards: Tensor, response_mask: Tensor, *, gamma: float,
+                                   reduce: Reduce | None = None) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu et al. 2025, arXiv:2501.03262; verl ``compute_reinforce_plus_plus_outcome_advantage``):
     no critic and no group baseline, the discounted return whitened over the whole batch,
 
         G_t = r_t + γ G_{t+1}           (over response tokens; a masked column carries G through)
         A_t = masked_whiten(G)_t        (mean and Bessel std over every response token of the batch)
 
-    Returns ``(advantages, returns)``, both ``[N, L]`` and 0 outside ``response_mask``. With an outcome
-    reward and γ = 1 every token of a response has the same return, its score.
-    """
+    Returns ``(advantages, returns)``, ``[N, L]``, 0 outside ``response_mask``. With an outcome reward and γ = 1
+    every token of a response has the same return, its score."""
     m = response_mask.to(token_rewards.dtype if token_rewards.is_floating_point() else torch.float32)
     rewards = token_rewards.to(m.dtype) * m
     running = torch.zeros_like(rewards[:, 0])
@@ -286,10 +289,11 @@ def reinforce_plus_plus_advantages(token_rewards: Tensor, response_mask: Tensor,
         new = rewards[:, t] + gamma * running
         returns[:, t] = new * m[:, t]
         running = new * m[:, t] + running * (1 - m[:, t])
-    return masked_whiten(returns, m), returns
+    return masked_whiten(returns, m, reduce=reduce), returns
 
 
-def reinforce_plus_plus_baseline_advantages(scores: Tensor, group_ids: Tensor, response_mask: Tensor) -> Tensor:
+def reinforce_plus_plus_baseline_advantages(scores: Tensor, group_ids: Tensor, response_mask: Tensor,
+                                            reduce: Reduce | None = None) -> Tensor:
     """REINFORCE++-baseline (arXiv:2501.03262; verl ``compute_reinforce_plus_plus_baseline_outcome_advantage``):
     the score minus its group's mean (a singleton group: mean 0), put on every response token and whitened
     over the batch's response tokens,
@@ -299,7 +303,7 @@ def reinforce_plus_plus_baseline_advantages(scores: Tensor, group_ids: Tensor, r
     ``[N, L]``, 0 outside ``response_mask``. Unlike GRPO the scale comes from the whole batch, not the group.
     """
     centred = grpo_advantages(scores, group_ids, norm_by_std=False)
-    return masked_whiten(broadcast_to_tokens(centred, response_mask), response_mask)
+    return masked_whiten(broadcast_to_tokens(centred, response_mask), response_mask, reduce=reduce)
 
 
 ESTIMATORS = ("grpo", "rloo", "gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
@@ -308,22 +312,24 @@ PER_TOKEN = ("gae", "reinforce_plus_plus")  # advantages that may change along a
 
 def compute_advantages(estimator: str, scores: Tensor, group_ids: Tensor, response_mask: Tensor, *,
                        token_rewards: Tensor | None = None, values: Tensor | None = None, gamma: float = 1.0,
-                       lam: float = 1.0, norm_by_std: bool = True) -> tuple[Tensor, Tensor | None]:
+                       lam: float = 1.0, norm_by_std: bool = True, reduce: Reduce | None = None
+                       ) -> tuple[Tensor, Tensor | None]:
     """Per-token advantages ``[N, L]`` of verl's ``algorithm.adv_estimator``, and the returns (gae and
     reinforce_plus_plus; else None).
 
     ``token_rewards`` (verl's ``token_level_rewards``; default: each score on its response's last token) is
     what every estimator starts from: the outcome estimators (grpo, rloo, reinforce_plus_plus_baseline) take
-    its row sums as the scores, as verl does.
+    its row sums as the scores, as verl does. ``reduce``: the batch-whitening estimators (gae, reinforce_plus_plus,
+    reinforce_plus_plus_baseline) whiten over every process's rows; the group ones need whole groups per process.
     """
     if estimator in ("gae", "reinforce_plus_plus"):
         rewards = token_rewards if token_rewards is not None else outcome_token_rewards(scores, response_mask)
         if estimator == "gae":
-            return gae_advantages(rewards, values, response_mask, gamma=gamma, lam=lam)
-        return reinforce_plus_plus_advantages(rewards, response_mask, gamma=gamma)
+            return gae_advantages(rewards, values, response_mask, gamma=gamma, lam=lam, reduce=reduce)
+        return reinforce_plus_plus_advantages(rewards, response_mask, gamma=gamma, reduce=reduce)
     scores = sequence_scores(scores, token_rewards, response_mask)
     if estimator == "reinforce_plus_plus_baseline":
-        return reinforce_plus_plus_baseline_advantages(scores, group_ids, response_mask), None
+        return reinforce_plus_plus_baseline_advantages(scores, group_ids, response_mask, reduce=reduce), None
     if estimator == "grpo":
         adv = grpo_advantages(scores, group_ids, norm_by_std=norm_by_std)
     elif estimator == "rloo":

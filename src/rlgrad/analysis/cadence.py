@@ -14,7 +14,7 @@ def schedules(cfg: RLGradConfig) -> dict[str, Schedule]:
     applies to the run on steps 1, 1+every, ... (the reward components need one advantage per response, the critic
     exists with gae). Resets keep their own cadence."""
     a = cfg.analysis
-    outcome = per_response_advantage(cfg.algorithm) is None
+    outcome = per_response_advantage(cfg.algorithm, cfg.agent.use_turn_scores) is None
     out = {"buckets": Schedule(a.buckets.every if a.buckets.enable else 0),
            "components": Schedule(a.components.every if outcome else 0)}
     for role in ("actor", "critic"):

@@ -47,6 +47,7 @@ from rlgrad.analysis.engine import GradStats, layer_group, slice_gradients
 from rlgrad.batch import Batch
 from rlgrad.config import OUTCOME_ESTIMATORS
 from rlgrad.core import (
+    Reduce,
     broadcast_to_tokens,
     compute_advantages,
     denominator,
@@ -72,24 +73,28 @@ TERM = "policy"
 # ---- per-component advantages ------------------------------------------------------------------
 
 def outcome_advantages(scores: torch.Tensor, group_ids: torch.Tensor, estimator: str, norm_by_std: bool,
-                       response_mask: torch.Tensor | None = None) -> torch.Tensor:
+                       response_mask: torch.Tensor | None = None, reduce: Reduce | None = None) -> torch.Tensor:
     """``[N]``: the trainer's advantage of per-sample scores (``core.compute_advantages``), one per response
-    (reinforce_plus_plus with gamma 1). ``response_mask``: the whitening of REINFORCE++ weighs responses by length."""
+    (reinforce_plus_plus with gamma 1). ``response_mask``: the whitening of REINFORCE++ weighs responses by length;
+    ``reduce``: it whitens over the rows of every process."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"component advantages need one advantage per response ({', '.join(ESTIMATORS)}), "
                          f"got '{estimator}'")
     mask = response_mask if response_mask is not None else torch.ones(len(scores), 1)
-    adv, _ = compute_advantages(estimator, scores, group_ids, mask, norm_by_std=norm_by_std)
+    adv, _ = compute_advantages(estimator, scores, group_ids, mask, norm_by_std=norm_by_std, reduce=reduce)
     return row_values(adv, mask)
 
 
 def component_advantages(components: dict[str, torch.Tensor], weights: dict[str, float], scores: torch.Tensor,
                          group_ids: torch.Tensor, *, mode: str, estimator: str, norm_by_std: bool,
-                         eps: float = 1e-6, response_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                         eps: float = 1e-6, response_mask: torch.Tensor | None = None, reduce: Reduce | None = None
+                         ) -> dict[str, torch.Tensor]:
     """``{c: [N]}`` per-component advantages (module docstring). ``scores`` is the total reward the update's
-    advantage was computed from (Σ_c w_c r_c); ``response_mask`` is needed by the REINFORCE++ estimators."""
+    advantage was computed from (Σ_c w_c r_c); ``response_mask`` is needed by the REINFORCE++ estimators, and
+    ``reduce`` (``collectives.all_reduce_sum``) when the batch's rows are split over processes, as their whitening
+    is over the whole batch."""
     if mode == "own_std":
-        return {c: outcome_advantages(r.float(), group_ids, estimator, norm_by_std, response_mask)
+        return {c: outcome_advantages(r.float(), group_ids, estimator, norm_by_std, response_mask, reduce)
                 for c, r in components.items()}
     if mode != "shared_std":
         raise ValueError(f"unknown component mode '{mode}' ({' | '.join(MODES)})")
@@ -100,7 +105,7 @@ def component_advantages(components: dict[str, torch.Tensor], weights: dict[str,
         return {c: rloo_advantages(weights[c] * r.float(), group_ids) for c, r in components.items()}
     if estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
         return _whitened_split(components, weights, scores, group_ids, response_mask,
-                               baseline=estimator.endswith("baseline"))
+                               baseline=estimator.endswith("baseline"), reduce=reduce)
     if estimator != "grpo":
         raise ValueError(f"component advantages need one advantage per response ({', '.join(ESTIMATORS)}), "
                          f"got '{estimator}'")
@@ -118,8 +123,8 @@ def component_advantages(components: dict[str, torch.Tensor], weights: dict[str,
 
 
 def _whitened_split(components: dict[str, torch.Tensor], weights: dict[str, float], scores: torch.Tensor,
-                    group_ids: torch.Tensor, response_mask: torch.Tensor | None, *, baseline: bool
-                    ) -> dict[str, torch.Tensor]:
+                    group_ids: torch.Tensor, response_mask: torch.Tensor | None, *, baseline: bool,
+                    reduce: Reduce | None = None) -> dict[str, torch.Tensor]:
     """REINFORCE++(-baseline) split by component: whitening is x ↦ (x − μ)·rstd over the batch's response tokens,
     so A_c = (x_c − μ_c)·rstd(total), with x_c = w_c r_c (less its group mean with the baseline). Σ_c A_c = A."""
     if response_mask is None:
@@ -129,11 +134,11 @@ def _whitened_split(components: dict[str, torch.Tensor], weights: dict[str, floa
         x = grpo_advantages(x, group_ids, norm_by_std=False) if baseline else x
         return broadcast_to_tokens(x, response_mask)
 
-    _, rstd = whiten_stats(tokens(scores.float()), response_mask)
+    _, rstd = whiten_stats(tokens(scores.float()), response_mask, reduce=reduce)
     out = {}
     for c, r in components.items():
         x = tokens(weights[c] * r.float())
-        out[c] = row_values(x - whiten_stats(x, response_mask)[0], response_mask) * rstd
+        out[c] = row_values(x - whiten_stats(x, response_mask, reduce=reduce)[0], response_mask) * rstd
     return out
 
 
@@ -218,7 +223,8 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
     adv = per_sequence_advantage(batch)
     comp = advantages if advantages is not None else component_advantages(
         batch.components, weights, sequence_scores(batch.scores, batch.token_rewards, batch.response_mask),
-        batch.group_ids, mode=mode, estimator=estimator, norm_by_std=norm_by_std, response_mask=batch.response_mask)
+        batch.group_ids, mode=mode, estimator=estimator, norm_by_std=norm_by_std, response_mask=batch.response_mask,
+        reduce=collectives.all_reduce_sum)
     _, u = unit.agg.weights(batch.response_mask)
     denom = denominator(float(collectives.all_reduce_sum(u.sum().double())))  # the update's loss denominator
     rows = [comp[c] for c in names]

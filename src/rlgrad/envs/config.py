@@ -28,8 +28,9 @@ class AgentConfig:
                             "(<think> or <answer>), as RAGEN forces it.")
     format_penalty: float = _f(-0.1, "Added to the episode's reward for each turn whose answer cannot be read or "
                                "names an unknown action (RAGEN: es_manager.format_penalty).")
-    use_turn_scores: bool = _f(False, "Each turn's reward on that turn's last token (for GAE); false: the episode's "
-                               "summed reward on its last token, RAGEN's default (agent_proxy.use_turn_scores).")
+    use_turn_scores: bool = _f(False, "Each turn's reward on that turn's last token (gae or reinforce_plus_plus "
+                               "make per-token advantages of them); false: the episode's summed reward on its last "
+                               "token, RAGEN's default (agent_proxy.use_turn_scores).")
     context_window_mode: str = _f("auto", "What the model sees of earlier turns: full (every turn, one sequence; "
                                   "the sampling log-probs are exact) | last_k (the last max_context_window "
                                   "turns) | state (only the current turn: instruction and state) | auto (RAGEN's "

@@ -42,13 +42,15 @@ def reward_metrics(components: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 def step_record(step: int, components: dict[str, torch.Tensor], weights: dict[str, float], total: torch.Tensor,
-                group_ids: torch.Tensor, lengths: torch.Tensor, correct: torch.Tensor | None) -> dict:
+                group_ids: torch.Tensor, lengths: torch.Tensor, correct: torch.Tensor | None,
+                valid_format: torch.Tensor | None = None) -> dict:
     """One line of ``reward_components.jsonl``; every per-sample tensor is ``[N]``.
 
     ``lengths`` are the actual response lengths the length reward sees (``reward.length_unit``);
     ``correct`` the task's correctness flags (None: the loop has no notion of correct, e.g. TRL's reward
     functions; ``num_correct`` is then left out, as ``num_valid_format`` is without a ``format`` component).
-    A valid format is a format reward > 0 (rldynamic's count).
+    A valid format is a format reward > 0 (rldynamic's count), unless the task says which answers were readable
+    (``valid_format``: a multi-turn episode's format component is a penalty, 0 when every turn could be read).
     """
     names = list(components)
     stats = {c: {"mean": float(v.double().mean()), "std": _std(v), "min": float(v.min()), "max": float(v.max())}
@@ -63,7 +65,8 @@ def step_record(step: int, components: dict[str, torch.Tensor], weights: dict[st
         "weights": {c: float(weights[c]) for c in names}, "stats": stats,
         "total": {"mean": float(total.double().mean()), "std": _std(total)},
         "num_correct": None if correct is None else int(correct.bool().sum()),
-        "num_valid_format": int((fmt > 0).sum()) if fmt is not None else None,
+        "num_valid_format": (int(valid_format.bool().sum()) if valid_format is not None
+                             else int((fmt > 0).sum()) if fmt is not None else None),
         "mean_length": float(lengths.double().mean()), "num_samples": len(tot), "samples": samples,
     }
     return {k: v for k, v in record.items() if v is not None}

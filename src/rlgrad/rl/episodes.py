@@ -293,6 +293,7 @@ class EpisodeRunner:
         info = {k: torch.tensor(v, dtype=torch.float32) for k, v in counts.items()}
         info.update({
             "correct": info["success"], "lengths": lengths, "actual_lengths": lengths.long(),
+            "valid_format": torch.tensor([all(t.penalty == 0 for t in ep.turns) for ep in episodes]),
             "truncated": torch.tensor([bool(ep.turns) and ep.turns[-1].cut for ep in episodes], dtype=torch.float32),
             "prompts": opening,
             "responses": ["\n".join(t.response for t in ep.turns) for ep in episodes],

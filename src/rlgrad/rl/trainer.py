@@ -12,19 +12,17 @@
         log       one metrics.jsonl row per step
         save      global_step_N/ checkpoint (every save_freq, and last)
 
-``collect`` (rollout, filter, prepare), ``update_critic``, ``before_update`` and ``update_actor`` are
-the pieces of ``train_step``; ``probe`` (``rlgrad probe``) is ``collect`` and ``before_update`` for the
-step after a restored checkpoint, with no update. The trainer knows its hooks only through
-``rlgrad.hooks`` (``rlgrad.recipes`` hands it the instruments).
+``collect`` (rollout, filter, prepare), ``update_critic``, ``before_update`` and ``update_actor`` are the pieces of
+``train_step``; ``probe`` (``rlgrad probe``) is ``collect`` and ``before_update`` for the step after a restored
+checkpoint, with no update. The trainer knows its hooks only through ``rlgrad.hooks`` (``rlgrad.recipes``).
 
-Metrics are logged before the checkpoint of the same step, so a resumed run never lacks a
-row; rows past the resumed checkpoint are recomputed (and the stale ones moved aside).
+Metrics are logged before the checkpoint of the same step, so a resumed run never lacks a row; rows past the
+resumed checkpoint are recomputed (and the stale ones moved aside).
 
-Under torchrun (``rlgrad.distributed``) every rank draws the same prompts and rolls out a contiguous
-share of the prompt groups (``shard``), with global group ids; everything a metric or a decision
-needs from other ranks (filter metrics, scores, lengths, validation counts) is gathered, so the
-logged numbers, the rollout filter's choice and the update are those of one process on the
-global batch. Only rank 0 writes files and prints.
+Under torchrun (``rlgrad.distributed``) every rank draws the same prompts and rolls out a contiguous share of the
+prompt groups (``shard``), with global group ids; everything a metric or a decision needs from other ranks (filter
+metrics, scores, lengths, validation counts, whitening statistics) is gathered or summed, so the logged numbers,
+the rollout filter's choice and the update are those of one process on the global batch. Rank 0 alone writes.
 """
 
 from __future__ import annotations
@@ -311,7 +309,8 @@ class Trainer:
         with timer(metrics, "timing_s/adv"):
             batch.advantages, batch.returns = compute_advantages(
                 a.adv_estimator, batch.scores, batch.group_ids, batch.response_mask, token_rewards=batch.token_rewards,
-                values=batch.values, gamma=a.gamma, lam=a.lam, norm_by_std=a.norm_adv_by_std_in_grpo)
+                values=batch.values, gamma=a.gamma, lam=a.lam, norm_by_std=a.norm_adv_by_std_in_grpo,
+                reduce=all_reduce_sum)  # whitening: over the whole batch, not each process's rows
         return batch
 
     def sample_round(self, step: int, groups: int, r: int) -> tuple[Batch, dict]:
@@ -398,8 +397,9 @@ class Trainer:
         m.update(summarize("critic/score/{stat}", scores))
         m.update(reward_metrics(comps))
         lengths, correct, gids = g(info["actual_lengths"][kept]), g(info["correct"][kept]), g(batch.group_ids)
+        valid = g(info["valid_format"][kept]) if "valid_format" in info else None  # a collective: every rank
         if self.reward_log is not None:  # main process only
-            self.reward_log.append(step_record(step, comps, self.reward_weights, scores, gids, lengths, correct))
+            self.reward_log.append(step_record(step, comps, self.reward_weights, scores, gids, lengths, correct, valid))
         rm = batch.response_mask.bool()
         m.update(summarize("critic/advantages/{stat}", g(batch.advantages[rm])))
         if self.critic is not None:
