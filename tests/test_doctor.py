@@ -271,3 +271,11 @@ def test_recorded_healthy_demo_and_the_cli(tmp_path):
     assert res.returncode == 1 and "[CRITICAL] zero_variance_groups" in res.stdout
     page = build_report(D.load_run(fixture("zero_variance")), dpi=30, max_steps=1)
     assert page.index('id="diagnosis"') < page.index('id="reading"') and "finding critical" in page
+    # a critical finding shown whole; an info finding folded to its line (the first screen goes to what matters)
+    d = diagnose(D.load_any(fixture("zero_variance")))
+    crit = next(f for f in d.findings if f.severity == "critical")
+    assert f'<div class="finding critical"><b>CRITICAL</b> · {crit.title}' in page
+    assert "<i>What to do:</i>" in page.split('<div class="finding critical">')[1].split("</div>")[0]
+    healthy = build_report(D.load_run(run), dpi=30, max_steps=1)
+    assert '<details class="finding info"><summary><b>INFO</b> · No sign of trouble' in healthy
+    assert '<div class="finding info">' not in healthy

@@ -461,11 +461,13 @@ def test_rule_top_bucket_moved():
 
 
 def test_rule_zero_variance_buckets_at_the_last_step():
-    m = _bucket_metrics(rv=[0.0, 0.0, 0.2, 0.4], task=[0.0, 0.0, 0.5, 1.0])
+    m = _bucket_metrics(rv=[0.0, 0.0, 0.2, 0.4], task=[0.0, 0.0, 0.5, 1.0], kl=[0.1, 0.1, 0.1, 0.1])
     m["grad_norm/bucket_1/sample_pct"], m["grad_norm/bucket_2/sample_pct"] = 10.0, 30.0
     assert R.rule_zero_variance_buckets(_run({3: m})) == [
         "At step 3, 2 of 4 buckets (40% of samples) hold only groups with zero reward std: every sample of a "
         "prompt got the same reward, so their task gradient is zero and only the regularisers move them."]
+    no_reg = {k: v for k, v in m.items() if not k.endswith("/kl")}
+    assert R.rule_zero_variance_buckets(_run({3: no_reg}))[0].endswith("task gradient is zero and nothing moves them.")
     varied = _bucket_metrics(rv=[0.1, 0.2], task=[0.5, 1.0])
     assert R.rule_zero_variance_buckets(_run({3: m, 5: varied})) == []  # only the last step counts
     assert R.rule_zero_variance_buckets(_run({3: _bucket_metrics(rv=[0.0, 0.0], task=[0.0, 0.0])})) == []
@@ -669,6 +671,8 @@ def test_report_is_self_contained(rich_run, rich_report):
     # the stale step-2 line is ignored
     assert "correctness 0.1 → 0.2, format 0.1 → 0.2, length 0.1 → 0.2" in page
     assert "dormant-neuron ratio rose from 5.0% (step 1) to 10.0% (step 2)" in page
+    assert "the actor update trained on: after the rollout filter" in page  # which samples the rewards are of
+    assert "reward std mean" in page and "RV mean" not in page
 
 
 def test_report_renders_in_chromium_without_errors(rich_report, tmp_path):
@@ -741,6 +745,9 @@ def test_figures_leave_out_the_panels_of_terms_the_run_never_computed():
     assert [ax.get_title() for ax in losses.axes] == ["Policy (task) loss", "Total loss"]
     assert len(F.fig_summary(sv).axes) == 2
     grid = RF.fig_steps_grid([("Step 1", m), ("Step 2", m)], "grpo")
+    tied = _bucket_metrics(rv=[0.2, 0.2, 0.4], task=[0.1, 0.5, 0.3])
+    line = next(ln for ln in RF.fig_steps_grid([("Step 1", tied)], "grpo").axes[1].lines if ln.get_linestyle() == "-")
+    assert list(line.get_xdata()) == [0.2, 0.4] and list(line.get_ydata()) == pytest.approx([0.3, 0.3])
     assert len(grid.axes) == 4 and "not computed" in grid._suptitle.get_text()
     # with a KL term: its panels come back, in RAGEN's order
     m_kl = {**m, **{f"grad_norm/bucket_{i}/kl": 0.01 for i in (1, 2, 3)}}
@@ -777,8 +784,14 @@ def test_bucket_trend_tracks_reward_std_levels_not_bucket_labels():
     pts = left.collections[0]
     assert sorted(pts.get_array().tolist()) == [0.0, 0.1, 0.2, 0.4, 0.5, 0.9]  # colour = the bucket's reward std
     assert [ln.get_label() for ln in left.lines] == ["all (whole batch)"]  # no line joins bucket k over steps
-    curves = {ln.get_label(): ln for ln in right.lines}
+    curves = {ln.get_label(): ln for ln in right.lines if not ln.get_label().startswith("_")}
     assert list(curves) == ["step 1", "step 11"] and list(curves["step 11"].get_xdata()) == [0.1, 0.5, 0.9]
+    # two buckets of one reward std: both drawn as points, the line through their mean (no vertical zigzag)
+    s3 = _bucket_metrics(rv=[0.0, 0.5, 0.5, 0.9], task=[0.0, 0.2, 0.6, 0.8], all_={"task": 0.5})
+    fig = RF.fig_bucket_trend(D.RunData("r", "r", {1: s1, 11: s3}), [1, 11])
+    line = next(ln for ln in fig.axes[1].lines if ln.get_label() == "step 11")
+    assert list(line.get_xdata()) == [0.0, 0.5, 0.9] and line.get_ydata()[1] == pytest.approx(0.4)
+    assert sum(len(ln.get_xdata()) for ln in fig.axes[1].lines if ln.get_marker() == "o") == 3 + 4
 
 
 def test_neuron_figures_read_plainly():
@@ -810,3 +823,19 @@ def test_narrative_names_resets_and_a_falling_component(tmp_path):
                    15: {"actor/neuron/reset_count": 52.0}})
     assert R.rule_neuron_resets(resets) == ["ReDo reset 152 actor neurons over 2 reset steps (steps 5–15)."]
     assert R.rule_neuron_resets(_run({5: {"actor/neuron/reset_count": 0.0}})) == []
+
+
+def test_buckets_of_one_reward_std_are_one_labelled_place_not_a_vertical_zigzag():
+    """RAGEN's quantiles over mostly zero-variance groups: buckets 1-3 all at std 0, with different KL norms."""
+    m = _bucket_metrics(rv=[0.0, 0.0, 0.0, 0.3, 0.5], task=[0.0, 0.0, 0.0, 0.4, 0.6],
+                        kl=[0.03, 0.01, 0.02, 0.02, 0.02])
+    _, ax_b, ax_c = F.fig_summary(_step_view(m)).axes[:3]
+    for ax in (ax_b, ax_c):
+        line = next(ln for ln in ax.get_lines() if ln.get_linestyle() == "-")
+        xs = list(line.get_xdata())
+        assert xs == sorted(set(xs)) == [0.0, 0.3, 0.5]  # the line never goes back along one x
+    assert list(next(ln for ln in ax_c.get_lines() if ln.get_linestyle() == "-").get_ydata())[0] == pytest.approx(0.02)
+    assert sorted(t.get_text() for t in ax_b.texts if t.get_text().startswith("Q")) == ["Q1–Q3", "Q4", "Q5"]
+    assert sorted(t.get_text() for t in ax_c.texts if t.get_text().startswith("Q")) == [
+        "Q1", "Q2", "Q3", "Q4", "Q5"]  # at std 0 but with their own KL norms
+    assert "std 0" in F.StepView(D.RunData("t", "t", {1: m}), 1).tick_labels()[0]

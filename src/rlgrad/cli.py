@@ -129,6 +129,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         return 0
     print(f"\nprobe of {ckpt} (step {step}) written to {prober.run_dir}")
     print(f"  metrics: {prober.run_dir / 'metrics.jsonl'}   per-layer norms: {prober.run_dir / 'analysis'}")
+    print(f"next:\n  rlgrad plot {prober.run_dir}      # RAGEN's figures of the probed step")
     return 0
 
 

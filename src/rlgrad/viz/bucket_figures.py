@@ -27,6 +27,7 @@ from rlgrad.viz.figbase import (
     auto_scale,
     finite,
     left_out,
+    line_through_means,
     new_fig,
     note,
 )
@@ -52,7 +53,7 @@ class StepView:
         out = []
         for b, lab in zip(self.buckets, self.labels):
             rv, n = D.bucket_value(self.m, b, "reward_std_mean"), D.bucket_value(self.m, b, "group_rv_count")
-            extra = f"\nRV {rv:.2g}" if math.isfinite(rv) else ""
+            extra = f"\nstd {rv:.2g}" if math.isfinite(rv) else ""
             extra += f"\n{int(n)} group{'s' if n != 1 else ''}" if math.isfinite(n) else ""
             out.append(lab + extra)
         return out
@@ -121,7 +122,7 @@ def _terms(sv: StepView) -> tuple[list[str], list[str]]:
 def fig_grad_norms(sv: StepView) -> Figure:
     """gradient_analysis_plots_step_N: KL / entropy / task gradient norm per bucket."""
     comps, absent = _terms(sv)
-    fig, axes = new_fig(1, len(comps), (5.7 * len(comps) + 0.5, 5.2))
+    fig, axes = new_fig(1, len(comps), (max(10.0, 5.7 * len(comps) + 0.5), 5.2))
     for ax, comp in zip(axes[0], comps):
         ax.set_title(f"{TITLES[comp]} norm", fontweight="bold")
         ax.set_ylabel(f"gradient norm ({NORM_UNIT})")
@@ -191,7 +192,7 @@ def fig_reward_std(sv: StepView) -> Figure:
 def fig_normed(sv: StepView) -> Figure:
     """gradient_analysis_normed_grads_step_N: gradient norm per sample and per token, per component."""
     comps, absent = _terms(sv)
-    fig, axes = new_fig(1, len(comps), (5.7 * len(comps) + 0.5, 5.2))
+    fig, axes = new_fig(1, len(comps), (max(10.0, 5.7 * len(comps) + 0.5), 5.2))
     for ax, comp in zip(axes[0], comps):
         ax.set_title(f"{TITLES[comp]}: norm per sample vs per token", fontweight="bold", fontsize=11)
         ax.set_ylabel("gradient norm / sample count, / token count")
@@ -258,20 +259,31 @@ def _summary_rv_panel(ax, sv: StepView, rv: list[float]) -> None:
 
 
 def _vs_rv(ax, rv: list[float], y: list[float], color: str, label: str) -> None:
-    """``y`` against the bucket mean RV, each point labelled Q<bucket>."""
-    ax.plot(rv, y, "o-", color=color, label=label)
-    at: dict[tuple[float, float], list[str]] = {}  # buckets drawn on the same point share one label
-    for i, (xv, yv) in enumerate(zip(rv, y), start=1):
-        if math.isfinite(xv) and math.isfinite(yv):
-            at.setdefault((f"{xv:.2g}", f"{yv:.2g}"), []).append(f"Q{i}")  # (near-)coincident points
-    for names in at.values():
-        i = int(names[0][1:]) - 1
-        ax.annotate(",".join(names), (rv[i], y[i]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    """``y`` against the bucket mean reward std, each point labelled Q<bucket>. Buckets of one reward std (RAGEN's
+    quantiles over many zero-variance groups) are drawn as points with one label, and the line runs through their
+    mean: a line joining them in bucket order would zigzag up and down a vertical."""
+    pts = [(xv, yv, i) for i, (xv, yv) in enumerate(zip(rv, y), start=1) if math.isfinite(xv) and math.isfinite(yv)]
+    at: dict[str, list[tuple[float, float, int]]] = {}
+    for p in sorted(pts):
+        at.setdefault(f"{p[0]:.3g}", []).append(p)
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=color, label=label)
+    line = line_through_means(rv, y)
+    if len(line[0]) > 1:
+        ax.plot(*line, "-", color=color)
+    for g in at.values():
+        near: dict[str, list[int]] = {}  # points of one x that also share y get one label
+        for _, yv, i in g:
+            near.setdefault(f"{yv:.2g}", []).append(i)
+        for ids in near.values():
+            first = next(p for p in g if p[2] == ids[0])
+            names = f"Q{ids[0]}" if len(ids) == 1 else f"Q{ids[0]}–Q{ids[-1]}" if ids == list(
+                range(ids[0], ids[-1] + 1)) else ",".join(f"Q{i}" for i in ids)
+            ax.annotate(names, (first[0], first[1]), textcoords="offset points", xytext=(4, 4), fontsize=7)
 
 
 def _summary_task_panel(ax, sv: StepView, rv: list[float], task: list[float]) -> None:
     """(b) task gradient norm vs RV mean, the ``all`` bucket as a distinct point."""
-    _vs_rv(ax, rv, task, COLORS["task"], "bucket (Q1 = lowest RV)")
+    _vs_rv(ax, rv, task, COLORS["task"], "bucket (Q1 = lowest reward std)")
     if sv.has_all:
         ax.plot([sv.all_value("reward_std_mean")], [sv.all_value("task")], "*", color="black", markersize=12,
                 label="all (whole batch)")

@@ -34,6 +34,16 @@ MISSING = {"entropy": "not computed in this run\n(actor.entropy_coeff = 0)",
 WHY_ABSENT = {"entropy": "entropy (actor.entropy_coeff = 0)", "kl": "KL (actor.use_kl_loss = false)"}
 
 
+def line_through_means(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
+    """A line's points by increasing x, the y of points that share an x (to 3 digits) averaged: buckets of one
+    reward std joined in bucket order would zigzag up and down a vertical."""
+    at: dict[str, list[tuple[float, float]]] = {}
+    for x, y in sorted((x, y) for x, y in zip(xs, ys) if math.isfinite(x) and math.isfinite(y)):
+        at.setdefault(f"{x:.3g}", []).append((x, y))
+    pts = [(g[0][0], sum(y for _, y in g) / len(g)) for g in at.values()]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
 def left_out(terms: Sequence[str]) -> str:
     """A title's second line naming the panels a figure leaves out because the run never computed them."""
     return ("\nnot drawn, not computed in this run: " + ", ".join(WHY_ABSENT.get(t, t) for t in terms)

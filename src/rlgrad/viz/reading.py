@@ -143,9 +143,10 @@ def rule_zero_variance_buckets(run: D.RunData) -> list[str]:
     if not zero or len(zero) == len(names):
         return []
     share = sum(D.bucket_value(m, b, "sample_pct", 0.0) for b in zero)
+    reg = any(D.has_component(m, c) for c in ("kl", "entropy"))
     return [f"At step {st}, {len(zero)} of {len(names)} buckets ({share:.0f}% of samples) hold only groups "
             "with zero reward std: every sample of a prompt got the same reward, so their task gradient "
-            "is zero and only the regularisers move them."]
+            + ("is zero and only the regularisers move them." if reg else "is zero and nothing moves them.")]
 
 
 def rule_monotonicity(run: D.RunData) -> list[str]:

@@ -40,6 +40,7 @@ ul.reading li{margin:.35em 0}\
 .finding{margin:.5em 0;padding:6px 10px;border-left:4px solid #999}.finding.critical{border-color:#c0392b;\
 background:#fdf0ef}.finding.warn{border-color:#d68910;background:#fef8ec}.finding.info{border-color:#3478c6}
 details{margin:8px 0}summary{cursor:pointer;font-weight:600}
+details.finding summary{font-weight:400}
 pre{background:#f6f8fa;padding:10px;overflow-x:auto;font-size:.8em}
 nav a{margin-right:14px}
 .samples{margin:6px 0 18px}.samples p{margin:10px 0 4px}
@@ -133,7 +134,7 @@ def _bucket_table(run: D.RunData, step: int) -> str:
     m = run.metrics(step)
     names = [*D.bucket_names(m), *(["all"] if any(k.startswith(f"{D.PREFIX}/all/") for k in m) else [])]
     comps = [c for c in D.GRAD_COMPONENTS if D.has_component(m, c)]
-    header = ["bucket", "groups", "samples", "% samples", "RV mean", "RV min", "RV max",
+    header = ["bucket", "groups", "samples", "% samples", "reward std mean", "reward std min", "reward std max",
               *[f"‖∇ {c}‖" for c in comps], "policy loss", "total loss"]
     rows = [[b, D.bucket_value(m, b, "group_rv_count"), D.bucket_value(m, b, "sample_count"),
              D.bucket_value(m, b, "sample_pct"), D.bucket_value(m, b, "reward_std_mean"),
@@ -215,7 +216,7 @@ def _analysis_section(run: D.RunData, dpi: int, max_steps: int) -> str:
         parts.append(_img(R.fig_bucket_trend(run, steps), dpi,
                           "Per-bucket task gradient norm and reward std over the analysis steps."))
         grid = R.fig_steps_grid([(f"Step {s}", run.metrics(s)) for s in _pick(steps, 6)], "run",
-                                f"Gradient norm vs reward variance across steps — run {run.name}")
+                                f"Gradient norm vs reward std across steps — run {run.name}")
         parts.append(_img(grid, dpi, "The paper-style grid (rlgrad plot-steps): one row per analysis step."))
     if len(shown) < len(steps):
         parts.append(f'<p class="muted">Figures below for steps {", ".join(map(str, shown))}; '
@@ -247,6 +248,8 @@ def _components_section(run: D.RunData, dpi: int) -> str:
     if trend is None and not D.component_steps(run):
         return ""
     parts = ['<section id="rewards"><h2>Reward components</h2>',
+             '<p class="muted">Over the samples the actor update trained on: after the rollout filter, when one is '
+             'set (the console\'s <code>acc</code> and <code>reward</code> are over every sample, before it).</p>',
              _img(trend, dpi, "Reward components over training.")]
     pulls = R.fig_component_trend(run)
     if pulls is not None:
@@ -327,17 +330,26 @@ generated {time.strftime('%Y-%m-%d %H:%M')}</p>
 
 
 def _diagnosis_section(run: D.RunData) -> str:
-    """``rlgrad doctor``'s findings, most serious first."""
+    """``rlgrad doctor``'s findings, most serious first. A warning or a critical finding is shown whole; an info
+    finding is one line (title and first evidence) with the rest folded, so the page's first screen goes to what
+    needs attention and to what changed."""
     d = diagnose(run)
     items = []
     for f in d.findings:
         at = f" · from step {f.step}" if f.step is not None else ""
+        head = (f"<b>{f.severity.upper()}</b> · {html.escape(f.title)}"
+                f'<span class="muted"> ({f.id}{at})</span>')
         evidence = "".join(f"<li>{html.escape(e)}</li>" for e in f.evidence)
-        items.append(f'<div class="finding {f.severity}"><b>{f.severity.upper()}</b> · {html.escape(f.title)}'
-                     f'<span class="muted"> ({f.id}{at})</span><ul>{evidence}</ul><p>{html.escape(f.explanation)}</p>'
-                     f"<p><i>What to do:</i> {html.escape(f.action)}</p></div>")
+        body = (f"<ul>{evidence}</ul><p>{html.escape(f.explanation)}</p>"
+                f"<p><i>What to do:</i> {html.escape(f.action)}</p>")
+        if f.severity == "info":
+            first = f" — {html.escape(f.evidence[0])}" if f.evidence else ""
+            items.append(f'<details class="finding info"><summary>{head}{first}</summary>{body}</details>')
+        else:
+            items.append(f'<div class="finding {f.severity}">{head}{body}</div>')
     return (f'<section id="diagnosis"><h2>Diagnosis</h2>{"".join(items)}'
-            f'<p class="muted">{html.escape(d.scale)}</p></section>')
+            f'<details><summary class="muted">About the gradient-norm scale</summary>'
+            f'<p class="muted">{html.escape(d.scale)}</p></details></section>')
 
 
 def _section(sid: str, title: str, body: str) -> str:

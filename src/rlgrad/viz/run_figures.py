@@ -24,6 +24,7 @@ from rlgrad.viz.figbase import (
     auto_scale,
     finite,
     left_out,
+    line_through_means,
     new_fig,
 )
 
@@ -198,7 +199,8 @@ def fig_steps_grid(steps: list[tuple[str, dict[str, float]]], mode: str, title: 
         cols = ((task, "#e67e22", "task grad norm (L2)"), (reg, "#16a085", "KL + entropy grad norm (L2)"))
         for c, (ys, color, ylab) in enumerate(cols[:2 if has_reg else 1], start=1):
             ax = axes[r, c]
-            ax.plot(mean, ys, "o-", color=color, markersize=5)
+            ax.plot(mean, ys, "o", color=color, markersize=5)
+            ax.plot(*line_through_means(mean, ys), "-", color=color)
             _rv_scale(ax, mean, "x")
             ax.set_ylabel(f"{name}\n{ylab}")
         for ax in axes[r]:
@@ -314,9 +316,11 @@ def fig_bucket_trend(run: D.RunData, steps: list[int]) -> Figure | None:
     ax = axes[0, 1]
     cmap = matplotlib.colormaps["plasma"]
     for i, s in enumerate(steps):
-        mine = sorted((p[2], p[3]) for p in pts if p[0] == s)
+        mine = [(p[2], p[3]) for p in pts if p[0] == s]
         if mine:
-            ax.plot(*zip(*mine), "o-", markersize=4, color=cmap(0.85 * i / max(1, len(steps) - 1)), label=f"step {s}")
+            color = cmap(0.85 * i / max(1, len(steps) - 1))
+            ax.plot(*zip(*mine), "o", markersize=4, color=color)
+            ax.plot(*line_through_means(*zip(*mine)), "-", color=color, label=f"step {s}")
     ax.set_title("Task gradient norm vs bucket reward std, per step", fontweight="bold", fontsize=11)
     ax.set_xlabel("bucket mean in-group reward std (reward units)")
     ax.set_ylabel(f"gradient norm ({NORM_UNIT})")
@@ -391,7 +395,7 @@ def fig_reward_components(run: D.RunData) -> Figure | None:
             hi = np.array([rc[st]["stats"][c].get("max", np.inf) for st in s], dtype=float) if rc else np.inf
             ax.fill_between(s, np.maximum(mu - np.nan_to_num(sd), lo), np.minimum(mu + np.nan_to_num(sd), hi),
                             color=line.get_color(), alpha=0.15)
-    ax.set_title("Reward components: mean ± std over samples", fontweight="bold", fontsize=11)
+    ax.set_title("Reward components: mean ± std over the trained samples", fontweight="bold", fontsize=11)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel("component reward (unweighted, reward units)")
