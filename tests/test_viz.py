@@ -567,9 +567,17 @@ def test_rule_component_cosines_of_a_zero_gradient(tmp_path):
     assert _png_ok(png_bytes(fig)).shape[2] >= 3  # drawn, no crash
     # the undefined cells say so and are grey, not the scale's white ("orthogonal")
     ax = fig.axes[0]
-    assert sum("n/a" in t.get_text() for t in ax.texts) == 2
+    assert sum("n/a" in t.get_text() for t in ax.texts) == 3  # both pair cells and format's own: no direction
+    assert [t.get_text() for t in ax.texts].count("+1.00") == 1  # correctness with itself
     bad = ax.images[0].cmap.get_bad()
     assert tuple(bad[:3]) != (1.0, 1.0, 1.0) and bad[3] == 1.0
+    # per layer: a pair without a cosine anywhere is named in a note, not an empty legend entry
+    geom["layers"] = {"embed": {"cosine": {"correctness__format": None}},
+                      "layer_0": {"cosine": {"correctness__format": None}}}
+    per_layer = next(a for a in RF.fig_components(geom, "zero gradients").axes
+                     if a.get_title() == "cosine per layer group")
+    assert per_layer.get_legend() is None and not [ln for ln in per_layer.lines if ln.get_marker() == "o"]
+    assert [t.get_text() for t in per_layer.texts] == ["n/a (zero gradient): correctness · format"]
 
 
 def test_console_says_n_a_for_an_undefined_share_or_cosine():
@@ -803,6 +811,8 @@ def test_neuron_figures_read_plainly():
                                    "model.layers.1.self_attn": {"kind": "attn"}}}}
     ax = RF.fig_neurons(health, "t").axes[0]
     assert "dormant 4.2%" in ax.get_title() and "reset this step 152" in ax.get_title()
+    assert RF._lines(["dormant 8.3%", "zero gradient 0.0%", "gradient null space 0.0%", "reset this step 0"], 60) == (
+        "dormant 8.3%, zero gradient 0.0%, gradient null space 0.0%,\nreset this step 0")  # a fact is never split
     assert "dormant_ratio" not in ax.get_title()
     notes = [t.get_text() for t in ax.texts]
     assert notes == ["0 (none)", "not measured"]  # a zero row and an unmeasured row are told apart
@@ -839,3 +849,17 @@ def test_buckets_of_one_reward_std_are_one_labelled_place_not_a_vertical_zigzag(
     assert sorted(t.get_text() for t in ax_c.texts if t.get_text().startswith("Q")) == [
         "Q1", "Q2", "Q3", "Q4", "Q5"]  # at std 0 but with their own KL norms
     assert "std 0" in F.StepView(D.RunData("t", "t", {1: m}), 1).tick_labels()[0]
+
+
+def test_a_reset_only_step_draws_its_neurons_with_nothing_measured_said_so():
+    """neurons.json of a step that only reset neurons: activation and null-space numbers are null (it crashed)."""
+    health = {"actor": {"tau": 0.1, "global": {"dormant_ratio": 0.08, "act_dormant_ratio": None,
+                                               "nullspace_ratio": None, "zero_grad_ratio": 0.0, "reset_count": 11},
+                        "layers": {"model.layers.0.mlp": {"kind": "mlp", "neurons": 64, "dormant_ratio": 0.03,
+                                                          "act_dormant": None, "zero_grad": 0, "reset": 2},
+                                   "model.layers.0.self_attn": {"kind": "attn", "neurons": 2, "dormant_ratio": 0.0,
+                                                                "act_dormant": None, "zero_grad": 0, "reset": 0}}}}
+    ax = RF.fig_neurons(health, "t").axes[0]
+    assert "dormant 8.0%" in ax.get_title() and "null space" not in ax.get_title()
+    assert [t.get_text() for t in ax.texts] == ["0 (none)"]  # the attention row: measured, all zero
+    assert math.isnan(RF._layer_ratio(health["actor"]["layers"]["model.layers.0.mlp"], "act_dormant_ratio"))

@@ -81,9 +81,9 @@ def auto_scale(ax, values: Sequence[float], axis: str = "y", decades: float = 1.
     return "symlog"
 
 
-def note(ax, text: str) -> None:
-    """A boxed message in the middle of an axis (why a panel is empty)."""
-    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=10, color="#555",
+def note(ax, text: str, y: float = 0.5) -> None:
+    """A boxed message across an axis (why a panel, or part of it, is empty)."""
+    ax.text(0.5, y, text, transform=ax.transAxes, ha="center", va="center", fontsize=10, color="#555",
             bbox={"boxstyle": "round", "fc": "#f4f4f4", "ec": "#bbb"})
 
 

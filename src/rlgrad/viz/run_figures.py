@@ -26,6 +26,7 @@ from rlgrad.viz.figbase import (
     left_out,
     line_through_means,
     new_fig,
+    note,
 )
 
 # ---------------------------------------------------------------- one step's components.json / neurons.json
@@ -41,8 +42,11 @@ def fig_components(geom: dict, title: str) -> Figure:
     fig, axes = new_fig(1, ncols, (6 * ncols, 5))
     ax = axes[0, 0]
     n = len(comps)
+    norms = g.get("norm", {})
     mat = np.eye(n)
     for i, a in enumerate(comps):
+        if not norms.get(a, 1.0):  # a zero gradient has no direction: not even a cosine with itself
+            mat[i, i] = np.nan
         for j, b in enumerate(comps):
             if i != j:
                 mat[i, j] = cos.get(f"{a}__{b}", cos.get(f"{b}__{a}", np.nan))
@@ -58,7 +62,6 @@ def fig_components(geom: dict, title: str) -> Figure:
     cb.set_label("cosine (−1 opposed, 0 orthogonal, +1 aligned)", fontsize=8)
 
     ax = axes[0, 1]
-    norms = g.get("norm", {})
     share = g.get("share", {})
     names = comps + (["total"] if "total" in norms else [])  # the update's gradient as a bar of its own
     vals = [norms.get(c, np.nan) for c in names]
@@ -78,9 +81,16 @@ def fig_components(geom: dict, title: str) -> Figure:
         ax = axes[0, 2]
         groups = sorted(layers, key=D.layer_sort_key)
         pairs = sorted({p for lg in groups for p in (layers[lg].get("cosine") or {})})
+        drawn = []
         for p in pairs:
-            ax.plot(range(len(groups)), [layers[lg].get("cosine", {}).get(p, np.nan) for lg in groups], "o-",
-                    label=p.replace("__", " · "))
+            ys = [layers[lg].get("cosine", {}).get(p, np.nan) for lg in groups]
+            ys = [np.nan if y is None else y for y in ys]
+            if any(math.isfinite(y) for y in ys):
+                ax.plot(range(len(groups)), ys, "o-", label=p.replace("__", " · "))
+                drawn.append(p)
+        if len(drawn) < len(pairs):  # a pair without a cosine anywhere is named, not an empty legend entry
+            note(ax, "n/a (zero gradient): " + ", ".join(p.replace("__", " · ") for p in pairs if p not in drawn),
+                 y=0.08 if drawn else 0.5)
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set_ylim(-1.05, 1.05)
         ax.set_xticks(range(len(groups)), groups, rotation=45, ha="right", fontsize=8)
@@ -88,10 +98,30 @@ def fig_components(geom: dict, title: str) -> Figure:
         ax.set_ylabel("cosine similarity")
         ax.set_title("cosine per layer group", fontweight="bold", fontsize=11)
         ax.grid(linestyle="--", alpha=0.5)
-        if pairs:
+        if drawn:
             ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=13)
     return fig
+
+
+def _lines(parts: list[str], width: int) -> str:
+    """``parts`` joined by ", ", a new line before a part that would pass ``width`` characters."""
+    lines: list[list[str]] = [[]]
+    for p in parts:
+        if lines[-1] and len(", ".join(lines[-1] + [p])) > width:
+            lines.append([])
+        lines[-1].append(p)
+    return ",\n".join(", ".join(line) for line in lines)
+
+
+def _layer_ratio(lay: dict, key: str) -> float:
+    """A layer's ``key`` ratio from neurons.json (or its count over the layer's neurons); NaN when not measured
+    (null: a step that only reset neurons measures no activations)."""
+    count = {"act_dormant_ratio": "act_dormant", "zero_grad_ratio": "zero_grad"}.get(key)
+    v = lay.get(key)
+    if v is None and count and isinstance(lay.get(count), int | float) and lay.get("neurons"):
+        v = lay[count] / lay["neurons"]
+    return float(v) if isinstance(v, int | float) else math.nan
 
 
 def fig_neurons(health: dict, title: str) -> Figure:
@@ -111,17 +141,7 @@ def fig_neurons(health: dict, title: str) -> Figure:
             y = np.arange(len(names))
             hgt = 0.8 / len(kinds)
             for k, (key, label, color) in enumerate(kinds):
-                vals = []
-                for nm in names:
-                    lay = layers[nm]
-                    if key in lay:
-                        vals.append(lay[key])
-                    elif key == "act_dormant_ratio" and "act_dormant" in lay and lay.get("neurons"):
-                        vals.append(lay["act_dormant"] / lay["neurons"])
-                    elif key == "zero_grad_ratio" and "zero_grad" in lay and lay.get("neurons"):
-                        vals.append(lay["zero_grad"] / lay["neurons"])
-                    else:
-                        vals.append(np.nan)
+                vals = [_layer_ratio(layers[nm], key) for nm in names]
                 ax.barh(y + (k - 1) * hgt, np.nan_to_num(vals), hgt, color=color, label=label)
                 rows.append(vals)
             for i in range(len(names)):  # a row with no bar: say whether it measured zero or nothing
@@ -142,11 +162,12 @@ def fig_neurons(health: dict, title: str) -> Figure:
         ax.grid(axis="x", linestyle="--", alpha=0.5)
         facts = [f"{label} {glob[k]:.1%}" for k, label in (("dormant_ratio", "dormant"),
                                                            ("zero_grad_ratio", "zero gradient"),
-                                                           ("nullspace_ratio", "gradient null space")) if k in glob]
-        if "reset_count" in glob:
+                                                           ("nullspace_ratio", "gradient null space"))
+                 if isinstance(glob.get(k), int | float)]  # null: not measured at this step (a reset-only step)
+        if isinstance(glob.get("reset_count"), int | float):
             facts.append(f"reset this step {int(glob['reset_count'])}")
-        ax.set_title(f"{role}" + (f" (τ = {h['tau']})" if "tau" in h else "") + "\n" + ", ".join(facts),
-                     fontweight="bold", fontsize=10, wrap=True)
+        ax.set_title(f"{role}" + (f" (τ = {h['tau']})" if "tau" in h else "") + "\n"
+                     + _lines(facts, 60), fontweight="bold", fontsize=10)
         ax.legend(fontsize=8, loc="lower right")
     fig.suptitle(title, fontsize=13)
     return fig
