@@ -578,6 +578,13 @@ def test_rule_component_cosines_of_a_zero_gradient(tmp_path):
                      if a.get_title() == "cosine per layer group")
     assert per_layer.get_legend() is None and not [ln for ln in per_layer.lines if ln.get_marker() == "o"]
     assert [t.get_text() for t in per_layer.texts] == ["n/a (zero gradient): correctness · format"]
+    # a zero share of a non-zero update is a number (0%), not n/a; a null share is n/a
+    geom["global"]["share"] = {"correctness": 1.0, "format": 0.0}
+    bars = next(a for a in RF.fig_components(geom, "t").axes if a.get_title() == "component gradient norm and share")
+    assert [t.get_text() for t in bars.texts][:2] == ["0.5\n100%", "0\n0%"]
+    geom["global"]["share"] = {"correctness": None, "format": None}
+    bars = next(a for a in RF.fig_components(geom, "t").axes if a.get_title() == "component gradient norm and share")
+    assert [t.get_text() for t in bars.texts][:2] == ["0.5\nshare n/a", "0\nshare n/a"]
 
 
 def test_console_says_n_a_for_an_undefined_share_or_cosine():

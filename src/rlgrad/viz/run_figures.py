@@ -67,7 +67,11 @@ def fig_components(geom: dict, title: str) -> Figure:
     vals = [norms.get(c, np.nan) for c in names]
     bars = ax.bar(names, np.nan_to_num(vals), color=["#34495e"] * len(comps) + [COLORS["all"]] * (len(names) - n),
                   alpha=0.85, edgecolor="black")
-    labels = [f"{v:.3g}" + (f"\n{share[c]:.0%}" if math.isfinite(share.get(c) or math.nan)
+    def share_of(c: str) -> float:  # null (a zero update: no share) reads as NaN; a 0 share is a number
+        v = share.get(c)
+        return float(v) if isinstance(v, int | float) else math.nan
+
+    labels = [f"{v:.3g}" + (f"\n{share_of(c):.0%}" if math.isfinite(share_of(c))
                             else ("\nshare n/a" if c != "total" else "")) for v, c in zip(vals, names)]
     ax.bar_label(bars, labels=labels, fontsize=8, padding=2)
     ax.tick_params(axis="x", labelrotation=30)
