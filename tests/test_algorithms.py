@@ -21,7 +21,14 @@ from rlgrad.core import (
     reinforce_plus_plus_advantages,
     reinforce_plus_plus_baseline_advantages,
 )
-from rlgrad.rl.shaping import KLController, dynamic_sampling, groups_with_signal, kl_in_reward, overlong_penalty
+from rlgrad.rl.shaping import (
+    KLController,
+    dynamic_sampling,
+    filter_metric,
+    groups_with_signal,
+    kl_in_reward,
+    overlong_penalty,
+)
 
 CLIP = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, horizon=4)
 
@@ -210,6 +217,28 @@ def batch_of(groups: list[int], scores: list[float], width: int, start: int) -> 
     resp[:, start:] = 1
     return Batch(ids, att, resp, torch.tensor(groups), torch.tensor(scores), torch.zeros(n),
                  {"c": torch.tensor(scores)}, old_log_probs=resp * -1.0)
+
+
+def test_filter_metrics_are_verls():
+    """acc: correctness; score: the reward function's score (before DAPO's overlong penalty); seq_reward and
+    seq_final_reward: with it. A group whose scores tie but whose penalties differ has a seq_reward signal only."""
+    b = batch_of([0, 0, 1, 1], [1.0, 0.5, 1.0, 1.0], 4, 2)
+    b.components = {"correctness": torch.tensor([1.0, 1.0, 1.0, 1.0]), "overlong": torch.tensor([0.0, -0.5, 0.0, 0.0])}
+    info = {"correct": torch.tensor([1.0, 1.0, 1.0, 0.0])}
+    assert filter_metric(b, info, "acc").tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert filter_metric(b, info, "score").tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert filter_metric(b, info, "seq_reward").tolist() == filter_metric(b, info, "seq_final_reward").tolist() == [
+        1.0, 0.5, 1.0, 1.0]
+    assert groups_with_signal(b.group_ids, filter_metric(b, info, "seq_reward")).tolist() == [True, True, False, False]
+    assert groups_with_signal(b.group_ids, filter_metric(b, info, "score")).tolist() == [False] * 4
+    from rlgrad.config import load_config
+    from rlgrad.errors import UserError
+
+    with pytest.raises(UserError, match="seq_final_reward with algorithm.use_kl_in_reward"):
+        load_config(overrides=["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_final_reward",
+                               "algorithm.use_kl_in_reward=true"])
+    assert load_config(overrides=["algorithm.filter_groups.metric=seq_reward"]).algorithm.filter_groups.metric == (
+        "seq_reward")
 
 
 def test_batch_cat_aligns_the_first_response_column():

@@ -104,8 +104,10 @@ class FilterGroupsConfig:
     and sample more until data.train_batch_size groups with a signal are in hand."""
 
     enable: bool = _f(False, "Resample until the batch is full of groups with a reward spread.")
-    metric: str = _f("acc", "What must differ within a group: acc (the correctness) | score (the total reward).",
-                     choices=("acc", "score"))
+    metric: str = _f("acc", "What must differ within a group (verl's names): acc (the correctness) | score (the "
+                     "task's reward) | seq_reward (the reward with DAPO's overlong penalty) | seq_final_reward (the "
+                     "reward the advantage sees; the same, as the KL in the reward comes after the filter here).",
+                     choices=("acc", "score", "seq_reward", "seq_final_reward"))
     max_num_gen_batches: int = _f(10, "Generation rounds of data.gen_batch_size groups at most per step; then the "
                                   "step trains on the groups found so far (verl stops the run instead).", ge=1)
 
@@ -176,6 +178,10 @@ def validate_algorithm(cfg: Any) -> None:
     if cfg.agent.use_turn_scores and a.adv_estimator not in ("gae", "reinforce_plus_plus"):
         raise UserError("'agent.use_turn_scores' gives per-turn rewards, which only gae and reinforce_plus_plus turn "
                         f"into per-token advantages; algorithm.adv_estimator is '{a.adv_estimator}'")
+    fg = a.filter_groups
+    if fg.enable and fg.metric == "seq_final_reward" and a.use_kl_in_reward:
+        raise UserError("'algorithm.filter_groups.metric' seq_final_reward with algorithm.use_kl_in_reward: the KL "
+                        "penalty is applied after the groups are chosen here; use seq_reward")
     ob = cfg.reward.overlong_buffer
     if ob.enable and ob.len >= cfg.rollout.response_length:
         raise UserError(f"'reward.overlong_buffer.len' ({ob.len}) must be below rollout.response_length "

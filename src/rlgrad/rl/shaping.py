@@ -79,11 +79,23 @@ def groups_with_signal(group_ids: Tensor, values: Tensor) -> Tensor:
     return (std > 0) | (size <= 1)
 
 
+def filter_metric(batch: Batch, info: dict, metric: str) -> Tensor:
+    """``[N]``: what dynamic sampling compares within a group, by verl's names: ``acc`` the correctness, ``score``
+    the task's reward (verl: the reward function's score), ``seq_reward`` that plus DAPO's overlong penalty (verl:
+    token_level_scores summed), ``seq_final_reward`` the same here (verl subtracts an in-reward KL first; rlgrad
+    applies it after the filter and refuses that pairing)."""
+    if metric == "acc":
+        return info["correct"]
+    if metric == "score" and "overlong" in batch.components:
+        return batch.scores - batch.components["overlong"]
+    return batch.scores
+
+
 def dynamic_sampling(sample_round: Callable[[int], tuple[Batch, dict]], needed: int, max_rounds: int, metric: str,
                      metrics: dict[str, float]) -> tuple[Batch, dict, Tensor]:
     """DAPO's dynamic sampling (verl's ``algorithm.filter_groups``): ``sample_round(r)`` rolls out round r's
     groups (global group ids unique over rounds, increasing with r) until ``needed`` groups whose ``metric``
-    (``acc``: correctness, ``score``: total reward) differs within the group are found, or ``max_rounds``
+    (``filter_metric``) differs within the group are found, or ``max_rounds``
     rounds are spent (verl then stops the run; here the step goes on with what was found).
 
     Returns every round's rows in one batch, their ``info`` concatenated, and ``[N]`` bool: the rows of the
@@ -95,7 +107,7 @@ def dynamic_sampling(sample_round: Callable[[int], tuple[Batch, dict]], needed: 
         batch, info = sample_round(r)
         batches.append(batch)
         infos.append(info)
-        values = info["correct"] if metric == "acc" else batch.scores
+        values = filter_metric(batch, info, metric)
         gids = all_gather_cat(batch.group_ids)
         chosen = torch.cat([chosen, torch.unique(gids[groups_with_signal(gids, all_gather_cat(values))])])
         if len(chosen) >= needed:
