@@ -17,8 +17,9 @@ EVERY_INSTRUMENT = ["analysis.every=1", "analysis.components.every=1"]
 RUNS = {
     "gspo": ["actor.policy_loss=gspo", "actor.loss_agg_mode=seq-mean-token-mean", "actor.clip_ratio_low=0.0003",
              "actor.clip_ratio_high=0.0004", "actor.ppo_epochs=2"],
-    "dapo": ["algorithm.filter_groups.enable=true", "data.gen_batch_size=2", "algorithm.filter_groups.metric=score",
+    "dapo": ["algorithm.filter_groups.enable=true", "data.gen_batch_size=2", "algorithm.filter_groups.metric=seq_reward",
              "reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=2",
+             "reward_model.overlong_buffer.log=false",  # verl's DAPO scripts set it
              "actor.clip_ratio_high=0.28"],
     "reinforce_pp": ["algorithm.adv_estimator=reinforce_plus_plus", "actor.use_kl_loss=true",
                      "actor.kl_loss_type=k3+", "actor.kl_loss_coef=0.01"],

@@ -140,6 +140,8 @@ class OverlongBufferConfig:
                       "len, 1) * penalty_factor.")
     len: int = _f(4, "Buffer length in tokens (< rollout.response_length).", ge=1)
     penalty_factor: float = _f(1.0, "The penalty at the length limit.", ge=0)
+    log: bool = _f(True, "Accepted for verl's DAPO scripts (its switch for logging the penalty); rlgrad always logs "
+                   "it, as the reward component overlong (reward/overlong/mean, reward/overlong/std).")
 
 
 @dataclass
