@@ -17,7 +17,8 @@ EVERY_INSTRUMENT = ["analysis.every=1", "analysis.components.every=1"]
 RUNS = {
     "gspo": ["actor.policy_loss=gspo", "actor.loss_agg_mode=seq-mean-token-mean", "actor.clip_ratio_low=0.0003",
              "actor.clip_ratio_high=0.0004", "actor.ppo_epochs=2"],
-    "dapo": ["algorithm.filter_groups.enable=true", "data.gen_batch_size=2", "algorithm.filter_groups.metric=seq_reward",
+    "dapo": ["algorithm.filter_groups.enable=true", "data.gen_batch_size=2",
+             "algorithm.filter_groups.metric=seq_reward",  # the score with the overlong penalty: varies here
              "reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=2",
              "reward_model.overlong_buffer.log=false",  # verl's DAPO scripts set it
              "actor.clip_ratio_high=0.28"],
