@@ -293,7 +293,7 @@ def test_core_math_equals_verls_core_algos():
     loss = torch.randn(6, 9, generator=g)
     torch.testing.assert_close(core.agg_loss(loss, mask, "token-sum", horizon=9), ca.agg_loss(loss, mask, "token-sum"))
     ref = -torch.rand(6, 9, generator=g) * 3
-    for kind in ("k1+", "kl+", "abs+", "low_var_kl+", "k3+"):
+    for kind in ("k1+", "kl+", "abs+", "low_var_kl+", "k3+", "k2+", "mse+"):
         lp = (ref + 0.5 * torch.randn(6, 9, generator=g)).requires_grad_(True)
         want, got = ca.kl_penalty(lp, ref, kind), core.kl_penalty(lp, ref, kind)
         torch.testing.assert_close(got, want)
