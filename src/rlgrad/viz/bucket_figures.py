@@ -263,22 +263,18 @@ def _vs_rv(ax, rv: list[float], y: list[float], color: str, label: str) -> None:
     quantiles over many zero-variance groups) are drawn as points with one label, and the line runs through their
     mean: a line joining them in bucket order would zigzag up and down a vertical."""
     pts = [(xv, yv, i) for i, (xv, yv) in enumerate(zip(rv, y), start=1) if math.isfinite(xv) and math.isfinite(yv)]
-    at: dict[str, list[tuple[float, float, int]]] = {}
-    for p in sorted(pts):
-        at.setdefault(f"{p[0]:.3g}", []).append(p)
     ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=color, label=label)
     line = line_through_means(rv, y)
     if len(line[0]) > 1:
         ax.plot(*line, "-", color=color)
+    at: dict[tuple[str, str], list[tuple[float, float, int]]] = {}  # (near-)coincident points get one label
+    for p in sorted(pts):
+        at.setdefault((f"{p[0]:.3g}", f"{p[1]:.2g}"), []).append(p)
     for g in at.values():
-        near: dict[str, list[int]] = {}  # points of one x that also share y get one label
-        for _, yv, i in g:
-            near.setdefault(f"{yv:.2g}", []).append(i)
-        for ids in near.values():
-            first = next(p for p in g if p[2] == ids[0])
-            names = f"Q{ids[0]}" if len(ids) == 1 else f"Q{ids[0]}–Q{ids[-1]}" if ids == list(
-                range(ids[0], ids[-1] + 1)) else ",".join(f"Q{i}" for i in ids)
-            ax.annotate(names, (first[0], first[1]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ids = [p[2] for p in g]
+        names = f"Q{ids[0]}" if len(ids) == 1 else f"Q{ids[0]}–Q{ids[-1]}" if ids == list(
+            range(ids[0], ids[-1] + 1)) else ",".join(f"Q{i}" for i in ids)
+        ax.annotate(names, g[0][:2], textcoords="offset points", xytext=(4, 4), fontsize=7)
 
 
 def _summary_task_panel(ax, sv: StepView, rv: list[float], task: list[float]) -> None:
