@@ -51,21 +51,28 @@ def test_scores_match_the_dataset_verifier(rg, dataset):
             assert s.components["correctness"] == 1.0 and s.correct, (dataset, response)
             assert s.total == pytest.approx(0.9 + 0.1 * s.components["format"])
         wrong = {ex.answer + "1", "0", "wrong", "-3", ex.answer[:-1]} - {ex.answer}
+        partial = task(dataset, val_size=4, partial_credit=True)
         for response in wrong:
             s = t.score(response, ex)
-            assert s.components["correctness"] == verifier(rg, dataset, response.strip(), ex), (dataset, response)
-            assert s.components["correctness"] < 1.0 and not s.correct
-        s = t.score("", ex)  # the verifier's value for an empty answer (countdown: 0.01)
-        assert s.components == {"correctness": verifier(rg, dataset, "", ex), "format": 0.0}
+            assert s.components["correctness"] == 0.0 and not s.correct, (dataset, response)
+            if response == response.strip() and (response[-1:].isdigit() or "\n" in ex.answer):  # read as it is
+                got = partial.score(response, ex).components["correctness"]
+                assert got == verifier(rg, dataset, response, ex) < 1.0, (dataset, response)
+        s = t.score("", ex)  # nothing to read: 0, never the verifier's value for an empty answer (countdown: 0.01)
+        assert s.components == {"correctness": 0.0, "format": 0.0}
 
 
-def test_partial_credit_is_the_verifiers_value(rg):
-    ex = task("chain_sum", val_size=1).val_examples()[0]
-    t = task("chain_sum", val_size=1)
-    response = f"The answer is {ex.answer}"  # chain_sum credits a contained answer by length ratio
-    s = t.score(response, ex)
-    assert 0 < s.components["correctness"] < 1 and not s.correct
-    assert s.components["correctness"] == pytest.approx(len(ex.answer) / len(response))
+def test_partial_credit_only_when_asked(rg):
+    ex = next(e for e in task("chain_sum", val_size=8).val_examples() if not e.answer.startswith("-"))
+    response = "1" + ex.answer  # chain_sum credits a contained answer by length ratio
+    expected = verifier(rg, "chain_sum", response, ex)
+    assert 0 < expected < 1
+    assert task("chain_sum", val_size=8).score(response, ex).components["correctness"] == 0.0
+    s = task("chain_sum", val_size=8, partial_credit=True).score(response, ex)
+    assert s.components["correctness"] == pytest.approx(expected) and not s.correct
+    # the verifier scores the extracted answer, never the sentence around it
+    s = task("chain_sum", val_size=1, partial_credit=True).score(f"The answer is {ex.answer}.", ex)
+    assert s.components == {"correctness": 1.0, "format": 0.0} and s.fallback
 
 
 def test_format_detection(rg):
@@ -80,8 +87,10 @@ def test_format_detection(rg):
         f"Let me add them up.\n<answer>{a}</answer>\nDone.": (1.0, 1.0),
         f"<answer>0</answer> no wait <answer>{a}</answer>": (1.0, 1.0),  # the last tag pair counts
         f"Let me add them up.\n{a}": (1.0, 0.0),  # right answer on the last line, but not bare
-        f"{a}\n\nsome afterthought": (0.0, 0.0),
-        f"<answer>{a}": (verifier(rg, "chain_sum", f"<answer>{a}", ex), 0.0),  # unclosed: the last line, as is
+        f"{a}\n\nsome afterthought": (1.0, 0.0),  # auto: the last number, not the asked form
+        f"<answer>{a}": (1.0, 0.0),  # unclosed: not the asked form; the last number is read
+        f"The final answer to the given arithmetic problem is {a}.": (1.0, 0.0),
+        f"{a} + 1 = {int(a) + 1}": (0.0, 0.0),  # the last number is the one read
     }
     for response, (correctness, fmt) in cases.items():
         s = t.score(response, ex)
@@ -89,6 +98,11 @@ def test_format_detection(rg):
     assert t.score(" ", ex).components["format"] == 0.0
     assert t.score("<answer></answer>", ex).components["format"] == 0.0  # empty tags hold no answer
     assert t.score("<answer> </answer>", ex).components["format"] == 0.0
+    strict = task("chain_sum", val_size=1, answer_extraction="strict")
+    assert strict.score(f"The answer is {a}.", ex).components == {"correctness": 0.0, "format": 0.0}
+    assert strict.score(f"<answer>{a}</answer>", ex).components == {"correctness": 1.0, "format": 1.0}
+    flexible = task("chain_sum", val_size=1, answer_extraction="flexible")
+    assert flexible.score(f"<answer>{a}</answer> or maybe 0", ex).components == {"correctness": 0.0, "format": 1.0}
 
 
 def test_multi_line_answers(rg):

@@ -194,7 +194,8 @@ def test_countdown_never_uses_eval():
     ("25+21", 0.0, 1.0),           # right value, wrong numbers
     ("25+25-7+3", 0.0, 1.0),       # 46, but 25 is used twice
     ("25+3*7+0", 0.0, 1.0),        # extra number
-    ("25+3*7=46", 0.0, 0.0),
+    ("25+3*7=46", 1.0, 0.0),       # auto: not the asked form, but the expression is read (flexible)
+    ("The answer is 25 + 3*7", 1.0, 0.0),
     ("25+3x7", 0.0, 0.0),
     ("", 0.0, 0.0),
 ])
@@ -203,6 +204,9 @@ def test_countdown_score(response, correctness, fmt):
     ex = Example("3 7 25 -> 46:", "46", {"numbers": [3, 7, 25], "target": 46, "solution": "25+3*7"})
     s = task.score(response, ex)
     assert s.components == {"correctness": correctness, "format": fmt}
+    assert s.fallback == (fmt == 0.0)
+    strict = build_task("countdown", val_size=2, answer_extraction="strict").score(response, ex)
+    assert strict.components == {"correctness": correctness if fmt else 0.0, "format": fmt}
     assert s.total == pytest.approx(0.9 * correctness + 0.1 * fmt)
 
 

@@ -150,6 +150,15 @@ class RewardConfig:
                                    "e.g. {correctness: 0.34, format: 0.33, length: 0.33}.")
     length_max: int = _f(800, "math: target length of the length component.", ge=1)
     length_unit: str = _f("chars", "math: length in chars or tokens.", choices=("chars", "tokens"))
+    answer_extraction: str = _f("auto", "How math, countdown and reasoning_gym read the answer: strict (only the "
+                                "asked form: <answer> tags, \\boxed{}, or the response being the bare answer), "
+                                "flexible (verl's GSM8K 'flexible': the last number, or the last line), auto (strict "
+                                "when the asked form is there, else flexible). The format component is 1 only for "
+                                "the asked form. Alias: data.reasoning_gym.answer_extraction.",
+                                choices=("auto", "strict", "flexible"))
+    partial_credit: bool = _f(False, "reasoning_gym: pass the verifier's partial credit through as correctness "
+                              "(chain_sum pays 0.5 for '17' against '7'); false: 1 when the verifier gives 1.0, "
+                              "else 0. Alias: data.reasoning_gym.partial_credit.")
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 

@@ -200,6 +200,13 @@ CATALOGUE: tuple[Metric, ...] = (
         ("reward/{component}/mean", "Mean of the reward component (unweighted) over the kept responses."),
         ("reward/{component}/std",
          "Population std (divide by n) of the reward component (unweighted) over the kept responses."),
+        ("reward/{component}/frac_zero_std",
+         "Share of the kept prompt groups in which the component has the same value for every sample (TRL's "
+         "frac_reward_zero_std, per component): 1 means the component gives GRPO no signal this step."),
+        ("reward/extraction/flexible_share",
+         "Share of the kept responses without the asked answer form (answer tags, \\boxed{}, a bare answer) whose "
+         "answer was read the flexible way (reward.answer_extraction auto|flexible; math, countdown, "
+         "reasoning_gym): high means the model does not follow the format the prompt asks for."),
         ("critic/advantages/{stat}",
          "Mean / max / min advantage over the kept batch's response tokens (grpo / rloo / "
          "reinforce_plus_plus_baseline: the sequence advantage on every token; gae, reinforce_plus_plus: "

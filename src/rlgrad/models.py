@@ -10,11 +10,14 @@ later loads read that directory.
 The embedded default is a ~1M-parameter Qwen2 with a character-level tokenizer saved in
 Hugging Face format, warm-started by a short supervised phase on the task so that RL
 starts from partial competence. The warm start is cached by a hash of everything that
-determines it, and reused by later runs.
+determines it, and reused by later runs; the warm starts of the presets' and examples' settings ship with
+rlgrad (``rlgrad/warmstarts``, made by ``scripts/build_warmstarts.py``), so a first run starts in seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -37,6 +40,8 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 WARMSTART_VERSION = 2  # bump when the warm-start recipe changes, so stale caches are not reused
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
+# Warm starts of the presets' and examples' settings, made by scripts/build_warmstarts.py (package data).
+SHIPPED_WARMSTARTS = Path(__file__).parent / "warmstarts"
 
 
 def _quiet_transformers() -> None:
@@ -349,12 +354,14 @@ def sft_batch(tokenizer, prompts: list[str], targets: list[str]) -> tuple[torch.
     return ids, att, lab
 
 
-def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int, log=None) -> None:
+def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int, log=None,
+                         stop_after: int | None = None) -> None:
     """A short SFT phase on the task's reference responses (AdamW, one-cycle schedule).
 
     A task may supply its own warm-start teacher, ``task.warmstart_target(example, rng)``
     (arithmetic: a sloppy one, so that RL has mistakes to fix); otherwise ``task.sft_target``. A multi-turn task
     hands whole contexts and answers instead, ``task.warmstart_pairs(n, rng, eos)`` (a sloppy planner's turns).
+    ``stop_after``: stop after that many steps of the same schedule (a shipped warm start's checkable prefix).
     """
     rng = random.Random(seed)
     teacher = getattr(task, "warmstart_target", None)
@@ -363,7 +370,7 @@ def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int, lo
                                                 pct_start=0.1)
     model.train()
     t0, every = time.perf_counter(), max(1, cfg.warmstart_steps // 10)
-    for k in range(cfg.warmstart_steps):
+    for k in range(cfg.warmstart_steps if stop_after is None else min(stop_after, cfg.warmstart_steps)):
         if log is not None and k and k % every == 0 and cfg.warmstart_steps >= 20:  # a long one says how far it is
             left = (time.perf_counter() - t0) / k * (cfg.warmstart_steps - k)
             log(f"  warm start: step {k}/{cfg.warmstart_steps}, about {left / 60:.1f} min left")
@@ -384,23 +391,66 @@ def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int, lo
     model.eval()
 
 
-def embedded_default(cfg: ModelConfig, task, seed: int, log=print):
-    """Build (or reuse from the cache) the warm-started tiny default; returns its directory. ``seed`` (the run's)
-    counts only with model.warmstart_seed null."""
-    seed = seed if cfg.warmstart_seed is None else cfg.warmstart_seed
-    key = warmstart_key(cfg, task.name, seed, task.warmstart_spec() if hasattr(task, "warmstart_spec") else None)
-    final = cache_root(cfg) / "warmstart" / f"{task.name}-{key}"
-    if (final / "config.json").is_file() and (final / "model.safetensors").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    log(f"building the embedded default model (warm start: {cfg.warmstart_steps} SFT steps on {task.name}); "
-        f"cached at {final}")
+def build_warmstart(cfg: ModelConfig, task, seed: int, log=None, stop_after: int | None = None):
+    """The embedded default warm-started here: (model, tokenizer). What ``scripts/build_warmstarts.py`` ships."""
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(cfg, tokenizer, seed)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        supervised_warmstart(model, tokenizer, task, cfg, seed, log=log)
-    _save_into_cache(final, model, tokenizer)
+        supervised_warmstart(model, tokenizer, task, cfg, seed, log=log, stop_after=stop_after)
+    return model, tokenizer
+
+
+def shipped_warmstart(task_name: str, key: str) -> Path | None:
+    """The warm start rlgrad ships for ``task_name`` and ``warmstart_key`` (the presets' and examples'), if any."""
+    path = SHIPPED_WARMSTARTS / f"{task_name}-{key}.safetensors"
+    return path if path.is_file() else None
+
+
+@contextlib.contextmanager
+def _build_lock(final: Path, log=print):
+    """One builder per cache entry across processes: a second run waits for the first instead of building the
+    same warm start again."""
+    with open(final.parent / f"{final.name}.lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another run that is building {final.name}")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def embedded_default(cfg: ModelConfig, task, seed: int, log=print):
+    """The warm-started tiny default's directory: from the cache, else from the weights rlgrad ships for the
+    presets' settings (seconds), else built here and cached. ``seed`` (the run's) counts only with
+    model.warmstart_seed null."""
+    seed = seed if cfg.warmstart_seed is None else cfg.warmstart_seed
+    key = warmstart_key(cfg, task.name, seed, task.warmstart_spec() if hasattr(task, "warmstart_spec") else None)
+    final = cache_root(cfg) / "warmstart" / f"{task.name}-{key}"
+
+    def cached() -> bool:
+        return (final / "config.json").is_file() and (final / "model.safetensors").is_file()
+
+    if cached():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with _build_lock(final, log):
+        if cached():  # built by the run we waited for
+            return final
+        if (shipped := shipped_warmstart(task.name, key)) is not None:
+            from safetensors.torch import load_model
+
+            tokenizer = build_char_tokenizer()
+            model = build_tiny_model(cfg, tokenizer, seed)
+            load_model(model, shipped)
+        else:
+            log(f"building the embedded default model (warm start: {cfg.warmstart_steps} SFT steps on "
+                f"{task.name}); cached at {final}")
+            model, tokenizer = build_warmstart(cfg, task, seed, log=log)
+        _save_into_cache(final, model, tokenizer)
     return final
 
 

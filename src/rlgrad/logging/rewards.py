@@ -31,14 +31,29 @@ def _std(x: torch.Tensor) -> float:
     return float(x.double().std(unbiased=False)) if x.numel() else 0.0
 
 
-def reward_metrics(components: dict[str, torch.Tensor]) -> dict[str, float]:
-    """``reward/{component}/mean`` and ``reward/{component}/std`` of each component over the batch."""
+def reward_metrics(components: dict[str, torch.Tensor], group_ids: torch.Tensor | None = None,
+                   fallback: torch.Tensor | None = None) -> dict[str, float]:
+    """``reward/{component}/mean|std`` of each component over the batch; with ``group_ids``,
+    ``reward/{component}/frac_zero_std`` (the share of prompt groups in which the component is the same for every
+    sample); with ``fallback`` (1 where the answer was read the flexible way), ``reward/extraction/flexible_share``."""
     out = {}
     for name, v in components.items():
         if v.numel():
             out[key("reward/{component}/mean", component=name)] = float(v.double().mean())
             out[key("reward/{component}/std", component=name)] = _std(v)
+            if group_ids is not None:
+                out[key("reward/{component}/frac_zero_std", component=name)] = frac_constant_groups(v, group_ids)
+    if fallback is not None and fallback.numel():
+        out[key("reward/extraction/flexible_share")] = float(fallback.double().mean())
     return out
+
+
+def frac_constant_groups(values: torch.Tensor, group_ids: torch.Tensor) -> float:
+    """Share of the groups of ``group_ids`` whose ``values`` are all equal (TRL's ``frac_reward_zero_std``, per
+    component): such a group gives the component no advantage signal."""
+    groups = torch.unique(group_ids)
+    constant = [bool((values[group_ids == g] == values[group_ids == g][0]).all()) for g in groups.tolist()]
+    return sum(constant) / len(constant) if constant else 0.0
 
 
 def step_record(step: int, components: dict[str, torch.Tensor], weights: dict[str, float], total: torch.Tensor,

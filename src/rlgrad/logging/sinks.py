@@ -178,6 +178,19 @@ class ConsoleSink:
             self.bar.close()
 
 
+def open_sinks(trainer, run_dir: Path, step: int, config: dict) -> list:
+    """The sinks ``trainer.logger`` names for a run directory (metrics.jsonl always), opened at ``step``;
+    ``trainer``: the run's ``trainer`` settings, ``config``: the whole config as a dict (for W&B)."""
+    sinks: list = [JsonlSink(run_dir / "metrics.jsonl")]
+    if "console" in trainer.logger:
+        sinks.append(ConsoleSink(trainer.total_training_steps, initial=step, run_dir=run_dir))
+    if "tensorboard" in trainer.logger:
+        sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+    if "wandb" in trainer.logger:
+        sinks.append(WandbSink(trainer.project_name, trainer.experiment_name, run_dir, config))
+    return sinks
+
+
 class MetricLogger:
     def __init__(self, sinks: list):
         self.sinks = sinks

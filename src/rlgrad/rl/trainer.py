@@ -44,6 +44,7 @@ from rlgrad.config import RLGradConfig, to_yaml
 from rlgrad.core import PER_TOKEN, compute_advantages, explained_variance, group_reward_std
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult, StepContext
+from rlgrad.logging.reward_signal import RewardSignalWatch
 from rlgrad.logging.rewards import RewardComponentLog, reward_metrics, step_record
 from rlgrad.logging.rollouts import (
     RolloutLog,
@@ -53,7 +54,7 @@ from rlgrad.logging.rollouts import (
     sequence_advantages,
     step_samples,
 )
-from rlgrad.logging.sinks import ConsoleSink, JsonlSink, MetricLogger, TensorBoardSink, WandbSink, summarize, timer
+from rlgrad.logging.sinks import MetricLogger, open_sinks, summarize, timer
 from rlgrad.loss import CriticSettings, LossSettings, critic_loss_fn
 from rlgrad.models import load_actor, load_critic, load_pretrained, load_value_model
 from rlgrad.rl import checkpoint as ckpt
@@ -103,7 +104,8 @@ class Trainer:
             cfg.data.task, seed=t.seed, val_size=cfg.data.val_size, weights=dict(cfg.reward.weights),
             train_files=list(cfg.data.train_files), val_files=list(cfg.data.val_files),
             length_max=cfg.reward.length_max, length_unit=cfg.reward.length_unit,
-            reasoning_gym=cfg.data.reasoning_gym, env=getattr(cfg.env, cfg.data.task, None), agent=cfg.agent))
+            reasoning_gym=cfg.data.reasoning_gym, env=getattr(cfg.env, cfg.data.task, None), agent=cfg.agent,
+            answer_extraction=cfg.reward.answer_extraction, partial_credit=cfg.reward.partial_credit))
         self.resume_from = distributed.decide(lambda: runs.find_resume_point(cfg, self.run_dir))
         torch.manual_seed(t.seed)
         if self.resume_from is not None:
@@ -212,16 +214,12 @@ class Trainer:
         if moved:
             self.log(f"resuming at step {self.step}: {moved} metric rows past the checkpoint moved to "
                      "metrics.discarded.jsonl")
-        sinks: list = [JsonlSink(rd / "metrics.jsonl")]
         self.reward_log = RewardComponentLog(rd)
         self.rollout_log = RolloutLog(rollout_dir(rd, t.rollout_data_dir))
         self.rollout_log.discard_after(self.step)
-        if "console" in t.logger:
-            sinks.append(ConsoleSink(t.total_training_steps, initial=self.step, run_dir=rd))
-        if "tensorboard" in t.logger:
-            sinks.append(TensorBoardSink(rd / "tensorboard"))
-        if "wandb" in t.logger:
-            sinks.append(WandbSink(t.project_name, t.experiment_name, rd, asdict(self.cfg)))
+        sinks = open_sinks(t, rd, self.step, asdict(self.cfg))
+        if self.step == 0:  # the first steps of a run say whether its reward can teach anything
+            sinks.insert(1, RewardSignalWatch(self.log, self.reward_weights))
         return MetricLogger(sinks)
 
     # ------------------------------------------------------------------ pieces
@@ -263,6 +261,8 @@ class Trainer:
                 "lengths": gen.response_lengths.float(), "truncated": gen.truncated.float(),
                 "responses": gen.responses, "prompts": [prompts[i // n] for i in range(len(gen.responses))],
                 "actual_lengths": torch.tensor([s.actual_length for s in scores], dtype=torch.long)}
+        if scores[0].fallback is not None:  # a task with answer extraction: reward/extraction/flexible_share
+            info["fallback"] = torch.tensor([bool(s.fallback) for s in scores], dtype=torch.float32)
         return batch, info
 
     def validate(self) -> dict[str, float]:
@@ -395,8 +395,8 @@ class Trainer:
                                                                       or cfg.algorithm.adv_estimator in PER_TOKEN))
         comps, scores = {k: g(v) for k, v in batch.components.items()}, g(batch.scores)
         m.update(summarize("critic/score/{stat}", scores))
-        m.update(reward_metrics(comps))
         lengths, correct, gids = g(info["actual_lengths"][kept]), g(info["correct"][kept]), g(batch.group_ids)
+        m.update(reward_metrics(comps, gids, g(info["fallback"][kept]) if "fallback" in info else None))
         valid = g(info["valid_format"][kept]) if "valid_format" in info else None  # a collective: every rank
         if self.reward_log is not None:  # main process only
             self.reward_log.append(step_record(step, comps, self.reward_weights, scores, gids, lengths, correct, valid))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rlgrad.errors import UserError
+from rlgrad.tasks.extraction import EXTRACTION_MODES
 
 # Validation sets come from their own stream so that changing how training
 # prompts are drawn never changes what we evaluate on.
@@ -36,6 +37,9 @@ class Score:
     components: dict[str, float]
     correct: bool
     actual_length: int
+    # The response lacked the asked answer form and was read the flexible way (rlgrad.tasks.extraction);
+    # None for a task without answer extraction.
+    fallback: bool | None = None
 
 
 class Task(Protocol):
@@ -68,10 +72,11 @@ def response_length(response: str, num_tokens: int | None, unit: str) -> int:
     return int(num_tokens)
 
 
-def make_score(components: dict[str, float], weights: dict[str, float], actual_length: int) -> Score:
+def make_score(components: dict[str, float], weights: dict[str, float], actual_length: int,
+               fallback: bool | None = None) -> Score:
     total = sum(weights[k] * v for k, v in components.items())
     return Score(total=total, components=components, correct=components["correctness"] == 1.0,
-                 actual_length=actual_length)
+                 actual_length=actual_length, fallback=fallback)
 
 
 def make_val_set(draw: Callable[[random.Random], Example], seed: int, size: int, task: str) -> list[Example]:
@@ -112,11 +117,15 @@ TASK_NAMES = ("arithmetic", "countdown", "math", "reasoning_gym", "sokoban", "fr
 def build_task(name: str, *, seed: int = 0, val_size: int = 128, weights: dict[str, float] | None = None,
                train_files: list[str] | None = None, val_files: list[str] | None = None,
                length_max: int = 800, length_unit: str = "chars", reasoning_gym: Any = None, env: Any = None,
-               agent: Any = None) -> Task:
+               agent: Any = None, answer_extraction: str = "auto", partial_credit: bool = False) -> Task:
     """``reasoning_gym``: for task 'reasoning_gym', its settings (``data.reasoning_gym``): a mapping or an object
     with ``dataset`` (a reasoning-gym dataset name) and ``config`` (that dataset's generator options).
     ``env`` / ``agent``: for a multi-turn environment (sokoban, frozen_lake), its options (``env.<task>``) and the
-    agent settings (``agent``)."""
+    agent settings (``agent``). ``answer_extraction``: strict | flexible | auto, how math, countdown and
+    reasoning_gym read the answer (``rlgrad.tasks.extraction``); ``partial_credit``: reasoning_gym passes its
+    verifier's partial credit through (else 1 only at 1.0)."""
+    if answer_extraction not in EXTRACTION_MODES:
+        raise UserError(f"answer_extraction must be one of {', '.join(EXTRACTION_MODES)}, got {answer_extraction!r}")
     if length_unit not in LENGTH_UNITS:
         raise UserError(f"length_unit must be one of {', '.join(LENGTH_UNITS)}, got '{length_unit}'")
     if not length_max or length_max <= 0:
@@ -131,17 +140,20 @@ def build_task(name: str, *, seed: int = 0, val_size: int = 128, weights: dict[s
         return ArithmeticTask(seed=seed, val_size=val_size, weights=weights, length_unit=length_unit)
     if name == "countdown":
         from rlgrad.tasks.countdown import CountdownTask
-        return CountdownTask(seed=seed, val_size=val_size, weights=weights, length_unit=length_unit)
+        return CountdownTask(seed=seed, val_size=val_size, weights=weights, length_unit=length_unit,
+                             answer_extraction=answer_extraction)
     if name == "math":
         from rlgrad.tasks.math import MathTask
         return MathTask(train_files=train_files or [], val_files=val_files or [], val_size=val_size,
-                        weights=weights, length_max=length_max, length_unit=length_unit)
+                        weights=weights, length_max=length_max, length_unit=length_unit,
+                        answer_extraction=answer_extraction)
     if name == "reasoning_gym":
         from rlgrad.tasks.reasoning_gym import ReasoningGymTask
         rg = reasoning_gym or {}
         get = rg.get if isinstance(rg, Mapping) else (lambda key: getattr(rg, key, None))
         return ReasoningGymTask(dataset=get("dataset"), config=get("config"), seed=seed, val_size=val_size,
-                                weights=weights, length_unit=length_unit)
+                                weights=weights, length_unit=length_unit, answer_extraction=answer_extraction,
+                                partial_credit=partial_credit)
     if name in ("sokoban", "frozen_lake"):
         from rlgrad.tasks.environment import EnvTask
         return EnvTask(name, env, agent, seed=seed, val_size=val_size, weights=weights)

@@ -1,6 +1,7 @@
 """Countdown: combine the given numbers with + - * / to hit a target.
 
-Prompt ``"3 7 25 -> 46:"``, response an expression such as ``"25+3*7"``.
+Prompt ``"3 7 25 -> 46:"``, response an expression such as ``"25+3*7"`` (the asked form, ``format``); under
+``reward.answer_extraction=auto|flexible`` an expression inside a sentence (``25+3*7 = 46``) is read too.
 Responses are model output, so they are parsed by a tiny recursive-descent
 parser over exact fractions; nothing is ever handed to Python's ``eval``.
 """
@@ -8,6 +9,7 @@ parser over exact fractions; nothing is ever handed to Python's ``eval``.
 from __future__ import annotations
 
 import random
+import re
 from fractions import Fraction
 
 from rlgrad.tasks import (
@@ -19,6 +21,7 @@ from rlgrad.tasks import (
     response_length,
     sample_excluding,
 )
+from rlgrad.tasks.extraction import extract
 
 DEFAULT_WEIGHTS = {"correctness": 0.9, "format": 0.1}
 NUM_RANGE = (1, 25)
@@ -118,6 +121,24 @@ def parse_expression(s: str) -> tuple | None:
         return None
 
 
+_EXPRESSION_RUN = re.compile(r"[0-9+\-*/() ]+")
+
+
+def strict_expression(response: str) -> str | None:
+    """The asked form: the whole response is one expression."""
+    text = response.strip()
+    return text if parse_expression(text) is not None else None
+
+
+def flexible_expression(response: str) -> str | None:
+    """The last run of expression characters in the text that parses, preferring one with an operator: the left
+    side of ``25+3*7 = 46`` rather than the ``46``."""
+    runs = [run.strip() for run in _EXPRESSION_RUN.findall(response)]
+    parsed = [run for run in runs if run and parse_expression(run) is not None]
+    with_op = [run for run in parsed if any(op in run for op in "+-*/")]
+    return (with_op or parsed or [None])[-1]
+
+
 def _eval(node: tuple) -> Fraction:
     kind = node[0]
     if kind == "num":
@@ -199,9 +220,9 @@ class CountdownTask:
     name = "countdown"
 
     def __init__(self, seed: int = 0, val_size: int = 128, weights: dict[str, float] | None = None,
-                 length_unit: str = "chars"):
+                 length_unit: str = "chars", answer_extraction: str = "auto"):
         self.weights = resolve_weights(self.name, DEFAULT_WEIGHTS, weights)
-        self.length_unit = length_unit
+        self.length_unit, self.answer_extraction = length_unit, answer_extraction
         self._val = make_val_set(draw_example, seed, val_size, self.name)
         self._val_prompts = {ex.prompt for ex in self._val}
 
@@ -212,12 +233,14 @@ class CountdownTask:
         return list(self._val)
 
     def score(self, response: str, example: Example, num_tokens: int | None = None) -> Score:
-        tree = parse_expression(response.strip())
+        read = extract(response, None, self.answer_extraction, strict_expression, flexible_expression)
+        tree = parse_expression(read.answer) if read.answer is not None else None
         result = evaluate_expression(tree) if tree is not None else None
         correct = (result is not None and result[0] == example.meta["target"]
                    and sorted(result[1]) == sorted(example.meta["numbers"]))
-        components = {"correctness": float(correct), "format": float(tree is not None)}
-        return make_score(components, self.weights, response_length(response, num_tokens, self.length_unit))
+        components = {"correctness": float(correct), "format": float(read.asked_form)}
+        return make_score(components, self.weights, response_length(response, num_tokens, self.length_unit),
+                          fallback=read.fallback)
 
     def sft_target(self, example: Example) -> str:
         return example.meta["solution"]

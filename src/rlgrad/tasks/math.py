@@ -12,9 +12,10 @@ Without ``val_files`` the last ``min(val_size, len(train) // 5)`` training rows
 are held out as the validation set; with ``val_files`` their first ``val_size``
 rows are the validation set and all training rows are used for training.
 
-Reward components: ``correctness`` (last boxed answer equals the ground truth
-after LaTeX normalisation of both), ``format`` (step-by-step keywords and a box)
-and ``length`` (peaks at ``length_max``).
+Reward components: ``correctness`` (the answer equals the ground truth after LaTeX normalisation of both; the
+answer is the last boxed one, or under ``reward.answer_extraction=auto|flexible`` the last number of a response
+without a box, as verl's GSM8K ``flexible`` reads it), ``format`` (step-by-step keywords and a box) and
+``length`` (peaks at ``length_max``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from rlgrad.errors import UserError
 from rlgrad.tasks import Example, Score, make_score, resolve_weights, response_length
+from rlgrad.tasks.extraction import Extraction, extract
 
 DEFAULT_WEIGHTS = {"correctness": 0.34, "format": 0.33, "length": 0.33}
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
@@ -154,9 +156,20 @@ def normalize_answer(s: str) -> str:
 
 # ---- reward components -----------------------------------------------------------------------
 
-def correctness_score(response: str, ground_truth: str) -> float:
-    """1.0 iff the last boxed answer of ``response`` normalises to the normalised ground truth."""
-    pred = extract_boxed_answer(response)
+def read_answer(response: str, ground_truth: str, mode: str = "strict") -> Extraction:
+    """The answer under ``reward.answer_extraction`` ``mode``: strict is the last boxed answer, flexible the last
+    number (a numeric ground truth) or the last line (``rlgrad.tasks.extraction``)."""
+    return extract(response, ground_truth, mode, extract_boxed_answer)
+
+
+def correctness_score(response: str, ground_truth: str, mode: str = "strict") -> float:
+    """1.0 iff the answer read under ``mode`` (strict: the last boxed one) normalises to the normalised ground
+    truth."""
+    return answer_matches(read_answer(response, ground_truth, mode).answer, ground_truth)
+
+
+def answer_matches(pred: str | None, ground_truth: str) -> float:
+    """1.0 iff ``pred`` normalises to the normalised ground truth (None: nothing was read)."""
     if pred is None:
         return 0.0
     pred = normalize_answer(pred)
@@ -266,12 +279,14 @@ class MathTask:
     name = "math"
 
     def __init__(self, train_files: list[str], val_files: list[str] | None = None, val_size: int = 128,
-                 weights: dict[str, float] | None = None, length_max: int = 800, length_unit: str = "chars"):
+                 weights: dict[str, float] | None = None, length_max: int = 800, length_unit: str = "chars",
+                 answer_extraction: str = "auto"):
         train_files = [train_files] if isinstance(train_files, str | Path) else list(train_files)
         if not train_files:
             raise UserError("task 'math' needs train_files (jsonl or parquet)")
         self.weights = resolve_weights(self.name, DEFAULT_WEIGHTS, weights)
         self.length_max, self.length_unit = length_max, length_unit
+        self.answer_extraction = answer_extraction
         train = load_examples(train_files)
         if isinstance(val_files, str | Path):
             val_files = [val_files]
@@ -290,12 +305,14 @@ class MathTask:
         return list(self._val)
 
     def score(self, response: str, example: Example, num_tokens: int | None = None) -> Score:
+        read = read_answer(response, example.answer, self.answer_extraction)
         components = {
-            "correctness": correctness_score(response, example.answer),
+            "correctness": answer_matches(read.answer, example.answer),
             "format": format_score(response),
             "length": length_score(response, self.length_max, self.length_unit, num_tokens),
         }
-        return make_score(components, self.weights, response_length(response, num_tokens, self.length_unit))
+        return make_score(components, self.weights, response_length(response, num_tokens, self.length_unit),
+                          fallback=read.fallback)
 
     def sft_target(self, example: Example) -> str:
         return f"First, work through the problem step by step. The answer is \\boxed{{{example.answer}}}."

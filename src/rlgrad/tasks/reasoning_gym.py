@@ -9,15 +9,17 @@ Prompt: the entry's ``question``, unchanged. It usually asks for a bare answer (
 reasoning-gym's own training recipes instead put a system prompt before it asking for ``<answer>...</answer>``
 tags (``data.system_prompt``, with a chat-template model). Both are accepted:
 
-* **answer extraction**: the content of the last ``<answer>...</answer>`` pair if the response has one
-  (reasoning-gym's ``utils.extract_answer``); otherwise the last ``k`` lines of the stripped response, where
-  ``k`` is the number of lines of the reference answer (1 for almost every dataset; grid answers such as
-  sudoku or rotate_matrix span several lines), so reasoning written before a bare answer is tolerated;
-* ``correctness``: the dataset's own verifier, ``dataset.score_answer(extracted, entry)``, clamped to [0, 1].
-  Some verifiers give partial credit (countdown: 0.05 for a wrong expression); a response counts as correct
-  only at 1.0;
-* ``format``: 1 when the answer sits where it was asked for: inside answer tags, or the response is the bare
-  answer (no more than ``k`` non-blank lines, no stray ``<answer>`` tag); 0 otherwise.
+* **answer extraction** (``reward.answer_extraction``, ``rlgrad.tasks.extraction``): the content of the last
+  ``<answer>...</answer>`` pair (reasoning-gym's ``utils.extract_answer``) or a response that is nothing but
+  the answer is the asked form (``strict``); otherwise ``auto`` (the default) falls back to the ``flexible``
+  reading, verl's GSM8K one: the last number for a numeric reference answer, the last ``k`` lines otherwise
+  (``k``: the reference's line count; grid answers such as sudoku span several lines);
+* ``correctness``: the dataset's own verifier on the *extracted* answer, ``dataset.score_answer(answer, entry)``
+  (never on a whole sentence): 1 when it gives 1.0, else 0. With ``reward.partial_credit=true`` the verifier's
+  value in [0, 1] passes through instead: several verifiers pay partial credit (the arithmetic ones such as
+  chain_sum and basic_arithmetic pay ``len(gold)/len(answer)`` when the gold answer is a substring, so ``17``
+  for ``7`` earns 0.5; countdown pays 0.05 for a wrong expression); a response counts as correct only at 1.0;
+* ``format``: 1 when the response has the asked form (the strict reading succeeds), 0 otherwise.
 
 Data. Training prompts come from one dataset of ``size`` entries (``data.reasoning_gym.config.size``, default
 ``DEFAULT_POOL_SIZE``), created once; ``train_examples`` draws its indices with the ``rng`` it is handed, so
@@ -49,12 +51,12 @@ from typing import Any
 
 from rlgrad.errors import UserError
 from rlgrad.tasks import Example, Score, make_score, resolve_weights, response_length
+from rlgrad.tasks.extraction import Extraction, bare_answer, extract
 
 DEFAULT_WEIGHTS = {"correctness": 0.9, "format": 0.1}
 DEFAULT_POOL_SIZE = 100_000  # entries of the training dataset (data.reasoning_gym.config.size)
 TRAIN_SEED_OFFSET = 2**30  # training seed - validation seed; keeps seed+index ranges apart
 INSTALL_HINT = "pip install 'rlgrad[reasoning]'"
-_ANSWER_TAG = "<answer>"
 _TAGGED = re.compile(r"<answer>.*?</answer>", re.DOTALL)
 
 
@@ -79,29 +81,32 @@ def dataset_seeds(seed: int) -> tuple[int, int]:
     return val + TRAIN_SEED_OFFSET, val
 
 
-def extract_answer(response: str, reference: str | None) -> tuple[str, bool]:
-    """(the answer a response gives, whether it is where the prompt asked for it); see the module docstring."""
+def strict_answer(response: str, reference: str | None) -> str | None:
+    """The answer in the asked form: inside the last ``<answer>...</answer>`` pair (empty tags give none), or the
+    whole response when it is a bare answer (``extraction.bare_answer``)."""
     if _TAGGED.search(response):
         from reasoning_gym.utils import extract_answer as rg_extract
 
-        answer = (rg_extract(response) or "").strip()
-        return answer, bool(answer)  # an empty <answer></answer> earns no format reward
-    k = max(1, len(str(reference or "").strip().splitlines()))
-    lines = response.strip().splitlines()
-    answer = "\n".join(lines[-k:]).strip()
-    bare = bool(answer) and sum(bool(line.strip()) for line in lines) <= k and _ANSWER_TAG not in response
-    return answer, bare
+        return (rg_extract(response) or "").strip() or None
+    return bare_answer(response, reference)
+
+
+def extract_answer(response: str, reference: str | None, mode: str = "auto") -> Extraction:
+    """The answer a response gives under ``reward.answer_extraction`` ``mode``; see the module docstring."""
+    return extract(response, reference, mode, lambda text: strict_answer(text, reference))
 
 
 class ReasoningGymTask:
     def __init__(self, dataset: str | None, config: Mapping[str, Any] | None = None, seed: int = 0,
-                 val_size: int = 128, weights: dict[str, float] | None = None, length_unit: str = "chars"):
+                 val_size: int = 128, weights: dict[str, float] | None = None, length_unit: str = "chars",
+                 answer_extraction: str = "auto", partial_credit: bool = False):
         if not dataset or not isinstance(dataset, str):
             raise UserError("task 'reasoning_gym' needs data.reasoning_gym.dataset, a reasoning-gym dataset name "
                             "(e.g. chain_sum, basic_arithmetic, countdown, gsm_symbolic)")
         rg = _import_reasoning_gym()
         self.weights = resolve_weights("reasoning_gym", DEFAULT_WEIGHTS, weights)
         self.length_unit = length_unit
+        self.answer_extraction, self.partial_credit = answer_extraction, partial_credit
         self.dataset_name = dataset
         options = self._check_options(rg, dataset, config)
         pool_size = options.pop("size", DEFAULT_POOL_SIZE)
@@ -194,14 +199,19 @@ class ReasoningGymTask:
 
     def score(self, response: str, example: Example, num_tokens: int | None = None) -> Score:
         entry = example.meta["entry"]
-        answer, in_place = extract_answer(response, entry.get("answer"))
-        try:
-            value = float(self._train.score_answer(answer, entry))
-        except Exception:  # a verifier choking on model output is a wrong answer, not a crashed run
-            value = 0.0
+        read = extract_answer(response, entry.get("answer"), self.answer_extraction)
+        value = 0.0
+        if read.answer is not None:
+            try:
+                value = float(self._train.score_answer(read.answer, entry))
+            except Exception:  # a verifier choking on model output is a wrong answer, not a crashed run
+                value = 0.0
         value = min(1.0, max(0.0, value)) if value == value else 0.0  # NaN -> 0
-        components = {"correctness": value, "format": float(in_place)}
-        return make_score(components, self.weights, response_length(response, num_tokens, self.length_unit))
+        if not self.partial_credit:
+            value = float(value >= 1.0)
+        components = {"correctness": value, "format": float(read.asked_form)}
+        return make_score(components, self.weights, response_length(response, num_tokens, self.length_unit),
+                          fallback=read.fallback)
 
     def sft_target(self, example: Example) -> str:
         """The bare reference answer, as the questions ask (empty for datasets without one)."""

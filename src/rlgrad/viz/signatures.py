@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from rlgrad.logging.reward_signal import correctness_component, reward_problems
 from rlgrad.viz import data as D
 from rlgrad.viz.findings import Finding, Thresholds, View, first_last, fmt, mean, signature
 
@@ -295,14 +296,32 @@ def _plateau(v: View, t: Thresholds) -> Finding | None:
                    "See the other findings for why; a plateau at the reward's maximum is success.")
 
 
-def _correctness(names: set[str]) -> str | None:
-    return next((n for n in sorted(names) if "correct" in n or n in ("acc", "accuracy")), None)
+def _reward_problem(v: View, pid: str, severity: str) -> Finding | None:
+    """The run's ``reward_problems`` of kind ``pid`` (the trainer prints the same ones live), as a finding."""
+    weights = v.cfg("reward.weights") or None  # empty: the task's defaults, unknown here
+    problems = [p for p in reward_problems(v.run.rows, dict(weights) if weights else None) if p.id == pid]
+    if not problems:
+        return None
+    p = problems[0]
+    title = (f"The reward cannot teach: '{p.component}' gives no group a signal" if pid == "unlearnable_reward"
+             else f"'{p.component}' is the same for every response")
+    return Finding(pid, severity, p.step, 0.9, title, p.evidence, p.cause, p.advice)
+
+
+@signature("unlearnable_reward", "reward/{component}/mean")
+def _unlearnable(v: View, t: Thresholds) -> Finding | None:
+    return _reward_problem(v, "unlearnable_reward", "critical")
+
+
+@signature("constant_component", "reward/{component}/std")
+def _constant_component(v: View, t: Thresholds) -> Finding | None:
+    return _reward_problem(v, "constant_component", "warn")
 
 
 @signature("format_over_correct", "reward/{component}/mean")
 def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
     comps = {k.split("/")[1] for k in v.keys("reward/") if k.endswith("/mean") and k.count("/") == 2}
-    correct = _correctness(comps)
+    correct = correctness_component(comps)
     if correct is None:
         return None
     _, c = v.series(f"reward/{correct}/mean")
@@ -414,7 +433,7 @@ def _takeover(v: View, t: Thresholds) -> Finding | None:
     for s in sorted(v.run.rows):
         m = v.run.rows[s]
         comps = {k.split("/")[1] for k in m if k.startswith("grad_comp/") and k.endswith("/share")} - {"total"}
-        correct = _correctness(comps)
+        correct = correctness_component(comps)
         if correct is None:
             continue
         for c in sorted(comps - {correct}):
@@ -433,7 +452,7 @@ def _takeover(v: View, t: Thresholds) -> Finding | None:
 @signature("component_dominates", "grad_comp/{component}/share")
 def _dominates(v: View, t: Thresholds) -> Finding | None:
     comps = {k.split("/")[1] for k in v.keys("grad_comp/") if k.endswith("/share")} - {"total"}
-    correct = _correctness(comps)
+    correct = correctness_component(comps)
     if correct is None:
         return None
     for c in sorted(comps - {correct}):

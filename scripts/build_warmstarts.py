@@ -1,0 +1,132 @@
+"""Build the warm starts of the embedded default that rlgrad ships (src/rlgrad/warmstarts/), one per (task,
+warm-start settings) that a preset or an example uses with the embedded default, so that a first run starts in
+seconds instead of training for minutes.
+
+    python scripts/build_warmstarts.py            # build the missing ones
+    python scripts/build_warmstarts.py --list     # which settings need one, and whether it is shipped
+    python scripts/build_warmstarts.py --check arithmetic   # rebuild one in full and compare with the shipped file
+
+Each file comes with a record (``<stem>.json``): the digest of its weights and of the first ``PREFIX_STEPS``
+steps of its build, which ``tests/test_warmstarts.py`` rebuilds in seconds (a full rebuild takes minutes).
+
+A warm start is a function of its settings (``rlgrad.models.warmstart_key``: the architecture, the task and its
+environment, seed, steps, learning rate, batch size), so a changed preset needs a rebuild: ``--list`` says so and
+``tests/test_warmstarts.py`` fails until it is done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+
+import torch
+
+from rlgrad.config import RLGradConfig, load_config, presets
+from rlgrad.errors import UserError
+from rlgrad.models import SHIPPED_WARMSTARTS, build_warmstart, warmstart_key
+from rlgrad.tasks import build_task
+
+REAL_MODEL_PRESETS = {"smollm2_chain_sum"}  # run with model.path=<the SmolLM2 .gguf>, never the embedded default
+
+
+def example_configs() -> list[tuple[str, RLGradConfig]]:
+    """The examples' settings: examples/trl_grpo.py and examples/custom_loop.py use the default arithmetic task."""
+    return [("examples", load_config())]
+
+
+def needed() -> dict[str, tuple[str, RLGradConfig, object, int]]:
+    """``{file stem: (first user, config, task, seed)}`` for every warm start the presets and examples use."""
+    out: dict[str, tuple[str, RLGradConfig, object, int]] = {}
+    users = example_configs()
+    for name, _ in presets():
+        try:
+            users.append((name, load_config(preset=name)))
+        except UserError:  # a preset that needs the user's data or model (math files, a .gguf path)
+            continue
+    for user, cfg in users:
+        if cfg.model.path or user in REAL_MODEL_PRESETS:
+            continue
+        task = build_task(cfg.data.task, seed=cfg.trainer.seed, val_size=cfg.data.val_size,
+                          weights=dict(cfg.reward.weights), train_files=list(cfg.data.train_files),
+                          val_files=list(cfg.data.val_files), length_max=cfg.reward.length_max,
+                          length_unit=cfg.reward.length_unit, reasoning_gym=cfg.data.reasoning_gym,
+                          env=getattr(cfg.env, cfg.data.task, None), agent=cfg.agent)
+        seed = cfg.trainer.seed if cfg.model.warmstart_seed is None else cfg.model.warmstart_seed
+        spec = task.warmstart_spec() if hasattr(task, "warmstart_spec") else None
+        stem = f"{task.name}-{warmstart_key(cfg.model, task.name, seed, spec)}"
+        out.setdefault(stem, (user, cfg, task, seed))
+    return out
+
+
+PREFIX_STEPS = 20  # the checkable start of each warm start (tests/test_warmstarts.py rebuilds it)
+
+
+def build(cfg: RLGradConfig, task, seed: int, stop_after: int | None = None) -> dict[str, torch.Tensor]:
+    """One warm start (or its first ``stop_after`` steps), on one thread: the sums then run in one order whatever
+    the machine's core count, so a rebuild is bitwise the same."""
+    torch.set_num_threads(1)
+    model, _ = build_warmstart(cfg.model, task, seed, log=lambda msg: print(msg, flush=True), stop_after=stop_after)
+    # tied embeddings are one tensor under two names: safetensors stores it once, under its first name
+    state = model.state_dict()
+    first = {id(v): k for k, v in reversed(list(state.items()))}
+    return {k: v.detach().contiguous() for k, v in state.items() if first[id(v)] == k}
+
+
+def digest(state: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(name.encode())
+        h.update(state[name].numpy().tobytes())
+    return h.hexdigest()
+
+
+def record(stem: str) -> dict:
+    path = SHIPPED_WARMSTARTS / f"{stem}.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def main() -> int:
+    from safetensors.torch import load_file, save_file
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--list", action="store_true", help="list the warm starts needed and whether each is shipped")
+    ap.add_argument("--check", metavar="TASK", help="rebuild the shipped warm start(s) of TASK in full and compare")
+    ap.add_argument("--only", metavar="TASK", help="build only the missing warm starts of TASK")
+    args = ap.parse_args()
+    wanted = needed()
+    if args.list:
+        for stem, (user, cfg, _, _) in sorted(wanted.items()):
+            state = "shipped" if (SHIPPED_WARMSTARTS / f"{stem}.safetensors").is_file() else "MISSING"
+            print(f"{stem:40s} {state:8s} {cfg.model.warmstart_steps:5d} steps (first used by {user})")
+        return 0
+    SHIPPED_WARMSTARTS.mkdir(parents=True, exist_ok=True)
+    bad = 0
+    for stem, (user, cfg, task, seed) in sorted(wanted.items()):
+        path = SHIPPED_WARMSTARTS / f"{stem}.safetensors"
+        if args.check is not None:
+            if stem.startswith(f"{args.check}-"):
+                t0 = time.perf_counter()
+                same = digest(build(cfg, task, seed)) == digest(load_file(path))
+                print(f"{stem}: {'identical' if same else 'DIFFERENT'} ({time.perf_counter() - t0:.0f} s)")
+                bad += not same
+            continue
+        if path.is_file() or (args.only and not stem.startswith(f"{args.only}-")):
+            continue
+        t0 = time.perf_counter()
+        print(f"building {stem} ({cfg.model.warmstart_steps} steps, for {user})", flush=True)
+        prefix = digest(build(cfg, task, seed, stop_after=PREFIX_STEPS))
+        state = build(cfg, task, seed)
+        save_file(state, str(path))
+        info = {"settings": f"{task.name}, model.* of {user}", "seed": seed, "steps": cfg.model.warmstart_steps,
+                "sha256": digest(state), "prefix_steps": PREFIX_STEPS, "prefix_sha256": prefix,
+                "torch": torch.__version__.split("+")[0], "threads": 1}
+        (SHIPPED_WARMSTARTS / f"{stem}.json").write_text(json.dumps(info, indent=1) + "\n")
+        print(f"  {path} ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t0:.0f} s)", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
