@@ -279,3 +279,23 @@ def test_recorded_healthy_demo_and_the_cli(tmp_path):
     healthy = build_report(D.load_run(run), dpi=30, max_steps=1)
     assert '<details class="finding info"><summary><b>INFO</b> · No sign of trouble' in healthy
     assert '<div class="finding info">' not in healthy
+
+
+def test_a_trl_run_quotes_trls_names_and_its_reward_names():
+    """A run of rlgrad's TRL integration (kind trl): the evidence names TRL's metrics, and a reward component by the
+    name TRL gave it, not its escaped key."""
+    s = healthy_series()
+    s["actor/entropy"] = [2.0] * 5 + [0.01] * 35
+    s["reward/correct_answer/mean"] = [0.3] * 40
+    s["reward/fmt_v2/mean"] = [0.2 + 0.02 * i for i in range(40)]
+    for kind, labels in (("rlgrad", {}), ("trl", {"correct_answer": "correct-answer", "fmt_v2": "fmt.v2"})):
+        run = run_of(s)
+        run.kind, run.labels = kind, labels
+        found = {f.id: f for f in diagnose(run).findings}
+        entropy, fmt_ = found["entropy_collapse"].evidence[0], found["format_over_correct"]
+        if kind == "trl":
+            assert entropy.startswith("entropy ") and "actor/entropy" not in entropy
+            assert fmt_.evidence[0].startswith("rewards/fmt.v2/mean ") and "'fmt.v2' reward rises" in fmt_.title
+            assert fmt_.evidence[1].startswith("rewards/correct-answer/mean ")
+        else:
+            assert entropy.startswith("actor/entropy ") and fmt_.evidence[0].startswith("reward/fmt_v2/mean ")

@@ -237,3 +237,29 @@ def test_every_metric_the_readme_names_is_declared():
     assert len(mentions) > 10
     unfit = [x for x in mentions if not fits_catalogue(x)]
     assert not unfit, "README metric mentions that match no rlgrad.metrics template:\n  " + "\n  ".join(unfit)
+
+
+def test_component_keys_escape_any_name_into_distinct_splittable_keys():
+    """Any string a trainer names a reward with (TRL: a function's ``__name__``, a reward model's repo) becomes a
+    ``{component}`` key; the keys are distinct, never hold ``__`` or an end ``_`` (so ``grad_sim/<a>__<b>``
+    splits back), leave a name that is already a key alone, and follow the documented rule."""
+    import random
+
+    assert M.component_keys(["tiny-Qwen2ForSequenceClassification-2.5", "len-score", "len.score", "len_score_2",
+                             "total", "<lambda>", "<lambda>", "", "__x__", "a__b", "correctness"]) == [
+        "tiny_Qwen2ForSequenceClassification_2_5", "len_score", "len_score_3", "len_score_2", "total_2", "lambda",
+        "lambda_2", "reward", "x", "a_b", "correctness"]
+    rng = random.Random(0)
+    alphabet = "ab_-./ 2é√<>"
+    nice = re.compile(r"[A-Za-z0-9]+(_[A-Za-z0-9]+)*")
+    for _ in range(300):
+        names = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6))) for _ in range(rng.randint(1, 6))]
+        keys = M.component_keys(names)
+        assert len(keys) == len(names) and len(set(keys)) == len(keys) and "total" not in keys, (names, keys)
+        for i, (n, k) in enumerate(zip(names, keys)):
+            assert nice.fullmatch(k), (n, k)
+            key("grad_comp/{component}/norm", component=k)  # accepted by the catalogue
+            if nice.fullmatch(n) and n != "total" and n not in keys[:i]:  # a key already, not taken before it
+                assert k == n, (names, keys)
+        for a, b in itertools.combinations(keys, 2):
+            assert parse("grad_sim/{pair}", key("grad_sim/{pair}", pair=f"{a}__{b}"))["pair"].split("__") == [a, b]

@@ -4,6 +4,9 @@ The real-model tests use SmolLM2-135M-Instruct (Q4_1), dequantised once per sess
 (about half a minute on 2 CPU cores); they skip, saying why, when the file or the gguf package is absent.
 """
 
+import importlib.util
+import json
+import random
 import time
 from types import SimpleNamespace
 
@@ -299,3 +302,55 @@ def test_runs_that_differ_only_in_trainer_seed_share_one_warm_start(tmp_path):
     assert c != d and len(built) == 3
     wa, wc = load_pretrained(a)[0].state_dict(), load_pretrained(c)[0].state_dict()
     assert any(not torch.equal(wa[k], wc[k]) for k in wa)  # seed 7's own initial model differs from the shared one
+
+
+def test_every_task_character_survives_a_save_and_autotokenizer_reload(tmp_path):
+    """The embedded default is saved with a qwen2 model config; TRL, verl and the HF tools reload its tokenizer with
+    AutoTokenizer, which under transformers 5 takes Qwen2's class and dropped the character tokenizer's spaces and
+    newlines. Every character the tasks write must come back as the same token ids, and decode to itself."""
+    from transformers import AutoTokenizer
+
+    from rlgrad.config import TinyModelConfig
+    from rlgrad.tasks import TASK_NAMES, build_task
+
+    from .conftest import REPO
+
+    data = REPO / "tests" / "data"
+    options = {"math": {"train_files": [str(data / "math_train.jsonl")], "val_files": [str(data / "math_val.jsonl")]},
+               "reasoning_gym": {"reasoning_gym": {"dataset": "chain_sum", "config": {}}}}
+    alphabet: dict[str, set[str]] = {}
+    for name in TASK_NAMES:
+        if name == "reasoning_gym" and importlib.util.find_spec("reasoning_gym") is None:
+            continue  # an optional extra (rlgrad[reasoning]; the dev install has it)
+        task = build_task(name, seed=3, val_size=4, **options.get(name, {}))
+        examples = task.train_examples(16, random.Random(3)) + task.val_examples()
+        alphabet[name] = {ch for ex in examples for ch in ex.prompt + str(ex.answer)}
+        if hasattr(task, "warmstart_pairs"):  # a multi-turn environment: the turns the warm start writes
+            contexts, answers = task.warmstart_pairs(4, random.Random(3), "")
+            alphabet[name] |= set("".join(contexts + answers))
+    tok = models.build_char_tokenizer()
+    everything = sorted(set().union(*alphabet.values()))
+    assert "\n" in everything and " " in everything  # the tasks' layout: the characters transformers 5 dropped
+    def known(ch: str) -> bool:  # one token of its own, not <unk>
+        ids = tok(ch, add_special_tokens=False)["input_ids"]
+        return len(ids) == 1 and ids[0] != tok.unk_token_id
+
+    unknown = {name: sorted(ch for ch in chars if not known(ch)) for name, chars in alphabet.items()}
+    assert not any(unknown.values()), f"task characters outside the tokenizer: {unknown}"
+    cfg = ModelConfig(tiny=TinyModelConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                           num_key_value_heads=1, intermediate_size=16))
+    model = models.build_tiny_model(cfg, tok, 0)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "qwen2"
+    again = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    for ch in everything:  # one at a time: a dropped character cannot hide behind its neighbours
+        ids = tok(ch, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1 and tok.decode(ids) == ch, repr(ch)
+        assert again(ch, add_special_tokens=False)["input_ids"] == ids, (repr(ch), type(again).__name__)
+        assert again.decode(ids) == ch, (repr(ch), type(again).__name__)
+    text = "".join(everything) + "\n\n  " + "".join(reversed(everything))
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text) and again(text, add_special_tokens=False)["input_ids"] == ids
+    assert again.decode(ids) == text == tok.decode(ids)
+    assert (again.eos_token_id, again.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)

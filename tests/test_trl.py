@@ -255,3 +255,84 @@ def test_example_under_torchrun_two_processes_then_report(setup, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     html = (out / "report.html").read_text()
     assert "grad_norm" in html or "Gradient" in html
+
+
+def test_a_reward_model_and_look_alike_names_pass_through(setup, tmp_path):
+    """TRL names a reward model after its repo (dashes and dots) and a function after ``__name__``; rlgrad's metric
+    keys escape them (``metrics.component_keys``), two names that escape alike get two keys, and the run keeps the
+    original names for the report and the doctor, which quotes TRL's metric names."""
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    from rlgrad.metrics import parse
+    from rlgrad.viz import data as D
+    from rlgrad.viz.findings import View
+
+    root, tok, data = setup
+    rm = tmp_path / "tiny-Qwen2ForSequenceClassification-2.5"  # TRL's own test reward model's name
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        Qwen2ForSequenceClassification(Qwen2Config(
+            vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=1, num_labels=1, pad_token_id=tok.pad_token_id)).save_pretrained(rm)
+    tok.save_pretrained(rm)
+
+    def dashed(prompts, completions, **kw):
+        return shorter(prompts, completions)
+
+    def dotted(prompts, completions, **kw):
+        return digits(prompts, completions)
+
+    dashed.__name__, dotted.__name__ = "len-score", "len.score"  # both escape to len_score
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, per_device_train_batch_size=16,
+                      num_generations=4, max_completion_length=8, max_steps=2, logging_steps=1, report_to=[],
+                      save_strategy="no", learning_rate=1e-3, disable_tqdm=True, seed=1, bf16=False,
+                      reward_weights=[1.0, 0.7, 0.3])
+    t = GRPOTrainer(model=str(root / "model"), reward_funcs=[str(rm), dashed, dotted], args=args, train_dataset=data,
+                    processing_class=tok, rlgrad=["analysis.every=1", "analysis.buckets.num_buckets=2"])
+    names = list(t.reward_func_names)
+    assert names == [rm.name, "len-score", "len.score"]  # TRL's own names
+    t.train()
+    keys = ["tiny_Qwen2ForSequenceClassification_2_5", "len_score", "len_score_2"]  # the documented rule
+    run = tmp_path / "out"
+    steps: dict[int, dict] = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        steps.setdefault(r["step"], {}).update(r["data"])
+    assert sorted(steps) == [1, 2]
+    trl_logged = {h["step"]: h for h in t.state.log_history if "reward" in h}
+    for s in (1, 2):
+        m = steps[s]
+        assert all(m[f"grad_comp/{k}/norm"] >= 0 for k in keys)
+        assert sum(m[f"grad_comp/{k}/norm"] > 0 for k in keys) >= 2, m  # the names reach live gradients
+        sims = {k for k in m if k.startswith("grad_sim/")}
+        assert sims <= {f"grad_sim/{a}__{b}" for i, a in enumerate(keys) for b in keys[i + 1:]} and sims
+        for k in sims:  # each pair splits back into its two components
+            a, b = parse("grad_sim/{pair}", k)["pair"].split("__")
+            assert a in keys and b in keys and a != b
+        for name, k in zip(names, keys):  # TRL's per-function reward means, under the escaped keys
+            assert m[f"reward/{k}/mean"] == pytest.approx(trl_logged[s][f"rewards/{name}/mean"])
+    assert json.loads((run / "run_source.json").read_text())["reward_names"] == dict(zip(keys, names))
+    lines = [json.loads(x) for x in (run / "rollouts" / "step_1.jsonl").read_text().splitlines()]
+    assert all(list(x["components"]) == keys for x in lines)
+    assert [x["total"] for x in lines] == pytest.approx(
+        [sum(w * x["components"][k] for w, k in zip((1.0, 0.7, 0.3), keys)) for x in lines])
+    # the report shows TRL's names; the doctor's view quotes TRL's metric names
+    res = run_cli(["report", str(run)])
+    assert res.returncode == 0, res.stderr[-2000:]
+    html = (run / "report.html").read_text()
+    assert all(n in html for n in names), [n for n in names if n not in html]
+    view = View(D.load_any(run))
+    assert view.run.kind == "trl" and [view.label(k) for k in keys] == names
+    assert [view.name(x) for x in ("critic/score/mean", "actor/grad_norm", "reward/len_score_2/mean")] == [
+        "reward", "grad_norm", "rewards/len.score/mean"]
+    doc = run_cli(["doctor", str(run), "--json"])
+    assert doc.returncode in (0, 1), doc.stderr[-2000:]
+    # TRL's own log, read as a TRL output directory: the same keys, escaped together
+    trl_dir = tmp_path / "trl_only"
+    trl_dir.mkdir()
+    t.state.save_to_json(str(trl_dir / "trainer_state.json"))
+    plain = D.load_any(trl_dir)
+    assert plain.kind == "trl" and plain.labels == dict(zip(keys, names))
+    for s in (1, 2):
+        for name, k in zip(names, keys):
+            assert plain.rows[s][f"reward/{k}/mean"] == pytest.approx(trl_logged[s][f"rewards/{name}/mean"])

@@ -44,7 +44,11 @@ FIELD_MEANINGS: dict[str, str] = {
     "role": "the trained model: `actor` or `critic`",
     "component": "a reward component of the task (`correctness`, `format`, `length`, ...: reward.weights), or "
                  "of the shaping: `overlong` (reward.overlong_buffer) and `kl_penalty` (algorithm.use_kl_in_reward: "
-                 "−beta·Σ_t KL of the response), each with weight 1",
+                 "−beta·Σ_t KL of the response), each with weight 1; a name from another trainer (a TRL reward "
+                 "function or model) goes through `component_keys`: every run of other characters than letters "
+                 "and digits becomes one `_`, none at either end, and a name whose key an earlier one (or `total`) "
+                 "already has gets the first free `_2`, `_3`, ... suffix; the run keeps the original names "
+                 "(`run_source.json`)",
     "pair": "two reward components `<a>__<b>`, in the task's component order",
     "stat": "`mean`, `max` or `min` over the samples or tokens named in the meaning",
 }
@@ -468,21 +472,69 @@ TRL_NAMES = {
 }
 
 
-def foreign_key(name: str, source: str) -> str | None:
+def trl_reward_name(name: str) -> str | None:
+    """The reward function (or model) of a TRL ``rewards/<name>/mean`` key, None for another key."""
+    head, tail = "rewards/", "/mean"
+    if name.startswith(head) and name.endswith(tail) and len(name) > len(head) + len(tail):
+        return name[len(head):-len(tail)]
+    return None
+
+
+def foreign_key(name: str, source: str, components: dict[str, str] | None = None) -> str | None:
     """rlgrad's name for a metric another trainer logged (``source``: ``trl`` or ``verl``), None if unknown.
 
+    TRL's ``rewards/<f>/mean`` is ``reward/<key>/mean``, ``<key>`` the ``{component}`` key of ``f``:
+    ``components[f]`` (``component_keys`` of all the run's reward names), else ``f`` escaped alone.
     verl's names are rlgrad's (rlgrad follows verl), but for validation: ``val-core/<data source>/acc/mean@N``
     is ``val/accuracy`` and ``val-core/<data source>/reward/mean@N`` is ``val/score/mean``."""
     if source == "trl":
-        parts = name.split("/")
-        if len(parts) == 3 and parts[0] == "rewards" and parts[2] == "mean":
-            return key("reward/{component}/mean", component=parts[1])
+        if (f := trl_reward_name(name)) is not None:
+            c = (components or {}).get(f) or component_keys([f])[0]
+            return key("reward/{component}/mean", component=c)
         return TRL_NAMES.get(name)
     if name.startswith("val-core/") or name.startswith("val-aux/"):
         parts = name.split("/")
         if len(parts) >= 4 and parts[-1].startswith("mean@"):  # the data source may hold slashes (openai/gsm8k)
             return {"acc": "val/accuracy", "reward": "val/score/mean", "score": "val/score/mean"}.get(parts[-2])
         return None
+    return name
+
+
+_NOT_KEY = re.compile(r"[^A-Za-z0-9]+")
+RESERVED_COMPONENTS = ("total",)  # grad_comp/total/norm is the update's own gradient
+
+
+def component_keys(names: list[str] | tuple[str, ...]) -> list[str]:
+    """The ``{component}`` field of each of ``names`` (in order): any string becomes a distinct key.
+
+    The rule (``FIELD_MEANINGS["component"]``): each run of characters other than ASCII letters and digits becomes
+    one ``_``, with none at either end (an empty result is ``reward``). So a key never holds ``__`` and never
+    starts or ends with ``_``, and ``grad_sim/<a>__<b>`` splits at its only ``__``. Where names share a key (or
+    it is a reserved one, ``total``), the first keeps it and each later one gets ``<key>_<k>``, the smallest
+    ``k >= 2`` that no name's key and no earlier suffix holds: the keys are distinct, and a name that is
+    already a key keeps it unless an earlier name took it.
+    """
+    base = [_NOT_KEY.sub("_", n).strip("_") or "reward" for n in names]
+    taken = set(RESERVED_COMPONENTS)
+    claimed = set(base) | taken  # a suffix never takes a key some name has of its own
+    out = []
+    for b in base:
+        k, i = b, 2
+        while k in taken or (k != b and k in claimed):
+            k, i = f"{b}_{i}", i + 1
+        taken.add(k)
+        out.append(k)
+    return out
+
+
+def trl_key(name: str, labels: dict[str, str] | None = None) -> str:
+    """TRL's name of an rlgrad metric key it logs (the reverse of ``foreign_key``; ``labels``: component key ->
+    TRL's reward name); any other key unchanged (rlgrad's own instruments log under rlgrad's names)."""
+    back = {v: k for k, v in TRL_NAMES.items()}
+    if name in back:
+        return back[name]
+    if (f := parse("reward/{component}/mean", name)) is not None:
+        return f"rewards/{(labels or {}).get(f['component'], f['component'])}/mean"
     return name
 
 

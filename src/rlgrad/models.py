@@ -38,7 +38,8 @@ from rlgrad.errors import UserError
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub, whatever a config says
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-WARMSTART_VERSION = 2  # bump when the warm-start recipe changes, so stale caches are not reused
+WARMSTART_VERSION = 3  # bump when the warm-start recipe changes, so stale caches are not reused (3: the byte-level
+# character tokenizer, which AutoTokenizer reloads whole)
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
 # Warm starts of the presets' and examples' settings, made by scripts/build_warmstarts.py (package data).
 SHIPPED_WARMSTARTS = Path(__file__).parent / "warmstarts"
@@ -51,16 +52,43 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()  # our own progress bar is the one a user should watch
 
 
+CHARS = [chr(i) for i in range(32, 127)] + ["\n"]  # the embedded tokenizer's one-token characters ...
+EXTRA_CHARS = ["√"]  # ... and the tasks' others (sokoban's box on a target, frozen_lake's player on the goal)
+
+
+def _byte_level(text: str) -> str:
+    """``text``'s UTF-8 bytes in GPT-2's byte-level alphabet (" " is "Ġ", "\n" is "Ċ")."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    b2u = bytes_to_unicode()
+    return "".join(b2u[b] for b in text.encode("utf-8"))
+
+
 def build_char_tokenizer():
-    """Printable ASCII + newline, one token per character; saved/loaded as a normal HF tokenizer."""
+    """One token per character (``CHARS``, ids 3.., then ``EXTRA_CHARS``); saved/loaded as a normal HF tokenizer.
+
+    It is a byte-level BPE, the layout of Qwen2's own tokenizer, so that any loader reads it alike: the embedded
+    default is saved with a ``qwen2`` model config, and transformers 5's AutoTokenizer (TRL's, verl's) rebuilds a
+    Qwen2 directory's tokenizer with Qwen2's class, pre-tokenizer and byte-level decoder whatever tokenizer.json
+    holds (a word-level one lost every space and newline). A character of several UTF-8 bytes is one token through
+    BPE merges of its bytes (its byte tokens exist only for those merges and are never produced)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    chars = [chr(i) for i in range(32, 127)] + ["\n"]
-    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + chars)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + [_byte_level(c) for c in CHARS])}
+    merges = []
+    for ch in EXTRA_CHARS:
+        pieces = list(_byte_level(ch))
+        for p in pieces:
+            vocab.setdefault(p, len(vocab))
+        for k in range(1, len(pieces)):
+            merges.append(("".join(pieces[:k]), pieces[k]))
+            vocab.setdefault("".join(pieces[:k + 1]), len(vocab))
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([  # each character alone: no merge across two of them
+        pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
                                    unk_token="<unk>", padding_side="left")
 

@@ -14,6 +14,9 @@ TRL's own logs (so every ``report_to`` sink shows them next to TRL's metrics, at
 to an rlgrad run directory, ``args.output_dir`` unless ``rlgrad_dir`` says otherwise: ``metrics.jsonl`` (the
 analysis at its own step, TRL's scalars under rlgrad's names, ``rlgrad.metrics.TRL_NAMES``), ``analysis/step_N/``,
 ``reward_components.jsonl`` and ``rollouts/step_N.jsonl``, which ``rlgrad plot``, ``report`` and ``samples`` read.
+A reward function's (or model's) name is escaped in metric keys (``rlgrad.metrics.component_keys``: TRL names a
+reward model after its repo, dashes and dots included); ``run_source.json`` keeps the original names, which the
+report and ``rlgrad doctor`` show.
 
 Only TRL's documented extension points are used: this subclass calls TRL's own methods and adds to them
 (``_calculate_rewards``, ``_generate_and_score_completions``, ``log``) and a ``TrainerCallback``; nothing is
@@ -43,7 +46,8 @@ from rlgrad.logging.rewards import RewardComponentLog, step_record
 from rlgrad.logging.rollouts import RolloutLog, gather_samples, prompt_texts, rollout_dir, step_samples
 from rlgrad.logging.sinks import JsonlSink
 from rlgrad.loss import LossSettings
-from rlgrad.metrics import foreign_key
+from rlgrad.metrics import component_keys, foreign_key
+from rlgrad.rundir import atomic_write_json
 
 try:
     from trl import GRPOTrainer as _TRLGRPOTrainer
@@ -69,10 +73,24 @@ def check_trl_version(version: str | None = None) -> Version:
     return v
 
 
-def trl_metrics(logs: dict[str, float]) -> dict[str, float]:
-    """TRL's logged scalars under rlgrad's names (``rlgrad.metrics.TRL_NAMES``)."""
+def trl_metrics(logs: dict[str, float], components: dict[str, str] | None = None) -> dict[str, float]:
+    """TRL's logged scalars under rlgrad's names (``rlgrad.metrics.TRL_NAMES``); ``components``: each reward
+    function's (or model's) name -> its metric key (``reward_keys``)."""
     return {name: float(v) for k, v in logs.items()
-            if isinstance(v, int | float) and (name := foreign_key(k, "trl")) is not None}
+            if isinstance(v, int | float) and (name := foreign_key(k, "trl", components)) is not None}
+
+
+def reward_keys(names: Sequence[str]) -> dict[str, str]:
+    """TRL's reward function (and model) names -> their keys in rlgrad's metrics (``metrics.component_keys``:
+    TRL names a reward model after its repo, ``tiny-Qwen2ForSequenceClassification-2.5``, which no metric key
+    may hold). Two functions of one name (two lambdas) share TRL's logs; the first one's key is the name's."""
+    out: dict[str, str] = {}
+    for name, k in zip(names, component_keys(list(names))):
+        out.setdefault(name, k)
+    return out
+
+
+RUN_SOURCE = "run_source.json"  # which trainer wrote the run, and the reward names behind its component keys
 
 
 class GRPOTrainer(_TRLGRPOTrainer):
@@ -117,6 +135,9 @@ class _Instruments:
         self.hooks = hooks_from_config(self.cfg)
         self.run_dir = run_dir
         self.is_main = trainer.accelerator.is_main_process
+        # The reward functions as rlgrad's metric keys name them (TRL's names, escaped: metrics.component_keys).
+        self.components = component_keys(list(trainer.reward_func_names))
+        self.key_of = reward_keys(trainer.reward_func_names)
         self.rewards: torch.Tensor | None = None
         self.ctx: StepContext | None = None
         self.pending: dict[str, float] = {}  # the analysed step's metrics, until the step ends
@@ -134,13 +155,17 @@ class _Instruments:
             self.reward_log = RewardComponentLog(self.run_dir)
             self.rollout_log = RolloutLog(rollout_dir(self.run_dir))
             self.rollout_log.discard_after(step)
+            # The original names, for rlgrad report / doctor (the metric keys hold the escaped ones).
+            atomic_write_json(self.run_dir / RUN_SOURCE, {
+                "trainer": "trl", "trl_version": importlib.metadata.version("trl"),
+                "reward_names": dict(zip(self.components, self.trainer.reward_func_names))})
 
     # ---- the step ----------------------------------------------------------------------------------
     def before_update(self, out: dict) -> None:
         """At a generation: the batch and loss as rlgrad's hooks see them, and the hooks' before-update part."""
         t = self.trainer
         step = t.state.global_step + 1
-        view = trl_reward_view(self.rewards, t.reward_weights, list(t.reward_func_names), t.num_generations,
+        view = trl_reward_view(self.rewards, t.reward_weights, self.components, t.num_generations,
                                scale_rewards=t.scale_rewards, aggregation=t.multi_objective_aggregation)
         n = out["prompt_ids"].shape[0]
         rows = slice(t.accelerator.process_index * n, (t.accelerator.process_index + 1) * n)
@@ -152,7 +177,7 @@ class _Instruments:
         batch = batch_from_trl(out, group_ids=view.group_ids[rows], scores=torch.nan_to_num(view.total[rows]),
                                reward_std=view.reward_std[rows], components={k: v[rows] for k, v in
                                                                              view.components.items()})
-        weights = dict(zip(t.reward_func_names, t.reward_weights.tolist()))
+        weights = dict(zip(self.components, t.reward_weights.tolist()))
         self.ctx = StepContext(step=step, batch=batch, actor=t.accelerator.unwrap_model(t.model), optimizer=t.optimizer,
                                loss_settings=LossSettings(), config=self.cfg, run_dir=self.run_dir,
                                tokenizer=t.processing_class, is_main=self.is_main, reward_weights=weights,
@@ -231,7 +256,7 @@ class _Instruments:
         return out
 
     def log_trl(self, step: int, logs: dict[str, float]) -> None:
-        if self.metrics_log is not None and (m := trl_metrics(logs)):
+        if self.metrics_log is not None and (m := trl_metrics(logs, self.key_of)):
             self.metrics_log.log(step, m)
 
     def close(self) -> None:

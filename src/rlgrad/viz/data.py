@@ -20,7 +20,7 @@ from typing import Any
 
 from rlgrad.aliases import ALIASES, resolve_alias
 from rlgrad.errors import UserError
-from rlgrad.metrics import foreign_key, key, parse
+from rlgrad.metrics import component_keys, foreign_key, key, parse, trl_key, trl_reward_name
 
 PREFIX = "grad_norm"  # bucket metrics: grad_norm/{bucket}/... (rlgrad.metrics); layers.json's section
 GRAD_COMPONENTS = ("task", "entropy", "kl")
@@ -42,7 +42,8 @@ class RunData:
     run_dir: Path | None = None  # None for a W&B run
     rv_tables: dict[int, list[tuple[str, int, float]]] = field(default_factory=dict)  # W&B group tables
     nonfinite: dict[int, list[str]] = field(default_factory=dict)  # step -> metrics logged as NaN / inf
-    kind: str = "rlgrad"  # rlgrad | trl | verl | wandb: whose files (and metric names) the run came from
+    kind: str = "rlgrad"  # rlgrad | trl | verl | wandb: whose trainer (and metric names) the run came from
+    labels: dict[str, str] = field(default_factory=dict)  # component key -> its original name (another trainer's)
 
     def metrics(self, step: int) -> dict[str, float]:
         return self.rows.get(step, {})
@@ -121,8 +122,13 @@ def load_run(run_dir: str | Path) -> RunData:
         raise UserError(f"'{p}' is not a run directory (no metrics.jsonl)")
     rows, bad = _read_metric_lines(mfile)
     config, text = _read_config(p / "config.yaml")
+    # Written by rlgrad's TRL integration: the trainer whose metric names the run's users know, and the reward
+    # names behind the escaped component keys (rlgrad.metrics.component_keys).
+    src = _read_json(p / "run_source.json") or {}
+    names = src.get("reward_names") if isinstance(src.get("reward_names"), dict) else {}
+    kind = src.get("trainer") if src.get("trainer") in ("trl", "verl") else "rlgrad"
     return RunData(name=p.resolve().name, source=str(p), rows=rows, config=config, config_text=text, run_dir=p,
-                   nonfinite=bad)
+                   nonfinite=bad, kind=kind, labels={str(k): str(v) for k, v in names.items()})
 
 
 def load_trl_output(out_dir: str | Path) -> RunData:
@@ -141,12 +147,16 @@ def load_trl_output(out_dir: str | Path) -> RunData:
         raise UserError(f"cannot read TRL state '{state}': {str(e).splitlines()[0]}") from None
     rows: dict[int, dict[str, float]] = {}
     bad: dict[int, list[str]] = {}
-    for entry in history if isinstance(history, list) else []:
-        step = entry.get("step") if isinstance(entry, dict) else None
+    entries = [e for e in history if isinstance(e, dict)] if isinstance(history, list) else []
+    # the reward names in order of appearance, escaped together so that two never share a key
+    names = list(dict.fromkeys(f for e in entries for k in e if (f := trl_reward_name(k)) is not None))
+    keys = dict(zip(names, component_keys(names)))
+    for entry in entries:
+        step = entry.get("step")
         if not isinstance(step, int):
             continue
         for k, v in entry.items():
-            name = foreign_key(k, "trl")
+            name = foreign_key(k, "trl", keys)
             if name is None:
                 continue
             if (f := _finite(v)) is not None:
@@ -154,7 +164,7 @@ def load_trl_output(out_dir: str | Path) -> RunData:
             elif isinstance(v, float):
                 bad.setdefault(step, []).append(name)
     return RunData(name=p.resolve().name, source=str(p), rows=dict(sorted(rows.items())), run_dir=None,
-                   nonfinite=bad, kind="trl")
+                   nonfinite=bad, kind="trl", labels={k: n for n, k in keys.items()})
 
 
 def load_verl_log(path: str | Path) -> RunData:
@@ -342,6 +352,23 @@ def layer_norms(run: RunData, step: int, component: str = "task") -> dict[str, d
     return out or None
 
 
+def label(run: RunData, component: str) -> str:
+    """A reward component as its trainer names it (a TRL reward model: its repo name, not the metric key)."""
+    return run.labels.get(component, component)
+
+
+def pair_label(run: RunData, pair: str) -> str:
+    """``a__b`` of ``grad_sim/{pair}`` as "a · b" with the components' own names (a key never holds ``__``)."""
+    a, _, b = pair.partition("__")
+    return f"{label(run, a)} · {label(run, b)}"
+
+
+def metric_name(run: RunData, k: str) -> str:
+    """The name the run's own trainer logs rlgrad's metric ``k`` under (TRL: ``grad_norm``, ``rewards/<f>/mean``);
+    rlgrad's name for a run of rlgrad's trainer or verl (whose names rlgrad's are)."""
+    return trl_key(k, run.labels) if run.kind == "trl" else k
+
+
 def component_geometry(run: RunData, step: int) -> dict | None:
     """Reward-component gradient geometry (components.json layout); from the file, else from metrics.
 
@@ -355,7 +382,7 @@ def component_geometry(run: RunData, step: int) -> dict | None:
             for name in ("norm", "cosine", "share"):
                 if isinstance(part.get(name), dict):
                     part[name] = {k: math.nan if v is None else v for k, v in part[name].items()}
-        return obj
+        return {**obj, "labels": dict(run.labels)}
     m = run.metrics(step)
     cos = {f["pair"]: v for k, v in m.items() if (f := parse("grad_sim/{pair}", k))}
     norm = {f["component"]: v for k, v in m.items() if (f := parse("grad_comp/{component}/norm", k))}
@@ -370,7 +397,7 @@ def component_geometry(run: RunData, step: int) -> dict | None:
             if c not in comps:
                 comps.append(c)
     return {"step": step, "components": comps, "global": {"norm": norm, "share": share, "cosine": cos},
-            "layers": {}}
+            "layers": {}, "labels": dict(run.labels)}
 
 
 def component_steps(run: RunData) -> list[int]:

@@ -124,6 +124,15 @@ class View:
                 return v
         return None
 
+    def name(self, key: str) -> str:
+        """The metric as the evidence quotes it: under the name the run's own trainer logs it (a TRL run:
+        ``grad_norm``, ``reward``, ``rewards/<f>/mean``), rlgrad's otherwise (``data.metric_name``)."""
+        return D.metric_name(self.run, key)
+
+    def label(self, component: str) -> str:
+        """A reward component as its trainer names it (``data.label``)."""
+        return D.label(self.run, component)
+
     def keys(self, prefix: str) -> set[str]:
         return {k for m in self.run.rows.values() for k in m if k.startswith(prefix)}
 

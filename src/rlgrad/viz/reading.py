@@ -214,9 +214,9 @@ def rule_reward_components(run: D.RunData) -> list[str]:
         a = rc[s0].get("stats", {}).get(c, {}).get("mean")
         b = rc[s1].get("stats", {}).get(c, {}).get("mean")
         if a is not None and b is not None:
-            parts.append(f"{c} {a:.3g} → {b:.3g}")
+            parts.append(f"{D.label(run, c)} {a:.3g} → {b:.3g}")
             if s1 > s0 and b < a - 0.05 * max(abs(a), 1e-12):
-                fell.append(c)
+                fell.append(D.label(run, c))
     if not parts:
         return []
     out = [f"Reward components (mean per sample, step {s0} → {s1}): {', '.join(parts)}."]
@@ -239,7 +239,7 @@ def rule_component_cosines(run: D.RunData) -> list[str]:
     cos = geom.get("global", {}).get("cosine", {})
     words = []
     for pair, c in sorted(cos.items()):
-        a, b = pair.split("__", 1)
+        a, b = (D.label(run, x) for x in pair.split("__", 1))
         if not math.isfinite(c):  # a zero gradient has no direction (components.json writes null)
             words.append(f"{a} and {b}: cosine n/a (zero gradient)")
         else:

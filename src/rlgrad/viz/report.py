@@ -174,7 +174,8 @@ def _samples_block(run: D.RunData, step: int) -> str:
             comps = list(dict.fromkeys(c for smp in g.samples for c in (smp.get("components") or {})))
             parts.append(f"<p>group {g.group_id} · {html.escape(bucket)} ({label}) · reward std "
                          f"{g.reward_std:.3g}</p><pre>{html.escape(_clip(g.prompt, 2 * SAMPLE_CHARS))}</pre>")
-            head = "".join(f"<th>{html.escape(h)}</th>" for h in ["#", "total", *comps, "advantage", "finish",
+            head = "".join(f"<th>{html.escape(h)}</th>" for h in ["#", "total", *(D.label(run, c) for c in comps),
+                                                                   "advantage", "finish",
                                                                    "tokens", "response"])
             rows = []
             for smp in g.samples:
@@ -258,7 +259,7 @@ def _components_section(run: D.RunData, dpi: int) -> str:
     rc = D.reward_components(run)
     if rc:
         last = rc[max(rc)]
-        rows = [[c, last.get("weights", {}).get(c, math.nan),
+        rows = [[D.label(run, c), last.get("weights", {}).get(c, math.nan),
                  *(last.get("stats", {}).get(c, {}).get(k, math.nan) for k in ("mean", "std", "min", "max"))]
                 for c in last.get("components", [])]
         parts.append(f"<h3>Step {max(rc)}</h3>"

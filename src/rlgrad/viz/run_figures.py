@@ -35,6 +35,15 @@ from rlgrad.viz.figbase import (
 def fig_components(geom: dict, title: str) -> Figure:
     """Reward-component gradient geometry: cosine matrix, norm share, per-layer cosine of each pair."""
     comps = list(geom.get("components") or [])
+    names_of = geom.get("labels") or {}  # component key -> the trainer's own name (D.component_geometry)
+
+    def lab(c: str) -> str:
+        return names_of.get(c, c)
+
+    def pair_lab(p: str) -> str:
+        a, _, b = p.partition("__")
+        return f"{lab(a)} · {lab(b)}"
+
     g = geom.get("global", {})
     cos = g.get("cosine", {})
     layers = geom.get("layers") or {}
@@ -53,8 +62,8 @@ def fig_components(geom: dict, title: str) -> Figure:
     # an undefined cosine (a component with a zero gradient) is a grey "n/a" cell, never white ("orthogonal")
     im = ax.imshow(mat, cmap=matplotlib.colormaps["RdBu_r"].with_extremes(bad=BAD_CELL), norm=TwoSlopeNorm(0, -1, 1))
     annotate(ax, im, mat, "{:+.2f}", missing=UNDEFINED)
-    ax.set_xticks(range(n), comps, rotation=30, ha="right")
-    ax.set_yticks(range(n), comps)
+    ax.set_xticks(range(n), [lab(c) for c in comps], rotation=30, ha="right")
+    ax.set_yticks(range(n), [lab(c) for c in comps])
     ax.set_xlabel("reward component")
     ax.set_ylabel("reward component")
     ax.set_title("cosine similarity of component gradients", fontweight="bold", fontsize=11)
@@ -65,8 +74,8 @@ def fig_components(geom: dict, title: str) -> Figure:
     share = g.get("share", {})
     names = comps + (["total"] if "total" in norms else [])  # the update's gradient as a bar of its own
     vals = [norms.get(c, np.nan) for c in names]
-    bars = ax.bar(names, np.nan_to_num(vals), color=["#34495e"] * len(comps) + [COLORS["all"]] * (len(names) - n),
-                  alpha=0.85, edgecolor="black")
+    bars = ax.bar([lab(c) for c in names], np.nan_to_num(vals),
+                  color=["#34495e"] * len(comps) + [COLORS["all"]] * (len(names) - n), alpha=0.85, edgecolor="black")
     def share_of(c: str) -> float:  # null (a zero update: no share) reads as NaN; a 0 share is a number
         v = share.get(c)
         return float(v) if isinstance(v, int | float) else math.nan
@@ -90,10 +99,10 @@ def fig_components(geom: dict, title: str) -> Figure:
             ys = [layers[lg].get("cosine", {}).get(p, np.nan) for lg in groups]
             ys = [np.nan if y is None else y for y in ys]
             if any(math.isfinite(y) for y in ys):
-                ax.plot(range(len(groups)), ys, "o-", label=p.replace("__", " · "))
+                ax.plot(range(len(groups)), ys, "o-", label=pair_lab(p))
                 drawn.append(p)
         if len(drawn) < len(pairs):  # a pair without a cosine anywhere is named, not an empty legend entry
-            note(ax, "n/a (zero gradient): " + ", ".join(p.replace("__", " · ") for p in pairs if p not in drawn),
+            note(ax, "n/a (zero gradient): " + ", ".join(pair_lab(p) for p in pairs if p not in drawn),
                  y=0.08 if drawn else 0.5)
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set_ylim(-1.05, 1.05)
@@ -371,7 +380,8 @@ def fig_component_trend(run: D.RunData) -> Figure | None:
         for name in names:
             xs = [s for s, _ in geoms]
             ys = np.array([g["global"].get(part, {}).get(name, np.nan) for _, g in geoms], dtype=float)
-            line = ax.plot(xs, ys, "o-", markersize=4, label=name.replace("__", " · "))[0]
+            line = ax.plot(xs, ys, "o-", markersize=4,
+                           label=D.pair_label(run, name) if part == "cosine" else D.label(run, name))[0]
             bad = [x for x, y in zip(xs, ys) if not math.isfinite(y)]
             if bad:  # never a number or a colour: an x on the axis line, said in the legend
                 gaps = True
@@ -414,7 +424,7 @@ def fig_reward_components(run: D.RunData) -> Figure | None:
             s, mu = D.series(run, f"reward/{c}/mean")
             mu = np.asarray(mu, dtype=float)
             sd = np.asarray([run.metrics(st).get(f"reward/{c}/std", np.nan) for st in s], dtype=float)
-        line = ax.plot(s, mu, "o-" if len(s) < 30 else "-", markersize=3, label=c)[0]
+        line = ax.plot(s, mu, "o-" if len(s) < 30 else "-", markersize=3, label=D.label(run, c))[0]
         if np.isfinite(sd).any():  # the band stays within the values the samples took (a 0/1 reward: [0, 1])
             lo = np.array([rc[st]["stats"][c].get("min", -np.inf) for st in s], dtype=float) if rc else -np.inf
             hi = np.array([rc[st]["stats"][c].get("max", np.inf) for st in s], dtype=float) if rc else np.inf

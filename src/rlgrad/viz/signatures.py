@@ -42,7 +42,8 @@ def _spike(v: View, t: Thresholds) -> Finding | None:
     if not spikes:
         return None
     s0, g0, m0 = spikes[0]
-    ev = [f"step {s}: grad_norm {fmt(x)} against a median of {fmt(m)} over the {t.window} steps before"
+    gn = v.name("actor/grad_norm")
+    ev = [f"step {s}: {gn} {fmt(x)} against a median of {fmt(m)} over the {t.window} steps before"
           for s, x, m in spikes[:5]]
     severity, after = "warn", ""
     rs, r = v.series("critic/score/mean")
@@ -52,7 +53,7 @@ def _spike(v: View, t: Thresholds) -> Finding | None:
         if before and later and mean(later) < mean(before) - 0.2 * (abs(mean(before)) + 1e-8):
             severity = "critical"
             after = f" The reward fell after it: {fmt(mean(before))} → {fmt(mean(later))}."
-            ev.append(f"critic/score/mean: {fmt(mean(before))} before step {s0}, {fmt(mean(later))} after")
+            ev.append(f"{v.name('critic/score/mean')}: {fmt(mean(before))} before step {s0}, {fmt(mean(later))} after")
     return Finding("grad_norm_spike", severity, s0, 0.7 if severity == "warn" else 0.9,
                    f"Gradient-norm spike{'s' if len(spikes) > 1 else ''} ({len(spikes)})", ev,
                    "The gradient jumped an order of magnitude above its recent level: a few sequences with huge "
@@ -83,7 +84,7 @@ def _clip_every_step(v: View, t: Thresholds) -> Finding | None:
     lr = v.cfg("actor.optim.lr", "learning_rate")
     eff = f"; with lr {fmt(float(lr))} that is an effective lr of about {fmt(float(lr) * scale)}" if lr else ""
     return Finding("clip_every_step", "warn", over[0][0], 0.9, "Gradient clipping on (nearly) every step",
-                   [f"max_grad_norm {fmt(clip)}; grad_norm above it on {len(over)} of {len(g)} steps "
+                   [f"max_grad_norm {fmt(clip)}; {v.name('actor/grad_norm')} above it on {len(over)} of {len(g)} steps "
                     f"(median {fmt(statistics.median(g))})"],
                    f"The logged grad_norm is the norm before clipping, so values above max_grad_norm are normal; "
                    f"but when every step is clipped the update is rescaled by about {fmt(scale)}{eff}: the "
@@ -98,7 +99,7 @@ def flat_reward(v: View, t: Thresholds) -> tuple[bool, str]:
     if len(r) < 4:
         return False, ""
     a, b = first_last(r, t.window)
-    return b - a < t.plateau_delta, f"critic/score/mean {fmt(a)} (first steps) → {fmt(b)} (last steps)"
+    return b - a < t.plateau_delta, f"{v.name('critic/score/mean')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"
 
 
 @signature("lr_too_small", "actor/lr|critic/score/mean")
@@ -138,7 +139,7 @@ def _kl(v: View, t: Thresholds) -> Finding | None:
     first = next(s for s, x in zip(steps, k) if abs(x) > max(t.kl_floor, min(b, t.kl_high)) / 2)
     coef = v.cfg("actor.kl_loss_coef")
     return Finding("kl_blowup", severity, first, 0.8, "The policy runs away from the reference (KL blow-up)",
-                   [f"{name}: {fmt(a)} (first steps) → {fmt(b)} (last steps)"]
+                   [f"{v.name(name)}: {fmt(a)} (first steps) → {fmt(b)} (last steps)"]
                    + ([f"kl_loss_coef {coef}"] if coef is not None else []),
                    "The KL to the reference grows without bound: the updates are too large for the KL term to "
                    "hold the policy, or the KL coefficient is large enough that its own gradient is unstable "
@@ -157,7 +158,7 @@ def _entropy(v: View, t: Thresholds) -> Finding | None:
         return None
     first = next(s for s, x in zip(steps, e) if x < 2 * t.entropy_drop * a)
     return Finding("entropy_collapse", "warn", first, 0.8, "Entropy collapse",
-                   [f"actor/entropy {fmt(a)} (first steps) → {fmt(b)} (last steps)"],
+                   [f"{v.name('actor/entropy')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"],
                    "The policy became (nearly) deterministic: groups of samples now agree, their rewards have no "
                    "variance, and GRPO's advantage — and with it the gradient — vanishes.",
                    "Raise the sampling temperature or add a small entropy bonus (entropy_coeff), use clip-higher "
@@ -173,7 +174,7 @@ def _clipfrac(v: View, t: Thresholds) -> Finding | None:
     if b > t.clipfrac_high:
         first = next(s for s, x in zip(steps, c) if x > t.clipfrac_high)
         return Finding("clipfrac_saturated", "warn", first, 0.7, "The PPO clip is saturated",
-                       [f"actor/pg_clipfrac {fmt(b)} over the last steps (healthy: roughly 0.1-0.4)"],
+                       [f"{v.name('actor/pg_clipfrac')} {fmt(b)} over the last steps (healthy: roughly 0.1-0.4)"],
                        "Most tokens hit the clip: the policy moved far from the one that sampled the batch during "
                        "the update, so most tokens contribute no gradient.",
                        "Lower the learning rate or the number of optimizer steps per batch (ppo_epochs, "
@@ -183,7 +184,7 @@ def _clipfrac(v: View, t: Thresholds) -> Finding | None:
         mini, batch = v.cfg("actor.ppo_mini_batch_size"), v.cfg("data.train_batch_size")
         on_policy = epochs in (None, 1) and (mini is None or batch is None or mini >= batch)
         return Finding("clipfrac_zero", "info" if on_policy else "warn", steps[0], 0.6, "The clip never acts",
-                       [f"actor/pg_clipfrac 0 on all {len(c)} logged steps"],
+                       [f"{v.name('actor/pg_clipfrac')} 0 on all {len(c)} logged steps"],
                        "Zero clip fraction means every update starts at the sampling policy: with one optimizer "
                        "step per batch the ratio is 1 and the clip (and clip-higher) does nothing, which is fine "
                        "if intended." + ("" if on_policy else " With several optimizer steps per batch it should "
@@ -203,7 +204,7 @@ def _zero_var(v: View, t: Thresholds) -> Finding | None:
     if dead and len(dead) >= max(1, len(ss) // 2):
         return Finding("zero_variance_groups", "critical", dead[0], 0.9, "No learning signal: every advantage is 0",
                        [f"critic/advantages max = min = 0 on {len(dead)} of {len(ss)} steps"]
-                       + ([f"actor/grad_norm {fmt(statistics.median(g))} (median)"] if g else []),
+                       + ([f"{v.name('actor/grad_norm')} {fmt(statistics.median(g))} (median)"] if g else []),
                        "Every prompt group got the same reward for all its samples (all right or all wrong), so "
                        "GRPO's group-relative advantage is zero everywhere: loss and gradient are exactly 0.",
                        "Make the task harder or easier so groups disagree, sample more per prompt (rollout.n), or "
@@ -234,8 +235,8 @@ def _length(v: View, t: Thresholds) -> Finding | None:
         if b > t.length_clip_high and b > a:
             first = next(s for s, x in zip(cs, c) if x > t.length_clip_high)
             return Finding("length_runaway", "warn", first, 0.7, "Responses run into the length limit",
-                           [f"response_length/clip_ratio {fmt(a)} → {fmt(b)}"]
-                           + ([f"response_length/mean {fmt(m[0])} → {fmt(m[-1])}"] if m else []),
+                           [f"{v.name('response_length/clip_ratio')} {fmt(a)} → {fmt(b)}"]
+                           + ([f"{v.name('response_length/mean')} {fmt(m[0])} → {fmt(m[-1])}"] if m else []),
                            "A growing share of responses is cut at the limit: they get no end-of-answer, usually "
                            "no reward, and their many tokens dominate a token-mean loss.",
                            "Raise the response length, add an overlong penalty (DAPO's soft length penalty), or "
@@ -245,7 +246,7 @@ def _length(v: View, t: Thresholds) -> Finding | None:
         if a > 0 and b < t.length_drop * a:
             first = next(s for s, x in zip(steps, m) if x < 2 * t.length_drop * a)
             return Finding("length_collapse", "warn", first, 0.6, "Responses collapse in length",
-                           [f"response_length/mean {fmt(a)} → {fmt(b)}"],
+                           [f"{v.name('response_length/mean')} {fmt(a)} → {fmt(b)}"],
                            "The policy learned to answer shorter and shorter, often because a length or format "
                            "reward pays for it, or because short answers avoid penalties.",
                            "Check the reward weights (a length component) and what the model writes "
@@ -265,13 +266,14 @@ def _reward_collapse(v: View, t: Thresholds) -> Finding | None:
     if not (span > 0 and a - b > t.reward_drop * span and a - b > t.plateau_delta):
         return None
     first = next((s for s, x in zip(steps[peak:], r[peak:]) if x < a - t.reward_drop * (a - b)), steps[peak])
-    ev = [f"critic/score/mean {fmt(a)} (its best, steps {steps[peak]}-{steps[peak + 2]}) → {fmt(b)} (last steps)"]
+    ev = [f"{v.name('critic/score/mean')} {fmt(a)} (its best, steps {steps[peak]}-{steps[peak + 2]}) → {fmt(b)} "
+          "(last steps)"]
     why = "The policy got worse at what it is rewarded for: the updates are destroying it."
     es, e = v.series("actor/entropy")
     if len(e) >= 4:
         ea, eb = first_last(e, t.window)
         if eb > 2 * ea:
-            ev.append(f"actor/entropy {fmt(ea)} → {fmt(eb)}")
+            ev.append(f"{v.name('actor/entropy')} {fmt(ea)} → {fmt(eb)}")
             why += " The entropy rose with it: the model drifts toward noise (too large steps)."
     _, acc = v.series("val/accuracy")
     if len(acc) >= 2 and acc[-1] < acc[0]:
@@ -290,7 +292,7 @@ def _plateau(v: View, t: Thresholds) -> Finding | None:
     a, b = first_last(r, t.window)
     if abs(b - a) >= t.plateau_delta:  # a fall is reward_collapse's (or nothing)
         return None
-    ev = f"critic/score/mean {fmt(a)} (first steps) → {fmt(b)} (last steps)"
+    ev = f"{v.name('critic/score/mean')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"
     return Finding("reward_plateau", "info", None, 0.5, "Reward plateau", [ev],
                    "The mean reward did not rise between the first and the last steps.",
                    "See the other findings for why; a plateau at the reward's maximum is success.")
@@ -334,13 +336,14 @@ def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
             continue
         oa, ob = first_last(o, t.window)
         if ob - oa > t.component_rise and cb - ca < t.correct_rise:
+            o, c = v.label(other), v.label(correct)
             return Finding("format_over_correct", "warn", steps[0], 0.7,
-                           f"'{other}' reward rises while '{correct}' does not",
-                           [f"reward/{other}/mean {fmt(oa)} → {fmt(ob)}",
-                            f"reward/{correct}/mean {fmt(ca)} → {fmt(cb)}"],
-                           f"The policy optimises the easy '{other}' reward instead of the task: the weighted total "
+                           f"'{o}' reward rises while '{c}' does not",
+                           [f"{v.name(f'reward/{other}/mean')} {fmt(oa)} → {fmt(ob)}",
+                            f"{v.name(f'reward/{correct}/mean')} {fmt(ca)} → {fmt(cb)}"],
+                           f"The policy optimises the easy '{o}' reward instead of the task: the weighted total "
                            "rises, accuracy does not.",
-                           f"Lower the weight of '{other}' (reward.weights) or make it conditional on correctness; "
+                           f"Lower the weight of '{o}' (reward.weights) or make it conditional on correctness; "
                            "rlgrad's reward-component analysis shows each component's share of the update.")
     return None
 
@@ -440,12 +443,13 @@ def _takeover(v: View, t: Thresholds) -> Finding | None:
             share = m.get(f"grad_comp/{c}/share", 0.0)
             sim = m.get(f"grad_sim/{c}__{correct}", m.get(f"grad_sim/{correct}__{c}"))
             if share > t.share_high and sim is not None and sim < t.sim_negative:
+                lc, lr = v.label(c), v.label(correct)
                 return Finding("component_takes_over", "warn", s, 0.8,
-                               f"The '{c}' reward drives the update against correctness",
-                               [f"step {s}: grad_comp/{c}/share {fmt(share)}, cosine with '{correct}' {fmt(sim)}"],
-                               f"Most of the update comes from the '{c}' component, and its gradient points away "
-                               f"from the '{correct}' gradient: improving '{c}' costs accuracy.",
-                               f"Lower the weight of '{c}' or gate it on correctness.")
+                               f"The '{lc}' reward drives the update against correctness",
+                               [f"step {s}: grad_comp/{c}/share {fmt(share)}, cosine with '{lr}' {fmt(sim)}"],
+                               f"Most of the update comes from the '{lc}' component, and its gradient points away "
+                               f"from the '{lr}' gradient: improving '{lc}' costs accuracy.",
+                               f"Lower the weight of '{lc}' or gate it on correctness.")
     return None
 
 
@@ -461,15 +465,16 @@ def _dominates(v: View, t: Thresholds) -> Finding | None:
         hits = [(s, x) for s, x in zip(steps, share) if x > t.share_high]
         if hits:
             weight = v.cfg(f"reward.weights.{c}")
+            lc, lr = v.label(c), v.label(correct)
             return Finding("component_dominates", "warn", hits[0][0], 0.7,
-                           f"The '{c}' reward, not '{correct}', makes most of the update",
+                           f"The '{lc}' reward, not '{lr}', makes most of the update",
                            [f"grad_comp/{c}/share {fmt(hits[0][1])} at step {hits[0][0]} (above "
                             f"{fmt(t.share_high)} on {len(hits)} of {len(share)} analysis steps); "
                             f"grad_comp/{correct}/share {fmt(cshare.get(hits[0][0], math.nan))} there"]
                            + ([f"reward.weights.{c} = {weight}"] if weight is not None else []),
-                           f"Most of the gradient comes from the '{c}' component: the run spends its updates on "
-                           f"'{c}' rather than on the task, until '{c}' is satisfied.",
-                           f"Lower the weight of '{c}' (reward.weights); a secondary reward should stay a minor "
+                           f"Most of the gradient comes from the '{lc}' component: the run spends its updates on "
+                           f"'{lc}' rather than on the task, until '{lc}' is satisfied.",
+                           f"Lower the weight of '{lc}' (reward.weights); a secondary reward should stay a minor "
                            "share of the update once it is mostly satisfied.")
     return None
 
