@@ -158,7 +158,8 @@ class HFServer:
         temperature = float(p.get("temperature", 1.0))
         kw = {"do_sample": temperature > 0, "max_new_tokens": max_new, "pad_token_id": self.model.config.eos_token_id}
         if temperature > 0:
-            kw.update(temperature=temperature, top_p=float(p.get("top_p", 1.0)), top_k=max(int(p.get("top_k", -1) or 0), 0))  # verl's -1 (off) is HF's 0
+            top_k = max(int(p.get("top_k", -1) or 0), 0)  # verl's -1 (off) is HF's 0
+            kw.update(temperature=temperature, top_p=float(p.get("top_p", 1.0)), top_k=top_k)
         async with self.lock:
             out = await asyncio.to_thread(self._generate, list(prompt_ids), kw)
         return out
