@@ -195,6 +195,41 @@ def test_launcher_selects_rlgrad_trainer_and_worker(tmp_path):
         verl_main.prepare(cfg)
 
 
+def test_overrides_keep_verls_worker_group_registration():
+    """verl's worker group exposes only methods carrying verl's @register attributes: every verl method rlgrad's
+    workers override keeps them (the launch died with "'RayWorkerGroup' object has no attribute 'init_model'")."""
+    from verl.single_controller.base.decorator import MAGIC_ATTR
+    from verl.workers import engine_workers as ew
+
+    from rlgrad.integrations import verl as rv
+
+    checked = []
+    for ours, theirs in ((rv.TrainingWorker, ew.TrainingWorker), (rv.ActorRolloutRefWorker, ew.ActorRolloutRefWorker)):
+        for name, fn in vars(ours).items():
+            want = getattr(getattr(theirs, name, None), MAGIC_ATTR, None)
+            if callable(fn) and want is not None:
+                assert getattr(fn, MAGIC_ATTR, None) == want, f"{ours.__name__}.{name}"
+                checked.append(name)
+    assert {"init_model", "train_mini_batch", "load_checkpoint"} <= set(checked)
+
+
+def test_task_runner_travels_by_reference():
+    """Ray pickles verl's task runner by value into its own process, which imports nothing: unpickled and
+    started in a fresh interpreter, it brings the trainer registration with it."""
+    import base64
+
+    import cloudpickle
+
+    from rlgrad.integrations import verl_main
+
+    blob = base64.b64encode(cloudpickle.dumps(verl_main.TaskRunner.__ray_actor_class__)).decode()
+    code = ("import base64, pickle, sys; pickle.loads(base64.b64decode(sys.argv[1]))(); "
+            "from verl.trainer.ppo.v1 import get_trainer_cls; print(get_trainer_cls('rlgrad_sync').__module__)")
+    res = subprocess.run([sys.executable, "-c", code, blob], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split()[-1] == "rlgrad.integrations.verl_trainer"
+
+
 def verl_config(model_dir, run_dir, *extra):
     """verl's own ppo_trainer config, as a user would override it for rlgrad's launcher (CPU-sized)."""
     from hydra import compose, initialize_config_dir

@@ -1,74 +1,19 @@
 """verl on a CPU machine, for the verl integration's tests (``tests/test_verl.py`` and the ranks it starts).
 
-verl 0.9 ships platforms for CUDA/NPU/ROCm only: ``CpuPlatform`` registers one through verl's own
-``PlatformRegistry``, and the engine registered for CUDA is selected with verl's ``VERL_ENGINE_DEVICE``. The
-builders make verl's FSDP2 ``TrainingWorker`` and the batch verl's trainer hands to the actor update.
+verl 0.9 ships platforms for CUDA/NPU/ROCm only: ``rlgrad.integrations.verl_cpu`` registers a CPU platform and
+verl's FSDP engine for it through verl's registries. The builders make verl's FSDP2 ``TrainingWorker`` and the
+batch verl's trainer hands to the actor update.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import numpy as np
 import torch
 
-os.environ.setdefault("VERL_PLATFORM", "cpu")
-os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")  # verl registers its FSDP engine for cuda/npu devices only
-os.environ.setdefault("VERL_ENGINE_VENDOR", "nvidia")
-
-from verl.plugin.platform.platform_base import PlatformBase  # noqa: E402
-from verl.plugin.platform.platform_manager import PlatformRegistry  # noqa: E402
-
-
-class _CpuDevice:
-    """What verl calls on a device module, for the CPU."""
-
-    def __getattr__(self, name):
-        return getattr(torch.cpu, name)
-
-    def set_device(self, *a): pass
-    def manual_seed(self, s): torch.manual_seed(s)
-    def manual_seed_all(self, s): torch.manual_seed(s)
-    def empty_cache(self): pass
-    def is_available(self): return True
-    def device_count(self): return 1
-    def current_device(self): return "cpu"
-    def get_device_name(self, *a): return "CPU"
-    def memory_allocated(self, *a): return 0
-    def memory_reserved(self, *a): return 0
-    def max_memory_allocated(self, *a): return 0
-    def max_memory_reserved(self, *a): return 0
-    def mem_get_info(self, *a): return (0, 0)
-    def synchronize(self, *a): pass
-
-
-@PlatformRegistry.register("cpu")
-class CpuPlatform(PlatformBase):
-    device_name = "cpu"
-    vendor_name = "cpu"
-    device_module = _CpuDevice()
-
-    def is_available(self): return True
-    def current_device(self): return "cpu"
-    def device_count(self): return 1
-    def set_device(self, i): pass
-    def synchronize(self, i=None): pass
-    def manual_seed(self, s): torch.manual_seed(s)
-    def manual_seed_all(self, s): torch.manual_seed(s)
-    def set_allocator_settings(self, s): pass
-    def empty_cache(self): pass
-    def get_device_capability(self, i=0): return (None, None)
-    def communication_backend_name(self): return "gloo"
-    def visible_devices_envvar(self): return "CPU_VISIBLE_DEVICES"
-    def nvtx_range(self, msg): return contextlib.nullcontext()
-    def profiler_start(self): pass
-    def profiler_stop(self): pass
-    def ray_resource_name(self): return "CPU"
-    def ray_noset_envvars(self): return []
-    def is_ipc_supported(self): return False
-    def cudart(self): return None
-
+# verl's CPU support lives in rlgrad (verl_cpu): loaded here and, through verl's hook, in every subprocess
+os.environ.setdefault("VERL_USE_EXTERNAL_MODULES", "rlgrad.integrations.verl_cpu")
 
 from verl import DataProto  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
@@ -77,6 +22,7 @@ from verl.workers.config import ActorConfig, FSDPEngineConfig, FSDPOptimizerConf
 from verl.workers.engine_workers import TrainingWorkerConfig  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
+import rlgrad.integrations.verl_cpu  # noqa: E402,F401  (the platform and engine registrations)
 from rlgrad.integrations.verl import TrainingWorker  # noqa: E402
 
 B, P, R, N = 16, 6, 5, 4  # rows, prompt and response widths, samples per prompt

@@ -39,6 +39,7 @@ from rlgrad.integrations.verl_loss import batch_from_verl, verl_loss_settings
 from rlgrad.logging.sinks import JsonlSink
 
 try:
+    from verl.single_controller.base.decorator import MAGIC_ATTR, register
     from verl.workers.engine_workers import ActorRolloutRefWorker as _VerlActorRolloutRefWorker
     from verl.workers.engine_workers import TrainingWorker as _VerlTrainingWorker
 except ImportError as e:  # pragma: no cover - the module is only imported by people who use verl
@@ -54,6 +55,14 @@ VERL_METRICS = {"actor/pg_loss": "actor/pg_loss", "actor/pg_clipfrac": "actor/pg
                 "actor/ppo_kl": "actor/ppo_kl", "actor/pg_clipfrac_lower": "actor/pg_clipfrac_lower",
                 "actor/entropy_loss": "actor/entropy", "kl_loss": "actor/kl_loss", "grad_norm": "actor/grad_norm",
                 "lr": "actor/lr"}
+
+
+def registered_as(verl_method):
+    """verl's ``@register`` with the dispatch attributes of the verl method an override replaces.
+
+    verl's worker group exposes a worker's method only when it carries these attributes; an override without
+    them is invisible to the trainer (``'RayWorkerGroup' object has no attribute 'init_model'``)."""
+    return register(**getattr(verl_method, MAGIC_ATTR))
 
 
 def check_verl_version(version: str | None = None) -> Version:
@@ -92,6 +101,7 @@ class TrainingWorker(_VerlTrainingWorker):
         check_verl_version()
         self.rlgrad = _Instruments(self, actor_config, overrides, Path(run_dir), temperature)
 
+    @registered_as(_VerlTrainingWorker.train_mini_batch)
     def train_mini_batch(self, data):
         rl = self.rlgrad
         if rl is None:
@@ -108,6 +118,7 @@ class TrainingWorker(_VerlTrainingWorker):
             verl_metrics.update({k: [v] for k, v in metrics.items()})  # verl's trainer prefixes them with actor/
         return output
 
+    @registered_as(_VerlTrainingWorker.load_checkpoint)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
         out = super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
         m = re.search(r"global_step_(\d+)", str(local_path))
@@ -234,6 +245,11 @@ class ActorRolloutRefWorker(_VerlActorRolloutRefWorker):
 
     actor_worker_cls = TrainingWorker
 
+    def __init__(self, config, role: str, distillation_config=None, **kwargs):
+        super().__init__(config, role, distillation_config, **kwargs)
+        _join_cpu_process_group()
+
+    @registered_as(_VerlActorRolloutRefWorker.init_model)
     def init_model(self):
         super().init_model()
         if self.actor is not None:
@@ -245,6 +261,17 @@ class ActorRolloutRefWorker(_VerlActorRolloutRefWorker):
             overrides = [f"{k}={v}" for k, v in _flatten(rl, "").items() if k != "dir"]
             self.actor.rlgrad_setup(omega_conf_to_dataclass(self.config.actor), overrides, rl.get("dir", None) or
                                     "rlgrad", temperature=float(self.config.rollout.temperature))
+
+
+def _join_cpu_process_group() -> None:
+    """On verl's CPU platform (``rlgrad.integrations.verl_cpu``), a plain gloo group before verl's workers
+    would create theirs: verl's backend string there, ``cpu:gloo,cpu:gloo``, is refused by torch."""
+    import torch.distributed as dist
+    from verl.utils.device import get_device_name
+
+    if get_device_name() == "cpu" and not dist.is_initialized():
+        dist.init_process_group("gloo", rank=int(os.environ.get("RANK", 0)),
+                                world_size=int(os.environ.get("WORLD_SIZE", 1)))
 
 
 def _flatten(d, prefix: str) -> dict:

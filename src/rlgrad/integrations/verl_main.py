@@ -3,9 +3,9 @@
 Takes verl's own Hydra config (``ppo_trainer``) and overrides, plus ``+actor_rollout_ref.rlgrad.*`` (rlgrad's
 ``analysis.*`` settings and ``dir``). It registers a trainer ``rlgrad_sync`` through verl's
 ``register_trainer`` (``PPOTrainerSync`` whose actor role gets ``rlgrad.integrations.verl.ActorRolloutRefWorker``),
-selects it with ``trainer.v1.trainer_mode``, and starts verl's ``run_ppo`` with a task runner that imports
-this module in its Ray process first, so the registration exists where verl looks the trainer up. Nothing
-of verl is edited or patched.
+selects it with ``trainer.v1.trainer_mode``, and starts verl's ``run_ppo`` with a task runner whose Ray
+process imports the registration (both in ``rlgrad.integrations.verl_trainer``). Nothing of verl is edited
+or patched.
 """
 
 from __future__ import annotations
@@ -15,36 +15,18 @@ import sys
 from pathlib import Path
 
 import hydra
-import ray
 from omegaconf import OmegaConf, open_dict
-from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
-from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
-from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
+from verl.trainer.main_ppo import run_ppo
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
 from rlgrad.errors import UserError
 from rlgrad.integrations.verl import ActorRolloutRefWorker, check_verl_version
+from rlgrad.integrations.verl_trainer import ACTOR_ROLES, TRAINER, RlgradPPOTrainer, TaskRunner
 
-TRAINER = "rlgrad_sync"
-ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor)
+__all__ = ["ACTOR_ROLES", "TRAINER", "ActorRolloutRefWorker", "RlgradPPOTrainer", "TaskRunner", "main", "prepare"]
 VERL_CONFIG = str(Path(__import__("verl.trainer", fromlist=["x"]).__file__).parent / "config")
-
-
-@register_trainer(TRAINER)
-class RlgradPPOTrainer(PPOTrainerSync):
-    """verl's synchronous PPO trainer whose actor worker is rlgrad's."""
-
-    def _init_resource_pool_mgr(self):
-        super()._init_resource_pool_mgr()
-        for role in ACTOR_ROLES:
-            if role in self.role_worker_mapping:
-                self.role_worker_mapping[role] = ray.remote(ActorRolloutRefWorker)
-
-
-@ray.remote(num_cpus=1)
-class TaskRunner(TaskRunnerV1.__ray_actor_class__):
-    """verl's V1 task runner, defined here so that its Ray process imports this module (the registration)."""
 
 
 def prepare(config) -> None:
