@@ -71,8 +71,8 @@ def build(cfg: RLGradConfig, task, seed: int, stop_after: int | None = None) -> 
     model, _ = build_warmstart(cfg.model, task, seed, log=lambda msg: print(msg, flush=True), stop_after=stop_after)
     # tied embeddings are one tensor under two names: safetensors stores it once, under its first name
     state = model.state_dict()
-    first = {id(v): k for k, v in reversed(list(state.items()))}
-    return {k: v.detach().contiguous() for k, v in state.items() if first[id(v)] == k}
+    first = {v.data_ptr(): k for k, v in reversed(list(state.items()))}
+    return {k: v.detach().clone() for k, v in state.items() if first[v.data_ptr()] == k}
 
 
 def digest(state: dict[str, torch.Tensor]) -> str:
@@ -120,6 +120,7 @@ def main() -> int:
         prefix = digest(build(cfg, task, seed, stop_after=PREFIX_STEPS))
         state = build(cfg, task, seed)
         save_file(state, str(path))
+        path.chmod(0o644)  # package data: readable by everyone, whatever the umask of safetensors' temp file
         info = {"settings": f"{task.name}, model.* of {user}", "seed": seed, "steps": cfg.model.warmstart_steps,
                 "sha256": digest(state), "prefix_steps": PREFIX_STEPS, "prefix_sha256": prefix,
                 "torch": torch.__version__.split("+")[0], "threads": 1}

@@ -59,7 +59,7 @@ def test_a_signal_in_any_early_step_or_too_few_steps_is_no_problem():
 def test_constant_component_needs_a_weight():
     const = rows(0.3, 0.5, format_mean=1.0, format_std=0.0)
     assert ids(reward_problems(const)) == [("constant_component", "format")]
-    assert "pays every response" in reward_problems(const)[0].cause
+    assert "pays every response" in reward_problems(const)[0].cause and "cancels" in reward_problems(const)[0].cause
     assert reward_problems(const, weights={"correctness": 1.0, "format": 0.0}) == []
     assert ids(reward_problems(const, weights={"correctness": 0.9, "format": 0.1})) == [("constant_component", "format")]
 
@@ -98,5 +98,6 @@ def live(tmp_path: Path, overrides: list[str]):
 def test_live_warning_and_doctor_on_demo_runs(tmp_path, overrides, fires):
     out, run = live(tmp_path, overrides)
     assert ("WARNING [unlearnable_reward]" in out) == fires, out[-3000:]
+    assert "WARNING [constant_component]" not in out  # a note at most: GRPO cancels a constant
     found = {f.id for f in diagnose(load_any(run)).findings}
     assert ("unlearnable_reward" in found) == fires

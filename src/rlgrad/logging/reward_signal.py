@@ -8,8 +8,11 @@ both visible in the first few steps and both easy to miss on a reward curve:
   or the answers are not read: extraction or format), all right (too easy), or a mix of both kinds of group.
   A component that pays almost every response meanwhile (e.g. a lenient format check, 1.0 for a sentence
   that was never the asked form) is named as the likely cause.
-* ``constant_component``: a weighted component other than correctness has one value across the whole batch
-  in every one of the first ``MIN_STEPS`` steps: it adds a constant to every reward and teaches nothing.
+* ``constant_component`` (a note, not a fault): a weighted component other than correctness has one value across
+  the whole batch in every one of the first ``MIN_STEPS`` steps. GRPO's group baseline cancels a constant, so it
+  teaches nothing and only lifts the reward curve; where correctness has no signal either, it is the likely
+  cause named by ``unlearnable_reward``. (The demo's format, a bare integer, is such a component: its warm
+  start already writes bare integers.)
 
 Only the start of a run counts: a component that becomes constant later has usually been learned. The trainer
 prints each problem once, live (``RewardSignalWatch``, a metrics sink), and ``rlgrad doctor`` reports the same
@@ -76,9 +79,10 @@ def reward_problems(rows: Mapping[int, Mapping[str, float]], weights: Mapping[st
                 "constant_component", name, step,
                 [f"reward/{name}/std = 0 and reward/{name}/mean = {value:.3g} on steps "
                  f"{first[0][0]}-{step}"],
-                f"'{name}' pays {pays} response: it adds a constant to every reward and gives GRPO no signal.",
-                f"Check what '{name}' measures (a check too lenient or too strict for what this model writes; "
-                f"rlgrad samples RUN shows the responses), or set its weight to 0 in reward.weights."))
+                f"'{name}' pays {pays} response: a constant that GRPO's group baseline cancels, so it teaches "
+                "nothing and only lifts the reward curve.",
+                f"Nothing to fix if that is expected; otherwise check what '{name}' measures (a check too lenient or "
+                f"too strict for what this model writes: rlgrad samples RUN), or set its weight to 0."))
     return out
 
 
@@ -143,7 +147,8 @@ class RewardSignalWatch:
             return
         self.checked = True
         for p in reward_problems(self.rows, self.weights):
-            self.say(f"WARNING [{p.id}] step {p.step}: {p.cause} {p.advice} ({'; '.join(p.evidence)})")
+            level = "WARNING" if p.id == "unlearnable_reward" else "note"
+            self.say(f"{level} [{p.id}] step {p.step}: {p.cause} {p.advice} ({'; '.join(p.evidence)})")
 
     def close(self) -> None:
         return None

@@ -317,7 +317,7 @@ def _unlearnable(v: View, t: Thresholds) -> Finding | None:
 
 @signature("constant_component", "reward/{component}/std")
 def _constant_component(v: View, t: Thresholds) -> Finding | None:
-    return _reward_problem(v, "constant_component", "warn")
+    return _reward_problem(v, "constant_component", "info")
 
 
 @signature("format_over_correct", "reward/{component}/mean")
