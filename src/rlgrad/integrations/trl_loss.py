@@ -301,9 +301,9 @@ def trl_reward_view(rewards_per_func: Tensor, weights: Tensor, names: list[str],
     This is A in exact arithmetic (float64 here, from TRL's own float32 rewards and weights). TRL computes it in
     the rewards' dtype (float32), and ``tol`` bounds the difference (``_normalised_rounding``): about
     (n+K)·u·|R| / std where a group's rewards vary (1e-5 at rewards in the tens and a std of 1; u = 2^-24), and
-    about u·|R|·1e4 where they do not, because TRL divides a rounding residue by std + 1e-4 = 1e-4 (A = ±0.0094
-    for rewards 15 and 13 weighted 0.7 / 0.3 in groups of 3). That residue is no reward function's: the shares
-    of such a group are 0.
+    about (2n+K+4)·u·|R|·1e4 where they do not (0.1 at rewards in the tens), because TRL divides a rounding
+    residue by std + 1e-4 = 1e-4 (A = ±0.0094 for rewards 15 and 13 weighted 0.7 / 0.3 in groups of 3). That
+    residue is no reward function's: the shares of such a group are 0.
     """
     u = torch.finfo(torch.promote_types(rewards_per_func.dtype, weights.dtype)).eps / 2  # TRL's unit roundoff
     r = rewards_per_func.double().cpu()
