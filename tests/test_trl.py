@@ -60,14 +60,14 @@ class Capturing(GRPOTrainer):
 
 
 def make(setup, tmp_path, cls=GRPOTrainer, steps=1, rlgrad=("analysis.every=1", "analysis.buckets.num_buckets=2"),
-         **cfg):
+         funcs=(shorter, digits), **cfg):
     root, tok, data = setup
-    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, per_device_train_batch_size=16,
-                      num_generations=4, max_completion_length=8, max_steps=steps, logging_steps=1, report_to=[],
-                      save_strategy="no", learning_rate=1e-3, disable_tqdm=True, seed=1, reward_weights=[0.7, 0.3],
-                      **{"beta": 0.04, "loss_type": "dapo", **cfg})
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, max_completion_length=8, max_steps=steps,
+                      logging_steps=1, report_to=[], save_strategy="no", learning_rate=1e-3, disable_tqdm=True, seed=1,
+                      reward_weights=[0.7, 0.3], **{"per_device_train_batch_size": 16, "num_generations": 4,
+                                                    "beta": 0.04, "loss_type": "dapo", **cfg})
     kw = {} if cls is trl.GRPOTrainer else {"rlgrad": list(rlgrad)}
-    return cls(model=str(root / "model"), reward_funcs=[shorter, digits], args=args, train_dataset=data,
+    return cls(model=str(root / "model"), reward_funcs=list(funcs), args=args, train_dataset=data,
                processing_class=tok, **kw)
 
 
@@ -204,6 +204,97 @@ def test_reward_view_splits_trl_advantages():
     ok = ~torch.isnan(R)
     a = torch.nan_to_num((R - R[ok].mean()) / (R[ok].std() + 1e-4))
     torch.testing.assert_close(sum(v.split.values()), a, rtol=1e-5, atol=1e-6)
+
+
+def trl_float32_advantages(r: torch.Tensor, w: torch.Tensor, G: int, aggregation: str, scale: str) -> torch.Tensor:
+    """TRL 1.16's ``_generate_and_score_completions`` advantage, op for op in float32 (the oracle)."""
+    from trl.trainer.utils import nanstd
+
+    unscorable = torch.isnan(r).all(1)
+    if aggregation == "sum_then_normalize":
+        R = (r * w).nansum(1)
+        R[unscorable] = float("nan")
+        a = R - torch.nanmean(R.view(-1, G), 1).repeat_interleave(G)
+        if scale == "group":
+            a = a / (nanstd(R.view(-1, G), 1).repeat_interleave(G) + 1e-4)
+        elif scale == "batch":
+            a = a / (nanstd(R) + 1e-4)
+    else:
+        grouped = r.view(-1, G, r.shape[1])
+        z = ((grouped - torch.nanmean(grouped, 1, keepdim=True)) / (nanstd(grouped, 1, keepdim=True) + 1e-4))
+        R = (z.view(-1, r.shape[1]) * w).nansum(1)
+        R[unscorable] = float("nan")
+        a = (R - torch.nanmean(R)) / (nanstd(R) + 1e-4)
+    return torch.nan_to_num(a, nan=0.0)
+
+
+def test_reward_view_bounds_trl_float32_rounding_and_refuses_other_advantages():
+    g = torch.Generator().manual_seed(0)
+    w = torch.tensor([0.7, 0.3])
+    noisy = 0
+    for trial in range(200):
+        r = torch.randint(0, 40, (12, 2), generator=g).float()  # 4 groups of 3, rewards up to the tens
+        r[:3] = r[0]  # a group without variance: TRL's float32 advantage there is a rounding residue / 1e-4
+        if trial % 4 == 0:
+            r[4, 1] = float("nan")
+            r[7] = float("nan")
+        for aggregation, scale in (("sum_then_normalize", "group"), ("sum_then_normalize", "batch"),
+                                   ("sum_then_normalize", "none"), ("normalize_then_sum", "group")):
+            v = trl_reward_view(r, w, ["a", "b"], 3, scale_rewards=scale, aggregation=aggregation)
+            trl_adv = trl_float32_advantages(r, w, 3, aggregation, scale)
+            diff = (trl_adv.double() - v.advantage).abs()
+            assert bool((diff <= v.tol).all()), (trial, aggregation, scale, diff.max())
+            v.check(trl_adv, slice(0, 12))
+            torch.testing.assert_close(sum(v.split.values()).double(), v.advantage, rtol=1e-6, atol=1e-6)
+            if aggregation == "sum_then_normalize" and scale == "group":
+                noisy += bool(diff[:3].max() > 1e-3)  # what the old fixed 1e-3 refused
+                assert all(float(s[:3].abs().max()) == 0 for s in v.split.values())  # the residue is no one's
+                # where rewards vary (std >= 0.5 here) the bound is float32-tight, not a blanket allowance ...
+                varying = (v.reward_std >= 0.5) & ~torch.isnan(v.total)
+                assert float(v.tol[varying].max()) < 1e-4
+                # ... so a custom advantage 1e-3 away in such a group is refused
+                i = int(varying.nonzero()[0])
+                bad = trl_adv.clone()
+                bad[i] += 1e-3
+                with pytest.raises(UserError, match="a custom advantage"):
+                    v.check(bad, slice(0, 12))
+    assert noisy > 10  # the case is common at these rewards: ~1 in 6 flat groups of 3
+
+
+def length_tens(prompts, completions, **kw):
+    """TRL's test_train_multiple_reward_funcs_with_weights rewards (len(completion), len(set(completion)), weights
+    0.7 / 0.3) moved into the tens. A subtraction prompt's completions all get 15 and 13: a group without variance
+    whose weighted total (0.7 * 15 + 0.3 * 13 in float32) TRL's float32 group mean of 3 misses by an ulp."""
+    return [15.0 if "-" in p else 10.0 + len(c) for p, c in zip(prompts, completions)]
+
+
+def unique_tens(prompts, completions, **kw):
+    return [13.0 if "-" in p else 10.0 + len(set(c)) for p, c in zip(prompts, completions)]
+
+
+def test_weighted_rewards_in_the_tens_split_as_trl_defines_its_advantage(setup, tmp_path):
+    # Groups of 3 as in TRL's test (a mean of 4 equal floats is exact: pairwise sums of equal terms do not round).
+    t = make(setup, tmp_path, cls=Capturing, funcs=(length_tens, unique_tens), per_device_train_batch_size=12,
+             num_generations=3, rlgrad=["analysis.every=null"])  # the split is checked at every generation
+    t.train()  # (rlgrad used to refuse this batch as "a custom advantage?")
+    out, rewards = t.captured, t.rlgrad.rewards
+    # TRL's advantage in exact arithmetic, independently: (R - mean_g R) / (std_g R + 1e-4), R = 0.7 r1 + 0.3 r2
+    R = (rewards.double() * t.reward_weights.double()).sum(1).view(-1, 3)
+    exact = ((R - R.mean(1, keepdim=True)) / (R.std(1, keepdim=True) + 1e-4)).flatten()
+    trl_adv = out["advantages"].double()
+    flat = R.std(1) == 0
+    assert flat.any() and (~flat).any()  # both kinds of group are in the batch
+    # The premise: in a group without variance TRL's float32 advantage is rounding noise, not 0, and larger than
+    # the 1e-3 rlgrad used to allow; elsewhere TRL's advantage is the exact one to float32 precision.
+    assert float(trl_adv.view(-1, 3)[flat].abs().max()) > 1e-3
+    assert torch.allclose(trl_adv.view(-1, 3)[~flat], exact.view(-1, 3)[~flat], rtol=1e-5, atol=1e-5)
+    split = t.rlgrad.ctx.component_advantages(t.rlgrad.ctx.batch)
+    assert set(split) == {"length_tens", "unique_tens"}
+    torch.testing.assert_close(sum(split.values()).double(), exact, rtol=1e-6, atol=1e-6)
+    for k, name in enumerate(split):  # each function's share: w_k (r_k - mean_g r_k) / (std_g R + 1e-4)
+        r = rewards[:, k].double().view(-1, 3)
+        share = t.reward_weights[k].double() * (r - r.mean(1, keepdim=True)) / (R.std(1, keepdim=True) + 1e-4)
+        torch.testing.assert_close(split[name].double(), share.flatten(), rtol=1e-6, atol=1e-6)
 
 
 def test_versions_and_settings_refused_in_one_line(setup, tmp_path):

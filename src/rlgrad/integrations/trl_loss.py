@@ -222,6 +222,19 @@ class RewardView:
     reward_std: Tensor  # [N] unbiased std of the group's totals
     components: dict[str, Tensor]  # reward function name -> [N] (None -> 0)
     split: dict[str, Tensor]  # reward function name -> [N] its share of TRL's advantage
+    advantage: Tensor  # [N] float64: TRL's advantage in exact arithmetic, the shares' sum
+    tol: Tensor  # [N] float64: how far TRL's advantage, computed in its dtype, may round away from ``advantage``
+
+    def check(self, advantages: Tensor, rows: slice) -> None:
+        """Refuse ``advantages`` (TRL's, for ``rows``) unless they are TRL's reward advantage up to its rounding."""
+        diff = (advantages.double().cpu() - self.advantage[rows]).abs()
+        excess = diff - self.tol[rows]
+        if not bool((excess <= 0).all()):
+            i = int(excess.argmax())
+            raise UserError("TRL's advantages are not its reward functions' normalised rewards (a custom advantage?): "
+                            f"{float(advantages[i]):.6g} where its rewards give {float(self.advantage[rows][i]):.6g} "
+                            f"+- {float(self.tol[rows][i]):.2g} (rounding); rlgrad's reward-function geometry cannot "
+                            "split them")
 
 
 def _group_mean(x: Tensor, valid: Tensor, g: Tensor, num_groups: int) -> Tensor:
@@ -239,6 +252,41 @@ def _group_std(x: Tensor, valid: Tensor, g: Tensor, num_groups: int) -> Tensor:
     return (ss / (c - 1).clamp(min=1)).sqrt()[g]
 
 
+def _group_max(x: Tensor, valid: Tensor, g: Tensor, num_groups: int) -> Tensor:
+    """Per-sample max of ``x`` (>= 0) over the valid samples of its group (0 for none)."""
+    return torch.zeros(num_groups, dtype=x.dtype).scatter_reduce_(0, g, torch.where(valid, x, 0.0), "amax")[g]
+
+
+def _normalised_rounding(x: Tensor, err: Tensor, valid: Tensor, g: Tensor, num_groups: int, std_g: Tensor | None,
+                         adv: Tensor, u: float) -> Tensor:
+    """A first-order bound on how far ``(x − mean_g x) / (std x + EPS)``, computed as TRL does in a dtype of unit
+    roundoff ``u`` from values within ``err`` of ``x``, lies from its exact value ``adv``; ``std_g`` the groups of
+    the std (None: no division, ``scale_rewards="none"``). Per sample, with n, M, ē a group's size, max |x| + err
+    and mean err: a float sum of n terms is within (n−1)·u·Σ|terms| whatever the summation order, so the mean is
+    within ē + (n+1)·u·M and x − mean within e_dev = err + ē + (n+3)·u·M; the std moves by at most the deviations'
+    error norm, √(n/(n−1))·(rms err + ē + (n+3)·u·M), plus (n+6)·u of its own rounding (squares, sum, divisions,
+    sqrt); the quotient is then within (e_dev + |A|·e_den) / (den − e_den) + u·|A|. A group without variance has
+    A = 0, but TRL's float32 mean of equal totals may miss them by an ulp, which its ``/ (0 + 1e-4)`` scales to
+    about u·|R|·1e4: 0.01 at rewards in the tens, which this bound lets through."""
+    M = _group_max(x.abs() + err, valid, g, num_groups)
+    n = torch.zeros(num_groups, dtype=x.dtype).index_add_(0, g, valid.to(x.dtype))[g]
+    e_dev = err + _group_mean(err, valid, g, num_groups) + (n + 3) * u * M
+    if std_g is None:
+        return e_dev + u * adv.abs()
+    G = int(std_g.max()) + 1 if len(std_g) else 0
+    Ms = _group_max(x.abs() + err, valid, std_g, G)
+    ns = torch.zeros(G, dtype=x.dtype).index_add_(0, std_g, valid.to(x.dtype))[std_g]
+    rms = _group_mean(err**2, valid, std_g, G).sqrt()
+    std = _group_std(x, valid, std_g, G)
+    e_std = ((ns / (ns - 1).clamp(min=1)).sqrt() * (rms + _group_mean(err, valid, std_g, G) + (ns + 3) * u * Ms)
+             + (ns + 6) * u * std)
+    den = std + EPS
+    e_den = e_std + 2 * u * den  # and EPS's own float rounding, and the sum's
+    tol = (e_dev + adv.abs() * e_den) / torch.clamp(den - e_den, min=(1 - u) * EPS) + u * adv.abs()
+    # one valid sample: TRL's std is NaN, its advantage 0 after nan_to_num, as is ours (x − mean = 0)
+    return torch.where(ns > 1, tol, 0.0)
+
+
 def trl_reward_view(rewards_per_func: Tensor, weights: Tensor, names: list[str], num_generations: int, *,
                     scale_rewards: str, aggregation: str) -> RewardView:
     """Totals, groups and each reward function's share of the advantage, as TRL forms the advantage.
@@ -249,7 +297,15 @@ def trl_reward_view(rewards_per_func: Tensor, weights: Tensor, names: list[str],
     (std R + 1e-4) over the batch; k's share is w_k (z_k − mean z_k) / (std R + 1e-4). Both are linear in the
     rewards with TRL's normalisers held fixed, so the shares add up to A. A None reward counts 0 in the sums
     (TRL's ``nansum``); a sample whose every reward is None has A = 0 and shares 0.
+
+    This is A in exact arithmetic (float64 here, from TRL's own float32 rewards and weights). TRL computes it in
+    the rewards' dtype (float32), and ``tol`` bounds the difference (``_normalised_rounding``): about
+    (n+K)·u·|R| / std where a group's rewards vary (1e-5 at rewards in the tens and a std of 1; u = 2^-24), and
+    about (2n+K+4)·u·|R|·1e4 where they do not (0.1 at rewards in the tens), because TRL divides a rounding
+    residue by std + 1e-4 = 1e-4 (A = ±0.0094 for rewards 15 and 13 weighted 0.7 / 0.3 in groups of 3). That
+    residue is no reward function's: the shares of such a group are 0.
     """
+    u = torch.finfo(torch.promote_types(rewards_per_func.dtype, weights.dtype)).eps / 2  # TRL's unit roundoff
     r = rewards_per_func.double().cpu()
     w = weights.double().cpu()
     N = r.shape[0]
@@ -266,17 +322,32 @@ def trl_reward_view(rewards_per_func: Tensor, weights: Tensor, names: list[str],
         else:
             den = std_total + EPS if scale_rewards == "group" else torch.ones_like(total)
         split = {k: w[j] * (rz[:, j] - _group_mean(rz[:, j], scorable, g, G)) / den for j, k in enumerate(names)}
+        A = torch.where(scorable, sum(split.values()), 0.0)
+        # TRL's float R = nansum(w * r) is within γ_K Σ_k |w_k r_k| <= (K+1)·u·Σ_k |w_k r_k| of this R
+        err = (len(names) + 1) * u * (rz * w).abs().sum(1)
+        std_g = {"group": g, "batch": torch.zeros_like(g), "none": None}[scale_rewards]
+        tol = _normalised_rounding(total, err, scorable, g, G, std_g, A, u)
     elif aggregation == "normalize_then_sum":
-        z = torch.stack([(r[:, j] - _group_mean(r[:, j], ~torch.isnan(r[:, j]), g, G))
-                         / (_group_std(r[:, j], ~torch.isnan(r[:, j]), g, G) + EPS) for j in range(len(names))], 1)
-        z = torch.nan_to_num(z, nan=0.0)
+        zs, z_tol = [], []
+        for j in range(len(names)):
+            ok = ~torch.isnan(r[:, j])
+            zj = torch.where(ok, (rz[:, j] - _group_mean(rz[:, j], ok, g, G)) / (_group_std(rz[:, j], ok, g, G) + EPS),
+                             0.0)
+            zs.append(zj)
+            z_tol.append(torch.where(ok, _normalised_rounding(rz[:, j], torch.zeros_like(zj), ok, g, G, g, zj, u), 0.0))
+        z, z_tol = torch.stack(zs, 1), torch.stack(z_tol, 1)
         R = (z * w).sum(1)
         valid = R[scorable]
         den = (valid.std() if valid.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)) + EPS
         split = {k: w[j] * (z[:, j] - z[scorable, j].mean()) / den for j, k in enumerate(names)}
+        A = torch.where(scorable, sum(split.values()), 0.0)
+        # TRL's z_k are within z_tol of these; its R = nansum(w * z) adds (K+1)·u·Σ_k |w_k z_k|
+        err = (z_tol * w.abs()).sum(1) + (len(names) + 1) * u * ((z.abs() + z_tol) * w.abs()).sum(1)
+        zero = torch.zeros_like(g)
+        tol = _normalised_rounding(R, err, scorable, zero, 1, zero, A, u)
     else:
         raise UserError(f"rlgrad does not know TRL's multi_objective_aggregation '{aggregation}'")
     split = {k: torch.where(scorable, v, 0.0).float() for k, v in split.items()}
     return RewardView(total=torch.where(scorable, total, float("nan")).float(), group_ids=g,
                       reward_std=std_total.float(), components={k: rz[:, j].float() for j, k in enumerate(names)},
-                      split=split)
+                      split=split, advantage=A, tol=torch.where(scorable, tol, 0.0))
