@@ -128,8 +128,8 @@ def show(out: Path, images: Path) -> None:
         pts, per = bucket_points(r, False), bucket_points(r, True)
         nz = [(s, g) for s, g in pts if s > 0]
         acc = [r[s]["val/accuracy"] for s in sorted(r) if "val/accuracy" in r[s]]
-        print(f"| {name} | {acc[0]:.1%} → {acc[-1]:.1%} | {spearman(*zip(*pts)) if pts else math.nan:.2f} | "
-              f"{spearman(*zip(*per)) if per else math.nan:.2f} | {spearman(*zip(*nz)) if len(nz) > 2 else math.nan:.2f} |")
+        rho = [spearman(*zip(*p)) if len(p) > 2 else math.nan for p in (pts, per, nz)]
+        print(f"| {name} | {acc[0]:.1%} → {acc[-1]:.1%} | {rho[0]:.2f} | {rho[1]:.2f} | {rho[2]:.2f} |")
         ax = axes[0 if name.startswith("demo") else 1]
         if pts:
             ax.scatter(*zip(*pts), s=12, alpha=0.7, label=name.split("-", 1)[1])

@@ -45,7 +45,9 @@ def test_modes_on_a_sentence(mode, answer, asked, fallback):
 
 
 def test_auto_prefers_the_asked_form_and_flexible_ignores_it():
-    strict = (lambda text: "3" if "<answer>3</answer>" in text else None)
+    def strict(text):
+        return "3" if "<answer>3</answer>" in text else None
+
     assert extract("<answer>3</answer> not 5", "3", "auto", strict).answer == "3"
     assert extract("<answer>3</answer> not 5", "3", "flexible", strict).answer == "5"
     with pytest.raises(ValueError):
@@ -89,7 +91,8 @@ def test_reasoning_gym_datasets(rg, dataset, config):
 def test_config_key_and_its_reasoning_gym_alias(rg):
     from rlgrad.config import load_config
 
-    cfg = load_config(overrides=["data.reasoning_gym.answer_extraction=strict", "data.reasoning_gym.partial_credit=true"])
+    cfg = load_config(overrides=["data.reasoning_gym.answer_extraction=strict",
+                                 "data.reasoning_gym.partial_credit=true"])
     assert cfg.reward.answer_extraction == "strict" and cfg.reward.partial_credit is True
     from rlgrad.errors import UserError
 
