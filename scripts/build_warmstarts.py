@@ -64,11 +64,15 @@ def needed() -> dict[str, tuple[str, RLGradConfig, object, int]]:
 PREFIX_STEPS = 20  # the checkable start of each warm start (tests/test_warmstarts.py rebuilds it)
 
 
-def build(cfg: RLGradConfig, task, seed: int, stop_after: int | None = None) -> dict[str, torch.Tensor]:
+def build(cfg: RLGradConfig, task, seed: int, stop_after: int | None = None,
+          device: str = "cpu") -> dict[str, torch.Tensor]:
     """One warm start (or its first ``stop_after`` steps), on one thread: the sums then run in one order whatever
-    the machine's core count, so a rebuild is bitwise the same."""
+    the machine's core count, so a rebuild is bitwise the same. ``device="cuda"`` builds a long one (Sokoban's)
+    in a minute instead of an hour; it is then reproducible on that kind of GPU, not bitwise on a CPU."""
     torch.set_num_threads(1)
-    model, _ = build_warmstart(cfg.model, task, seed, log=lambda msg: print(msg, flush=True), stop_after=stop_after)
+    model, _ = build_warmstart(cfg.model, task, seed, log=lambda msg: print(msg, flush=True), stop_after=stop_after,
+                               device=device)
+    model = model.cpu()
     # tied embeddings are one tensor under two names: safetensors stores it once, under its first name
     state = model.state_dict()
     first = {v.data_ptr(): k for k, v in reversed(list(state.items()))}
@@ -95,6 +99,8 @@ def main() -> int:
     ap.add_argument("--list", action="store_true", help="list the warm starts needed and whether each is shipped")
     ap.add_argument("--check", metavar="TASK", help="rebuild the shipped warm start(s) of TASK in full and compare")
     ap.add_argument("--only", metavar="TASK", help="build only the missing warm starts of TASK")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="where to build the full warm start (the recorded prefix is always built on the CPU)")
     args = ap.parse_args()
     wanted = needed()
     if args.list:
@@ -113,17 +119,28 @@ def main() -> int:
                 print(f"{stem}: {'identical' if same else 'DIFFERENT'} ({time.perf_counter() - t0:.0f} s)")
                 bad += not same
             continue
-        if path.is_file() or (args.only and not stem.startswith(f"{args.only}-")):
+        if args.only and not stem.startswith(f"{args.only}-"):
+            continue
+        info = record(stem)
+        if path.is_file():
+            if "prefix_sha256" not in info:  # built on a GPU (--device cuda): record its checkable start here
+                info.update(sha256=digest(load_file(path)), prefix_steps=PREFIX_STEPS, threads=1,
+                            prefix_sha256=digest(build(cfg, task, seed, stop_after=PREFIX_STEPS)),
+                            torch=torch.__version__.split("+")[0])
+                (SHIPPED_WARMSTARTS / f"{stem}.json").write_text(json.dumps(info, indent=1) + "\n")
+                print(f"recorded the first {PREFIX_STEPS} steps of {stem}")
             continue
         t0 = time.perf_counter()
-        print(f"building {stem} ({cfg.model.warmstart_steps} steps, for {user})", flush=True)
-        prefix = digest(build(cfg, task, seed, stop_after=PREFIX_STEPS))
-        state = build(cfg, task, seed)
+        print(f"building {stem} ({cfg.model.warmstart_steps} steps, for {user}, on {args.device})", flush=True)
+        state = build(cfg, task, seed, device=args.device)
         save_file(state, str(path))
         path.chmod(0o644)  # package data: readable by everyone, whatever the umask of safetensors' temp file
         info = {"settings": f"{task.name}, model.* of {user}", "seed": seed, "steps": cfg.model.warmstart_steps,
-                "sha256": digest(state), "prefix_steps": PREFIX_STEPS, "prefix_sha256": prefix,
-                "torch": torch.__version__.split("+")[0], "threads": 1}
+                "built_on": {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                             "torch": torch.__version__.split("+")[0], "threads": 1}}
+        if args.device == "cpu":
+            info.update(sha256=digest(state), prefix_steps=PREFIX_STEPS, threads=1, torch=info["built_on"]["torch"],
+                        prefix_sha256=digest(build(cfg, task, seed, stop_after=PREFIX_STEPS)))
         (SHIPPED_WARMSTARTS / f"{stem}.json").write_text(json.dumps(info, indent=1) + "\n")
         print(f"  {path} ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t0:.0f} s)", flush=True)
     return 1 if bad else 0

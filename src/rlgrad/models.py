@@ -407,7 +407,7 @@ def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int, lo
         else:
             ex = task.train_examples(cfg.warmstart_batch_size, rng)
             prompts, targets = [e.prompt for e in ex], [teacher(e, rng) if teacher else task.sft_target(e) for e in ex]
-        ids, att, lab = sft_batch(tokenizer, prompts, targets)
+        ids, att, lab = (t.to(model.device) for t in sft_batch(tokenizer, prompts, targets))
         pos = (att.cumsum(-1) - 1).clamp(min=0)
         logits = model(input_ids=ids, attention_mask=att, position_ids=pos).logits
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), lab[:, 1:].flatten(), ignore_index=-100)
@@ -419,10 +419,11 @@ def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int, lo
     model.eval()
 
 
-def build_warmstart(cfg: ModelConfig, task, seed: int, log=None, stop_after: int | None = None):
+def build_warmstart(cfg: ModelConfig, task, seed: int, log=None, stop_after: int | None = None,
+                    device: str = "cpu"):
     """The embedded default warm-started here: (model, tokenizer). What ``scripts/build_warmstarts.py`` ships."""
     tokenizer = build_char_tokenizer()
-    model = build_tiny_model(cfg, tokenizer, seed)
+    model = build_tiny_model(cfg, tokenizer, seed).to(device)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         supervised_warmstart(model, tokenizer, task, cfg, seed, log=log, stop_after=stop_after)
