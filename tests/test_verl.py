@@ -230,6 +230,17 @@ def test_task_runner_travels_by_reference():
     assert res.stdout.split()[-1] == "rlgrad.integrations.verl_trainer"
 
 
+def test_cpu_platform_restores_verls_rng_state():
+    """A resume from verl's global_step_N restores the RNG states through the platform's device module (the CPU
+    launch's resume died with "module 'torch.cpu' has no attribute 'set_rng_state'")."""
+    from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+    state = BaseCheckpointManager.get_rng_state()
+    expected = torch.rand(3)
+    BaseCheckpointManager.load_rng_state(state)
+    assert torch.equal(torch.rand(3), expected)
+
+
 def launch_fixture(out: Path, broken: bool = False) -> Path:
     """scripts/verl_launch_fixture.py's model, tokenizer and parquet data (what the CPU launch trains on)."""
     import importlib.util

@@ -63,6 +63,10 @@ class _CpuDevice:
     def mem_get_info(self, *a): return (0, 0)
     def synchronize(self, *a): pass
     def reset_peak_memory_stats(self, *a): pass
+    # verl's checkpoint manager saves the CPU generator as "cpu" and, on resume, restores the device generator of the
+    # platform's name from it: on this platform both are torch's CPU generator (torch.cpu has no rng functions).
+    def get_rng_state(self, *a): return torch.get_rng_state()
+    def set_rng_state(self, state, *a): torch.set_rng_state(state)
 
 
 @PlatformRegistry.register(PLATFORM)
