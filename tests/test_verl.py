@@ -308,6 +308,28 @@ def test_launcher_stops_on_a_tokenizer_that_cannot_serve_the_rollout(tmp_path, c
         verl_main.preflight(launch_config(tmp_path / "nothing", broken / "train.parquet"))
 
 
+def test_hf_cpu_rollout_fails_hard_in_one_line(tmp_path):
+    """rlgrad's hf_cpu rollout server: after a generate error every later request and the trainer's next weight
+    update fail with the first cause, in one line (verl pads or refills failed groups instead of stopping)."""
+    import asyncio
+
+    from rlgrad.integrations.verl_cpu import HFServer
+
+    d = launch_fixture(tmp_path)
+    ids = [3, 90, 88, 74, 87]
+    ok = HFServer(str(d / "model"))
+    out = asyncio.run(ok.generate(ids, {"max_tokens": 4, "temperature": 1.0}, "r0"))
+    assert 1 <= len(out.token_ids) == len(out.log_probs) <= 4
+    server = HFServer(str(d / "model"), max_model_len=len(ids))
+    cause = f"hf_cpu rollout: generate failed: ValueError: a prompt of {len(ids)} tokens leaves no room to generate"
+    for call in (lambda: server.generate(ids, {"max_tokens": 4}, "r1"),
+                 lambda: server.generate(ids[:2], {"max_tokens": 2}, "r2"),  # would fit: refused all the same
+                 lambda: server.update_weights({})):
+        with pytest.raises(RuntimeError) as e:
+            asyncio.run(call())
+        assert str(e.value).startswith(cause) and "\n" not in str(e.value)
+
+
 def verl_config(model_dir, run_dir, *extra):
     """verl's own ppo_trainer config, as a user would override it for rlgrad's launcher (CPU-sized)."""
     from hydra import compose, initialize_config_dir
