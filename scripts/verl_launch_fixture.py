@@ -5,7 +5,8 @@
 Writes OUT_DIR/model (a 2-layer Llama-architecture model with rlgrad's character tokenizer and a chat
 template), OUT_DIR/train.parquet and OUT_DIR/val.parquet in verl's layout (``prompt`` as chat messages,
 ``reward_model.ground_truth``), and OUT_DIR/reward.py (``compute_score``: 1 when the response starts with the
-answer). ``--broken-tokenizer`` saves a tokenizer whose vocabulary lacks the prompts' characters.
+answer, else half its share of digits). ``--broken-tokenizer`` saves a tokenizer whose vocabulary lacks the
+prompts' characters.
 """
 
 import argparse
@@ -14,8 +15,13 @@ from pathlib import Path
 
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# 1 for the answer; otherwise the share of digits in the response, so that a random model's samples of one
+# prompt differ and step 1 has a nonzero policy gradient (the launch check compares its norm with verl's).
 REWARD = '''def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):
-    return float(solution_str.strip().startswith(str(ground_truth)))
+    s = solution_str.strip()
+    if s.startswith(str(ground_truth)):
+        return 1.0
+    return 0.5 * sum(c.isdigit() for c in s) / max(len(s), 1)
 '''
 
 

@@ -230,6 +230,106 @@ def test_task_runner_travels_by_reference():
     assert res.stdout.split()[-1] == "rlgrad.integrations.verl_trainer"
 
 
+def test_cpu_platform_restores_verls_rng_state():
+    """A resume from verl's global_step_N restores the RNG states through the platform's device module (the CPU
+    launch's resume died with "module 'torch.cpu' has no attribute 'set_rng_state'")."""
+    from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+    state = BaseCheckpointManager.get_rng_state()
+    expected = torch.rand(3)
+    BaseCheckpointManager.load_rng_state(state)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def launch_fixture(out: Path, broken: bool = False) -> Path:
+    """scripts/verl_launch_fixture.py's model, tokenizer and parquet data (what the CPU launch trains on)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("verl_launch_fixture", Path(__file__).parents[1] / "scripts"
+                                                  / "verl_launch_fixture.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(out, broken)
+    return out
+
+
+def launch_config(model_path, train_file, *extra):
+    from hydra import compose, initialize_config_dir
+
+    from rlgrad.integrations import verl_main
+
+    with initialize_config_dir(config_dir=verl_main.VERL_CONFIG, version_base=None):
+        return compose("ppo_trainer", overrides=[f"actor_rollout_ref.model.path={model_path}",
+                                                 f"data.train_files={train_file}", *extra])
+
+
+def test_preflight_encodes_the_first_prompt_as_verls_agent_loop(tmp_path):
+    """Before Ray starts, the launcher encodes the first training prompt with verl's own token builder."""
+    from transformers import AutoTokenizer
+
+    from rlgrad.integrations import verl_main
+
+    d = launch_fixture(tmp_path)
+    ids = verl_main.preflight(launch_config(d / "model", d / "train.parquet"))
+    assert AutoTokenizer.from_pretrained(d / "model").decode(ids) == \
+        "<|im_start|>user\n0+0=<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_launcher_stops_on_a_tokenizer_that_cannot_serve_the_rollout(tmp_path, capsys):
+    """A tokenizer that does not fit the data, or verl's token builder for the model type, stops the launch
+    before Ray with one line and exit status 2 (in the launch it failed inside the rollout workers)."""
+    from rlgrad.integrations import verl_main
+
+    broken = launch_fixture(tmp_path / "broken", broken=True)
+    cfg = launch_config(broken / "model", broken / "train.parquet", f"trainer.default_local_dir={tmp_path}/ckpt")
+    with pytest.raises(UserError, match=r"20 of them the unknown token '<unk>'"):
+        verl_main.preflight(cfg)
+    capsys.readouterr()  # the fixture's progress bars
+    with pytest.raises(SystemExit) as e:
+        verl_main.check(cfg)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("rlgrad: error: actor_rollout_ref.model.path=")
+    # a qwen2 model_type over a tokenizer that prefixes a word marker as SentencePiece does ("\n" -> "▁", "\n"):
+    # verl's Qwen token builder needs "\n" as one token
+    import shutil
+
+    good = launch_fixture(tmp_path / "good")
+    qwen = shutil.copytree(good / "model", tmp_path / "qwen")
+    for name, edit in (("config.json", lambda c: c.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])),
+                       ("tokenizer.json", lambda t: t.update(normalizer={"type": "Prepend", "prepend": "▁"}))):
+        data = json.loads((qwen / name).read_text())
+        edit(data)
+        (qwen / name).write_text(json.dumps(data))
+    with pytest.raises(UserError, match=r"cannot tokenize for model_type 'qwen2'.*newline to tokenize to one token"):
+        verl_main.preflight(launch_config(qwen, good / "train.parquet"))
+    with pytest.raises(UserError, match="data.train_files: no such file"):
+        verl_main.preflight(launch_config(tmp_path / "broken" / "model", tmp_path / "missing.parquet"))
+    with pytest.raises(UserError, match="cannot load its tokenizer"):
+        verl_main.preflight(launch_config(tmp_path / "nothing", broken / "train.parquet"))
+
+
+def test_hf_cpu_rollout_fails_hard_in_one_line(tmp_path):
+    """rlgrad's hf_cpu rollout server: after a generate error every later request and the trainer's next weight
+    update fail with the first cause, in one line (verl pads or refills failed groups instead of stopping)."""
+    import asyncio
+
+    from rlgrad.integrations.verl_cpu import HFServer
+
+    d = launch_fixture(tmp_path)
+    ids = [3, 90, 88, 74, 87]
+    ok = HFServer(str(d / "model"))
+    out = asyncio.run(ok.generate(ids, {"max_tokens": 4, "temperature": 1.0}, "r0"))
+    assert 1 <= len(out.token_ids) == len(out.log_probs) <= 4
+    server = HFServer(str(d / "model"), max_model_len=len(ids))
+    cause = f"hf_cpu rollout: generate failed: ValueError: a prompt of {len(ids)} tokens leaves no room to generate"
+    for call in (lambda: server.generate(ids, {"max_tokens": 4}, "r1"),
+                 lambda: server.generate(ids[:2], {"max_tokens": 2}, "r2"),  # would fit: refused all the same
+                 lambda: server.update_weights({})):
+        with pytest.raises(RuntimeError) as e:
+            asyncio.run(call())
+        assert str(e.value).startswith(cause) and "\n" not in str(e.value)
+
+
 def verl_config(model_dir, run_dir, *extra):
     """verl's own ppo_trainer config, as a user would override it for rlgrad's launcher (CPU-sized)."""
     from hydra import compose, initialize_config_dir

@@ -63,6 +63,10 @@ class _CpuDevice:
     def mem_get_info(self, *a): return (0, 0)
     def synchronize(self, *a): pass
     def reset_peak_memory_stats(self, *a): pass
+    # verl's checkpoint manager saves the CPU generator as "cpu" and, on resume, restores the device generator of the
+    # platform's name from it: on this platform both are torch's CPU generator (torch.cpu has no rng functions).
+    def get_rng_state(self, *a): return torch.get_rng_state()
+    def set_rng_state(self, state, *a): torch.set_rng_state(state)
 
 
 @PlatformRegistry.register(PLATFORM)
@@ -141,6 +145,7 @@ class HFServer:
         self.max_model_len = max_model_len
         self.lock = asyncio.Lock()  # weights are replaced between steps, never during a generate
         self.version = 0
+        self.failure: str | None = None  # the first generate error, one line: every later call fails with it
 
     def ready(self) -> bool:
         return True
@@ -149,20 +154,37 @@ class HFServer:
                        **_multimodal) -> TokenOutput:
         """verl's server ``generate``: response token ids and their log-probabilities under the sampling
         distribution (temperature, top-k/top-p as verl passes them)."""
-        p = dict(sampling_params)
-        max_new = int(p.get("max_tokens", p.get("max_new_tokens", 16)))
-        if self.max_model_len:
-            max_new = min(max_new, self.max_model_len - len(prompt_ids))
-        if max_new < 1:
-            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room to generate")
-        temperature = float(p.get("temperature", 1.0))
-        kw = {"do_sample": temperature > 0, "max_new_tokens": max_new, "pad_token_id": self.model.config.eos_token_id}
-        if temperature > 0:
-            top_k = max(int(p.get("top_k", -1) or 0), 0)  # verl's -1 (off) is HF's 0
-            kw.update(temperature=temperature, top_p=float(p.get("top_p", 1.0)), top_k=top_k)
-        async with self.lock:
-            out = await asyncio.to_thread(self._generate, list(prompt_ids), kw)
-        return out
+        self._check()
+        try:
+            p = dict(sampling_params)
+            max_new = int(p.get("max_tokens", p.get("max_new_tokens", 16)))
+            if self.max_model_len:
+                max_new = min(max_new, self.max_model_len - len(prompt_ids))
+            if max_new < 1:
+                raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room to generate "
+                                 f"(max_model_len {self.max_model_len})")
+            temperature = float(p.get("temperature", 1.0))
+            kw = {"do_sample": temperature > 0, "max_new_tokens": max_new,
+                  "pad_token_id": self.model.config.eos_token_id}
+            if temperature > 0:
+                top_k = max(int(p.get("top_k", -1) or 0), 0)  # verl's -1 (off) is HF's 0
+                kw.update(temperature=temperature, top_p=float(p.get("top_p", 1.0)), top_k=top_k)
+            async with self.lock:
+                return await asyncio.to_thread(self._generate, list(prompt_ids), kw)
+        except Exception as e:  # noqa: BLE001 - any generate error ends the rollout, see _check
+            first = str(e).splitlines()[0] if str(e) else ""
+            self.failure = self.failure or f"hf_cpu rollout: generate failed: {type(e).__name__}: {first}"
+            self._check()
+            raise  # pragma: no cover - _check raised
+
+    def _check(self) -> None:
+        """Fail hard after a generate error. verl 0.9.1's sync trainer marks a prompt group whose generation
+        raised as failed and trains on the step's other groups with the missing samples padded; with
+        ``trainer.v1.sampler.sync_refill_failed_groups=true`` its sampler refills failed groups in a loop with no
+        bound. Here every later request fails with the first cause, and so does the trainer's next weight update
+        (``update_weights``), which ends the launch within the step, naming the cause in one line."""
+        if self.failure:
+            raise RuntimeError(self.failure)
 
     @torch.no_grad()
     def _generate(self, prompt_ids: list[int], kw: dict) -> TokenOutput:
@@ -179,6 +201,7 @@ class HFServer:
                            extra_fields={"global_steps": self.version})
 
     async def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> None:
+        self._check()
         async with self.lock:
             missing, unexpected = self.model.load_state_dict(state, strict=False)
             if unexpected:

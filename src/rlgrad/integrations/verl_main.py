@@ -25,7 +25,8 @@ from rlgrad.errors import UserError
 from rlgrad.integrations.verl import ActorRolloutRefWorker, check_verl_version
 from rlgrad.integrations.verl_trainer import ACTOR_ROLES, TRAINER, RlgradPPOTrainer, TaskRunner
 
-__all__ = ["ACTOR_ROLES", "TRAINER", "ActorRolloutRefWorker", "RlgradPPOTrainer", "TaskRunner", "main", "prepare"]
+__all__ = ["ACTOR_ROLES", "TRAINER", "ActorRolloutRefWorker", "RlgradPPOTrainer", "TaskRunner", "main", "prepare",
+           "preflight", "check"]
 VERL_CONFIG = str(Path(__import__("verl.trainer", fromlist=["x"]).__file__).parent / "config")
 
 
@@ -47,15 +48,84 @@ def prepare(config) -> None:
         rl.dir = os.path.abspath(rl.get("dir", None) or os.path.join(config.trainer.default_local_dir, "rlgrad"))
 
 
+def _first_prompt(config) -> list[dict]:
+    """The first training row's prompt messages, read from ``data.train_files`` as verl's dataset reads them."""
+    files = config.data.train_files
+    first = files if isinstance(files, str) else (list(files) or [None])[0]
+    key = config.data.get("prompt_key", "prompt")
+    if not first or not os.path.isfile(first):
+        raise UserError(f"data.train_files: no such file '{first}'")
+    try:
+        import pyarrow.parquet as pq
+
+        rows = next(pq.ParquetFile(first).iter_batches(batch_size=1, columns=[key])).to_pylist()
+    except Exception as e:  # noqa: BLE001 - any reader failure is the file's fault, named in one line
+        raise UserError(f"data.train_files: cannot read column '{key}' of '{first}': {type(e).__name__}: {e}") from None
+    messages = rows[0][key] if rows else None
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    if not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise UserError(f"data.train_files: the first row of '{first}' has no chat messages in '{key}' "
+                        f"(verl's layout: a list of {{role, content}})")
+    return messages
+
+
+def preflight(config) -> list[int]:
+    """Check, before Ray starts, what would otherwise fail inside verl's rollout workers: the tokenizer loads,
+    the token builder verl's agent loop picks for the model's ``model_type`` (Qwen's needs ``"\\n"`` as one
+    token and ``<|im_end|>``) can be built, and it encodes the first training prompt through the chat template
+    with no unknown token. Returns that prompt's ids; a ``UserError`` naming the culprit otherwise.
+
+    Uses verl's own objects (``HFModelConfig``, ``create_continuous_token_builder``), as the agent loop does."""
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    model = config.actor_rollout_ref.model
+    try:
+        model_config = omega_conf_to_dataclass(model)
+    except Exception as e:  # noqa: BLE001 - verl raises whatever transformers raises
+        raise UserError(f"actor_rollout_ref.model.path={model.path}: cannot load its tokenizer or config: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    tok = model_config.tokenizer
+    model_type = getattr(model_config.hf_config, "model_type", None)
+    try:
+        builder = create_continuous_token_builder(
+            tok, hf_model_type=model_type if isinstance(model_type, str) else None,
+            chat_template_kwargs=config.data.get("apply_chat_template_kwargs", {}) or {},
+            processor=model_config.processor)
+    except Exception as e:  # noqa: BLE001 - verl's builders raise ValueError, tokenizers other errors
+        raise UserError(f"actor_rollout_ref.model.path={model.path}: verl's agent loop cannot tokenize for "
+                        f"model_type '{model_type}': {e}") from None
+    messages = _first_prompt(config)
+    try:
+        ids = [int(i) for i in builder.build_initial_tokens(messages)]
+    except Exception as e:  # noqa: BLE001 - a template that refuses the messages, a tokenizer error
+        raise UserError(f"actor_rollout_ref.model.path={model.path}: the chat template cannot encode the first "
+                        f"training prompt: {type(e).__name__}: {e}") from None
+    unk = getattr(tok, "unk_token_id", None)
+    if not ids or (unk is not None and unk in ids):
+        n = ids.count(unk) if ids else 0
+        raise UserError(f"actor_rollout_ref.model.path={model.path}: its tokenizer encodes the first training "
+                        f"prompt to {len(ids)} tokens, {n} of them the unknown token {tok.unk_token!r}: "
+                        f"a tokenizer that does not match the data")
+    return ids
+
+
+def check(config) -> None:
+    """``prepare`` and ``preflight``; bad input exits with status 2 and one line, as rlgrad's command line does."""
+    try:
+        prepare(config)
+        preflight(config)
+    except UserError as e:
+        print(f"rlgrad: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 @hydra.main(config_path=VERL_CONFIG, config_name="ppo_trainer", version_base=None)
 def main(config) -> None:
     auto_set_device(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    try:
-        prepare(config)
-    except UserError as e:  # one line and exit status 2, as the rlgrad command line answers bad input
-        print(f"rlgrad: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    check(config)
     print(f"[rlgrad] instruments in verl's actor worker; run files in {config.actor_rollout_ref.rlgrad.dir}")
     OmegaConf.set_struct(config, True)
     run_ppo(config, task_runner_class=TaskRunner)
