@@ -109,6 +109,18 @@ def bucket_points(r: dict[int, dict[str, float]], per_sample: bool) -> list[tupl
     return pts
 
 
+def finish(fig, axes, xlabel: str, ylabel: str, path: Path) -> None:
+    """The two panels (the embedded default, SmolLM2) labelled, a legend where there are runs, saved."""
+    for ax, title in zip(axes, ("embedded default (arithmetic)", "SmolLM2-135M-Instruct (chain_sum)")):
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="grey")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def show(out: Path, images: Path) -> None:
     import matplotlib
 
@@ -133,11 +145,7 @@ def show(out: Path, images: Path) -> None:
         ax = axes[0 if name.startswith("demo") else 1]
         if pts:
             ax.scatter(*zip(*pts), s=12, alpha=0.7, label=name.split("-", 1)[1])
-    for ax, title in zip(axes, ("embedded default (arithmetic)", "SmolLM2-135M (chain_sum)")):
-        ax.set(xlabel="bucket mean reward std", ylabel="task-gradient norm", title=title)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(images / "findings_buckets.png", dpi=110)
+    finish(fig, axes, "bucket mean reward std", "task-gradient norm", images / "findings_buckets.png")
 
     print("\n| run | component shares (mean over analysed steps) | cosine correctness·format |")
     print("|---|---|---|")
@@ -171,11 +179,7 @@ def show(out: Path, images: Path) -> None:
         steps = [s for s in sorted(r) if "actor/neuron/dormant_ratio" in r[s]]
         ax = axes[0 if name.startswith("demo") else 1]
         ax.plot(steps, [r[s]["actor/neuron/dormant_ratio"] for s in steps], marker="o", label=name.split("-", 1)[1])
-    for ax, title in zip(axes, ("embedded default", "SmolLM2-135M")):
-        ax.set(xlabel="step", ylabel="dormant-neuron ratio (τ-score)", title=title)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(images / "findings_dormant.png", dpi=110)
+    finish(fig, axes, "step", "dormant-neuron ratio (τ-score)", images / "findings_dormant.png")
 
     print("\n| run | rlgrad doctor |")
     print("|---|---|")

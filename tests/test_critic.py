@@ -209,7 +209,7 @@ def test_critic_micro_batches_equal_full_batch_gradient(tiny_dir, mode):
 GAE = ["algorithm.adv_estimator=gae", "algorithm.gamma=0.95", "algorithm.lam=0.9", "critic.optim.lr=1e-2",
        "critic.ppo_micro_batch_size=5", "trainer.gradient_analysis_mode=false",
        # enough warm start that some responses earn the format reward: the critic gets a signal
-       "model.warmstart_steps=60", "reward.weights={format: 1.0}"]
+       "model.warmstart_steps=100", "reward.weights={format: 1.0}"]
 
 
 def _without_dir(tiny):

@@ -40,18 +40,21 @@ def fig_components(geom: dict, title: str) -> Figure:
     def lab(c: str) -> str:
         return names_of.get(c, c)
 
-    def pair_lab(p: str) -> str:
-        a, _, b = p.partition("__")
-        return f"{lab(a)} · {lab(b)}"
-
     g = geom.get("global", {})
-    cos = g.get("cosine", {})
     layers = geom.get("layers") or {}
     ncols = 3 if layers else 2
     fig, axes = new_fig(1, ncols, (6 * ncols, 5))
-    ax = axes[0, 0]
+    _component_cosines(fig, axes[0, 0], comps, g, lab)
+    _component_norms(axes[0, 1], comps, g, lab)
+    if layers:
+        _component_layer_cosines(axes[0, 2], layers, lab)
+    fig.suptitle(title, fontsize=13)
+    return fig
+
+
+def _component_cosines(fig: Figure, ax, comps: list[str], g: dict, lab) -> None:
     n = len(comps)
-    norms = g.get("norm", {})
+    cos, norms = g.get("cosine", {}), g.get("norm", {})
     mat = np.eye(n)
     for i, a in enumerate(comps):
         if not norms.get(a, 1.0):  # a zero gradient has no direction: not even a cosine with itself
@@ -70,12 +73,15 @@ def fig_components(geom: dict, title: str) -> Figure:
     cb = fig.colorbar(im, ax=ax, shrink=0.85, pad=0.02)
     cb.set_label("cosine (−1 opposed, 0 orthogonal, +1 aligned)", fontsize=8)
 
-    ax = axes[0, 1]
-    share = g.get("share", {})
+
+def _component_norms(ax, comps: list[str], g: dict, lab) -> None:
+    norms, share = g.get("norm", {}), g.get("share", {})
     names = comps + (["total"] if "total" in norms else [])  # the update's gradient as a bar of its own
     vals = [norms.get(c, np.nan) for c in names]
     bars = ax.bar([lab(c) for c in names], np.nan_to_num(vals),
-                  color=["#34495e"] * len(comps) + [COLORS["all"]] * (len(names) - n), alpha=0.85, edgecolor="black")
+                  color=["#34495e"] * len(comps) + [COLORS["all"]] * (len(names) - len(comps)), alpha=0.85,
+                  edgecolor="black")
+
     def share_of(c: str) -> float:  # null (a zero update: no share) reads as NaN; a 0 share is a number
         v = share.get(c)
         return float(v) if isinstance(v, int | float) else math.nan
@@ -90,31 +96,33 @@ def fig_components(geom: dict, title: str) -> Figure:
     ax.margins(y=0.2)
     ax.grid(axis="y", linestyle="--", alpha=0.5)
 
-    if layers:
-        ax = axes[0, 2]
-        groups = sorted(layers, key=D.layer_sort_key)
-        pairs = sorted({p for lg in groups for p in (layers[lg].get("cosine") or {})})
-        drawn = []
-        for p in pairs:
-            ys = [layers[lg].get("cosine", {}).get(p, np.nan) for lg in groups]
-            ys = [np.nan if y is None else y for y in ys]
-            if any(math.isfinite(y) for y in ys):
-                ax.plot(range(len(groups)), ys, "o-", label=pair_lab(p))
-                drawn.append(p)
-        if len(drawn) < len(pairs):  # a pair without a cosine anywhere is named, not an empty legend entry
-            note(ax, "n/a (zero gradient): " + ", ".join(pair_lab(p) for p in pairs if p not in drawn),
-                 y=0.08 if drawn else 0.5)
-        ax.axhline(0, color="black", linewidth=0.6)
-        ax.set_ylim(-1.05, 1.05)
-        ax.set_xticks(range(len(groups)), groups, rotation=45, ha="right", fontsize=8)
-        ax.set_xlabel("layer group (input → output)")
-        ax.set_ylabel("cosine similarity")
-        ax.set_title("cosine per layer group", fontweight="bold", fontsize=11)
-        ax.grid(linestyle="--", alpha=0.5)
-        if drawn:
-            ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=13)
-    return fig
+
+def _component_layer_cosines(ax, layers: dict, lab) -> None:
+    def pair_lab(p: str) -> str:
+        a, _, b = p.partition("__")
+        return f"{lab(a)} · {lab(b)}"
+
+    groups = sorted(layers, key=D.layer_sort_key)
+    pairs = sorted({p for lg in groups for p in (layers[lg].get("cosine") or {})})
+    drawn = []
+    for p in pairs:
+        ys = [layers[lg].get("cosine", {}).get(p, np.nan) for lg in groups]
+        ys = [np.nan if y is None else y for y in ys]
+        if any(math.isfinite(y) for y in ys):
+            ax.plot(range(len(groups)), ys, "o-", label=pair_lab(p))
+            drawn.append(p)
+    if len(drawn) < len(pairs):  # a pair without a cosine anywhere is named, not an empty legend entry
+        note(ax, "n/a (zero gradient): " + ", ".join(pair_lab(p) for p in pairs if p not in drawn),
+             y=0.08 if drawn else 0.5)
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_ylim(-1.05, 1.05)
+    ax.set_xticks(range(len(groups)), groups, rotation=45, ha="right", fontsize=8)
+    ax.set_xlabel("layer group (input → output)")
+    ax.set_ylabel("cosine similarity")
+    ax.set_title("cosine per layer group", fontweight="bold", fontsize=11)
+    ax.grid(linestyle="--", alpha=0.5)
+    if drawn:
+        ax.legend(fontsize=8)
 
 
 def _lines(parts: list[str], width: int) -> str:
