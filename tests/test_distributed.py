@@ -407,9 +407,11 @@ def _assert_neurons_equal(got, want, what):
     # Weights after the reset (fresh rows and small outgoing columns drawn alike, from a global RMS) and the
     # optimizer moments (zeroed on exactly the reset rows / columns) equal one process's.
     skip = "k_proj.bias"  # its gradient is round-off (see above): Adam amplifies it arbitrarily
+    # Adam's steps are lr-sized (1e-2): two ranks' summed gradient differs from one process's in its last bits,
+    # which moves a step by up to ~1e-5 of lr (1.3e-7 seen on one embedding row), hence atol 2e-7.
     for name, w in want["weights"].items():
         if skip not in name:
-            assert torch.allclose(got["weights"][name], w, rtol=1e-5, atol=1e-7), (what, name)
+            assert torch.allclose(got["weights"][name], w, rtol=1e-5, atol=2e-7), (what, name)
         for k in ("exp_avg", "exp_avg_sq"):
             a, b = got["state"][name][k], want["state"][name][k]
             if skip not in name:
