@@ -178,7 +178,9 @@ def show(out: Path, images: Path) -> None:
         r = data[name]
         steps = [s for s in sorted(r) if "actor/neuron/dormant_ratio" in r[s]]
         ax = axes[0 if name.startswith("demo") else 1]
-        ax.plot(steps, [r[s]["actor/neuron/dormant_ratio"] for s in steps], marker="o", label=name.split("-", 1)[1])
+        if steps:  # neuron health is not on in every run
+            ax.plot(steps, [r[s]["actor/neuron/dormant_ratio"] for s in steps], marker="o",
+                    label=name.split("-", 1)[1])
     finish(fig, axes, "step", "dormant-neuron ratio (τ-score)", images / "findings_dormant.png")
 
     print("\n| run | rlgrad doctor |")
