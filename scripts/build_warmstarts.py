@@ -27,7 +27,7 @@ import torch
 from rlgrad.config import RLGradConfig, load_config, presets
 from rlgrad.errors import UserError
 from rlgrad.models import SHIPPED_WARMSTARTS, build_warmstart, warmstart_key
-from rlgrad.tasks import build_task
+from rlgrad.tasks import task_from_config
 
 REAL_MODEL_PRESETS = {"smollm2_chain_sum"}  # run with model.path=<the SmolLM2 .gguf>, never the embedded default
 
@@ -49,11 +49,7 @@ def needed() -> dict[str, tuple[str, RLGradConfig, object, int]]:
     for user, cfg in users:
         if cfg.model.path or user in REAL_MODEL_PRESETS:
             continue
-        task = build_task(cfg.data.task, seed=cfg.trainer.seed, val_size=cfg.data.val_size,
-                          weights=dict(cfg.reward.weights), train_files=list(cfg.data.train_files),
-                          val_files=list(cfg.data.val_files), length_max=cfg.reward.length_max,
-                          length_unit=cfg.reward.length_unit, reasoning_gym=cfg.data.reasoning_gym,
-                          env=getattr(cfg.env, cfg.data.task, None), agent=cfg.agent)
+        task = task_from_config(cfg)
         seed = cfg.trainer.seed if cfg.model.warmstart_seed is None else cfg.model.warmstart_seed
         spec = task.warmstart_spec() if hasattr(task, "warmstart_spec") else None
         stem = f"{task.name}-{warmstart_key(cfg.model, task.name, seed, spec)}"

@@ -73,7 +73,7 @@ from rlgrad.rl.rollout import (
 )
 from rlgrad.rl.shaping import KLController, dynamic_sampling, kl_in_reward, kl_reward_share, overlong_penalty
 from rlgrad.rundir import atomic_write_text, lock_run_dir, read_jsonl, truncate_jsonl_after
-from rlgrad.tasks import build_task
+from rlgrad.tasks import task_from_config
 
 
 class Trainer:
@@ -100,12 +100,7 @@ class Trainer:
         # Everything that can reject the input happens before anything is written; under torchrun all
         # ranks reject it together (rank 0 alone looks at the run directory).
         distributed.agree(lambda: distributed.check_config(cfg))
-        self.task = distributed.agree(lambda: build_task(
-            cfg.data.task, seed=t.seed, val_size=cfg.data.val_size, weights=dict(cfg.reward.weights),
-            train_files=list(cfg.data.train_files), val_files=list(cfg.data.val_files),
-            length_max=cfg.reward.length_max, length_unit=cfg.reward.length_unit,
-            reasoning_gym=cfg.data.reasoning_gym, env=getattr(cfg.env, cfg.data.task, None), agent=cfg.agent,
-            answer_extraction=cfg.reward.answer_extraction, partial_credit=cfg.reward.partial_credit))
+        self.task = distributed.agree(lambda: task_from_config(cfg))
         self.resume_from = distributed.decide(lambda: runs.find_resume_point(cfg, self.run_dir))
         torch.manual_seed(t.seed)
         if self.resume_from is not None:

@@ -114,6 +114,17 @@ def sample_excluding(draw: Callable[[random.Random], Example], rng: random.Rando
 TASK_NAMES = ("arithmetic", "countdown", "math", "reasoning_gym", "sokoban", "frozen_lake")
 
 
+def task_from_config(cfg: Any) -> Task:
+    """The task an ``RLGradConfig`` asks for (its ``data``, ``reward``, ``env`` and ``agent`` settings, seeded by
+    ``trainer.seed``): what ``rlgrad train`` trains on."""
+    return build_task(
+        cfg.data.task, seed=cfg.trainer.seed, val_size=cfg.data.val_size, weights=dict(cfg.reward.weights),
+        train_files=list(cfg.data.train_files), val_files=list(cfg.data.val_files),
+        length_max=cfg.reward.length_max, length_unit=cfg.reward.length_unit,
+        reasoning_gym=cfg.data.reasoning_gym, env=getattr(cfg.env, cfg.data.task, None), agent=cfg.agent,
+        answer_extraction=cfg.reward.answer_extraction, partial_credit=cfg.reward.partial_credit)
+
+
 def build_task(name: str, *, seed: int = 0, val_size: int = 128, weights: dict[str, float] | None = None,
                train_files: list[str] | None = None, val_files: list[str] | None = None,
                length_max: int = 800, length_unit: str = "chars", reasoning_gym: Any = None, env: Any = None,
