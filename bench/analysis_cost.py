@@ -18,11 +18,12 @@ import time
 
 import torch
 
-from rlgrad.analysis.gradient_probe import analyse_buckets
+from rlgrad.algos.advantages import group_reward_std, grpo_advantages
+from rlgrad.algos.aggregation import Denominators
+from rlgrad.algos.objective import LossSettings, actor_objective
+from rlgrad.analysis.buckets import analyse_buckets
 from rlgrad.batch import Batch
-from rlgrad.config import ModelConfig, TinyModelConfig
-from rlgrad.core import group_reward_std, grpo_advantages
-from rlgrad.loss import Denominators, LossSettings, actor_loss_terms
+from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.models import build_char_tokenizer, build_tiny_model
 
 
@@ -89,7 +90,7 @@ def main() -> None:
 
     def plain_update():
         model.zero_grad(set_to_none=True)
-        actor_loss_terms(model, batch, s, Denominators.of(batch)).total(s).backward()
+        actor_objective(model, batch, s, Denominators.of(batch)).total(s).backward()
         model.zero_grad(set_to_none=True)
 
     def run(method):

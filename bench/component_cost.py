@@ -25,8 +25,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from analysis_cost import bench_batch, bench_model, interleaved_times  # noqa: E402  (the same batch as the bucket-analysis benchmark)
 
-from rlgrad.analysis.components import analyse_components, outcome_advantages  # noqa: E402
-from rlgrad.loss import LossSettings  # noqa: E402
+from rlgrad.algos.component_advantages import outcome_advantages  # noqa: E402
+from rlgrad.algos.objective import LossSettings  # noqa: E402
+from rlgrad.analysis.components import analyse_components
 from rlgrad.rl.actor import update_actor  # noqa: E402
 
 WEIGHTS = {"correctness": 0.34, "format": 0.33, "length": 0.33}

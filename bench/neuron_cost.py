@@ -22,8 +22,8 @@ import time
 
 import torch
 
-from rlgrad.analysis.redo import NeuronHealthHook
-from rlgrad.config import load_config
+from rlgrad.analysis.neurons import NeuronHealthHook
+from rlgrad.config.load import load_config
 from rlgrad.logging.sinks import MetricLogger
 from rlgrad.recipes import make_trainer
 

@@ -83,7 +83,7 @@ def build_model_dir(root: Path, args) -> Path:
 
     path = root / "model"
     if args.model == "tiny":
-        from rlgrad.config import ModelConfig
+        from rlgrad.config.model import ModelConfig
         from rlgrad.models import build_char_tokenizer, build_tiny_model
 
         tok = build_char_tokenizer()
@@ -113,7 +113,7 @@ class RLGradSide:
     """Our trainer on the shared model; ``step()`` runs and times one ``Trainer.train_step``."""
 
     def __init__(self, model_dir: Path, root: Path, args):
-        from rlgrad.config import load_config
+        from rlgrad.config.load import load_config
         from rlgrad.rl.trainer import Trainer
 
         overrides = [

@@ -41,7 +41,7 @@ def model_dir(root: Path, spec: str, seed: int) -> Path:
         from rlgrad.models import resolve_model_path
 
         return resolve_model_path(spec)
-    from rlgrad.config import ModelConfig
+    from rlgrad.config.model import ModelConfig
     from rlgrad.models import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()

@@ -7,10 +7,10 @@ steps its own optimizer; at step 1 it asks the instruments what its gradient is 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlgrad.algos.advantages import broadcast_to_tokens, group_reward_std, grpo_advantages
+from rlgrad.algos.objective import per_token_loss
 from rlgrad.analysis import analyse_buckets, analyse_components
 from rlgrad.batch import Batch
-from rlgrad.core import broadcast_to_tokens, group_reward_std, grpo_advantages
-from rlgrad.loss import per_token_loss
 
 
 def token_logp(model, batch):  # log π(token t | tokens < t), at column t

@@ -18,7 +18,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 from trl import GRPOConfig
 
-from rlgrad.config import ModelConfig
+from rlgrad.config.model import ModelConfig
 from rlgrad.integrations.trl import GRPOTrainer  # instead of: from trl import GRPOTrainer
 from rlgrad.models import embedded_default, resolve_model_path
 from rlgrad.tasks import Example, build_task

@@ -24,7 +24,8 @@ import time
 
 import torch
 
-from rlgrad.config import RLGradConfig, load_config, presets
+from rlgrad.config.load import load_config, presets
+from rlgrad.config.schema import RLGradConfig
 from rlgrad.errors import UserError
 from rlgrad.models import SHIPPED_WARMSTARTS, build_warmstart, warmstart_key
 from rlgrad.tasks import task_from_config

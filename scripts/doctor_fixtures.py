@@ -63,7 +63,7 @@ def make_trl(name: str = "trl_lr_too_low") -> None:
     import datasets
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlgrad.config import ModelConfig, TinyModelConfig
+    from rlgrad.config.model import ModelConfig, TinyModelConfig
     from rlgrad.models import build_char_tokenizer, build_tiny_model
     from rlgrad.tasks import build_task
 

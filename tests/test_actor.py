@@ -5,10 +5,11 @@ import copy
 import pytest
 import torch
 
+from rlgrad.algos.advantages import group_reward_std, grpo_advantages
+from rlgrad.algos.aggregation import Denominators
+from rlgrad.algos.objective import LossSettings, actor_objective
 from rlgrad.batch import Batch, position_ids_from_mask
-from rlgrad.config import ModelConfig, TinyModelConfig
-from rlgrad.core import group_reward_std, grpo_advantages
-from rlgrad.loss import Denominators, LossSettings, actor_loss_terms
+from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.models import build_char_tokenizer, build_tiny_model
 from rlgrad.rl.actor import update_actor
 from rlgrad.rl.rollout import compute_log_probs, generate
@@ -100,7 +101,7 @@ def test_micro_batches_equal_full_batch_gradient(model_and_tok, mode, kind):
     split = _grads_after(model, b, s, micro=5, mini=len(b))  # 12 samples -> micro-batches of 5, 5, 2
     # Independent oracle: plain autograd on the whole batch's total loss.
     m = copy.deepcopy(model)
-    actor_loss_terms(m, b, s, Denominators.of(b)).total(s).backward()
+    actor_objective(m, b, s, Denominators.of(b)).total(s).backward()
     for n, p in m.named_parameters():
         torch.testing.assert_close(full[n], p.grad, rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(split[n], p.grad, rtol=1e-4, atol=1e-7)
@@ -110,8 +111,8 @@ def test_loss_terms_compose(model_and_tok):
     model, tok = model_and_tok
     b = make_batch(model, tok)
     s = LossSettings(use_kl_loss=True, kl_loss_coef=0.5, entropy_coeff=0.2, kl_loss_type="k1")
-    terms = actor_loss_terms(model, b, s, Denominators.of(b))
-    assert torch.isclose(terms.total(s), terms.pg - 0.2 * terms.entropy + 0.5 * terms.kl)
+    terms = actor_objective(model, b, s, Denominators.of(b))
+    assert torch.isclose(terms.total(s), terms.task - 0.2 * terms.entropy + 0.5 * terms.kl)
     # k1 KL with token-mean is the masked mean of (logp - ref).
     lp, _ = compute_log_probs(model, b.input_ids, b.attention_mask, b.response_mask, temperature=1.0,
                               micro_batch_size=64)

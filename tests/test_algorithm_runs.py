@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlgrad.config import load_config
+from rlgrad.config.load import load_config
 from rlgrad.errors import UserError
 from rlgrad.recipes import make_trainer
-from rlgrad.rundir import read_jsonl
+from rlgrad.runfiles import read_jsonl
 
 EVERY_INSTRUMENT = ["analysis.every=1", "analysis.components.every=1"]
 

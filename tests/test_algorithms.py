@@ -9,18 +9,16 @@ import math
 import pytest
 import torch
 
-from rlgrad.analysis.components import component_advantages
-from rlgrad.batch import Batch
-from rlgrad.core import (
-    agg_loss,
-    agg_token_weights,
+from rlgrad.algos.advantages import (
     compute_advantages,
-    denominator,
-    kl_penalty,
-    policy_loss,
     reinforce_plus_plus_advantages,
     reinforce_plus_plus_baseline_advantages,
 )
+from rlgrad.algos.aggregation import agg_loss, agg_token_weights, denominator
+from rlgrad.algos.component_advantages import component_advantages
+from rlgrad.algos.kl import kl_penalty
+from rlgrad.algos.policy_loss import policy_loss
+from rlgrad.batch import Batch
 from rlgrad.rl.shaping import (
     KLController,
     dynamic_sampling,
@@ -62,7 +60,7 @@ def test_straight_through_kl_has_the_estimators_value_and_k2s_gradient(base):
 
 
 def test_every_kl_type_with_plus_is_accepted_as_verl_accepts_it():
-    from rlgrad.algorithm_config import KL_TYPES
+    from rlgrad.config.algorithm import KL_TYPES
 
     plain = [k for k in KL_TYPES if not k.endswith("+")]
     assert sorted(k for k in KL_TYPES if k.endswith("+")) == sorted(k + "+" for k in plain)
@@ -231,7 +229,7 @@ def test_filter_metrics_are_verls():
         1.0, 0.5, 1.0, 1.0]
     assert groups_with_signal(b.group_ids, filter_metric(b, info, "seq_reward")).tolist() == [True, True, False, False]
     assert groups_with_signal(b.group_ids, filter_metric(b, info, "score")).tolist() == [False] * 4
-    from rlgrad.config import load_config
+    from rlgrad.config.load import load_config
     from rlgrad.errors import UserError
 
     with pytest.raises(UserError, match="seq_final_reward with algorithm.use_kl_in_reward"):

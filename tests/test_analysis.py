@@ -5,13 +5,13 @@ import copy
 import pytest
 import torch
 
-from rlgrad.analysis.buckets import make_buckets
+from rlgrad.algos.advantages import group_reward_std, grpo_advantages
+from rlgrad.algos.aggregation import Denominators
+from rlgrad.algos.objective import LossSettings, actor_objective
+from rlgrad.analysis.buckets import GradientAnalysisHook, analyse_buckets, make_buckets
 from rlgrad.analysis.engine import fast_gradients, layer_group
-from rlgrad.analysis.gradient_probe import GradientAnalysisHook, analyse_buckets
 from rlgrad.batch import Batch
-from rlgrad.config import ModelConfig, TinyModelConfig
-from rlgrad.core import group_reward_std, grpo_advantages
-from rlgrad.loss import Denominators, LossSettings, actor_loss_terms
+from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.models import build_char_tokenizer, build_tiny_model
 from rlgrad.rl.rollout import compute_log_probs, generate
 
@@ -76,7 +76,7 @@ def test_fixed_rv_buckets_skip_empty():
 
 
 def test_cadence():
-    from rlgrad.config import load_config
+    from rlgrad.config.load import load_config
     hook = GradientAnalysisHook(load_config(overrides=["trainer.gradient_analysis_every=3"]))
     assert [s for s in range(1, 11) if hook.schedule.due(s)] == [1, 4, 7, 10]
 
@@ -135,15 +135,15 @@ def test_bucket_norms_equal_plain_autograd_per_bucket(model_tok, s):
         sub = b.select(fast.buckets.rows[name])
         # Independent oracle: autograd of the bucket's own aggregated loss, component by component.
         for comp in comps:
-            terms = actor_loss_terms(model, sub, s, Denominators.of(sub))
-            loss = {"task": terms.pg, "entropy": -s.entropy_coeff * terms.entropy,
+            terms = actor_objective(model, sub, s, Denominators.of(sub))
+            loss = {"task": terms.task, "entropy": -s.entropy_coeff * terms.entropy,
                     "kl": s.kl_loss_coef * (terms.kl if terms.kl is not None else 0)}[comp]
             grads = torch.autograd.grad(loss, params, allow_unused=True)
             expect = torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None))
             got = fast.metrics[f"grad_norm/{name}/{comp}"]
             assert got == pytest.approx(float(expect), rel=1e-4, abs=1e-9), (name, comp)
             assert ref.metrics[f"grad_norm/{name}/{comp}"] == pytest.approx(got, rel=1e-4, abs=1e-9)
-        assert fast.metrics[f"grad_norm/{name}/loss/policy"] == pytest.approx(float(terms.pg.detach()), rel=1e-5)
+        assert fast.metrics[f"grad_norm/{name}/loss/policy"] == pytest.approx(float(terms.task.detach()), rel=1e-5)
         for g_name in fast.layers[name]["task"]:
             assert ref.layers[name]["task"][g_name] == pytest.approx(fast.layers[name]["task"][g_name],
                                                                      rel=1e-4, abs=1e-9)
@@ -155,14 +155,14 @@ def test_bucket_gradients_sum_to_full_gradient_for_every_parameter(model_tok):
     b = make_batch(model, tok)
     rep = analyse_buckets(model, b, s, num_buckets=3, method="fast", keep_grads=True)
     m = copy.deepcopy(model)
-    actor_loss_terms(m, b, s, Denominators.of(b)).pg.backward()
+    actor_objective(m, b, s, Denominators.of(b)).task.backward()
     grads = rep.stats.grads["task"]
     names = [n for n, _ in m.named_parameters()]
     assert set(grads) == set(names)  # every parameter kind covered: linear w/b, embeddings (tied), norms
     kinds = {n.split(".")[-2] if "norm" in n else n.split(".")[-1] for n in names}
     assert {"weight", "bias"} <= kinds
     real = [n for n in rep.buckets.names if n != "all"]
-    from rlgrad.core import agg_token_weights
+    from rlgrad.algos.aggregation import agg_token_weights
     _, u = agg_token_weights(b.response_mask, s.loss_agg_mode, horizon=s.horizon)
     for n, p in m.named_parameters():
         k_all = rep.stats.slices.index("all")
@@ -225,7 +225,7 @@ def test_loss_values_total_is_rlgrad_loss_of_the_logged_values_exactly(model_tok
 
 
 def test_a_term_no_metric_key_can_hold_fails_before_the_backward(model_tok):
-    from rlgrad.loss import per_token_loss
+    from rlgrad.algos.objective import per_token_loss
 
     model, tok = model_tok
     calls = []
@@ -252,8 +252,8 @@ def test_a_model_the_fast_engine_cannot_cover_falls_back_to_the_reference(model_
 
 def test_hooks_built_alone_follow_the_config_schedule():
     from rlgrad.analysis.components import ComponentGeometryHook
-    from rlgrad.analysis.redo import NeuronHealthHook
-    from rlgrad.config import load_config
+    from rlgrad.analysis.neurons import NeuronHealthHook
+    from rlgrad.config.load import load_config
 
     off = GradientAnalysisHook(load_config(overrides=["analysis.buckets.enable=false"]))
     assert not any(off.schedule.due(s) for s in range(1, 100))

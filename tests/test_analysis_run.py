@@ -7,11 +7,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlgrad.algos.aggregation import Denominators
+from rlgrad.algos.objective import LossSettings, actor_objective
 from rlgrad.batch import Batch
-from rlgrad.config import load_config
-from rlgrad.loss import Denominators, LossSettings, actor_loss_terms
+from rlgrad.config.load import load_config
 from rlgrad.recipes import make_trainer
-from rlgrad.rundir import read_jsonl
+from rlgrad.runfiles import read_jsonl
 
 from .conftest import run_cli
 
@@ -114,7 +115,7 @@ def test_saved_bundle_recomputes_logged_norms(tiny, tmp_path):
                   advantages=t["advantages"], ref_log_probs=t.get("ref_log_probs"))
     for k in sorted(set(t["bucket_ids"].tolist())):
         sub = batch.select(torch.nonzero(t["bucket_ids"] == k).squeeze(-1))
-        loss = actor_loss_terms(model, sub, s, Denominators.of(sub)).pg
+        loss = actor_objective(model, sub, s, Denominators.of(sub)).task
         grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
         norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)))
         assert logged[f"grad_norm/bucket_{k}/task"] == pytest.approx(norm, rel=1e-4, abs=1e-9)

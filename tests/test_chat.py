@@ -4,7 +4,7 @@ the template's end-of-turn token."""
 import pytest
 import torch
 
-from rlgrad.config import ModelConfig, TinyModelConfig
+from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.errors import UserError
 from rlgrad.models import build_char_tokenizer, build_tiny_model
 from rlgrad.rl.rollout import generate, render_prompts, stop_token_ids, uses_chat_template

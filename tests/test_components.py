@@ -10,22 +10,22 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlgrad.analysis.components import (
-    BackgroundWriter,
-    analyse_components,
-    component_advantages,
-    outcome_advantages,
-)
+from rlgrad.algos.advantages import group_reward_std
+from rlgrad.algos.aggregation import Denominators, agg_token_weights
+from rlgrad.algos.component_advantages import component_advantages, outcome_advantages
+from rlgrad.algos.objective import LossSettings, actor_objective, actor_terms
+from rlgrad.algos.policy_loss import policy_loss
+from rlgrad.analysis.components import analyse_components
+from rlgrad.analysis.writer import BackgroundWriter
 from rlgrad.batch import Batch
 from rlgrad.cli import main as cli_main
-from rlgrad.config import ModelConfig, TinyModelConfig, load_config
-from rlgrad.core import agg_token_weights, group_reward_std, policy_loss
+from rlgrad.config.load import load_config
+from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.logging.rewards import read_reward_components, to_seed_layout
-from rlgrad.loss import Denominators, LossSettings, actor_loss_terms, token_losses
 from rlgrad.models import build_char_tokenizer, build_tiny_model
 from rlgrad.recipes import make_trainer
 from rlgrad.rl.rollout import compute_log_probs, generate
-from rlgrad.rundir import read_jsonl
+from rlgrad.runfiles import read_jsonl
 from rlgrad.tasks import Example, build_task
 from rlgrad.tasks.math import correctness_score, format_score, length_score
 
@@ -183,7 +183,7 @@ def flat_grad(model, loss):
 
 def engine_flat(rep, model, slice_name):
     k = rep.stats.slices.index(slice_name)
-    grads = rep.stats.grads["policy"]
+    grads = rep.stats.grads["task"]
     return torch.cat([grads[n][k].reshape(-1).double() for n, _ in model.named_parameters()])
 
 
@@ -205,7 +205,7 @@ def test_shared_std_components_sum_to_the_update_policy_gradient(model_tok, s, m
     b = component_batch(model, tok)
     rep = analyse_components(model, b, s, weights=WEIGHTS, mode="shared_std", method=method, keep_grads=True)
     # Oracle: plain autograd of the policy loss the update optimises (clipping active: ratios are off-policy).
-    pg = actor_loss_terms(model, b, s, Denominators.of(b)).pg
+    pg = actor_objective(model, b, s, Denominators.of(b)).task
     expect = flat_grad(model, pg)
     total = engine_flat(rep, model, "total")
     summed = sum(engine_flat(rep, model, c) for c in WEIGHTS)
@@ -230,9 +230,9 @@ def test_one_engine_pass_equals_one_backward_per_component(model_tok, mode):
     for c in list(WEIGHTS) + ["total"]:
         a = rep.advantages[c]
         # A forward and a plain backward per component: Σ_i A_c,i/D Σ_t ω u (u: loss per unit advantage).
-        t = token_losses(model, b, s)
+        t = actor_terms(model, b, s)
         omega, _ = agg_token_weights(t.mask, s.loss_agg_mode, horizon=s.horizon)
-        flat[c] = flat_grad(model, ((a[:, None] / u.sum()) * omega * t.pg_unit).sum())
+        flat[c] = flat_grad(model, ((a[:, None] / u.sum()) * omega * t.task_unit).sum())
         torch.testing.assert_close(engine_flat(rep, model, c), flat[c], rtol=1e-4, atol=1e-7)
         assert rep.metrics[f"grad_comp/{c}/norm"] == pytest.approx(float(flat[c].norm()), rel=1e-4)
     for a_, b_ in [("correctness", "format"), ("correctness", "length"), ("format", "length")]:
@@ -253,7 +253,7 @@ def test_on_policy_components_equal_the_real_loss_with_component_advantages(mode
     for c in WEIGHTS:
         bc = copy.copy(b)
         bc.advantages = rep.advantages[c][:, None] * b.response_mask
-        expect = flat_grad(model, actor_loss_terms(model, bc, s, Denominators.of(bc)).pg)
+        expect = flat_grad(model, actor_objective(model, bc, s, Denominators.of(bc)).task)
         torch.testing.assert_close(engine_flat(rep, model, c), expect, rtol=1e-4, atol=1e-7)
 
 
@@ -489,7 +489,7 @@ def test_config_cadence_and_bad_settings():
 
 def test_rlgrad_actor_loss_passed_as_a_loss_fn_gives_the_same_geometry(model_tok):
     """An ActorLoss is rlgrad's own loss: its unit loss is used, as for its LossSettings."""
-    from rlgrad.loss import ActorLoss
+    from rlgrad.algos.objective import ActorLoss
 
     model, tok = model_tok
     b = component_batch(model, tok)

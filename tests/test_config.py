@@ -2,7 +2,8 @@ import re
 
 import pytest
 
-from rlgrad.config import CONFIG_DIRS, from_yaml_file, load_config, to_yaml
+from rlgrad.config.load import CONFIG_DIRS, from_yaml_file, load_config
+from rlgrad.config.schema import to_yaml
 from rlgrad.errors import UserError
 
 
@@ -85,7 +86,7 @@ def test_unknown_keys_get_the_settings_they_most_likely_meant(key, first, also):
 
 def test_show_config_prints_every_setting_documented_and_loads_back(tmp_path, capsys):
     from rlgrad.cli import main
-    from rlgrad.config import flat_settings
+    from rlgrad.config.schema import flat_settings
 
     assert main(["train", "--config-name", "sokoban_demo", "rollout.n=3", "--show-config"]) == 0
     text = capsys.readouterr().out

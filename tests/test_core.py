@@ -5,20 +5,11 @@ import math
 import pytest
 import torch
 
-from rlgrad.core import (
-    agg_loss,
-    broadcast_to_tokens,
-    entropy_from_logits,
-    group_reward_std,
-    group_stats,
-    grpo_advantages,
-    kl_penalty,
-    logprobs_from_logits,
-    masked_mean,
-    masked_sum,
-    policy_loss,
-    rloo_advantages,
-)
+from rlgrad.algos.advantages import broadcast_to_tokens, group_reward_std, group_stats, grpo_advantages, rloo_advantages
+from rlgrad.algos.aggregation import agg_loss, masked_mean, masked_sum
+from rlgrad.algos.kl import kl_penalty
+from rlgrad.algos.logprobs import entropy_from_logits, logprobs_from_logits
+from rlgrad.algos.policy_loss import policy_loss
 
 AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 

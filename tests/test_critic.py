@@ -6,24 +6,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlgrad.algos.advantages import explained_variance, gae_advantages, masked_whiten, outcome_token_rewards
+from rlgrad.algos.aggregation import agg_loss
+from rlgrad.algos.logprobs import forward_values
+from rlgrad.algos.objective import CriticSettings
+from rlgrad.algos.policy_loss import value_loss
 from rlgrad.batch import Batch, position_ids_from_mask
-from rlgrad.config import ModelConfig, TinyModelConfig, load_config
-from rlgrad.core import (
-    agg_loss,
-    explained_variance,
-    gae_advantages,
-    masked_whiten,
-    outcome_token_rewards,
-    value_loss,
-)
+from rlgrad.config.load import load_config
+from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook
-from rlgrad.loss import CriticSettings, forward_values
 from rlgrad.models import build_char_tokenizer, build_tiny_model, load_value_model
 from rlgrad.recipes import make_trainer
 from rlgrad.rl.critic import compute_values, update_critic
 from rlgrad.rl.rollout import generate
-from rlgrad.rundir import read_jsonl
+from rlgrad.runfiles import read_jsonl
 
 from .conftest import run_cli
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlgrad.algos.objective import per_token_loss
 from rlgrad.analysis import analyse_buckets, analyse_components
-from rlgrad.loss import per_token_loss
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_loop.py"
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rlgrad.batch import position_ids_from_mask
-from rlgrad.config import ModelConfig, TinyModelConfig, load_config
+from rlgrad.config.load import load_config
+from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.errors import UserError
 from rlgrad.models import build_char_tokenizer, build_tiny_model
 from rlgrad.rl.decode import decode, draw, filtered_probs, unsupported_reason

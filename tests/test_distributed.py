@@ -27,16 +27,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlgrad.algos.objective import ActorLoss, LossSettings
+from rlgrad.analysis.buckets import analyse_buckets
 from rlgrad.analysis.components import analyse_components
-from rlgrad.analysis.gradient_probe import analyse_buckets
 from rlgrad.analysis.neurons import measure
 from rlgrad.analysis.redo import reset_dormant, select_reset
-from rlgrad.analysis_config import NeuronHealthConfig
-from rlgrad.config import load_config
-from rlgrad.loss import ActorLoss, LossSettings
+from rlgrad.config.analysis import NeuronHealthConfig
+from rlgrad.config.load import load_config
 from rlgrad.recipes import make_trainer
 from rlgrad.rl.actor import update_actor
-from rlgrad.rundir import read_jsonl
+from rlgrad.runfiles import read_jsonl
 
 from .conftest import REPO
 from .test_analysis import make_batch
@@ -56,7 +56,7 @@ def close(a: float, b: float, rel: float = 1e-5, abs_: float = 1e-7) -> bool:
 
 
 def _model_batch():
-    from rlgrad.config import ModelConfig, TinyModelConfig
+    from rlgrad.config.model import ModelConfig, TinyModelConfig
     from rlgrad.models import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()
@@ -157,8 +157,8 @@ WHITENED = ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline")  # est
 
 def _whitened(batch_of, reduce=None):
     """Per split: the batch-whitening estimators' advantages and REINFORCE++'s component split of the rows held."""
-    from rlgrad.analysis.components import component_advantages
-    from rlgrad.core import compute_advantages
+    from rlgrad.algos.advantages import compute_advantages
+    from rlgrad.algos.component_advantages import component_advantages
 
     out = {}
     for split in SPLITS:

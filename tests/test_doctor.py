@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from rlgrad import rundata as D
+from rlgrad.doctor.command import SIGNATURES, Thresholds, diagnose
 from rlgrad.errors import UserError
-from rlgrad.viz import data as D
-from rlgrad.viz.doctor import SIGNATURES, Thresholds, diagnose
 from rlgrad.viz.report import build_report
 from tests.conftest import run_cli
 

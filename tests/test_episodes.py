@@ -7,13 +7,14 @@ import random
 import pytest
 import torch
 
+from rlgrad.algos.advantages import grpo_advantages
+from rlgrad.algos.aggregation import Denominators
+from rlgrad.algos.objective import LossSettings, actor_objective
 from rlgrad.analysis import analyse_buckets
-from rlgrad.config import ModelConfig, TinyModelConfig
-from rlgrad.core import grpo_advantages
+from rlgrad.config.agent import AgentConfig
+from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.envs import parse_answer
-from rlgrad.envs.config import AgentConfig
 from rlgrad.errors import UserError
-from rlgrad.loss import Denominators, LossSettings, actor_loss_terms
 from rlgrad.models import build_char_tokenizer, build_tiny_model
 from rlgrad.rl.episodes import Episode, EpisodeRunner, Turn, episode_metrics
 from rlgrad.rl.rollout import compute_log_probs
@@ -234,8 +235,8 @@ def test_bucket_analysis_on_episodes_equals_the_reference_engine_and_plain_autog
     # plain autograd of the policy loss over the model's tokens only (ratio 1 at the sampling policy)
     m = b.response_mask.bool()
     sub = b
-    terms = actor_loss_terms(model, sub, s, Denominators.of(sub))
-    g_loss = torch.autograd.grad(terms.pg, params, allow_unused=True)
+    terms = actor_objective(model, sub, s, Denominators.of(sub))
+    g_loss = torch.autograd.grad(terms.task, params, allow_unused=True)
     out = model(input_ids=b.input_ids, attention_mask=b.attention_mask,
                 position_ids=(b.attention_mask.cumsum(-1) - 1).clamp(min=0)).logits[:, :-1].float()
     lp = torch.log_softmax(out, -1).gather(-1, b.input_ids[:, 1:, None])[..., 0]
@@ -253,13 +254,13 @@ def test_environment_tokens_receive_no_gradient(model_tok):
     b = episode_batch(model, tok, seed=3)
     s = LossSettings(loss_agg_mode="token-mean", entropy_coeff=0.01, horizon=12)
     params = list(model.parameters())
-    base = torch.autograd.grad(actor_loss_terms(model, b, s, Denominators.of(b)).total(s), params, allow_unused=True)
+    base = torch.autograd.grad(actor_objective(model, b, s, Denominators.of(b)).total(s), params, allow_unused=True)
     # whatever the environment's positions hold (advantages, old log-probs), the gradient does not change
     noisy = b.select(torch.arange(len(b)))
     env = (noisy.attention_mask.bool() & ~noisy.response_mask.bool()).float()
     noisy.advantages = noisy.advantages + 5.0 * env * torch.randn_like(env)
     noisy.old_log_probs = noisy.old_log_probs - 3.0 * env
-    again = torch.autograd.grad(actor_loss_terms(model, noisy, s, Denominators.of(noisy)).total(s), params,
+    again = torch.autograd.grad(actor_objective(model, noisy, s, Denominators.of(noisy)).total(s), params,
                                 allow_unused=True)
     for a, c in zip(base, again):
         if a is not None:
@@ -269,7 +270,7 @@ def test_environment_tokens_receive_no_gradient(model_tok):
     col = int(torch.nonzero(env[0])[-1])
     flipped.response_mask[0, col] = 1.0
     flipped.advantages[0, col] = 1.0
-    moved = torch.autograd.grad(actor_loss_terms(model, flipped, s, Denominators.of(flipped)).total(s), params,
+    moved = torch.autograd.grad(actor_objective(model, flipped, s, Denominators.of(flipped)).total(s), params,
                                 allow_unused=True)
     assert any(not torch.equal(a, c) for a, c in zip(base, moved) if a is not None)
 

@@ -89,7 +89,7 @@ def test_reasoning_gym_datasets(rg, dataset, config):
 
 
 def test_config_key_and_its_reasoning_gym_alias(rg):
-    from rlgrad.config import load_config
+    from rlgrad.config.load import load_config
 
     cfg = load_config(overrides=["data.reasoning_gym.answer_extraction=strict",
                                  "data.reasoning_gym.partial_credit=true"])

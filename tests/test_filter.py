@@ -321,7 +321,7 @@ def test_group_std_does_not_depend_on_sample_order():
 
 
 def test_selection_eps_is_rlgrads_setting():
-    from rlgrad.config import load_config
+    from rlgrad.config.load import load_config
 
     assert load_config(None, None, ["rollout.rollout_filter_selection_eps=0.05"]).rollout.rollout_filter_selection_eps \
         == 0.05

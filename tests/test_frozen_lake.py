@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
+from rlgrad.config.agent import FrozenLakeConfig
 from rlgrad.envs import make_env, parse_answer
-from rlgrad.envs.config import FrozenLakeConfig
 from rlgrad.envs.frozen_lake import ACTIONS, FrozenLakeEnv, shortest_path, sloppy_plan
 
 MAP = """

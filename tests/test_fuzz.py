@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from rlgrad import cli
-from rlgrad.config import RLGradConfig, _walk, load_config
+from rlgrad.config.load import load_config
+from rlgrad.config.schema import RLGradConfig, _walk
 from rlgrad.errors import UserError
 
 # Free-form settings: any value of their type is meaningful (names, paths checked when opened, mappings of
@@ -223,7 +224,7 @@ def test_outputs_never_overwrite_the_run_and_bad_output_paths_are_one_line(tmp_p
 def test_damaged_model_directories_are_one_line(tmp_path):
     import json as _json
 
-    from rlgrad.config import ModelConfig, TinyModelConfig
+    from rlgrad.config.model import ModelConfig, TinyModelConfig
     from rlgrad.models import build_char_tokenizer, build_tiny_model, load_pretrained
 
     tok = build_char_tokenizer()
@@ -277,7 +278,7 @@ def test_bad_argument_values_for_every_subcommand(tmp_path, capsys):
 
 
 def test_written_files_follow_the_umask_and_errors_name_the_right_help(tmp_path, capsys):
-    from rlgrad.rundir import atomic_write_text
+    from rlgrad.runfiles import atomic_write_text
 
     old = os.umask(0o022)
     try:

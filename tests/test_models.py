@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlgrad import models
-from rlgrad.config import ModelConfig
+from rlgrad.config.model import ModelConfig
 from rlgrad.errors import UserError
 from rlgrad.models import is_gguf, load_actor, load_critic, load_pretrained
 
@@ -251,7 +251,7 @@ def test_two_grpo_steps_on_smollm2_with_its_chat_template(smol, tmp_path):
 
 
 def test_a_warm_start_says_how_far_it_is(tmp_path):
-    from rlgrad.config import TinyModelConfig
+    from rlgrad.config.model import TinyModelConfig
     from rlgrad.tasks import build_task
 
     lines = []
@@ -270,7 +270,7 @@ def test_a_warm_start_says_how_far_it_is(tmp_path):
 def test_the_embedded_tokenizer_keeps_spaces_and_newlines_after_the_cache(tmp_path):
     """transformers' AutoTokenizer took the Qwen2 class from config.json and its byte-level pre-tokenizer dropped
     every space and newline of the character tokenizer: sokoban grids and countdown prompts lost their layout."""
-    from rlgrad.config import TinyModelConfig
+    from rlgrad.config.model import TinyModelConfig
     from rlgrad.tasks import build_task
 
     cfg = ModelConfig(cache_dir=str(tmp_path), warmstart_steps=1, warmstart_batch_size=2,
@@ -284,7 +284,7 @@ def test_the_embedded_tokenizer_keeps_spaces_and_newlines_after_the_cache(tmp_pa
 
 
 def test_runs_that_differ_only_in_trainer_seed_share_one_warm_start(tmp_path):
-    from rlgrad.config import TinyModelConfig
+    from rlgrad.config.model import TinyModelConfig
     from rlgrad.tasks import build_task
 
     task = build_task("arithmetic", seed=1, val_size=4, weights={})
@@ -310,7 +310,7 @@ def test_every_task_character_survives_a_save_and_autotokenizer_reload(tmp_path)
     newlines. Every character the tasks write must come back as the same token ids, and decode to itself."""
     from transformers import AutoTokenizer
 
-    from rlgrad.config import TinyModelConfig
+    from rlgrad.config.model import TinyModelConfig
     from rlgrad.tasks import TASK_NAMES, build_task
 
     from .conftest import REPO

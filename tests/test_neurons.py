@@ -8,17 +8,20 @@ import pytest
 import torch
 from torch import nn
 
+from rlgrad.algos.aggregation import Denominators
+from rlgrad.algos.objective import ActorLoss, LossSettings, actor_objective, per_token_loss
 from rlgrad.analysis import hooks_from_config
-from rlgrad.analysis.neurons import find_neurons, gradient_stats, measure, nullspace_ratio, sample_rows
-from rlgrad.analysis.redo import NeuronHealthHook, reset_dormant, select_reset
-from rlgrad.analysis_config import NeuronHealthConfig
+from rlgrad.analysis.neuron_base import find_neurons
+from rlgrad.analysis.neurons import NeuronHealthHook, gradient_stats, measure, nullspace_ratio, sample_rows
+from rlgrad.analysis.redo import reset_dormant, select_reset
 from rlgrad.batch import Batch
-from rlgrad.config import ModelConfig, TinyModelConfig, load_config
+from rlgrad.config.analysis import NeuronHealthConfig
+from rlgrad.config.load import load_config
+from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.errors import UserError
 from rlgrad.hooks import StepContext
-from rlgrad.loss import ActorLoss, Denominators, LossSettings, actor_loss_terms, per_token_loss
 from rlgrad.models import build_char_tokenizer, build_tiny_model
-from rlgrad.rundir import read_jsonl
+from rlgrad.runfiles import read_jsonl
 
 from .conftest import run_cli
 
@@ -72,7 +75,7 @@ def make_batch(vocab: int, n: int = 12, prompt: int = 4, response: int = 5, seed
 
 def backward(model, b: Batch, s: LossSettings = S) -> None:
     model.zero_grad(set_to_none=True)
-    actor_loss_terms(model, b, s, Denominators.of(b)).total(s).backward()
+    actor_objective(model, b, s, Denominators.of(b)).total(s).backward()
 
 
 def plant_qwen(model) -> dict[str, set[int]]:
@@ -340,7 +343,7 @@ def test_select_reset_modes():
 
 
 def test_reset_draws_from_the_survivors_rms_by_hand():
-    from rlgrad.analysis.neurons import seed_of as _seed
+    from rlgrad.analysis.neuron_base import seed_of as _seed
     net = nn.Sequential(nn.Linear(3, 4, bias=False), nn.ReLU(), nn.Linear(4, 2))
     with torch.no_grad():
         net[0].weight.copy_(torch.tensor([[2.0, -2, 2], [-2, 2, 2], [0, 0, 0], [0, 0, 0]]))  # survivors' RMS: 2

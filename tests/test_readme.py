@@ -134,7 +134,7 @@ def test_readme_commands_parse_continuations_and_comments():
 
 def test_no_readme_run_shares_a_run_directory_with_an_earlier_one():
     """Two train commands that resolve to one run directory: the second would be refused (a finished run)."""
-    from rlgrad.config import load_config
+    from rlgrad.config.load import load_config
 
     seen: dict[Path, str] = {}
     for cmd in readme_commands((REPO / "README.md").read_text()):

@@ -166,7 +166,7 @@ def test_generator_options_and_pool_size(rg):
 
 
 def test_cli_settings_object_is_accepted(rg):
-    from rlgrad.config import load_config
+    from rlgrad.config.load import load_config
 
     cfg = load_config(overrides=["data.task=reasoning_gym", "data.reasoning_gym.dataset=chain_sum",
                                  "data.reasoning_gym.config.max_terms=2"])
@@ -207,7 +207,7 @@ def test_bad_input(rg):
 
 def test_one_step_cli_run(rg, model_cache, tmp_path):
     from rlgrad.cli import main
-    from rlgrad.rundir import read_jsonl
+    from rlgrad.runfiles import read_jsonl
 
     run = tmp_path / "run"
     args = tiny_overrides(model_cache, run) + [

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from rlgrad.doctor.command import diagnose
 from rlgrad.logging.reward_signal import RewardSignalWatch, reward_problems
-from rlgrad.viz.data import load_any
-from rlgrad.viz.doctor import diagnose
+from rlgrad.rundata import load_any
 
 from .conftest import REPO, run_cli
 

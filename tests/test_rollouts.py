@@ -14,8 +14,9 @@ from collections import defaultdict
 import pytest
 import torch
 
+from rlgrad import rundata as D
 from rlgrad.cli import main
-from rlgrad.config import load_config
+from rlgrad.config.load import load_config
 from rlgrad.logging.rollouts import (
     RolloutLog,
     gather_samples,
@@ -26,8 +27,7 @@ from rlgrad.logging.rollouts import (
     step_samples,
 )
 from rlgrad.recipes import make_trainer
-from rlgrad.rundir import read_jsonl
-from rlgrad.viz import data as D
+from rlgrad.runfiles import read_jsonl
 
 from .conftest import REPO, tiny_overrides
 

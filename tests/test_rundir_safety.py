@@ -9,10 +9,10 @@ import warnings
 import pytest
 
 from rlgrad import cli
-from rlgrad.config import load_config
+from rlgrad.config.load import load_config
 from rlgrad.errors import UserError
 from rlgrad.recipes import make_trainer
-from rlgrad.rundir import lock_run_dir, read_jsonl
+from rlgrad.runfiles import lock_run_dir, read_jsonl
 
 
 def quiet(overrides):

@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlgrad.config import load_config
+from rlgrad.config.load import load_config
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult
 from rlgrad.recipes import make_trainer
-from rlgrad.rundir import read_jsonl
+from rlgrad.runfiles import read_jsonl
 
 from .conftest import REPO
 
@@ -166,7 +166,7 @@ def test_hook_sees_prepared_batch_and_can_stop(tiny, tmp_path):
 
 
 def test_empty_filter_skips_then_stops(tiny, tmp_path):
-    from rlgrad.rl.run_directory import RunStopped
+    from rlgrad.rl.resume import RunStopped
     # include_zero=false with a reward that never varies (weights zero) keeps nothing.
     cfg = load_config(overrides=tiny + ["trainer.total_training_steps=5", "rollout.rollout_filter_include_zero=false",
                                         "reward.weights={correctness: 0.0, format: 0.0}",
@@ -211,7 +211,7 @@ TERM_SCRIPT = textwrap.dedent("""
     from rlgrad.config import load_config
     from rlgrad.hooks import Hook
     from rlgrad.recipes import make_trainer
-    from rlgrad.rl.run_directory import Interrupted
+    from rlgrad.rl.resume import Interrupted
 
     class Term(Hook):
         def before_update(self, ctx):

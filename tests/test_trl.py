@@ -17,7 +17,7 @@ datasets = pytest.importorskip("datasets")
 from trl import GRPOConfig  # noqa: E402
 
 from rlgrad.analysis import analyse_buckets, analyse_components  # noqa: E402
-from rlgrad.config import ModelConfig, TinyModelConfig  # noqa: E402
+from rlgrad.config.model import ModelConfig, TinyModelConfig  # noqa: E402
 from rlgrad.errors import UserError  # noqa: E402
 from rlgrad.integrations.trl import GRPOTrainer, check_trl_version, trl_metrics  # noqa: E402
 from rlgrad.integrations.trl_loss import trl_reward_view  # noqa: E402
@@ -122,7 +122,7 @@ def test_bucket_and_reward_function_gradients_equal_trl_autograd(setup, tmp_path
         adv = split[name] if name in split else sum(split.values())
         full = trl_grads(t, out, everything, advantages=adv.to(out["advantages"].dtype))
         ref = {n: full[n] - kl_only[n] for n in full}
-        ours = {n: comps.stats.grads["policy"][n][k] for n in ref}
+        ours = {n: comps.stats.grads["task"][n][k] for n in ref}
         assert rel_err(ours, ref) < 1e-5, (loss_type, name, rel_err(ours, ref))
 
 
@@ -354,9 +354,9 @@ def test_a_reward_model_and_look_alike_names_pass_through(setup, tmp_path):
     original names for the report and the doctor, which quotes TRL's metric names."""
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
+    from rlgrad import rundata as D
+    from rlgrad.doctor.findings import View
     from rlgrad.metrics import parse
-    from rlgrad.viz import data as D
-    from rlgrad.viz.findings import View
 
     root, tok, data = setup
     rm = tmp_path / "tiny-Qwen2ForSequenceClassification-2.5"  # TRL's own test reward model's name

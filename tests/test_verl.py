@@ -24,12 +24,12 @@ from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.engine_workers import TrainingWorker as VerlTrainingWorker  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
+from rlgrad.algos.objective import ActorLoss  # noqa: E402
 from rlgrad.analysis import analyse_buckets  # noqa: E402
-from rlgrad.config import ModelConfig, TinyModelConfig  # noqa: E402
+from rlgrad.config.model import ModelConfig, TinyModelConfig  # noqa: E402
 from rlgrad.errors import UserError  # noqa: E402
 from rlgrad.integrations.verl import check_verl_version  # noqa: E402
 from rlgrad.integrations.verl_loss import batch_from_verl, verl_loss_settings  # noqa: E402
-from rlgrad.loss import ActorLoss  # noqa: E402
 from rlgrad.models import build_char_tokenizer, build_tiny_model  # noqa: E402
 from tests.verl_cpu import N, R, actor_config, verl_batch, worker  # noqa: E402
 

@@ -14,11 +14,11 @@ import matplotlib.image as mpimg
 import numpy as np
 import pytest
 
+from rlgrad import rundata as D
 from rlgrad.cli import main
-from rlgrad.config import load_config
+from rlgrad.config.load import load_config
 from rlgrad.recipes import make_trainer
 from rlgrad.viz import bucket_figures as F
-from rlgrad.viz import data as D
 from rlgrad.viz import reading as R
 from rlgrad.viz import run_figures as RF
 from rlgrad.viz.figbase import png_bytes

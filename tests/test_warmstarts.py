@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from rlgrad.config import ModelConfig, TinyModelConfig
+from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.models import SHIPPED_WARMSTARTS, embedded_default, warmstart_key
 from rlgrad.tasks import build_task
 

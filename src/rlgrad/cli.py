@@ -16,7 +16,8 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlgrad.config import documented_yaml, load_config
+    from rlgrad.config.load import load_config
+    from rlgrad.config.schema import documented_yaml
 
     cfg = load_config(args.config_name, args.config_file, args.overrides)  # before the heavy imports: fast errors
     if args.show_config:
@@ -24,7 +25,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     from rlgrad import distributed
     from rlgrad.recipes import make_trainer
-    from rlgrad.rl.run_directory import Interrupted, RunStopped
+    from rlgrad.rl.resume import Interrupted, RunStopped
 
     distributed.setup(cfg)  # torchrun: join the process group (a no-op in one process)
     try:
@@ -64,7 +65,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _presets_epilog() -> str:
-    from rlgrad.config import presets
+    from rlgrad.config.load import presets
 
     rows = [f"  {name:<34} {_clip(about, 80)}" for name, about in presets()]
     return ("presets (--config-name NAME):\n" + "\n".join(rows) + "\n\nevery setting, its default and its meaning: "
@@ -72,7 +73,7 @@ def _presets_epilog() -> str:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from rlgrad.config import presets
+    from rlgrad.config.load import presets
 
     for name, about in presets():
         print(f"{name:<34} {about}")
@@ -91,7 +92,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from rlgrad.config import load_config
+    from rlgrad.config.load import load_config
     from rlgrad.rl.checkpoint import checkpoint_step, damage
 
     ckpt = Path(args.resume_from_path)
@@ -112,7 +113,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                       base_file=str(run_cfg) if run_cfg.is_file() else None, probe=True)
     from rlgrad import distributed
     from rlgrad.recipes import make_prober
-    from rlgrad.rl.run_directory import RunStopped
+    from rlgrad.rl.resume import RunStopped
 
     distributed.setup(cfg)
     try:
@@ -171,7 +172,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from rlgrad.viz.doctor import doctor_command
+    from rlgrad.doctor.command import doctor_command
 
     return doctor_command(args.run, args.wandb_path, args.json, args.explain, args.thresholds)
 
@@ -212,7 +213,7 @@ def _sample_line(s: dict) -> str:
 
 def cmd_samples(args: argparse.Namespace) -> int:
     """A step's prompt groups as the model answered them (RUN/rollouts/step_N.jsonl), readable in a terminal."""
-    from rlgrad.viz import data as D
+    from rlgrad import rundata as D
 
     if args.max < 1:
         raise UserError(f"--max {args.max} must be at least 1")
@@ -324,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wandb-path", help="read a W&B run instead: ENTITY/PROJECT/RUN_ID (needs network)")
     p.add_argument("--json", action="store_true", help="the findings as JSON on stdout")
     p.add_argument("--explain", action="store_true", help="also list the checks the run lacks the metrics for")
-    p.add_argument("--thresholds", help="a YAML file overriding thresholds (rlgrad.viz.findings.Thresholds)")
+    p.add_argument("--thresholds", help="a YAML file overriding thresholds (rlgrad.doctor.findings.Thresholds)")
     p.set_defaults(func=cmd_doctor)
     p = sub.add_parser("samples", help="a step's prompt groups and what the model wrote (RUN/rollouts/step_N.jsonl)")
     p.add_argument("run_dir", help="a local run directory")

@@ -22,26 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlgrad.algos.objective import ActorLoss, LossFn, LossSettings
 from rlgrad.batch import Batch
-from rlgrad.loss import ActorLoss, LossFn, LossSettings
+from rlgrad.config.analysis import Schedule  # noqa: F401  (hooks' step rule, re-exported)
 
 if TYPE_CHECKING:
-    from rlgrad.config import RLGradConfig
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """The one step rule every instrument uses: due at steps ``first, first + every, ...`` (``every <= 0``: never).
-
-    RAGEN's bucket analysis runs when ``(step - 1) % every == 0`` (``first = 1``: steps 1, 51, 101); ReDo-style
-    neuron health when ``step % freq == 0`` (``first = every``: steps N, 2N). ``analysis.every`` puts every
-    instrument on RAGEN's steps."""
-
-    every: int
-    first: int = 1
-
-    def due(self, step: int) -> bool:
-        return self.every > 0 and step >= self.first and (step - self.first) % self.every == 0
+    from rlgrad.config.schema import RLGradConfig
 
 
 @dataclass

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from rlgrad.config import ModelConfig
+from rlgrad.config.model import ModelConfig
 from rlgrad.errors import UserError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub, whatever a config says

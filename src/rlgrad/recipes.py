@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rlgrad.analysis import hooks_from_config, schedules
-from rlgrad.config import RLGradConfig
+from rlgrad.config.schema import RLGradConfig
 from rlgrad.hooks import Hook, Schedule
 from rlgrad.rl.trainer import Trainer
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlgrad.analysis.cadence import schedules
+from rlgrad.analysis.buckets import GradientAnalysisHook, analyse_buckets
 from rlgrad.analysis.components import ComponentGeometryHook, analyse_components
-from rlgrad.analysis.gradient_probe import GradientAnalysisHook, analyse_buckets
-from rlgrad.analysis.redo import NeuronHealthHook
+from rlgrad.analysis.neurons import NeuronHealthHook
+from rlgrad.config.analysis import schedules
 from rlgrad.hooks import Hook, Schedule
 
 if TYPE_CHECKING:
-    from rlgrad.config import RLGradConfig
+    from rlgrad.config.schema import RLGradConfig
 
 __all__ = ["analyse_buckets", "analyse_components", "hooks_from_config", "schedules"]
 

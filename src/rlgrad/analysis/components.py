@@ -28,139 +28,34 @@ optimizer state, ``.grad`` and RNG streams are left as they were.
 
 from __future__ import annotations
 
-import io
-import queue
-import sys
-import threading
 import time
 from dataclasses import dataclass
 from itertools import combinations
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from rlgrad import collectives
-from rlgrad.analysis.cadence import schedules
+from rlgrad.algos.advantages import (
+    sequence_scores,
+)
+from rlgrad.algos.aggregation import denominator
+from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_unit_loss
 from rlgrad.analysis.engine import GradStats, layer_group, slice_gradients
 from rlgrad.batch import Batch
-from rlgrad.config import OUTCOME_ESTIMATORS
-from rlgrad.core import (
-    Reduce,
-    broadcast_to_tokens,
-    compute_advantages,
-    denominator,
-    group_stats,
-    grpo_advantages,
-    rloo_advantages,
-    sequence_scores,
-    whiten_stats,
-)
+from rlgrad.config.analysis import schedules
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
-from rlgrad.loss import LossFn, LossSettings, PerTokenLoss, as_unit_loss
 from rlgrad.metrics import key
-from rlgrad.rundir import atomic_write_bytes, atomic_write_json
+from rlgrad.runfiles import atomic_write_json
 
 if TYPE_CHECKING:
-    from rlgrad.config import RLGradConfig
+    from rlgrad.config.schema import RLGradConfig
+from rlgrad.algos.component_advantages import component_advantages, per_sequence_advantage
+from rlgrad.analysis.writer import BackgroundWriter, _stderr
 
-MODES = ("shared_std", "own_std")
-ESTIMATORS = OUTCOME_ESTIMATORS
-TERM = "policy"
+TERM = "task"  # the policy loss per unit of advantage: the term the component split measures
 
-
-# ---- per-component advantages ------------------------------------------------------------------
-
-def outcome_advantages(scores: torch.Tensor, group_ids: torch.Tensor, estimator: str, norm_by_std: bool,
-                       response_mask: torch.Tensor | None = None, reduce: Reduce | None = None) -> torch.Tensor:
-    """``[N]``: the trainer's advantage of per-sample scores (``core.compute_advantages``), one per response
-    (reinforce_plus_plus with gamma 1). ``response_mask``: the whitening of REINFORCE++ weighs responses by length;
-    ``reduce``: it whitens over the rows of every process."""
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"component advantages need one advantage per response ({', '.join(ESTIMATORS)}), "
-                         f"got '{estimator}'")
-    mask = response_mask if response_mask is not None else torch.ones(len(scores), 1)
-    adv, _ = compute_advantages(estimator, scores, group_ids, mask, norm_by_std=norm_by_std, reduce=reduce)
-    return row_values(adv, mask)
-
-
-def component_advantages(components: dict[str, torch.Tensor], weights: dict[str, float], scores: torch.Tensor,
-                         group_ids: torch.Tensor, *, mode: str, estimator: str, norm_by_std: bool,
-                         eps: float = 1e-6, response_mask: torch.Tensor | None = None, reduce: Reduce | None = None
-                         ) -> dict[str, torch.Tensor]:
-    """``{c: [N]}`` per-component advantages (module docstring). ``scores`` is the total reward the update's
-    advantage was computed from (Σ_c w_c r_c); ``response_mask`` is needed by the REINFORCE++ estimators, and
-    ``reduce`` (``collectives.all_reduce_sum``) when the batch's rows are split over processes, as their whitening
-    is over the whole batch."""
-    if mode == "own_std":
-        return {c: outcome_advantages(r.float(), group_ids, estimator, norm_by_std, response_mask, reduce)
-                for c, r in components.items()}
-    if mode != "shared_std":
-        raise ValueError(f"unknown component mode '{mode}' ({' | '.join(MODES)})")
-    missing = [c for c in components if c not in weights]
-    if missing:
-        raise ValueError(f"no reward weight for component(s) {', '.join(missing)}")
-    if estimator == "rloo":  # linear in the reward: the baselines of w_c r_c add up to the total's
-        return {c: rloo_advantages(weights[c] * r.float(), group_ids) for c, r in components.items()}
-    if estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
-        return _whitened_split(components, weights, scores, group_ids, response_mask,
-                               baseline=estimator.endswith("baseline"), reduce=reduce)
-    if estimator != "grpo":
-        raise ValueError(f"component advantages need one advantage per response ({', '.join(ESTIMATORS)}), "
-                         f"got '{estimator}'")
-    # GRPO: centre each weighted component in its group (a singleton keeps mean 0, as grpo_advantages does) ...
-    out = {c: grpo_advantages(weights[c] * r.float(), group_ids, norm_by_std=False) for c, r in components.items()}
-    if not norm_by_std:
-        return out
-    # ... and divide by the TOTAL reward's unbiased group std + eps (a singleton: std 1), grpo_advantages' convention.
-    # A group whose total is constant has A = 0 exactly; its components get 0 as well (still a split of A):
-    # components that vary but cancel would otherwise be blown up by 1/eps.
-    _, std, size = group_stats(scores.float(), group_ids)
-    std = torch.where(size <= 1, torch.ones_like(std), std)
-    flat = (size > 1) & (std == 0)
-    return {c: torch.where(flat, torch.zeros_like(a), a / (std + eps)) for c, a in out.items()}
-
-
-def _whitened_split(components: dict[str, torch.Tensor], weights: dict[str, float], scores: torch.Tensor,
-                    group_ids: torch.Tensor, response_mask: torch.Tensor | None, *, baseline: bool,
-                    reduce: Reduce | None = None) -> dict[str, torch.Tensor]:
-    """REINFORCE++(-baseline) split by component: whitening is x ↦ (x − μ)·rstd over the batch's response tokens,
-    so A_c = (x_c − μ_c)·rstd(total), with x_c = w_c r_c (less its group mean with the baseline). Σ_c A_c = A."""
-    if response_mask is None:
-        raise ValueError("the REINFORCE++ component split needs the batch's response_mask")
-
-    def tokens(x: torch.Tensor) -> torch.Tensor:
-        x = grpo_advantages(x, group_ids, norm_by_std=False) if baseline else x
-        return broadcast_to_tokens(x, response_mask)
-
-    _, rstd = whiten_stats(tokens(scores.float()), response_mask, reduce=reduce)
-    out = {}
-    for c, r in components.items():
-        x = tokens(weights[c] * r.float())
-        out[c] = row_values(x - whiten_stats(x, response_mask, reduce=reduce)[0], response_mask) * rstd
-    return out
-
-
-def row_values(x: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """``[N, L]`` -> ``[N]``: each row's value at its first response token (0 for a row without one)."""
-    mask = response_mask != 0
-    first = mask.to(torch.int8).argmax(-1, keepdim=True)
-    return x.gather(1, first).squeeze(1) * mask.any(-1)
-
-
-def per_sequence_advantage(batch: Batch) -> torch.Tensor:
-    """``[N]``: the advantage of each response; fails unless it is constant along the response."""
-    mask = batch.response_mask != 0
-    a = row_values(batch.advantages, batch.response_mask)
-    spread = torch.where(mask, (batch.advantages - a[:, None]).abs(), 0.0)
-    if mask.any() and float(spread.max()) > 1e-5 * (1.0 + float(a.abs().max())):
-        raise ValueError("reward-component gradients need an advantage that is constant along each response "
-                         f"(one per response: {', '.join(ESTIMATORS)}; reinforce_plus_plus with gamma 1)")
-    return a
-
-
-# ---- the analysis ------------------------------------------------------------------------------
 
 @dataclass
 class ComponentReport:
@@ -246,7 +141,7 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
     live_derived = {d: combo for d, combo in live_derived.items() if combo}
     stats = GradStats([], {})  # every advantage 0: every gradient is 0
     if live:
-        stats = slice_gradients(method, model, batch, PerTokenLoss(one_term, unit.agg), W[live], live_names,
+        stats = slice_gradients(method, model, batch, FunctionLoss(one_term, unit.agg), W[live], live_names,
                                 live_derived, keep_grads=keep_grads)
     # The engine summed every slice's gradient over ranks before forming its Grams: they are global already.
     stats = _with_zero_slices(stats, model, slices + list(derived), keep_grads)
@@ -278,70 +173,6 @@ def _group_order(g: str) -> tuple:
         return (1, int(g[6:]))
     return (2, {"final_norm": 0, "lm_head": 1}.get(g, 2), g)
 
-
-# ---- background writer -------------------------------------------------------------------------
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-class BackgroundWriter:
-    """Writes ``.npz`` files on a worker thread, so saving gradients never blocks training.
-
-    ``submit`` only enqueues (tensors are moved to the CPU first, so the worker never touches the device).
-    ``close`` writes whatever is queued and stops the thread. A failed write is reported at once (``log``)
-    and kept in ``failures``; the writer goes on with the next file.
-    """
-
-    def __init__(self, log=_stderr):
-        self.log = log
-        self.failures: list[tuple[str, str]] = []
-        self.written: list[str] = []
-        self._queue: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, path: str | Path, arrays: dict[str, torch.Tensor]) -> None:
-        cpu = {k: v.detach().to("cpu", torch.float32) for k, v in arrays.items()}
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rlgrad-npz-writer", daemon=True)
-            self._thread.start()
-        self._queue.put((Path(path), cpu))
-
-    def _run(self) -> None:
-        import numpy as np
-
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                path, arrays = item
-                try:
-                    buf = io.BytesIO()
-                    np.savez_compressed(buf, **{k: v.numpy() for k, v in arrays.items()})
-                    atomic_write_bytes(path, buf.getvalue())
-                    self.written.append(str(path))
-                except Exception as e:  # reported, never lost silently; the writer carries on
-                    self.failures.append((str(path), f"{type(e).__name__}: {e}"))
-                    self.log(f"rlgrad: failed to write {path}: {type(e).__name__}: {e}")
-            finally:
-                self._queue.task_done()
-
-    def flush(self) -> None:
-        """Wait until everything submitted so far is written (or has failed)."""
-        if self._thread is not None:
-            self._queue.join()
-
-    def close(self) -> list[tuple[str, str]]:
-        """Write what is queued, stop the worker; returns the failed writes (path, error)."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
-        return self.failures
-
-
-# ---- the hook ----------------------------------------------------------------------------------
 
 class ComponentGeometryHook(Hook):
     """Reward-component gradient geometry at ``analysis.components`` steps, on the training batch

@@ -40,8 +40,8 @@ import torch
 from torch import nn
 
 from rlgrad import collectives
+from rlgrad.algos.objective import LossFn
 from rlgrad.batch import Batch
-from rlgrad.loss import LossFn
 
 # Overlapping slices: per-row Linear gradients are combined a chunk of rows at a time, at most this many
 # elements per chunk (at least one row). At the bench's shapes (Linears of 64k-200k weights) 2M ran 2x

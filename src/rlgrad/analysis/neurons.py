@@ -35,197 +35,40 @@ activations; under FSDP2 it runs on the plain replica.
 
 from __future__ import annotations
 
-import hashlib
 import math
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from rlgrad import collectives
+from rlgrad.algos.objective import FunctionLoss, LossFn
 from rlgrad.analysis.engine import slice_gradients
+from rlgrad.analysis.neuron_base import (
+    LayerStats,
+    NeuronLayer,
+    NeuronReport,
+    _is_sharded,
+    _local_grad,
+    _shard,
+    find_neurons,
+    seed_of,
+)
+from rlgrad.analysis.redo import reset_dormant
 from rlgrad.batch import Batch
-from rlgrad.loss import LossFn, PerTokenLoss
+from rlgrad.config.analysis import schedules
+from rlgrad.hooks import Hook, Schedule, StepContext
 from rlgrad.metrics import key
+from rlgrad.runfiles import atomic_write_json
 
 if TYPE_CHECKING:
-    from rlgrad.analysis_config import NeuronHealthConfig
+    from rlgrad.config.analysis import NeuronHealthConfig
+    from rlgrad.config.schema import RLGradConfig
+
 
 NULL_EPS = 1e-5  # λ_k < NULL_EPS² · λ_max counts as a null direction
-
-
-# ----------------------------------------------------------------------------- structure
-@dataclass
-class NeuronLayer:
-    name: str  # module name, e.g. model.layers.0.mlp
-    kind: str  # mlp | attn
-    n: int  # neurons
-    width: int  # rows (incoming) / columns (outgoing) per neuron: 1 for an MLP unit, head_dim for a head
-    incoming: list[tuple[str, nn.Parameter]]  # weights [n·width, in] and biases [n·width]
-    outgoing: list[tuple[str, nn.Parameter]]  # weights [out, n·width]
-    act_module: nn.Module  # its input [..., n·width] is the neurons' activation
-
-
-def _linear_params(prefix: str, lin: nn.Linear) -> list[tuple[str, nn.Parameter]]:
-    out = [(f"{prefix}.weight", lin.weight)]
-    if lin.bias is not None:
-        out.append((f"{prefix}.bias", lin.bias))
-    return out
-
-
-def _head_dim(attn: nn.Module) -> int:
-    hd = getattr(attn, "head_dim", None) or getattr(getattr(attn, "config", None), "head_dim", None)
-    if hd:
-        return int(hd)
-    heads = getattr(attn, "num_heads", None) or getattr(getattr(attn, "config", None), "num_attention_heads", None)
-    if not heads:
-        raise ValueError(f"cannot tell the head size of attention module {type(attn).__name__}")
-    return attn.q_proj.out_features // int(heads)
-
-
-def find_neurons(model: nn.Module) -> list[NeuronLayer]:
-    """Every neuron layer of ``model`` with trainable incoming weights, in module order."""
-    layers: list[NeuronLayer] = []
-    def has(mod: nn.Module, *ks: str) -> bool:
-        return all(isinstance(getattr(mod, k, None), nn.Linear) for k in ks)
-
-    for name, mod in model.named_modules():
-        if has(mod, "gate_proj", "up_proj", "down_proj"):
-            inc = _linear_params(f"{name}.gate_proj", mod.gate_proj) + _linear_params(f"{name}.up_proj", mod.up_proj)
-            layers.append(NeuronLayer(name, "mlp", mod.gate_proj.out_features, 1, inc,
-                                      [(f"{name}.down_proj.weight", mod.down_proj.weight)], mod.down_proj))
-        elif has(mod, "q_proj", "k_proj", "v_proj", "o_proj"):
-            hd = _head_dim(mod)
-            heads, kv = mod.q_proj.out_features // hd, mod.k_proj.out_features // hd
-            inc = _linear_params(f"{name}.q_proj", mod.q_proj)
-            if kv == heads:  # one KV head per query head: k and v rows are the head's own
-                inc += _linear_params(f"{name}.k_proj", mod.k_proj) + _linear_params(f"{name}.v_proj", mod.v_proj)
-            layers.append(NeuronLayer(name, "attn", heads, hd, inc,
-                                      [(f"{name}.o_proj.weight", mod.o_proj.weight)], mod.o_proj))
-        elif isinstance(mod, nn.Sequential):
-            prev: tuple[str, nn.Linear] | None = None
-            for k, sub in mod.named_children():
-                full = f"{name}.{k}" if name else k
-                if isinstance(sub, nn.Linear):
-                    if prev is not None and prev[1].out_features == sub.in_features:
-                        layers.append(NeuronLayer(prev[0], "mlp", prev[1].out_features, 1,
-                                                  _linear_params(prev[0], prev[1]), [(f"{full}.weight", sub.weight)],
-                                                  sub))
-                    prev = (full, sub)
-                elif any(True for _ in sub.parameters()):
-                    prev = None  # a module with weights in between: not a plain pair
-    return [la for la in layers if all(p.requires_grad for _, p in la.incoming)]
-
-
-# ----------------------------------------------------------------------------- gradient statistics
-def _shard(t: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
-    """``(local tensor, global index of its first row, sharded?)`` of a parameter, gradient or optimizer state.
-
-    A plain tensor is whole. An FSDP2 DTensor is sharded along dim 0 in rank order (torch.chunk sizes): the
-    local tensor is this rank's rows and shares its storage, so in-place writes to it change the DTensor.
-    """
-    if not hasattr(t, "to_local"):
-        return t.detach(), 0, False
-    if len(t.placements) != 1 or not t.placements[0].is_shard(0):
-        raise NotImplementedError(f"neuron health supports DTensors sharded along dim 0 on one mesh dimension "
-                                  f"(FSDP2's default), not {t.placements}")
-    # torch.chunk's layout (what Shard(0) uses), computed here: the public helper is missing from older torch.
-    n, chunk = t.shape[0], -(-t.shape[0] // t.device_mesh.size())
-    offset = min(t.device_mesh.get_local_rank() * chunk, n)
-    size = max(0, min(chunk, n - offset))
-    local = t.to_local().detach()
-    if local.shape[0] != size:  # a layout other than torch.chunk's: row offsets would be wrong
-        raise NotImplementedError(f"unexpected FSDP2 shard: {local.shape[0]} rows where {size} were expected")
-    return local, int(offset), True
-
-
-def _local_grad(p: nn.Parameter) -> tuple[torch.Tensor | None, int, bool]:
-    """The gradient this process holds for ``p``: (local tensor, global index of its first row, sharded?).
-
-    Single process and DDP: the full gradient (every DDP rank holds the same one after its all-reduce),
-    so statistics need no reduction and the ranks agree. FSDP2: ``p.grad`` is a DTensor holding rows
-    ``[offset, offset + rows)``; the per-neuron sums built from it are partial and must be all-reduced.
-    """
-    if p.grad is None:
-        return None, 0, hasattr(p, "to_local")
-    return _shard(p.grad)
-
-
-@dataclass
-class LayerStats:
-    layer: NeuronLayer
-    grad_sum: torch.Tensor  # [n] Σ|g| over incoming elements (float64, global)
-    grad_count: torch.Tensor  # [n] incoming elements
-    act_sum: torch.Tensor | None = None  # [n] Σ|activation| over response tokens and the neuron's channels
-    act_count: torch.Tensor | None = None  # [n]
-
-    @property
-    def score(self) -> torch.Tensor:
-        """GraMa s_i = a_i / mean_k a_k (all 0 when the whole layer has zero gradient)."""
-        return _normalised(self.grad_sum / self.grad_count)
-
-    @property
-    def act_score(self) -> torch.Tensor | None:
-        if self.act_sum is None:
-            return None
-        return _normalised(self.act_sum / self.act_count.clamp_min(1))
-
-
-def _normalised(a: torch.Tensor) -> torch.Tensor:
-    mean = a.mean()
-    return a / mean if mean > 0 else torch.zeros_like(a)
-
-
-@dataclass
-class NeuronReport:
-    """Neuron-health statistics of one model at one step (role: actor | critic)."""
-
-    role: str
-    tau: float
-    mode: str
-    layers: list[LayerStats]
-    param_zero: float  # elements of trainable parameters with exactly zero gradient
-    param_numel: float
-    grad_total: float  # Σ|g| over every neuron's incoming weights: 0 (or non-finite) means no signal to reset on
-    nullspace_ratio: float | None = None
-    nullspace_samples: int = 0
-    gram: torch.Tensor | None = None  # K = G Gᵀ of the sampled sequences' gradients (unnormalised), for tests
-    sample_rows: torch.Tensor | None = None  # global positions in the mini-batch (``global_sample``)
-    reset: dict[str, int] = field(default_factory=dict)  # layer name -> neurons reset
-    sharded: bool = False  # measured on FSDP2 shards: a reset writes shards and the replica needs a refresh
-
-    def _counts(self, s: LayerStats) -> dict:
-        act = s.act_score
-        return {"kind": s.layer.kind, "neurons": s.layer.n, "dormant": int((s.score <= self.tau).sum()),
-                "dormant_ratio": float((s.score <= self.tau).double().mean()),
-                "act_dormant": int((act <= self.tau).sum()) if act is not None else None,
-                "zero_grad": int((s.grad_sum == 0).sum()), "reset": self.reset.get(s.layer.name, 0)}
-
-    def metrics(self) -> dict[str, float]:
-        r = self.role
-        total = sum(s.layer.n for s in self.layers)
-        rows = [self._counts(s) for s in self.layers]
-        out = {key("{role}/param/zero_grad_ratio", role=r): self.param_zero / max(self.param_numel, 1.0)}
-        if total:
-            out[key("{role}/neuron/dormant_ratio", role=r)] = sum(c["dormant"] for c in rows) / total
-            out[key("{role}/neuron/zero_grad_ratio", role=r)] = sum(c["zero_grad"] for c in rows) / total
-            if rows and all(c["act_dormant"] is not None for c in rows):
-                out[key("{role}/neuron/act_dormant_ratio", role=r)] = sum(c["act_dormant"] for c in rows) / total
-        if self.nullspace_ratio is not None:
-            out[key("{role}/neuron/nullspace_ratio", role=r)] = self.nullspace_ratio
-        return out
-
-    def to_json(self) -> dict:
-        m = self.metrics()
-        g = {k.split("/")[-1]: m.get(key(k, role=self.role)) for k in (
-            "{role}/neuron/dormant_ratio", "{role}/neuron/act_dormant_ratio", "{role}/neuron/zero_grad_ratio")}
-        g["param_zero_grad_ratio"] = m[key("{role}/param/zero_grad_ratio", role=self.role)]
-        g["nullspace_ratio"] = self.nullspace_ratio
-        g["reset_count"] = sum(self.reset.values())
-        return {"tau": self.tau, "mode": self.mode, "global": g,
-                "layers": {s.layer.name: self._counts(s) for s in self.layers}}
 
 
 def gradient_stats(model: nn.Module, layers: list[NeuronLayer]) -> tuple[list[LayerStats], float, float]:
@@ -262,13 +105,6 @@ def gradient_stats(model: nn.Module, layers: list[NeuronLayer]) -> tuple[list[La
     parts = list(flat[:-1].split([la.n for la in layers])) if layers else []
     stats = [LayerStats(la, s, c) for la, s, c in zip(layers, parts, counts)]
     return stats, float(flat[-1]), numel
-
-
-# ----------------------------------------------------------------------------- sampled sequences
-def seed_of(*parts) -> int:
-    """A stable 63-bit seed from (seed, step, role, name ...): the same on every process and every run."""
-    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 def sample_rows(n: int, k: int, seed: int) -> torch.Tensor:
@@ -315,7 +151,7 @@ class _Activations:
             self.mask = b.response_mask
             self.tokens += float(b.response_mask.sum())
             return {"loss": sum(loss_fn(model, b).values())}
-        return PerTokenLoss(fn, loss_fn.agg)
+        return FunctionLoss(fn, loss_fn.agg)
 
     def close(self) -> None:
         for h in self.handles:
@@ -376,10 +212,6 @@ def sample_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, stats: list[Lay
     return K
 
 
-def _is_sharded(model: nn.Module) -> bool:
-    return any(hasattr(p, "to_local") for p in model.parameters())
-
-
 def measure(model: nn.Module, batch: Batch | None, nc: NeuronHealthConfig, *, role: str, seed: int, step: int,
             loss_fn: LossFn | None = None, method: str = "fast", replica: nn.Module | None = None) -> NeuronReport:
     """Neuron health of ``model`` from its current ``.grad`` (and, with ``loss_fn``, a sample of ``batch``).
@@ -405,3 +237,65 @@ def measure(model: nn.Module, batch: Batch | None, nc: NeuronHealthConfig, *, ro
             rep.gram, rep.sample_rows, rep.nullspace_samples = K, rows, len(rows)
             rep.nullspace_ratio = nullspace_ratio(K)
     return rep
+
+
+class NeuronHealthHook(Hook):
+    """Neuron health at ``on_grads`` (the first mini-batch of a due step, per role) and the reset at
+    ``after_update``.
+
+    Roles: ``actor`` (loss from ``ctx.loss_settings``; optimizer ``ctx.optimizer``) and ``critic``
+    (loss ``ctx.critic_loss``; optimizer ``ctx.critic_optimizer``). Config:
+    ``analysis.neurons.<role>``; ``metrics[role]`` / ``resets[role]`` are the steps each runs at.
+
+    Under FSDP2 ``on_grads`` sees the sharded module: the per-sequence pass runs on the plain replica
+    (``ctx.actor`` / ``ctx.critic``, whose weights are the ones the gradient was taken at), and after a
+    reset of the shards the replica is refreshed (``ctx.sync_actor`` / ``ctx.sync_critic``).
+    """
+
+    def __init__(self, cfg: RLGradConfig, metrics: dict[str, Schedule] | None = None,
+                 resets: dict[str, Schedule] | None = None):
+        self.cfg = cfg
+        at = schedules(cfg)
+        self.metric_at = metrics or {r: at[f"neurons/{r}"] for r in ("actor", "critic")}
+        self.reset_at = resets or {r: at[f"reset/{r}"] for r in ("actor", "critic")}
+        self.pending: dict[str, tuple[int, NeuronReport]] = {}
+
+    @staticmethod
+    def loss_fn(ctx: StepContext, role: str) -> LossFn | None:
+        return ctx.actor_loss() if role == "actor" else ctx.critic_loss
+
+    def on_grads(self, ctx: StepContext, model: nn.Module, minibatch: Batch, role: str = "actor"):
+        metric = self.metric_at.get(role, Schedule(0)).due(ctx.step)
+        reset = self.reset_at.get(role, Schedule(0)).due(ctx.step)
+        if not (metric or reset) or self.pending.get(role, (None,))[0] == ctx.step:
+            return None  # later mini-batches of the step: the first one's gradient is the one measured
+        t0 = time.perf_counter()
+        replica = getattr(ctx, role, None) if _is_sharded(model) else model
+        rep = measure(model, minibatch, getattr(self.cfg.analysis.neurons, role), role=role,
+                      seed=self.cfg.trainer.seed, step=ctx.step, loss_fn=self.loss_fn(ctx, role) if metric else None,
+                      method=self.cfg.analysis.method, replica=replica)
+        self.pending[role] = (ctx.step, rep)
+        return {**rep.metrics(), key("timing_s/neuron/{role}", role=role): time.perf_counter() - t0}
+
+    def after_update(self, ctx: StepContext):
+        out: dict[str, float] = {}
+        doc: dict = {"step": ctx.step}
+        optimizers = {"actor": ctx.optimizer, "critic": ctx.critic_optimizer}
+        syncs = {"actor": ctx.sync_actor, "critic": ctx.sync_critic}
+        for role, (step, rep) in sorted(self.pending.items()):
+            if step != ctx.step:
+                continue
+            if self.reset_at.get(role, Schedule(0)).due(ctx.step):
+                counts = reset_dormant(rep, optimizers.get(role), getattr(self.cfg.analysis.neurons, role),
+                                       seed=self.cfg.trainer.seed, step=ctx.step)
+                out[key("{role}/neuron/reset_count", role=role)] = float(sum(counts.values()))
+                if rep.sharded and sum(counts.values()):  # the same decision on every rank: all join the gather
+                    if syncs[role] is None:
+                        raise RuntimeError(f"a neuron reset on FSDP2 shards needs ctx.sync_{role} to refresh the "
+                                           "plain replica")
+                    syncs[role]()
+            doc[role] = rep.to_json()
+        self.pending.clear()
+        if ctx.is_main and len(doc) > 1:
+            atomic_write_json(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "neurons.json", doc)
+        return out or None

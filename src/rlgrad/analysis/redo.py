@@ -10,24 +10,17 @@ the same reset.
 from __future__ import annotations
 
 import math
-import time
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from rlgrad import collectives
-from rlgrad.analysis.cadence import schedules
-from rlgrad.analysis.neurons import NeuronLayer, NeuronReport, _is_sharded, _shard, measure, seed_of
-from rlgrad.batch import Batch
-from rlgrad.hooks import Hook, Schedule, StepContext
-from rlgrad.loss import LossFn
-from rlgrad.metrics import key
-from rlgrad.rundir import atomic_write_json
+from rlgrad.analysis.neuron_base import NeuronLayer, NeuronReport, _shard, seed_of
 
 if TYPE_CHECKING:
-    from rlgrad.analysis_config import NeuronHealthConfig
-    from rlgrad.config import RLGradConfig
+    from rlgrad.config.analysis import NeuronHealthConfig
+
 
 SMALL_OUTGOING = 0.01  # reset_outgoing=small: N(0, (SMALL_OUTGOING · RMS of the surviving columns)²)
 
@@ -145,65 +138,3 @@ def reset_dormant(rep: NeuronReport, optimizer: torch.optim.Optimizer | None, nc
         reset_layer(s.layer, idx, optimizer, seed=seed, step=step, role=rep.role, outgoing=nc.reset_outgoing)
         rep.reset[s.layer.name] = len(idx)
     return rep.reset
-
-
-class NeuronHealthHook(Hook):
-    """Neuron health at ``on_grads`` (the first mini-batch of a due step, per role) and the reset at
-    ``after_update``.
-
-    Roles: ``actor`` (loss from ``ctx.loss_settings``; optimizer ``ctx.optimizer``) and ``critic``
-    (loss ``ctx.critic_loss``; optimizer ``ctx.critic_optimizer``). Config:
-    ``analysis.neurons.<role>``; ``metrics[role]`` / ``resets[role]`` are the steps each runs at.
-
-    Under FSDP2 ``on_grads`` sees the sharded module: the per-sequence pass runs on the plain replica
-    (``ctx.actor`` / ``ctx.critic``, whose weights are the ones the gradient was taken at), and after a
-    reset of the shards the replica is refreshed (``ctx.sync_actor`` / ``ctx.sync_critic``).
-    """
-
-    def __init__(self, cfg: RLGradConfig, metrics: dict[str, Schedule] | None = None,
-                 resets: dict[str, Schedule] | None = None):
-        self.cfg = cfg
-        at = schedules(cfg)
-        self.metric_at = metrics or {r: at[f"neurons/{r}"] for r in ("actor", "critic")}
-        self.reset_at = resets or {r: at[f"reset/{r}"] for r in ("actor", "critic")}
-        self.pending: dict[str, tuple[int, NeuronReport]] = {}
-
-    @staticmethod
-    def loss_fn(ctx: StepContext, role: str) -> LossFn | None:
-        return ctx.actor_loss() if role == "actor" else ctx.critic_loss
-
-    def on_grads(self, ctx: StepContext, model: nn.Module, minibatch: Batch, role: str = "actor"):
-        metric = self.metric_at.get(role, Schedule(0)).due(ctx.step)
-        reset = self.reset_at.get(role, Schedule(0)).due(ctx.step)
-        if not (metric or reset) or self.pending.get(role, (None,))[0] == ctx.step:
-            return None  # later mini-batches of the step: the first one's gradient is the one measured
-        t0 = time.perf_counter()
-        replica = getattr(ctx, role, None) if _is_sharded(model) else model
-        rep = measure(model, minibatch, getattr(self.cfg.analysis.neurons, role), role=role,
-                      seed=self.cfg.trainer.seed, step=ctx.step, loss_fn=self.loss_fn(ctx, role) if metric else None,
-                      method=self.cfg.analysis.method, replica=replica)
-        self.pending[role] = (ctx.step, rep)
-        return {**rep.metrics(), key("timing_s/neuron/{role}", role=role): time.perf_counter() - t0}
-
-    def after_update(self, ctx: StepContext):
-        out: dict[str, float] = {}
-        doc: dict = {"step": ctx.step}
-        optimizers = {"actor": ctx.optimizer, "critic": ctx.critic_optimizer}
-        syncs = {"actor": ctx.sync_actor, "critic": ctx.sync_critic}
-        for role, (step, rep) in sorted(self.pending.items()):
-            if step != ctx.step:
-                continue
-            if self.reset_at.get(role, Schedule(0)).due(ctx.step):
-                counts = reset_dormant(rep, optimizers.get(role), getattr(self.cfg.analysis.neurons, role),
-                                       seed=self.cfg.trainer.seed, step=ctx.step)
-                out[key("{role}/neuron/reset_count", role=role)] = float(sum(counts.values()))
-                if rep.sharded and sum(counts.values()):  # the same decision on every rank: all join the gather
-                    if syncs[role] is None:
-                        raise RuntimeError(f"a neuron reset on FSDP2 shards needs ctx.sync_{role} to refresh the "
-                                           "plain replica")
-                    syncs[role]()
-            doc[role] = rep.to_json()
-        self.pending.clear()
-        if ctx.is_main and len(doc) > 1:
-            atomic_write_json(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "neurons.json", doc)
-        return out or None

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlgrad.config import RLGradConfig, flat_settings, load_config
+from rlgrad.config.load import load_config
+from rlgrad.config.schema import RLGradConfig, flat_settings
 from rlgrad.errors import UserError
 from rlgrad.logging.sinks import JsonlSink
-from rlgrad.rundir import read_jsonl, truncate_jsonl_after
+from rlgrad.runfiles import read_jsonl, truncate_jsonl_after
 
 
 def instrument_settings(overrides: list[str], unsupported: dict[str, object], trainer: str) -> RLGradConfig:

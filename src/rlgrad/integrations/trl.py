@@ -37,6 +37,7 @@ from packaging.version import Version
 from transformers import TrainerCallback
 
 from rlgrad import collectives
+from rlgrad.algos.objective import LossSettings
 from rlgrad.analysis import hooks_from_config
 from rlgrad.errors import UserError
 from rlgrad.hooks import StepContext
@@ -45,9 +46,8 @@ from rlgrad.integrations.trl_loss import TRLLoss, TRLLossSettings, batch_from_tr
 from rlgrad.logging.rewards import RewardComponentLog, step_record
 from rlgrad.logging.rollouts import RolloutLog, gather_samples, prompt_texts, rollout_dir, step_samples
 from rlgrad.logging.sinks import JsonlSink
-from rlgrad.loss import LossSettings
 from rlgrad.metrics import component_keys, foreign_key
-from rlgrad.rundir import atomic_write_json
+from rlgrad.runfiles import atomic_write_json
 
 try:
     from trl import GRPOTrainer as _TRLGRPOTrainer

@@ -31,9 +31,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from rlgrad.algos.aggregation import Aggregation
+from rlgrad.algos.logprobs import forward_log_probs
+from rlgrad.algos.objective import FunctionLoss, Terms
 from rlgrad.batch import Batch
 from rlgrad.errors import UserError
-from rlgrad.loss import Aggregation, PerTokenLoss, Terms, forward_log_probs
 
 AGGREGATION = {"grpo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean", "bnpo": "token-mean",
                "dapo": "token-mean", "cispo": "token-mean", "vespo": "token-mean",
@@ -177,8 +179,8 @@ class TRLLoss:
             terms.total["kl"] = s.beta
         return terms
 
-    def unit(self) -> PerTokenLoss:
-        return PerTokenLoss(lambda model, batch: {"policy": self._parts(model, batch)["unit"]}, self.agg)
+    def unit(self) -> FunctionLoss:
+        return FunctionLoss(lambda model, batch: {"task": self._parts(model, batch)["unit"]}, self.agg)
 
 
 # ---- TRL's generation output -> Batch ---------------------------------------------------------------------

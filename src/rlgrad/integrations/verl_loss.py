@@ -14,11 +14,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlgrad.algos.advantages import group_reward_std
+from rlgrad.algos.objective import LossSettings
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_cat, world_size
-from rlgrad.core import AGG_MODES, group_reward_std
+from rlgrad.config.algorithm import AGG_MODES
 from rlgrad.errors import UserError
-from rlgrad.loss import LossSettings
 
 POLICY_LOSSES = {"vanilla": "ppo", "gspo": "gspo"}  # verl's loss_mode -> rlgrad's policy_loss
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "low_var_kl+", "k3+")

@@ -168,7 +168,7 @@ def export_rewards(run_dir: str | os.PathLike, output: str | os.PathLike | None 
     Default output: ``RUN/all_rewards.json``. A directory that is not a run with reward tracking is a UserError.
     """
     from rlgrad.errors import UserError
-    from rlgrad.rundir import atomic_write_json, check_output
+    from rlgrad.runfiles import atomic_write_json, check_output
 
     if fmt != "json":
         raise UserError(f"export format '{fmt}' is not supported (json)")
@@ -186,7 +186,7 @@ def export_rewards(run_dir: str | os.PathLike, output: str | os.PathLike | None 
         raise UserError(f"{src} holds no complete step")
     model, dataset = None, None
     if (run / "config.yaml").is_file():
-        from rlgrad.config import from_yaml_file
+        from rlgrad.config.load import from_yaml_file
 
         try:  # only for the metadata: a damaged config.yaml leaves it blank
             cfg = from_yaml_file(run / "config.yaml")

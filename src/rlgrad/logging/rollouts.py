@@ -17,7 +17,7 @@ the response for gae). ``response_length`` counts response tokens, the EOS inclu
 written too, every sample with ``kept: false``.
 
 The bucket of a group is not in the file: the bucket analysis runs after this file is written (a hook), and
-writes ``analysis/step_N/group_rv_table.csv``; ``rlgrad.viz.data`` joins the two when it reads a step.
+writes ``analysis/step_N/group_rv_table.csv``; ``rlgrad.rundata`` joins the two when it reads a step.
 
 A multi-turn episode (``data.task=sokoban | frozen_lake``) adds its environment seed, ``success``, how it ``end``-ed
 (success | env_done | actions_spent | max_turn | context_full) and its ``turns``, each
@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from rlgrad.collectives import initialized, world_size
-from rlgrad.rundir import atomic_write_bytes
+from rlgrad.runfiles import atomic_write_bytes
 
 DIR_NAME = "rollouts"
 _FILE = re.compile(r"step_(\d+)\.jsonl")

@@ -74,7 +74,7 @@ class WandbSink:
         self.run = wandb.init(project=project, name=name, dir=str(run_dir), config=config, id=run_id,
                               resume="allow", mode=mode)
         if run_id is None:
-            from rlgrad.rundir import atomic_write_text
+            from rlgrad.runfiles import atomic_write_text
             atomic_write_text(id_file, self.run.id)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

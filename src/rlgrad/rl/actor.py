@@ -14,10 +14,11 @@ from typing import NamedTuple
 
 import torch
 
+from rlgrad.algos.aggregation import Denominators
+from rlgrad.algos.objective import LossSettings, actor_objective
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_sizes, all_reduce_max, all_reduce_sum, rank
 from rlgrad.distributed import grad_sync
-from rlgrad.loss import Denominators, LossSettings, actor_loss_terms
 
 
 def minibatches(n: int, mini_size: int, shuffle: bool, generator: torch.Generator | None) -> list[torch.Tensor]:
@@ -119,11 +120,11 @@ def actor_micro_loss(s: LossSettings) -> MicroLoss:
     """The actor's per-micro-batch loss for :func:`ppo_update`, with its metrics as additive shares."""
 
     def loss(model, mb: Batch, den: Denominators) -> tuple[torch.Tensor, dict[str, float]]:
-        terms = actor_loss_terms(model, mb, s, den)
+        terms = actor_objective(model, mb, s, den)
         # pg / entropy / kl are already normalised by the mini-batch denominators: they sum to the mini value;
         # the clip fractions and ppo_kl are token means of this micro-batch, weighted by its token share.
         w = float(mb.response_mask.sum()) / max(den.num_tokens, 1.0)
-        stats = {"actor/pg_loss": float(terms.pg.detach()), "actor/pg_clipfrac": float(terms.clipfrac) * w,
+        stats = {"actor/pg_loss": float(terms.task.detach()), "actor/pg_clipfrac": float(terms.clipfrac) * w,
                  "actor/pg_clipfrac_lower": float(terms.clipfrac_lower) * w, "actor/ppo_kl": float(terms.ppo_kl) * w,
                  "actor/entropy": float(terms.entropy.detach())}
         if terms.kl is not None:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rlgrad.errors import UserError
-from rlgrad.rundir import atomic_write_text, checkpoint_dirs
+from rlgrad.runfiles import atomic_write_text, checkpoint_dirs
 
 STATE_FILE = "trainer_state.pt"
 

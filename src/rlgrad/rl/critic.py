@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import torch
 
+from rlgrad.algos.aggregation import Denominators, masked_mean
+from rlgrad.algos.logprobs import forward_values
+from rlgrad.algos.objective import CriticSettings
+from rlgrad.algos.policy_loss import value_loss
 from rlgrad.batch import Batch
-from rlgrad.core import masked_mean, value_loss
-from rlgrad.loss import CriticSettings, Denominators, forward_values
 from rlgrad.rl.actor import MicroLoss, UpdateKeys, ppo_update
 
 CRITIC_KEYS = UpdateKeys("critic/grad_norm", "critic/lr", "critic/nonfinite_grad_steps")

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlgrad.algos.advantages import group_reward_std
 from rlgrad.batch import Batch
-from rlgrad.core import group_reward_std
+from rlgrad.config.agent import AgentConfig
 from rlgrad.envs import Env, parse_answer
-from rlgrad.envs.config import AgentConfig
 from rlgrad.envs.dialogue import (
     feedback_text,
     opening_tag,

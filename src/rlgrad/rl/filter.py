@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlgrad.core import group_reward_std, group_stats
+from rlgrad.algos.advantages import group_reward_std, group_stats
 
 STRATEGIES = ("top_k", "top_k_abs", "top_p", "min_p")
 METRICS = ("reward_variance", "reward", "reward_sum", "entropy", "entropy_variance", "length")

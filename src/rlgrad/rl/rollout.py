@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from rlgrad.algos.logprobs import forward_log_probs
 from rlgrad.batch import response_start
 from rlgrad.errors import UserError
-from rlgrad.loss import forward_log_probs
 
 
 @dataclass

@@ -11,9 +11,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from rlgrad.algos.advantages import group_stats, outcome_token_rewards
+from rlgrad.algos.aggregation import masked_mean, masked_sum
+from rlgrad.algos.kl import kl_penalty
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_cat, all_reduce_sum
-from rlgrad.core import group_stats, kl_penalty, masked_mean, masked_sum, outcome_token_rewards
 from rlgrad.metrics import key
 
 

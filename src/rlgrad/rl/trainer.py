@@ -38,10 +38,12 @@ from pathlib import Path
 import torch
 
 from rlgrad import distributed
+from rlgrad.algos.advantages import compute_advantages, explained_variance, group_reward_std
+from rlgrad.algos.objective import CriticSettings, LossSettings, critic_loss_fn
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_cat, all_reduce_sum, is_main, rank, world_size
-from rlgrad.config import RLGradConfig, to_yaml
-from rlgrad.core import PER_TOKEN, compute_advantages, explained_variance, group_reward_std
+from rlgrad.config.algorithm import PER_TOKEN
+from rlgrad.config.schema import RLGradConfig, to_yaml
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult, StepContext
 from rlgrad.logging.reward_signal import RewardSignalWatch
@@ -55,10 +57,9 @@ from rlgrad.logging.rollouts import (
     step_samples,
 )
 from rlgrad.logging.sinks import MetricLogger, open_sinks, summarize, timer
-from rlgrad.loss import CriticSettings, LossSettings, critic_loss_fn
 from rlgrad.models import load_actor, load_critic, load_pretrained, load_value_model
 from rlgrad.rl import checkpoint as ckpt
-from rlgrad.rl import run_directory as runs
+from rlgrad.rl import resume as runs
 from rlgrad.rl.actor import build_optimizer, update_actor
 from rlgrad.rl.critic import compute_values, update_critic
 from rlgrad.rl.episodes import COUNTS, EpisodeRunner, episode_metrics
@@ -72,7 +73,7 @@ from rlgrad.rl.rollout import (
     render_prompts,
 )
 from rlgrad.rl.shaping import KLController, dynamic_sampling, kl_in_reward, kl_reward_share, overlong_penalty
-from rlgrad.rundir import atomic_write_text, lock_run_dir, read_jsonl, truncate_jsonl_after
+from rlgrad.runfiles import atomic_write_text, lock_run_dir, read_jsonl, truncate_jsonl_after
 from rlgrad.tasks import task_from_config
 
 

@@ -23,7 +23,7 @@ import random
 import re
 from functools import partial
 
-from rlgrad.tasks import (
+from rlgrad.tasks.base import (
     Example,
     Score,
     make_score,

@@ -12,7 +12,7 @@ import random
 import re
 from fractions import Fraction
 
-from rlgrad.tasks import (
+from rlgrad.tasks.base import (
     Example,
     Score,
     make_score,

@@ -21,8 +21,8 @@ import random
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
+from rlgrad.config.agent import AgentConfig
 from rlgrad.envs import Env, make_env
-from rlgrad.envs.config import AgentConfig
 from rlgrad.envs.dialogue import (
     feedback_text,
     opening_tag,
@@ -32,7 +32,7 @@ from rlgrad.envs.dialogue import (
     turn_text,
 )
 from rlgrad.errors import UserError
-from rlgrad.tasks import Example, Score, make_val_set, resolve_weights, sample_excluding
+from rlgrad.tasks.base import Example, Score, make_val_set, resolve_weights, sample_excluding
 
 DEFAULT_WEIGHTS = {"env": 1.0, "format": 1.0}
 PLANNER_SLIP = 0.1

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgrad.errors import UserError
-from rlgrad.tasks import Example, Score, make_score, resolve_weights, response_length
+from rlgrad.tasks.base import Example, Score, make_score, resolve_weights, response_length
 from rlgrad.tasks.extraction import Extraction, extract
 
 DEFAULT_WEIGHTS = {"correctness": 0.34, "format": 0.33, "length": 0.33}

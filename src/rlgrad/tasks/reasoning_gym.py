@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlgrad.errors import UserError
-from rlgrad.tasks import Example, Score, make_score, resolve_weights, response_length
+from rlgrad.tasks.base import Example, Score, make_score, resolve_weights, response_length
 from rlgrad.tasks.extraction import Extraction, bare_answer, extract
 
 DEFAULT_WEIGHTS = {"correctness": 0.9, "format": 0.1}

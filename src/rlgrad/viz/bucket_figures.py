@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.colors import LogNorm, Normalize
 from matplotlib.figure import Figure
 
-from rlgrad.viz import data as D
+from rlgrad import rundata as D
 from rlgrad.viz.figbase import (
     COLORS,
     LOSS_TITLES,

@@ -1,6 +1,6 @@
 """What every figure shares: the Agg backend, colours and labels, PNG export, axis scaling, small helpers.
 
-Every figure function (``bucket_figures``, ``run_figures``) takes data from ``rlgrad.viz.data`` and returns
+Every figure function (``bucket_figures``, ``run_figures``) takes data from ``rlgrad.rundata`` and returns
 a ``matplotlib.figure.Figure`` built without pyplot (no global state, no display needed; PNG through the
 Agg canvas). Conventions: bucket_1 is the lowest reward variance; the ``all`` bucket (the whole batch) is
 drawn apart, in grey, for reference; an axis whose positive data span more than ~1.5 decades goes

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from rlgrad import rundata as D
 from rlgrad.errors import UserError
-from rlgrad.rundir import atomic_write_bytes, atomic_write_text
+from rlgrad.runfiles import atomic_write_bytes, atomic_write_text
 from rlgrad.viz import bucket_figures as B
-from rlgrad.viz import data as D
 from rlgrad.viz import run_figures as R
 from rlgrad.viz.figbase import png_bytes
 

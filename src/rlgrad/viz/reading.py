@@ -1,6 +1,6 @@
 """The report's plain-language reading ("What changed"): sentences computed from a run by fixed rules.
 
-Each rule takes a :class:`~rlgrad.viz.data.RunData` and returns the sentences of one kind (none when the
+Each rule takes a :class:`~rlgrad.rundata.RunData` and returns the sentences of one kind (none when the
 run lacks the data the rule reads); :func:`narrative` concatenates them in :data:`RULES` order. Every
 sentence names the numbers it rests on.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from rlgrad.viz import data as D
+from rlgrad import rundata as D
 
 Rule = Callable[[D.RunData], list[str]]
 

@@ -14,11 +14,11 @@ import math
 import time
 from pathlib import Path
 
+from rlgrad import rundata as D
+from rlgrad.doctor.command import diagnose
 from rlgrad.errors import UserError
-from rlgrad.rundir import atomic_write_text, check_output
-from rlgrad.viz import data as D
+from rlgrad.runfiles import atomic_write_text, check_output
 from rlgrad.viz import run_figures as R
-from rlgrad.viz.doctor import diagnose
 from rlgrad.viz.figbase import png_bytes
 from rlgrad.viz.plot import step_figures
 from rlgrad.viz.reading import narrative

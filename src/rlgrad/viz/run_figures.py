@@ -14,7 +14,7 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from rlgrad.viz import data as D
+from rlgrad import rundata as D
 from rlgrad.viz.figbase import (
     BAD_CELL,
     COLORS,

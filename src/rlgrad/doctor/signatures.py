@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 import statistics
 
+from rlgrad import rundata as D
+from rlgrad.doctor.findings import Finding, Thresholds, View, first_last, fmt, mean, signature
 from rlgrad.logging.reward_signal import correctness_component, reward_problems
-from rlgrad.viz import data as D
-from rlgrad.viz.findings import Finding, Thresholds, View, first_last, fmt, mean, signature
 
 # ---------------------------------------------------------------- scalar signatures
 

@@ -10,10 +10,11 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-from rlgrad.config import RLGradConfig, flat_settings, from_yaml_file
+from rlgrad.config.load import from_yaml_file
+from rlgrad.config.schema import RLGradConfig, flat_settings
 from rlgrad.errors import UserError
 from rlgrad.rl import checkpoint as ckpt
-from rlgrad.rundir import checkpoint_dirs, holds_a_run
+from rlgrad.runfiles import checkpoint_dirs, holds_a_run
 
 # Settings that define a run: a resume that changes one is refused (a cadence or more steps may change).
 DEFINING = ("model.", "data.task", "data.train_files", "data.val_files", "data.reasoning_gym", "data.train_batch_size",

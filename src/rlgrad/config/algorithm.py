@@ -5,16 +5,19 @@ field docs are the user documentation. Keys and defaults follow verl's."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from rlgrad.errors import UserError
-from rlgrad.fields import setting as _f
+from rlgrad.config.fields import setting as _f
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "low-var-kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+",
             "low_var_kl+", "low-var-kl+", "k3+")  # verl's kl_penalty takes any estimator with "+"
+# verl's kl_penalty names; rlgrad also takes the hyphenated spelling of low_var_kl, which verl does not.
+VERL_KL_TYPES = tuple(k for k in KL_TYPES if "-" not in k)
+ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae")
 # One advantage per response (constant along it): what the reward-component geometry splits.
 OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "reinforce_plus_plus")
+PER_TOKEN = ("gae", "reinforce_plus_plus")  # advantages that may change along a response (the rest: one per response)
+COMPONENT_MODES = ("shared_std", "own_std")  # analysis.components.mode
 
 
 @dataclass
@@ -118,7 +121,7 @@ class AlgorithmConfig:
                             "reinforce_plus_plus (discounted return whitened over the batch, no baseline) | "
                             "reinforce_plus_plus_baseline (group mean subtracted, then whitened over the batch) | "
                             "gae (PPO with a critic: token-level GAE on a learned value model, see critic.*).",
-                            choices=("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae"))
+                            choices=ESTIMATORS)
     norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's (unbiased) reward std + 1e-6.")
     gamma: float = _f(1.0, "Discount over response tokens (gae, reinforce_plus_plus).", ge=0, le=1)
     lam: float = _f(1.0, "GAE lambda (bias/variance trade-off of the advantage; 1: Monte-Carlo return minus value).",
@@ -178,25 +181,3 @@ def per_response_advantage(a: AlgorithmConfig, turn_scores: bool = False) -> str
         return ("cannot split reinforce_plus_plus with algorithm.use_kl_in_reward: the per-token KL makes the "
                 "advantage change along the response")
     return None
-
-
-def validate_algorithm(cfg: Any) -> None:
-    """The relations between the algorithm's settings in an ``RLGradConfig`` (each field is checked on its own
-    first)."""
-    a = cfg.algorithm
-    if cfg.analysis.components.every > 0 and (why := per_response_advantage(a, cfg.agent.use_turn_scores)):
-        raise UserError(f"'analysis.components.every' {why}")
-    if cfg.agent.use_turn_scores and a.adv_estimator not in ("gae", "reinforce_plus_plus"):
-        raise UserError("'agent.use_turn_scores' gives per-turn rewards, which only gae and reinforce_plus_plus turn "
-                        f"into per-token advantages; algorithm.adv_estimator is '{a.adv_estimator}'")
-    fg = a.filter_groups
-    if fg.enable and fg.metric == "seq_final_reward" and a.use_kl_in_reward:
-        raise UserError("'algorithm.filter_groups.metric' seq_final_reward with algorithm.use_kl_in_reward: the KL "
-                        "penalty is applied after the groups are chosen here; use seq_reward")
-    ob = cfg.reward.overlong_buffer
-    if ob.enable and ob.len >= cfg.rollout.response_length:
-        raise UserError(f"'reward.overlong_buffer.len' ({ob.len}) must be below rollout.response_length "
-                        f"({cfg.rollout.response_length})")
-    if ob.enable and cfg.data.task in ("sokoban", "frozen_lake"):
-        raise UserError("'reward.overlong_buffer' shapes single-turn responses; an episode of "
-                        f"data.task={cfg.data.task} has many")

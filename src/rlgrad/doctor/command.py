@@ -16,9 +16,9 @@ import json
 import math
 import statistics
 
-from rlgrad.viz import data as D
-from rlgrad.viz.findings import SEVERITY, SIGNATURES, Diagnosis, Finding, Thresholds, View, fmt
-from rlgrad.viz.signatures import flat_reward  # importing the module registers every signature
+from rlgrad import rundata as D
+from rlgrad.doctor.findings import SEVERITY, SIGNATURES, Diagnosis, Finding, Thresholds, View, fmt
+from rlgrad.doctor.signatures import flat_reward  # importing the module registers every signature
 
 __all__ = ["SIGNATURES", "Diagnosis", "Finding", "Thresholds", "diagnose", "doctor_command", "render_text"]
 

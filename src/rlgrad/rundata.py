@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlgrad.aliases import ALIASES, resolve_alias
+from rlgrad.config.aliases import ALIASES, resolve_alias
 from rlgrad.errors import UserError
 from rlgrad.metrics import component_keys, foreign_key, key, parse, trl_key, trl_reward_name
 

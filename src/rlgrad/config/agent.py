@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlgrad.fields import setting as _f
+from rlgrad.config.fields import setting as _f
 
 
 @dataclass

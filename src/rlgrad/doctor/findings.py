@@ -1,6 +1,6 @@
 """The pieces ``rlgrad doctor``'s signatures are made of: the thresholds, a finding, the run as one view.
 
-A signature (``rlgrad.viz.signatures``) is a function of a ``View`` and the ``Thresholds`` that returns a
+A signature (``rlgrad.doctor.signatures``) is a function of a ``View`` and the ``Thresholds`` that returns a
 ``Finding`` or None, registered with ``@signature(id, *needed metrics)``.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from rlgrad import rundata as D
 from rlgrad.errors import UserError
-from rlgrad.viz import data as D
 
 SEVERITY = {"critical": 0, "warn": 1, "info": 2}
 

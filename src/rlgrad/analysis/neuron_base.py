@@ -1,0 +1,200 @@
+"""What neuron health's measurement (``neurons.py``) and the ReDo reset (``redo.py``) share: a model's neurons found
+by structure (``find_neurons``), where a parameter's rows sit under FSDP2 (``_shard``), and the measured report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from rlgrad.metrics import key
+
+if TYPE_CHECKING:
+    pass
+
+
+# ----------------------------------------------------------------------------- structure
+@dataclass
+class NeuronLayer:
+    name: str  # module name, e.g. model.layers.0.mlp
+    kind: str  # mlp | attn
+    n: int  # neurons
+    width: int  # rows (incoming) / columns (outgoing) per neuron: 1 for an MLP unit, head_dim for a head
+    incoming: list[tuple[str, nn.Parameter]]  # weights [n·width, in] and biases [n·width]
+    outgoing: list[tuple[str, nn.Parameter]]  # weights [out, n·width]
+    act_module: nn.Module  # its input [..., n·width] is the neurons' activation
+
+
+def _linear_params(prefix: str, lin: nn.Linear) -> list[tuple[str, nn.Parameter]]:
+    out = [(f"{prefix}.weight", lin.weight)]
+    if lin.bias is not None:
+        out.append((f"{prefix}.bias", lin.bias))
+    return out
+
+
+def _head_dim(attn: nn.Module) -> int:
+    hd = getattr(attn, "head_dim", None) or getattr(getattr(attn, "config", None), "head_dim", None)
+    if hd:
+        return int(hd)
+    heads = getattr(attn, "num_heads", None) or getattr(getattr(attn, "config", None), "num_attention_heads", None)
+    if not heads:
+        raise ValueError(f"cannot tell the head size of attention module {type(attn).__name__}")
+    return attn.q_proj.out_features // int(heads)
+
+
+def find_neurons(model: nn.Module) -> list[NeuronLayer]:
+    """Every neuron layer of ``model`` with trainable incoming weights, in module order."""
+    layers: list[NeuronLayer] = []
+    def has(mod: nn.Module, *ks: str) -> bool:
+        return all(isinstance(getattr(mod, k, None), nn.Linear) for k in ks)
+
+    for name, mod in model.named_modules():
+        if has(mod, "gate_proj", "up_proj", "down_proj"):
+            inc = _linear_params(f"{name}.gate_proj", mod.gate_proj) + _linear_params(f"{name}.up_proj", mod.up_proj)
+            layers.append(NeuronLayer(name, "mlp", mod.gate_proj.out_features, 1, inc,
+                                      [(f"{name}.down_proj.weight", mod.down_proj.weight)], mod.down_proj))
+        elif has(mod, "q_proj", "k_proj", "v_proj", "o_proj"):
+            hd = _head_dim(mod)
+            heads, kv = mod.q_proj.out_features // hd, mod.k_proj.out_features // hd
+            inc = _linear_params(f"{name}.q_proj", mod.q_proj)
+            if kv == heads:  # one KV head per query head: k and v rows are the head's own
+                inc += _linear_params(f"{name}.k_proj", mod.k_proj) + _linear_params(f"{name}.v_proj", mod.v_proj)
+            layers.append(NeuronLayer(name, "attn", heads, hd, inc,
+                                      [(f"{name}.o_proj.weight", mod.o_proj.weight)], mod.o_proj))
+        elif isinstance(mod, nn.Sequential):
+            prev: tuple[str, nn.Linear] | None = None
+            for k, sub in mod.named_children():
+                full = f"{name}.{k}" if name else k
+                if isinstance(sub, nn.Linear):
+                    if prev is not None and prev[1].out_features == sub.in_features:
+                        layers.append(NeuronLayer(prev[0], "mlp", prev[1].out_features, 1,
+                                                  _linear_params(prev[0], prev[1]), [(f"{full}.weight", sub.weight)],
+                                                  sub))
+                    prev = (full, sub)
+                elif any(True for _ in sub.parameters()):
+                    prev = None  # a module with weights in between: not a plain pair
+    return [la for la in layers if all(p.requires_grad for _, p in la.incoming)]
+
+
+# ----------------------------------------------------------------------------- gradient statistics
+def _shard(t: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
+    """``(local tensor, global index of its first row, sharded?)`` of a parameter, gradient or optimizer state.
+
+    A plain tensor is whole. An FSDP2 DTensor is sharded along dim 0 in rank order (torch.chunk sizes): the
+    local tensor is this rank's rows and shares its storage, so in-place writes to it change the DTensor.
+    """
+    if not hasattr(t, "to_local"):
+        return t.detach(), 0, False
+    if len(t.placements) != 1 or not t.placements[0].is_shard(0):
+        raise NotImplementedError(f"neuron health supports DTensors sharded along dim 0 on one mesh dimension "
+                                  f"(FSDP2's default), not {t.placements}")
+    # torch.chunk's layout (what Shard(0) uses), computed here: the public helper is missing from older torch.
+    n, chunk = t.shape[0], -(-t.shape[0] // t.device_mesh.size())
+    offset = min(t.device_mesh.get_local_rank() * chunk, n)
+    size = max(0, min(chunk, n - offset))
+    local = t.to_local().detach()
+    if local.shape[0] != size:  # a layout other than torch.chunk's: row offsets would be wrong
+        raise NotImplementedError(f"unexpected FSDP2 shard: {local.shape[0]} rows where {size} were expected")
+    return local, int(offset), True
+
+
+def _local_grad(p: nn.Parameter) -> tuple[torch.Tensor | None, int, bool]:
+    """The gradient this process holds for ``p``: (local tensor, global index of its first row, sharded?).
+
+    Single process and DDP: the full gradient (every DDP rank holds the same one after its all-reduce),
+    so statistics need no reduction and the ranks agree. FSDP2: ``p.grad`` is a DTensor holding rows
+    ``[offset, offset + rows)``; the per-neuron sums built from it are partial and must be all-reduced.
+    """
+    if p.grad is None:
+        return None, 0, hasattr(p, "to_local")
+    return _shard(p.grad)
+
+
+@dataclass
+class LayerStats:
+    layer: NeuronLayer
+    grad_sum: torch.Tensor  # [n] Σ|g| over incoming elements (float64, global)
+    grad_count: torch.Tensor  # [n] incoming elements
+    act_sum: torch.Tensor | None = None  # [n] Σ|activation| over response tokens and the neuron's channels
+    act_count: torch.Tensor | None = None  # [n]
+
+    @property
+    def score(self) -> torch.Tensor:
+        """GraMa s_i = a_i / mean_k a_k (all 0 when the whole layer has zero gradient)."""
+        return _normalised(self.grad_sum / self.grad_count)
+
+    @property
+    def act_score(self) -> torch.Tensor | None:
+        if self.act_sum is None:
+            return None
+        return _normalised(self.act_sum / self.act_count.clamp_min(1))
+
+
+def _normalised(a: torch.Tensor) -> torch.Tensor:
+    mean = a.mean()
+    return a / mean if mean > 0 else torch.zeros_like(a)
+
+
+@dataclass
+class NeuronReport:
+    """Neuron-health statistics of one model at one step (role: actor | critic)."""
+
+    role: str
+    tau: float
+    mode: str
+    layers: list[LayerStats]
+    param_zero: float  # elements of trainable parameters with exactly zero gradient
+    param_numel: float
+    grad_total: float  # Σ|g| over every neuron's incoming weights: 0 (or non-finite) means no signal to reset on
+    nullspace_ratio: float | None = None
+    nullspace_samples: int = 0
+    gram: torch.Tensor | None = None  # K = G Gᵀ of the sampled sequences' gradients (unnormalised), for tests
+    sample_rows: torch.Tensor | None = None  # global positions in the mini-batch (``global_sample``)
+    reset: dict[str, int] = field(default_factory=dict)  # layer name -> neurons reset
+    sharded: bool = False  # measured on FSDP2 shards: a reset writes shards and the replica needs a refresh
+
+    def _counts(self, s: LayerStats) -> dict:
+        act = s.act_score
+        return {"kind": s.layer.kind, "neurons": s.layer.n, "dormant": int((s.score <= self.tau).sum()),
+                "dormant_ratio": float((s.score <= self.tau).double().mean()),
+                "act_dormant": int((act <= self.tau).sum()) if act is not None else None,
+                "zero_grad": int((s.grad_sum == 0).sum()), "reset": self.reset.get(s.layer.name, 0)}
+
+    def metrics(self) -> dict[str, float]:
+        r = self.role
+        total = sum(s.layer.n for s in self.layers)
+        rows = [self._counts(s) for s in self.layers]
+        out = {key("{role}/param/zero_grad_ratio", role=r): self.param_zero / max(self.param_numel, 1.0)}
+        if total:
+            out[key("{role}/neuron/dormant_ratio", role=r)] = sum(c["dormant"] for c in rows) / total
+            out[key("{role}/neuron/zero_grad_ratio", role=r)] = sum(c["zero_grad"] for c in rows) / total
+            if rows and all(c["act_dormant"] is not None for c in rows):
+                out[key("{role}/neuron/act_dormant_ratio", role=r)] = sum(c["act_dormant"] for c in rows) / total
+        if self.nullspace_ratio is not None:
+            out[key("{role}/neuron/nullspace_ratio", role=r)] = self.nullspace_ratio
+        return out
+
+    def to_json(self) -> dict:
+        m = self.metrics()
+        g = {k.split("/")[-1]: m.get(key(k, role=self.role)) for k in (
+            "{role}/neuron/dormant_ratio", "{role}/neuron/act_dormant_ratio", "{role}/neuron/zero_grad_ratio")}
+        g["param_zero_grad_ratio"] = m[key("{role}/param/zero_grad_ratio", role=self.role)]
+        g["nullspace_ratio"] = self.nullspace_ratio
+        g["reset_count"] = sum(self.reset.values())
+        return {"tau": self.tau, "mode": self.mode, "global": g,
+                "layers": {s.layer.name: self._counts(s) for s in self.layers}}
+
+
+# ----------------------------------------------------------------------------- sampled sequences
+def seed_of(*parts) -> int:
+    """A stable 63-bit seed from (seed, step, role, name ...): the same on every process and every run."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _is_sharded(model: nn.Module) -> bool:
+    return any(hasattr(p, "to_local") for p in model.parameters())

@@ -1,0 +1,71 @@
+"""Typed configuration: one dataclass per section, YAML presets, verl-style ``key=value`` overrides.
+
+The field docs are the user documentation of every setting. Key names follow verl where one exists
+(``actor.ppo_mini_batch_size``, ``rollout.n`` ...); verl's and RAGEN's spellings are accepted as aliases
+(``aliases.py``). Resolution order: schema defaults < preset (``--config-name`` / ``--config``) < overrides.
+
+    model.py  data.py  rollout.py  algorithm.py (actor.*, critic.*, algorithm.*, reward.*; every list of allowed
+    values)  analysis.py (the instruments, and ``schedules``: the steps each runs at)  agent.py (agent.*, env.*)
+    trainer.py   schema.py (the root, ``RLGradConfig``)  fields.py  aliases.py  load.py  validate.py
+
+Nothing here imports above ``rlgrad.errors``.
+"""
+
+from rlgrad.config.agent import AgentConfig, EnvConfig, FrozenLakeConfig, SokobanConfig
+from rlgrad.config.algorithm import (
+    AGG_MODES,
+    COMPONENT_MODES,
+    ESTIMATORS,
+    KL_TYPES,
+    OUTCOME_ESTIMATORS,
+    PER_TOKEN,
+    VERL_KL_TYPES,
+    ActorConfig,
+    AlgorithmConfig,
+    CriticConfig,
+    CriticModelConfig,
+    FilterGroupsConfig,
+    KLControlConfig,
+    OptimConfig,
+    OverlongBufferConfig,
+    RewardConfig,
+    per_response_advantage,
+)
+from rlgrad.config.aliases import ALIASES, PROBE_ONLY_KEY, resolve_alias
+from rlgrad.config.analysis import (
+    AnalysisConfig,
+    BucketAnalysisConfig,
+    ComponentAnalysisConfig,
+    NeuronHealthConfig,
+    NeuronsConfig,
+    Schedule,
+    schedules,
+)
+from rlgrad.config.data import DataConfig, ReasoningGymConfig
+from rlgrad.config.load import (
+    CONFIG_DIRS,
+    check_key,
+    find_preset,
+    from_yaml_file,
+    load_config,
+    parse_override,
+    presets,
+    suggest_keys,
+)
+from rlgrad.config.model import ModelConfig, TinyModelConfig
+from rlgrad.config.rollout import RolloutConfig
+from rlgrad.config.schema import SCHEMA_KEYS, SECTIONS, RLGradConfig, documented_yaml, flat_settings, to_yaml
+from rlgrad.config.trainer import TrainerConfig
+from rlgrad.config.validate import check_field, validate
+
+__all__ = [
+    "AGG_MODES", "ALIASES", "COMPONENT_MODES", "CONFIG_DIRS", "ESTIMATORS", "KL_TYPES", "OUTCOME_ESTIMATORS",
+    "PER_TOKEN", "PROBE_ONLY_KEY", "SCHEMA_KEYS", "SECTIONS", "VERL_KL_TYPES", "ActorConfig", "AgentConfig",
+    "AlgorithmConfig", "AnalysisConfig", "BucketAnalysisConfig", "ComponentAnalysisConfig", "CriticConfig",
+    "CriticModelConfig", "DataConfig", "EnvConfig", "FilterGroupsConfig", "FrozenLakeConfig", "KLControlConfig",
+    "ModelConfig", "NeuronHealthConfig", "NeuronsConfig", "OptimConfig", "OverlongBufferConfig", "RLGradConfig",
+    "ReasoningGymConfig", "RewardConfig", "RolloutConfig", "Schedule", "SokobanConfig", "TinyModelConfig",
+    "TrainerConfig", "check_field", "check_key", "documented_yaml", "find_preset", "flat_settings", "from_yaml_file",
+    "load_config", "parse_override", "per_response_advantage", "presets", "resolve_alias", "schedules",
+    "suggest_keys", "to_yaml", "validate",
+]

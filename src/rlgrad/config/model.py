@@ -1,0 +1,40 @@
+"""``model.*``: the policy model (a local Hugging Face directory or .gguf, or the embedded tiny default and its
+warm start). Part of the config schema; the field docs are the user documentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlgrad.config.fields import setting as _f
+
+
+@dataclass
+class TinyModelConfig:
+    """Architecture of the embedded default model (a Qwen2 built locally; used when model.path is null)."""
+
+    hidden_size: int = _f(128, "Width of the residual stream.", ge=1)
+    num_hidden_layers: int = _f(4, "Transformer blocks.", ge=1)
+    num_attention_heads: int = _f(4, "Query heads.", ge=1)
+    num_key_value_heads: int = _f(2, "Key/value heads (grouped-query attention).", ge=1)
+    intermediate_size: int = _f(384, "MLP width.", ge=1)
+    max_position_embeddings: int = _f(256, "Longest prompt+response the model accepts.", ge=2)
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = _f(None, "Local Hugging Face causal-LM directory (with its tokenizer), or a .gguf file "
+                          "(dequantised once, cached as a Hugging Face directory). null: the embedded default. "
+                          "Never fetched from a hub.")
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    warmstart_steps: int = _f(1500, "Supervised warm-start steps for the "
+                              "embedded default (0: RL from scratch). Cached.", ge=0)
+    warmstart_lr: float = _f(2e-3, "Learning rate of the warm start.", gt=0)
+    warmstart_batch_size: int = _f(64, "Examples per warm-start step.", ge=1)
+    warmstart_seed: int | None = _f(1, "Seed of the embedded default's initial weights and warm start, apart from "
+                                    "trainer.seed: runs that differ only in trainer.seed share one cached warm "
+                                    "start. null: trainer.seed (each seed builds its own initial model).",
+                                    ge=0, le=2**32 - 1)
+    cache_dir: str | None = _f(None, "Where warm-started default models and dequantised .gguf models are "
+                               "cached (default: $RLGRAD_CACHE or ~/.cache/rlgrad).")
+    dtype: str = _f("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))

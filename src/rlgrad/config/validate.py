@@ -1,0 +1,127 @@
+"""Every check of a config: each field against its declaration (``check_field``: type, choices, bounds), then
+the relations between fields (``validate``). One line of ``UserError`` per fault, naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from pathlib import Path
+from typing import Any
+
+from rlgrad.config.algorithm import (
+    per_response_advantage,
+)
+from rlgrad.config.schema import RLGradConfig, _walk
+from rlgrad.errors import UserError
+
+_OPS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b), "le": ("<=", lambda v, b: v <= b),
+        "lt": ("<", lambda v, b: v < b)}
+
+
+def check_field(key: str, f: dataclasses.Field, v: Any) -> None:
+    """One setting against what its field declares (``_f``): choices, finiteness, bounds."""
+    if v is None:  # an Optional key left unset
+        return
+    choices = f.metadata.get("choices")
+    if choices and v not in choices:
+        hint = difflib.get_close_matches(str(v), choices, n=1)
+        raise UserError(f"'{key}' must be one of {', '.join(choices)}, got '{v}'"
+                        + (f"; did you mean '{hint[0]}'?" if hint else ""))
+    numbers = [v] if isinstance(v, int | float) and not isinstance(v, bool) else []
+    if isinstance(v, list | dict):  # a list of numbers (betas) or a mapping to numbers (reward weights)
+        numbers = [x for x in (v.values() if isinstance(v, dict) else v)
+                   if isinstance(x, int | float) and not isinstance(x, bool)]
+    why = f.metadata.get("why")
+    for x in numbers:
+        if not math.isfinite(x):
+            raise UserError(f"'{key}' must be a finite number, got {x}")
+        if x in f.metadata.get("also", ()):
+            continue
+        for op, bound in f.metadata.get("bounds", {}).items():
+            sign, ok = _OPS[op]
+            if not ok(x, bound):
+                allowed = " and ".join(f"{_OPS[o][0]} {b:g}" for o, b in f.metadata["bounds"].items())
+                extra = "".join(f" or {a}" for a in f.metadata.get("also", ()))
+                raise UserError(f"'{key}' must be {allowed}{extra}, got {x}" + (f": {why}" if why else ""))
+
+
+def validate(cfg: RLGradConfig) -> None:
+    """Every field against its declaration (``check_field``), then the relations between fields, in ``RELATIONS``
+    order; the first fault raises."""
+    cfg.data.apply_chat_template = str(cfg.data.apply_chat_template).lower()  # YAML true/false arrive as bools
+    for key, f, v in _walk(cfg):
+        check_field(key, f, v)
+    for check in RELATIONS:
+        check(cfg)
+
+
+def _optimizer_betas(cfg: RLGradConfig) -> None:
+    betas = cfg.actor.optim.betas, cfg.critic.optim.betas
+    for name, b in zip(("actor.optim.betas", "critic.optim.betas"), betas):
+        if len(b) != 2 or not all(0 <= x < 1 for x in b):
+            raise UserError(f"'{name}' must be two numbers in [0, 1), got {list(b)}")
+
+
+def _tiny_model_shape(cfg: RLGradConfig) -> None:
+    t = cfg.model.tiny
+    if t.num_attention_heads % t.num_key_value_heads or t.hidden_size % t.num_attention_heads:
+        raise UserError(f"'model.tiny' needs num_key_value_heads ({t.num_key_value_heads}) to divide "
+                        f"num_attention_heads ({t.num_attention_heads}) and that to divide hidden_size "
+                        f"({t.hidden_size})")
+
+
+def _algorithm(cfg: RLGradConfig) -> None:
+    """The estimator against the instruments and the agent; DAPO's filter and overlong buffer against the rest."""
+    algo = cfg.algorithm
+    if cfg.analysis.components.every > 0 and (why := per_response_advantage(algo, cfg.agent.use_turn_scores)):
+        raise UserError(f"'analysis.components.every' {why}")
+    if cfg.agent.use_turn_scores and algo.adv_estimator not in ("gae", "reinforce_plus_plus"):
+        raise UserError("'agent.use_turn_scores' gives per-turn rewards, which only gae and reinforce_plus_plus turn "
+                        f"into per-token advantages; algorithm.adv_estimator is '{algo.adv_estimator}'")
+    fg = algo.filter_groups
+    if fg.enable and fg.metric == "seq_final_reward" and algo.use_kl_in_reward:
+        raise UserError("'algorithm.filter_groups.metric' seq_final_reward with algorithm.use_kl_in_reward: the KL "
+                        "penalty is applied after the groups are chosen here; use seq_reward")
+    ob = cfg.reward.overlong_buffer
+    if ob.enable and ob.len >= cfg.rollout.response_length:
+        raise UserError(f"'reward.overlong_buffer.len' ({ob.len}) must be below rollout.response_length "
+                        f"({cfg.rollout.response_length})")
+    if ob.enable and cfg.data.task in ("sokoban", "frozen_lake"):
+        raise UserError("'reward.overlong_buffer' shapes single-turn responses; an episode of "
+                        f"data.task={cfg.data.task} has many")
+
+
+def _mini_batches(cfg: RLGradConfig) -> None:
+    for role in ("actor", "critic"):  # the critic's mini-batch matters only with gae
+        mini_batch = getattr(cfg, role).ppo_mini_batch_size
+        uses_it = role == "actor" or cfg.algorithm.adv_estimator == "gae"
+        if mini_batch is not None and cfg.data.train_batch_size % mini_batch and uses_it:
+            raise UserError(f"'{role}.ppo_mini_batch_size' ({mini_batch}) must divide "
+                            f"data.train_batch_size ({cfg.data.train_batch_size})")
+
+
+def _trainer(cfg: RLGradConfig) -> None:
+    for sink in cfg.trainer.logger:
+        if sink not in ("console", "jsonl", "tensorboard", "wandb"):
+            raise UserError(f"'trainer.logger' entry '{sink}' is not one of console, jsonl, tensorboard, wandb")
+    if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
+        raise UserError("'trainer.resume_mode=resume_path' needs 'trainer.resume_from_path'")
+
+
+def _critic_model(cfg: RLGradConfig) -> None:
+    path = cfg.critic.model.path
+    if cfg.algorithm.adv_estimator == "gae" and path is not None and not (Path(path) / "config.json").is_file():
+        raise UserError(f"'critic.model.path' '{path}' is not a local Hugging Face model directory (no config.json)")
+
+
+def _agent_and_data(cfg: RLGradConfig) -> None:
+    if cfg.agent.use_turn_scores and cfg.agent.window is not None:
+        raise UserError("'agent.use_turn_scores' needs every turn in the trained sequence "
+                        "(agent.context_window_mode=full); a window drops the earlier turns' rewards")
+    if cfg.data.task == "math" and not cfg.data.train_files:
+        raise UserError("'data.task=math' needs 'data.train_files' (local .jsonl or .parquet)")
+
+
+RELATIONS = (_optimizer_betas, _tiny_model_shape, _algorithm, _mini_batches, _trainer, _critic_model, _agent_and_data)
