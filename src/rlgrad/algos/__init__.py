@@ -47,7 +47,8 @@ def _deprecated_alias(old: str):
 
     def lookup(name: str):
         new = _RENAMED.get(name, name)
-        for sub in ("objective", "aggregation", "advantages", "kl", "logprobs", "policy_loss"):
+        # defining modules before the ones that import from them, so the warning names where a name lives
+        for sub in ("aggregation", "advantages", "kl", "logprobs", "policy_loss", "objective"):
             module = importlib.import_module(f"rlgrad.algos.{sub}")
             if hasattr(module, new):
                 warnings.warn(f"{old}.{name} moved to rlgrad.algos.{sub}.{new}; {old} goes away in the next release",
