@@ -1,6 +1,7 @@
-"""The run directory: atomic writes, the metric log, and the rules that keep runs apart.
+"""A run's files: what sits where in a run directory (verl's names), written atomically, and the rules that keep
+two runs from sharing one. Whether and where a training run resumes is ``rl/resume.py``'s.
 
-Layout (verl's names)::
+Layout::
 
     RUN/config.yaml                      resolved config (a resume's allowed changes update it)
     RUN/config_changes.jsonl             {"step": N, "changes": {key: [old, new]}} per resume that changed one

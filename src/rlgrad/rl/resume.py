@@ -1,5 +1,6 @@
-"""Where a run lives and whether it may continue: the run directory, the checkpoint to resume from, the
-settings a resume may not change, and the signals that stop a run between steps."""
+"""Resuming a training run: which directory a config trains in, the checkpoint it continues from, the settings a
+resume may not change (and the changes it records), and the signals that stop a run between steps. The files
+themselves are ``runfiles.py``'s."""
 
 from __future__ import annotations
 
