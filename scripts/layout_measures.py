@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  " + complexity)
     else:
         for rule, found in complexity.items():
-            print(f"  {rule} ({RUFF_RULES[rule]}): " + ("none" if not found else ""))
+            print(f"  {rule} ({RUFF_RULES[rule]}):" + (" none" if not found else ""))
             for number, where in found[:TOP]:
                 print(f"    {number:4d}  {where}")
 
