@@ -1,6 +1,6 @@
 """The settings of multi-turn agents (``agent.*``) and of the shipped environments (``env.*``).
 
-RAGEN's spellings are accepted as aliases (``rlgrad.aliases``): ``agent_proxy.*`` for ``agent.*``,
+RAGEN's spellings are accepted as aliases (``config/aliases.py``): ``agent_proxy.*`` for ``agent.*``,
 ``es_manager.format_penalty``, ``custom_envs.<SimpleSokoban|LargerSokoban|FrozenLake>.max_actions_per_traj`` and
 ``custom_envs.<...>.env_config.*`` for ``env.sokoban.*`` / ``env.frozen_lake.*``.
 """

@@ -1,7 +1,7 @@
 """How a setting of the config schema is declared: its default, its documentation and what it accepts.
 
 ``rlgrad.config`` checks every field against its declaration (``check_field``); the sections that live next to
-their subject (``rlgrad.envs.config``) declare theirs the same way.
+their subject (``config/agent.py``: the environments) declare theirs the same way.
 """
 
 from __future__ import annotations

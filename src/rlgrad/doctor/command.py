@@ -1,6 +1,6 @@
 """``rlgrad doctor``: is a run healthy, and why did its gradient do what it did?
 
-A run (rlgrad's run directory, a TRL output directory, verl's file-logger JSONL or a W&B run: ``data.load_any``)
+A run (rlgrad's run directory, a TRL output directory, verl's file-logger JSONL or a W&B run: ``rundata.load_any``)
 is read into one view with rlgrad's metric names, and every signature below looks at it. A signature is a
 function of the view and the thresholds that returns a ``Finding`` or nothing; one that needs metrics the
 run lacks is listed under ``missing`` (``--explain``) instead of guessing. The scalar signatures are what a

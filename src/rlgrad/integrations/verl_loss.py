@@ -4,7 +4,7 @@ verl's ``ppo_loss`` (``verl.workers.utils.losses``, verl 0.9) is, per response t
 ``actor.policy_loss.loss_mode`` (``vanilla``: PPO-clip with the dual clip ``clip_ratio_c``; ``gspo``), minus
 ``entropy_coeff`` times the entropy, plus ``kl_loss_coef`` times the ``kl_loss_type`` estimate (with
 ``use_kl_loss``), each aggregated by ``loss_agg_mode`` over the global mini-batch. That is rlgrad's own actor
-loss (``rlgrad.loss.ActorLoss``, the same equations as verl's ``core_algos``), so the instruments take verl's
+loss (``rlgrad.algos.ActorLoss``, the same equations as verl's ``core_algos``), so the instruments take verl's
 settings into a ``LossSettings`` instead of a second copy of the math. A bucket's loss is the same loss over
 the bucket's rows alone (its own token or sequence count as the normaliser).
 """
@@ -18,11 +18,10 @@ from rlgrad.algos.advantages import group_reward_std
 from rlgrad.algos.objective import LossSettings
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_cat, world_size
-from rlgrad.config.algorithm import AGG_MODES
+from rlgrad.config.algorithm import AGG_MODES, VERL_KL_TYPES
 from rlgrad.errors import UserError
 
 POLICY_LOSSES = {"vanilla": "ppo", "gspo": "gspo"}  # verl's loss_mode -> rlgrad's policy_loss
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "low_var_kl+", "k3+")
 # The batch fields that hold each sample's reward, most raw first (verl's reward before the KL-in-reward penalty).
 SCORE_FIELDS = ("token_level_scores", "rm_scores", "token_level_rewards")
 
@@ -46,8 +45,8 @@ def verl_loss_settings(actor, temperature: float = 1.0) -> LossSettings:
     elif agg == "seq-mean-token-sum-norm" and _get(actor, "loss_scale_factor") is None:
         why = ("loss_agg_mode=seq-mean-token-sum-norm without actor.loss_scale_factor (verl then divides by each "
                "micro-batch's padded width)")
-    elif _get(actor, "use_kl_loss", False) and _get(actor, "kl_loss_type", "low_var_kl") not in KL_TYPES:
-        why = f"actor.kl_loss_type={_get(actor, 'kl_loss_type')} (supported: {', '.join(KL_TYPES)})"
+    elif _get(actor, "use_kl_loss", False) and _get(actor, "kl_loss_type", "low_var_kl") not in VERL_KL_TYPES:
+        why = f"actor.kl_loss_type={_get(actor, 'kl_loss_type')} (supported: {', '.join(VERL_KL_TYPES)})"
     if why:
         raise UserError(f"rlgrad's instruments cannot follow verl's actor loss exactly with {why}")
     low = _get(actor, "clip_ratio_low", None)

@@ -1,8 +1,8 @@
 """The update: ``ppo_update``, the one epoch / mini-batch / micro-batch / clip / optimizer loop.
 
 The actor and the critic (``rlgrad.rl.critic``) each plug their per-micro-batch loss into it; the
-loss math itself lives in ``rlgrad.loss``, which the instruments import too, so they measure exactly
-the loss the update optimises. Each micro-batch loss is taken against the denominators of its whole
+loss math itself lives in ``algos/objective.py``, which the instruments import too, so they measure exactly the
+loss the update optimises. Each micro-batch loss is taken against the denominators of its whole
 mini-batch, so gradient accumulation gives the same update as one big batch.
 """
 

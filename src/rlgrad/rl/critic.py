@@ -4,8 +4,8 @@
           stored at column t, like every per-token tensor (see ``rlgrad.batch``)
     L_V = ½ · max((V − R)², (clip(V, V_old − c, V_old + c) − R)²), aggregated with loss_agg_mode
 
-``R`` are the GAE returns and ``V_old`` the values that computed them (``rlgrad.core``); the loss
-math and ``CriticSettings`` live in ``rlgrad.loss``. The update is the actor's loop
+``R`` are the GAE returns and ``V_old`` the values that computed them (``algos/advantages.py``); the loss
+math and ``CriticSettings`` live in ``algos/policy_loss.py`` and ``algos/objective.py``. The update is the actor's loop
 (``rlgrad.rl.actor.ppo_update``) with this loss plugged in, so epochs, mini/micro-batches, clipping
 and non-finite steps behave exactly as for the actor.
 """
