@@ -42,7 +42,9 @@ def bench_batch(vocab: int, groups: int = 16, n: int = 8, prompt: int = 16, resp
     gids = torch.arange(groups).repeat_interleave(n)
     spread = torch.linspace(0, 1, groups).repeat_interleave(n)  # groups from zero to high variance
     scores = (torch.rand(N, generator=g) < 0.5).float() * spread
-    b = Batch(ids, att, resp, gids, scores, group_reward_std(scores, gids))
+    b = Batch(
+        input_ids=ids, attention_mask=att, response_mask=resp, group_ids=gids, scores=scores,
+        reward_std=group_reward_std(scores, gids))
     noise = torch.randn(N, L, generator=g) * 0.01
     b.old_log_probs = (-2.0 + noise) * resp
     b.ref_log_probs = (-2.0 - noise) * resp

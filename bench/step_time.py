@@ -185,71 +185,45 @@ class RLGradSide:
 
 
 # ------------------------------------------------------------------------------------------- TRL
-def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
-    """Train TRL for warmup+steps steps; after each of its steps, one of ours runs (interleaved).
+def _trl_dataset(task, tokenizer, args):
+    """The same prompts, in the same order, as our trainer draws them (same task seed and val_size, same data
+    RNG, args.prompts at a time); TRL's sampler is told not to shuffle."""
+    import datasets
 
-    Interleaving makes both sides see the same background load (this machine may be shared).
-    TRL's step = time between consecutive ``on_step_end`` callbacks minus the time our step
-    spent inside the callback. Returns None (after a message) if TRL is not installed.
-    """
-    try:
-        import datasets
-        import trl
-        from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
-        from trl import GRPOConfig, GRPOTrainer
-    except ImportError as e:
-        print(f"TRL not available ({e}); skipping the TRL side. Install it with: pip install 'rlgrad[bench]'",
-              flush=True)
-        return None
-    from rlgrad.tasks import Example, build_task
-
-    # The same prompts, in the same order, as our trainer draws them (same task seed and val_size,
-    # same data RNG, args.prompts at a time); TRL's sampler is told not to shuffle.
-    task = build_task("arithmetic", seed=args.seed, val_size=ours.trainer.cfg.data.val_size)
     rng = random.Random(args.seed)
-    total_steps = args.warmup + args.steps
-    rows = [ex for _ in range(total_steps + 4) for ex in task.train_examples(args.prompts, rng)]
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    rows = [ex for _ in range(args.warmup + args.steps + 4) for ex in task.train_examples(args.prompts, rng)]
     # A tokenizer with a chat template: conversational prompts, which TRL renders with
     # apply_chat_template(add_generation_prompt=True), as ours does (data.apply_chat_template=auto).
     chat = bool(getattr(tokenizer, "chat_template", None))
     prompts = [[{"role": "user", "content": r.prompt}] if chat else r.prompt for r in rows]
-    dataset = datasets.Dataset.from_dict({"prompt": prompts, "answer": [r.answer for r in rows]})
+    return datasets.Dataset.from_dict({"prompt": prompts, "answer": [r.answer for r in rows]})
 
-    def text(x):  # a conversational prompt or completion -> its last message's text
-        return x[-1]["content"] if isinstance(x, list) else x
 
-    trl_prompts: list[list[str]] = []
+def _text(x):
+    """A conversational prompt or completion -> its last message's text."""
+    return x[-1]["content"] if isinstance(x, list) else x
+
+
+def _arithmetic_reward(task, args, trl_prompts: list[list[str]]):
+    """TRL's reward function: the arithmetic task's total; each step's prompts are kept in ``trl_prompts``."""
+    from rlgrad.tasks import Example
 
     def arithmetic_reward(prompts, completions, answer, **kwargs):
-        trl_prompts.append([text(p) for p in prompts[::args.samples]])
-        return [task.score(text(c), Example(text(p), a)).total for p, c, a in zip(prompts, completions, answer)]
+        trl_prompts.append([_text(p) for p in prompts[::args.samples]])
+        return [task.score(_text(c), Example(_text(p), a)).total for p, c, a in zip(prompts, completions, answer)]
 
-    class Interleave(TrainerCallback):
-        def __init__(self):
-            self.mark = self.cpu_mark = 0.0
-            self.times: list[float] = []
-            self.cpu_times: list[float] = []
-            self.lengths: list[tuple[float, float]] = []
+    return arithmetic_reward
 
-        def on_train_begin(self, a, state, control, **kw):
-            self.mark, self.cpu_mark = time.perf_counter(), time.process_time()
 
-        def on_step_end(self, a, state, control, **kw):
-            self.times.append(time.perf_counter() - self.mark)
-            self.cpu_times.append(time.process_time() - self.cpu_mark)
-            m = trainer._metrics["train"]
-            if m.get("completions/min_length"):
-                self.lengths.append((m["completions/min_length"][-1], m["completions/max_length"][-1]))
-            ours.step()
-            self.mark, self.cpu_mark = time.perf_counter(), time.process_time()
+def _grpo_config(root: Path, args):
+    """TRL's settings for the step shape of the module docstring."""
+    from trl import GRPOConfig
 
-    n = args.prompts * args.samples
-    config = GRPOConfig(
+    return GRPOConfig(
         output_dir=str(root / "trl_out"),
         use_cpu=True, bf16=False, fp16=False,
         model_init_kwargs={"dtype": "float32"},
-        per_device_train_batch_size=n, num_generations=args.samples,
+        per_device_train_batch_size=args.prompts * args.samples, num_generations=args.samples,
         gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
         max_completion_length=args.tokens, generation_kwargs={"min_new_tokens": args.tokens},
         temperature=1.0, top_p=1.0, top_k=0,
@@ -257,17 +231,44 @@ def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, optim="adamw_torch",
         max_grad_norm=MAX_GRAD_NORM, gradient_checkpointing=False,
-        max_steps=total_steps, seed=args.seed, data_seed=args.seed, shuffle_dataset=False,
+        max_steps=args.warmup + args.steps, seed=args.seed, data_seed=args.seed, shuffle_dataset=False,
         report_to=[], logging_strategy="no", save_strategy="no", eval_strategy="no",
         disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
     )
-    cb = Interleave()
-    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=arithmetic_reward, args=config,
-                          train_dataset=dataset, processing_class=tokenizer, callbacks=[cb])
-    trainer.remove_callback(PrinterCallback)  # no end-of-training metrics dump on stdout
-    torch.set_num_threads(args.threads)
+
+
+def _interleave(ours: RLGradSide):
+    """The callback that times TRL's steps and runs one of ours after each (its ``trainer`` set once built)."""
+    from transformers import TrainerCallback
+
+    class Interleave(TrainerCallback):
+        def __init__(self):
+            self.trainer = None
+            self.mark = self.cpu_mark = 0.0
+            self.times: list[float] = []
+            self.cpu_times: list[float] = []
+            self.lengths: list[tuple[float, float]] = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.mark, self.cpu_mark = time.perf_counter(), time.process_time()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.times.append(time.perf_counter() - self.mark)
+            self.cpu_times.append(time.process_time() - self.cpu_mark)
+            logged = self.trainer._metrics["train"]
+            if logged.get("completions/min_length"):
+                self.lengths.append((logged["completions/min_length"][-1], logged["completions/max_length"][-1]))
+            ours.step()
+            self.mark, self.cpu_mark = time.perf_counter(), time.process_time()
+
+    return Interleave()
+
+
+def _train_profiled(trainer, ours: RLGradSide, args) -> None:
+    """``trainer.train()``, under cProfile with ``--profile`` (covering TRL's warm-up steps too; ours are
+    excluded: they run inside the callback)."""
     profiler = None
-    if args.profile:  # covers TRL's warm-up steps too (ours are excluded: they run inside the callback)
+    if args.profile:
         import cProfile
         profiler = cProfile.Profile()
     orig_step = ours.step
@@ -289,6 +290,37 @@ def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
             profiler.disable()
             profiler.dump_stats(args.profile + ".trl")
         ours.step = orig_step
+
+
+def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
+    """Train TRL for warmup+steps steps; after each of its steps, one of ours runs (interleaved).
+
+    Interleaving makes both sides see the same background load (this machine may be shared).
+    TRL's step = time between consecutive ``on_step_end`` callbacks minus the time our step
+    spent inside the callback. Returns None (after a message) if TRL is not installed.
+    """
+    try:
+        import datasets  # noqa: F401  (what _trl_dataset needs: missing, the TRL side is skipped)
+        import trl
+        from transformers import AutoTokenizer, PrinterCallback
+        from trl import GRPOTrainer
+    except ImportError as e:
+        print(f"TRL not available ({e}); skipping the TRL side. Install it with: pip install 'rlgrad[bench]'",
+              flush=True)
+        return None
+    from rlgrad.tasks import build_task
+
+    task = build_task("arithmetic", seed=args.seed, val_size=ours.trainer.cfg.data.val_size)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    trl_prompts: list[list[str]] = []
+    cb = _interleave(ours)
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=_arithmetic_reward(task, args, trl_prompts),
+                          args=_grpo_config(root, args), train_dataset=_trl_dataset(task, tokenizer, args),
+                          processing_class=tokenizer, callbacks=[cb])
+    cb.trainer = trainer
+    trainer.remove_callback(PrinterCallback)  # no end-of-training metrics dump on stdout
+    torch.set_num_threads(args.threads)
+    _train_profiled(trainer, ours, args)
     return {"trl_version": trl.__version__, "times": cb.times[args.warmup:], "cpu_times": cb.cpu_times[args.warmup:],
             "same_prompts": trl_prompts == ours.prompts,
             "length_min": min((a for a, _ in cb.lengths), default=math.nan),
@@ -296,7 +328,7 @@ def run_trl(model_dir: Path, root: Path, args, ours: RLGradSide) -> dict | None:
 
 
 # ------------------------------------------------------------------------------------------ main
-def main(argv=None) -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch threads (both sides)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per side")
@@ -312,7 +344,11 @@ def main(argv=None) -> None:
     p.add_argument("--recompute-log-probs", action="store_true",
                    help="rlgrad: old log-probs from a separate forward (rollout.recompute_log_probs=true)")
     p.add_argument("--profile", help="write a cProfile of our timed steps here (TRL's to PATH.trl)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> None:
+    args = _parser().parse_args(argv)
 
     warnings.filterwarnings("ignore")
     try:  # no "Loading weights" / "Writing model shards" bars between the results

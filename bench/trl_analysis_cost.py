@@ -70,7 +70,7 @@ class Turns:
         self.go[self.other[side]].release()
 
 
-def main(argv=None) -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--warmup", type=int, default=2)
@@ -81,15 +81,106 @@ def main(argv=None) -> None:
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--instruments", choices=("buckets", "all"), default="buckets")
-    args = p.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    from datasets import Dataset
-    from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
-    from transformers.utils import logging as hf_logging
+    return p
+
+
+def _reward_functions(tokens: int) -> list:
+    """Two rewards whose values vary within groups: shortness and "has more than one digit"."""
+
+    def shorter(prompts, completions, **kw):
+        return [-len(c) / tokens for c in completions]
+
+    def digits(prompts, completions, **kw):
+        return [float(sum(ch.isdigit() for ch in c) > 1) for c in completions]
+
+    return [shorter, digits]
+
+
+def _timer(side: str, turns: Turns, times: dict[str, list[float]]):
+    """A callback that waits for ``side``'s turn, then times its step from on_step_begin to on_step_end."""
+    from transformers import TrainerCallback
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.t0 = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            turns.begin(side)
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            times[side].append(time.perf_counter() - self.t0)
+            turns.end(side)
+
+    return Timer()
+
+
+def _build(side: str, root: Path, mdir: Path, tok, data, args, callback):
+    """The plain TRL trainer (``side="plain"``) or rlgrad's, with the same GRPOConfig."""
+    from transformers import PrinterCallback
     from trl import GRPOConfig
     from trl import GRPOTrainer as PlainGRPOTrainer
 
     from rlgrad.integrations.trl import GRPOTrainer
+
+    cfg = GRPOConfig(output_dir=str(root / side), use_cpu=True, bf16=False, gradient_checkpointing=False,
+                     per_device_train_batch_size=args.prompts * args.samples, num_generations=args.samples,
+                     max_completion_length=args.tokens, generation_kwargs={"min_new_tokens": args.tokens},
+                     beta=0.04, loss_type="dapo", learning_rate=1e-5, max_steps=args.warmup + args.steps,
+                     seed=args.seed, shuffle_dataset=False, report_to=[], logging_steps=1, save_strategy="no",
+                     disable_tqdm=True, reward_weights=[0.7, 0.3])
+    kw = dict(model=str(mdir), reward_funcs=_reward_functions(args.tokens), args=cfg, train_dataset=data,
+              processing_class=tok, callbacks=[callback])
+    if side == "plain":
+        trainer = PlainGRPOTrainer(**kw)
+    else:
+        what = (["analysis.every=null", "analysis.buckets.every=1"] if args.instruments == "buckets"
+                else ["analysis.every=1"])
+        trainer = GRPOTrainer(**kw, rlgrad=what)
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def _train_in_turns(plain, ours, turns: Turns) -> None:
+    """Train rlgrad's trainer in a second thread while the plain one trains here, step by step in turns."""
+    errors = []
+
+    def run(side, trainer):
+        try:
+            trainer.train()
+        except BaseException as e:  # noqa: BLE001 - reported below, the other side must not wait forever
+            errors.append((side, e))
+        finally:
+            turns.finish(side)
+
+    th = threading.Thread(target=run, args=("rlgrad", ours))
+    th.start()
+    run("plain", plain)
+    th.join()
+    if errors:
+        raise errors[0][1]
+
+
+def _report(args, times: dict[str, list[float]], ours) -> None:
+    a, b = times["plain"][args.warmup:], times["rlgrad"][args.warmup:]
+    pa, pb = statistics.median(a), statistics.median(b)
+    bucket_s = [h["timing_s/analysis/buckets"] for h in ours.state.log_history
+                if "timing_s/analysis/buckets" in h]
+    print(f"torch {torch.__version__}, threads={args.threads}, model {args.model}, {args.prompts} prompts x "
+          f"{args.samples} samples x {args.tokens} tokens, instruments: {args.instruments}")
+    print(f"plain TRL steps {[round(x, 3) for x in a]} s; with rlgrad {[round(x, 3) for x in b]} s; "
+          f"median timing_s/analysis/buckets {statistics.median(bucket_s[args.warmup:] or [float('nan')]):.3f} s; "
+          f"median of per-pair ratios {statistics.median(y / x for x, y in zip(a, b)):.3f}")
+    print(f"plain_step_s={pa:.4f} rlgrad_step_s={pb:.4f} ratio={pb / pa:.3f}")
+
+
+def main(argv=None) -> None:
+    args = _parser().parse_args(argv)
+    warnings.filterwarnings("ignore")
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
     from rlgrad.tasks import build_task
 
     hf_logging.disable_progress_bar()
@@ -99,76 +190,14 @@ def main(argv=None) -> None:
         mdir = model_dir(root, args.model, args.seed)
         tok = AutoTokenizer.from_pretrained(mdir)
         task = build_task("arithmetic", seed=args.seed, val_size=8)
-        total = args.warmup + args.steps
-        rows = task.train_examples(args.prompts * (total + 2), random.Random(args.seed))
+        rows = task.train_examples(args.prompts * (args.warmup + args.steps + 2), random.Random(args.seed))
         data = Dataset.from_dict({"prompt": [r.prompt for r in rows]})
-
-        def shorter(prompts, completions, **kw):
-            return [-len(c) / args.tokens for c in completions]
-
-        def digits(prompts, completions, **kw):
-            return [float(sum(ch.isdigit() for ch in c) > 1) for c in completions]
-
         turns = Turns()
         times: dict[str, list[float]] = {"plain": [], "rlgrad": []}
-
-        class Timer(TrainerCallback):
-            def __init__(self, side):
-                self.side, self.t0 = side, 0.0
-
-            def on_step_begin(self, a, state, control, **kw):
-                turns.begin(self.side)
-                self.t0 = time.perf_counter()
-
-            def on_step_end(self, a, state, control, **kw):
-                times[self.side].append(time.perf_counter() - self.t0)
-                turns.end(self.side)
-
-        def build(side):
-            cfg = GRPOConfig(output_dir=str(root / side), use_cpu=True, bf16=False, gradient_checkpointing=False,
-                             per_device_train_batch_size=args.prompts * args.samples, num_generations=args.samples,
-                             max_completion_length=args.tokens, generation_kwargs={"min_new_tokens": args.tokens},
-                             beta=0.04, loss_type="dapo", learning_rate=1e-5, max_steps=total, seed=args.seed,
-                             shuffle_dataset=False, report_to=[], logging_steps=1, save_strategy="no",
-                             disable_tqdm=True, reward_weights=[0.7, 0.3])
-            kw = dict(model=str(mdir), reward_funcs=[shorter, digits], args=cfg, train_dataset=data,
-                      processing_class=tok, callbacks=[Timer(side)])
-            if side == "plain":
-                t = PlainGRPOTrainer(**kw)
-            else:
-                what = (["analysis.every=null", "analysis.buckets.every=1"] if args.instruments == "buckets"
-                        else ["analysis.every=1"])
-                t = GRPOTrainer(**kw, rlgrad=what)
-            t.remove_callback(PrinterCallback)
-            return t
-
-        plain, ours = build("plain"), build("rlgrad")
-        errors = []
-
-        def run(side, trainer):
-            try:
-                trainer.train()
-            except BaseException as e:  # noqa: BLE001 - reported below, the other side must not wait forever
-                errors.append((side, e))
-            finally:
-                turns.finish(side)
-
-        th = threading.Thread(target=run, args=("rlgrad", ours))
-        th.start()
-        run("plain", plain)
-        th.join()
-        if errors:
-            raise errors[0][1]
-        a, b = times["plain"][args.warmup:], times["rlgrad"][args.warmup:]
-        pa, pb = statistics.median(a), statistics.median(b)
-        bucket_s = [h["timing_s/analysis/buckets"] for h in ours.state.log_history
-                    if "timing_s/analysis/buckets" in h]
-        print(f"torch {torch.__version__}, threads={args.threads}, model {args.model}, {args.prompts} prompts x "
-              f"{args.samples} samples x {args.tokens} tokens, instruments: {args.instruments}")
-        print(f"plain TRL steps {[round(x, 3) for x in a]} s; with rlgrad {[round(x, 3) for x in b]} s; "
-              f"median timing_s/analysis/buckets {statistics.median(bucket_s[args.warmup:] or [float('nan')]):.3f} s; "
-              f"median of per-pair ratios {statistics.median(y / x for x, y in zip(a, b)):.3f}")
-        print(f"plain_step_s={pa:.4f} rlgrad_step_s={pb:.4f} ratio={pb / pa:.3f}")
+        plain = _build("plain", root, mdir, tok, data, args, _timer("plain", turns, times))
+        ours = _build("rlgrad", root, mdir, tok, data, args, _timer("rlgrad", turns, times))
+        _train_in_turns(plain, ours, turns)
+        _report(args, times, ours)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -31,8 +31,9 @@ def make_batch(groups=6, n=4, prompt=6, response=5):  # a stand-in for rollouts:
     correct, fmt = (ids[:, -1] % 2 == 0).float(), (ids[:, prompt] < 32).float()
     scores = 0.8 * correct + 0.2 * fmt
     adv = broadcast_to_tokens(grpo_advantages(scores, gids, norm_by_std=True), mask)
-    return Batch(ids, torch.ones_like(ids), mask, gids, scores, group_reward_std(scores, gids),
-                 {"correctness": correct, "format": fmt}, advantages=adv)
+    return Batch(
+        input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=mask, group_ids=gids, scores=scores,
+        reward_std=group_reward_std(scores, gids), components={"correctness": correct, "format": fmt}, advantages=adv)
 
 
 def main(steps=3):

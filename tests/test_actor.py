@@ -29,7 +29,9 @@ def make_batch(model, tok, n_prompts=3, n=4, seed=0) -> Batch:
     gen = generate(model, tok, ["1+2=", "13+4=", "7*8="][:n_prompts], n=n, max_new_tokens=5, do_sample=True)
     g = torch.arange(n_prompts).repeat_interleave(n)
     scores = torch.rand(len(g))
-    b = Batch(gen.input_ids, gen.attention_mask, gen.response_mask, g, scores, group_reward_std(scores, g))
+    b = Batch(
+        input_ids=gen.input_ids, attention_mask=gen.attention_mask, response_mask=gen.response_mask, group_ids=g,
+        scores=scores, reward_std=group_reward_std(scores, g))
     b.old_log_probs, _ = compute_log_probs(model, b.input_ids, b.attention_mask, b.response_mask,
                                            temperature=1.0, micro_batch_size=64)
     # A slightly different reference and old policy so that ratios and KL are not trivially 1 / 0.

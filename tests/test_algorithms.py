@@ -213,8 +213,10 @@ def batch_of(groups: list[int], scores: list[float], width: int, start: int) -> 
     att[:, 0] = 0
     resp = torch.zeros(n, width)
     resp[:, start:] = 1
-    return Batch(ids, att, resp, torch.tensor(groups), torch.tensor(scores), torch.zeros(n),
-                 {"c": torch.tensor(scores)}, old_log_probs=resp * -1.0)
+    return Batch(
+        input_ids=ids, attention_mask=att, response_mask=resp, group_ids=torch.tensor(groups),
+        scores=torch.tensor(scores), reward_std=torch.zeros(n), components={"c": torch.tensor(scores)},
+        old_log_probs=resp * -1.0)
 
 
 def test_filter_metrics_are_verls():

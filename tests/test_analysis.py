@@ -98,7 +98,9 @@ def make_batch(model, tok, n_prompts=5, n=4, seed=0, zero_group=True) -> Batch:
     scores = torch.rand(len(g))
     if zero_group:
         scores[:n] = 0.7  # group 0 has zero reward variance
-    b = Batch(gen.input_ids, gen.attention_mask, gen.response_mask, g, scores, group_reward_std(scores, g))
+    b = Batch(
+        input_ids=gen.input_ids, attention_mask=gen.attention_mask, response_mask=gen.response_mask, group_ids=g,
+        scores=scores, reward_std=group_reward_std(scores, g))
     b.old_log_probs, _ = compute_log_probs(model, b.input_ids, b.attention_mask, b.response_mask,
                                            temperature=1.0, micro_batch_size=64)
     b.old_log_probs = b.old_log_probs + 0.1 * torch.randn_like(b.old_log_probs) * b.response_mask

@@ -110,9 +110,10 @@ def test_saved_bundle_recomputes_logged_norms(tiny, tmp_path):
     s = LossSettings(**spec["loss_settings"])
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(step_dir / "model")
-    batch = Batch(t["input_ids"], t["attention_mask"], t["response_mask"], t["group_ids"],
-                  torch.zeros(len(t["group_ids"])), t["reward_std"], old_log_probs=t["old_log_probs"],
-                  advantages=t["advantages"], ref_log_probs=t.get("ref_log_probs"))
+    batch = Batch(
+        input_ids=t["input_ids"], attention_mask=t["attention_mask"], response_mask=t["response_mask"],
+        group_ids=t["group_ids"], scores=torch.zeros(len(t["group_ids"])), reward_std=t["reward_std"],
+        old_log_probs=t["old_log_probs"], advantages=t["advantages"], ref_log_probs=t.get("ref_log_probs"))
     for k in sorted(set(t["bucket_ids"].tolist())):
         sub = batch.select(torch.nonzero(t["bucket_ids"] == k).squeeze(-1))
         loss = actor_objective(model, sub, s, Denominators.of(sub)).task

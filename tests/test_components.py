@@ -166,7 +166,9 @@ def component_batch(model, tok, *, seed=0, noise=0.3, estimator="grpo", norm=Tru
              "length": torch.rand(len(g), generator=gen_)}
     comps["format"][:n] = 0.5  # group 0: a component with no variance
     scores = sum(WEIGHTS[c] * v for c, v in comps.items())
-    b = Batch(gen.input_ids, gen.attention_mask, gen.response_mask, g, scores, group_reward_std(scores, g), comps)
+    b = Batch(
+        input_ids=gen.input_ids, attention_mask=gen.attention_mask, response_mask=gen.response_mask, group_ids=g,
+        scores=scores, reward_std=group_reward_std(scores, g), components=comps)
     b.old_log_probs, _ = compute_log_probs(model, b.input_ids, b.attention_mask, b.response_mask,
                                            temperature=1.0, micro_batch_size=64)
     b.old_log_probs = b.old_log_probs + noise * torch.randn_like(b.old_log_probs) * b.response_mask
@@ -373,24 +375,8 @@ def math_files():
     return str(data / "math_verl.parquet"), str(data / "math_val.jsonl")
 
 
-def test_train_with_components_end_to_end_and_export(tiny, tmp_path, math_files, capsys):
-    train, val = math_files
-    common = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + [
-        "trainer.total_training_steps=2", "data.task=math", f"data.train_files=[{train}]", f"data.val_files=[{val}]",
-        "reward.length_max=3", "trainer.gradient_analysis_mode=false", "trainer.test_freq=-1"]
-    make_trainer(load_config(overrides=common + [f"trainer.default_local_dir={tmp_path / 'plain'}"]), **QUIET).fit()
-    run = tmp_path / "comp"
-    assert cli_main(["train", *common, f"trainer.default_local_dir={run}", "analysis.components_every=1",
-                     "analysis.save_component_gradients=true", "analysis.components_mode=own_std"]) == 0
-    # side-effect free: the same weights and metrics as a run without the instrument
-    a = load_file(tmp_path / "plain" / "global_step_2" / "actor" / "model.safetensors")
-    b = load_file(run / "global_step_2" / "actor" / "model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    rows = read_jsonl(run / "metrics.jsonl")
-    plain = read_jsonl(tmp_path / "plain" / "metrics.jsonl")
-    for x, y in zip(plain, rows):
-        assert all(y["data"][k] == v for k, v in x["data"].items() if not k.startswith("timing_s/"))
-    comps = ["correctness", "format", "length"]
+def _assert_component_files(run, rows: list[dict], comps: list[str]) -> None:
+    """Steps 1 and 2: the component metrics, components.json and the saved gradients agree."""
     for step in (1, 2):
         d = rows[step]["data"]
         for c in comps:
@@ -407,25 +393,10 @@ def test_train_with_components_end_to_end_and_export(tiny, tmp_path, math_files,
             assert {k.split("/", 1)[0] for k in z.files} == set(comps) | {"total"}
             tot = math.sqrt(sum(float((z[f"total/{n}"].astype(np.float64) ** 2).sum()) for n in names))
             assert tot == pytest.approx(d["grad_comp/total/norm"], rel=1e-5)
-    recs = read_reward_components(run / "reward_components.jsonl")
-    assert [r["step"] for r in recs] == [1, 2]
-    r = recs[0]
-    assert r["components"] == comps and r["weights"] == {"correctness": 0.34, "format": 0.33, "length": 0.33}
-    assert r["num_samples"] == len(r["samples"]) == 16
-    totals = [s["total"] for s in r["samples"]]
-    assert r["total"]["mean"] == pytest.approx(sum(totals) / 16)
-    for c in comps:
-        vals = [s["components"][c] for s in r["samples"]]
-        assert r["stats"][c]["mean"] == pytest.approx(sum(vals) / 16) and r["stats"][c]["max"] == max(vals)
-        assert rows[1]["data"][f"reward/{c}/mean"] == pytest.approx(r["stats"][c]["mean"])
-        assert rows[1]["data"][f"reward/{c}/std"] == pytest.approx(float(np.std(vals)))
-    assert r["num_valid_format"] == sum(s["components"]["format"] > 0 for s in r["samples"])
-    assert r["num_correct"] == sum(s["components"]["correctness"] == 1.0 for s in r["samples"])
-    assert r["mean_length"] == pytest.approx(sum(s["length"] for s in r["samples"]) / 16)
-    for s in r["samples"]:  # the length reward is computed from the recorded length (chars, length_max 3)
-        assert s["components"]["length"] == pytest.approx(max(0.0, 1 - abs(s["length"] / 3 - 1)), abs=1e-6)
-        assert s["total"] == pytest.approx(sum(r["weights"][c] * s["components"][c] for c in comps), abs=1e-6)
 
+
+def _assert_export(run, tmp_path, r: dict, capsys) -> None:
+    """``rlgrad export rewards``: rldynamic's layout, the default output, one-line errors."""
     assert cli_main(["export", "rewards", str(run), "--format", "json", "--output", str(tmp_path / "all.json")]) == 0
     out = json.loads((tmp_path / "all.json").read_text())
     assert set(out) == {"metadata", "steps"}
@@ -448,6 +419,47 @@ def test_train_with_components_end_to_end_and_export(tiny, tmp_path, math_files,
     with pytest.raises(SystemExit) as e:  # argparse: one line, exit 2
         cli_main(["export", "rewards", str(run), "--format", "csv"])
     assert e.value.code == 2
+
+
+def test_train_with_components_end_to_end_and_export(tiny, tmp_path, math_files, capsys):
+    train, val = math_files
+    common = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + [
+        "trainer.total_training_steps=2", "data.task=math", f"data.train_files=[{train}]", f"data.val_files=[{val}]",
+        "reward.length_max=3", "trainer.gradient_analysis_mode=false", "trainer.test_freq=-1"]
+    make_trainer(load_config(overrides=common + [f"trainer.default_local_dir={tmp_path / 'plain'}"]), **QUIET).fit()
+    run = tmp_path / "comp"
+    assert cli_main(["train", *common, f"trainer.default_local_dir={run}", "analysis.components_every=1",
+                     "analysis.save_component_gradients=true", "analysis.components_mode=own_std"]) == 0
+    # side-effect free: the same weights and metrics as a run without the instrument
+    a = load_file(tmp_path / "plain" / "global_step_2" / "actor" / "model.safetensors")
+    b = load_file(run / "global_step_2" / "actor" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    rows = read_jsonl(run / "metrics.jsonl")
+    plain = read_jsonl(tmp_path / "plain" / "metrics.jsonl")
+    for x, y in zip(plain, rows):
+        assert all(y["data"][k] == v for k, v in x["data"].items() if not k.startswith("timing_s/"))
+    comps = ["correctness", "format", "length"]
+    _assert_component_files(run, rows, comps)
+    recs = read_reward_components(run / "reward_components.jsonl")
+    assert [r["step"] for r in recs] == [1, 2]
+    r = recs[0]
+    assert r["components"] == comps and r["weights"] == {"correctness": 0.34, "format": 0.33, "length": 0.33}
+    assert r["num_samples"] == len(r["samples"]) == 16
+    totals = [s["total"] for s in r["samples"]]
+    assert r["total"]["mean"] == pytest.approx(sum(totals) / 16)
+    for c in comps:
+        vals = [s["components"][c] for s in r["samples"]]
+        assert r["stats"][c]["mean"] == pytest.approx(sum(vals) / 16) and r["stats"][c]["max"] == max(vals)
+        assert rows[1]["data"][f"reward/{c}/mean"] == pytest.approx(r["stats"][c]["mean"])
+        assert rows[1]["data"][f"reward/{c}/std"] == pytest.approx(float(np.std(vals)))
+    assert r["num_valid_format"] == sum(s["components"]["format"] > 0 for s in r["samples"])
+    assert r["num_correct"] == sum(s["components"]["correctness"] == 1.0 for s in r["samples"])
+    assert r["mean_length"] == pytest.approx(sum(s["length"] for s in r["samples"]) / 16)
+    for s in r["samples"]:  # the length reward is computed from the recorded length (chars, length_max 3)
+        assert s["components"]["length"] == pytest.approx(max(0.0, 1 - abs(s["length"] / 3 - 1)), abs=1e-6)
+        assert s["total"] == pytest.approx(sum(r["weights"][c] * s["components"][c] for c in comps), abs=1e-6)
+
+    _assert_export(run, tmp_path, r, capsys)
 
 
 def test_resume_keeps_reward_components_readable(tiny, tmp_path):

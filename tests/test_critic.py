@@ -154,7 +154,9 @@ def _critic_batch(critic, lm, tok, seed=0):
     gen = generate(lm, tok, ["1+2=", "13+4=", "7*8="], n=4, max_new_tokens=5, do_sample=True)
     g = torch.arange(3).repeat_interleave(4)
     scores = torch.rand(len(g))
-    b = Batch(gen.input_ids, gen.attention_mask, gen.response_mask, g, scores, torch.zeros(len(g)))
+    b = Batch(
+        input_ids=gen.input_ids, attention_mask=gen.attention_mask, response_mask=gen.response_mask, group_ids=g,
+        scores=scores, reward_std=torch.zeros(len(g)))
     # Old values off the current ones (so some tokens clip) and returns from GAE.
     b.values = ((compute_values(critic, b, micro_batch_size=64) + 0.3 * torch.randn(b.response_mask.shape))
                 * b.response_mask)

@@ -22,6 +22,7 @@ import sys
 import textwrap
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -205,27 +206,16 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def test_two_ranks_equal_one_process_update_and_analysis(tmp_path):
-    torch.multiprocessing.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
-    got = torch.load(tmp_path / "results.pt", weights_only=False)
-    model, batch = _model_batch()
-    want = _analyses(model, lambda split: batch)
+def _assert_analyses_equal(got: dict, want: dict) -> None:
+    """The bucket analysis's metrics of each case, two processes (``got``) against one (``want``)."""
     for case, metrics in want.items():
         assert set(got["analysis"][case]) == set(metrics), case
         for k, v in metrics.items():
             assert close(got["analysis"][case][k], v), (case, k, got["analysis"][case][k], v)
-    # trimming to multiples of 3: buckets of 1, 1 and 3 groups (4, 4, 12 samples) keep 3, 3 and 12; `all` is
-    # the union of what is kept; the percentages stay relative to the whole batch
-    t3 = want[("uneven", "fast", 3)]
-    assert [t3[f"grad_norm/bucket_{i}/sample_count"] for i in (1, 2, 3)] == [3.0, 3.0, 12.0]
-    assert t3["grad_norm/all/sample_count"] == 18.0 and t3["grad_norm/all/sample_pct"] == 90.0
 
-    want_c = _components(model, lambda split: _with_components(batch))
-    for case, metrics in want_c.items():
-        assert set(got["components"][case]) == set(metrics) and "grad_comp/c/norm" in metrics, case
-        for k, v in metrics.items():
-            assert close(got["components"][case][k], v), (case, k, got["components"][case][k], v)
 
+def _assert_updates_equal(got: dict, batch) -> None:
+    """DDP's and FSDP2's statistics and weights after the update equal one process's."""
     plain = _model_batch()[0]
     stats = _update(plain, batch)
     for strategy in ("ddp", "fsdp2"):
@@ -239,21 +229,46 @@ def test_two_ranks_equal_one_process_update_and_analysis(tmp_path):
                 continue
             assert torch.allclose(weights[name], p.detach(), rtol=1e-5, atol=1e-7), (strategy, name)
 
+
+def _assert_whitened_over_the_whole_batch(tmp_path, batch) -> None:
+    """Whitening over the whole batch (verl whitens on its driver), not over each process's rows."""
+    full = _whitened(lambda split: _with_components(_model_batch()[1]))
+    for rank in (0, 1):
+        part = torch.load(tmp_path / f"whitened_{rank}.pt", weights_only=False)
+        for (split, est, *what), v in part.items():
+            rows = torch.isin(batch.group_ids, torch.tensor(SPLITS[split][rank], dtype=torch.long))
+            want_v = full[(split, est, *what)]
+            for got_t, want_t in ([(v[c], want_v[c]) for c in v] if what else [(v, want_v)]):
+                assert torch.allclose(got_t, want_t[rows], rtol=1e-5, atol=1e-6), (rank, split, est, what)
+        assert part[("uneven", "reinforce_plus_plus")].abs().sum() > 0
+
+
+def test_two_ranks_equal_one_process_update_and_analysis(tmp_path):
+    torch.multiprocessing.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    got = torch.load(tmp_path / "results.pt", weights_only=False)
+    model, batch = _model_batch()
+    want = _analyses(model, lambda split: batch)
+    _assert_analyses_equal(got, want)
+    # trimming to multiples of 3: buckets of 1, 1 and 3 groups (4, 4, 12 samples) keep 3, 3 and 12; `all` is
+    # the union of what is kept; the percentages stay relative to the whole batch
+    t3 = want[("uneven", "fast", 3)]
+    assert [t3[f"grad_norm/bucket_{i}/sample_count"] for i in (1, 2, 3)] == [3.0, 3.0, 12.0]
+    assert t3["grad_norm/all/sample_count"] == 18.0 and t3["grad_norm/all/sample_pct"] == 90.0
+
+    want_c = _components(model, lambda split: _with_components(batch))
+    for case, metrics in want_c.items():
+        assert set(got["components"][case]) == set(metrics) and "grad_comp/c/norm" in metrics, case
+        for k, v in metrics.items():
+            assert close(got["components"][case][k], v), (case, k, got["components"][case][k], v)
+
+    _assert_updates_equal(got, batch)
+
     one = _model_batch()[0]
     want_n = _neuron_update(one, one, batch)
     for strategy in ("ddp", "fsdp2"):
         _assert_neurons_equal(got[f"neurons/{strategy}"], want_n, strategy)
 
-    # whitening over the whole batch (verl whitens on its driver), not over each process's rows
-    full = _whitened(lambda split: _with_components(_model_batch()[1]))
-    for r in (0, 1):
-        part = torch.load(tmp_path / f"whitened_{r}.pt", weights_only=False)
-        for (split, est, *what), v in part.items():
-            rows = torch.isin(batch.group_ids, torch.tensor(SPLITS[split][r], dtype=torch.long))
-            want_v = full[(split, est, *what)]
-            for got_t, want_t in ([(v[c], want_v[c]) for c in v] if what else [(v, want_v)]):
-                assert torch.allclose(got_t, want_t[rows], rtol=1e-5, atol=1e-6), (r, split, est, what)
-        assert part[("uneven", "reinforce_plus_plus")].abs().sum() > 0
+    _assert_whitened_over_the_whole_batch(tmp_path, batch)
 
 
 # ----------------------------------------------------------------------------------- end to end
@@ -280,17 +295,58 @@ NEURON_KEYS = {f"actor/neuron/{k}"
                for k in ("dormant_ratio", "act_dormant_ratio", "zero_grad_ratio", "nullspace_ratio")}
 
 
+def _assert_rows_equal(a: list[dict], b: list[dict]) -> None:
+    """metrics.jsonl of one process (``a``) and of the two-process runs (``b``): the same keys and numbers."""
+    for x, y in zip(a, b):
+        extra = {"val/accuracy", "val/score/mean", "timing_s/val"} if x["step"] == 1 else set()  # first run: last step
+        assert set(y["data"]) - set(x["data"]) == extra and set(x["data"]) <= set(y["data"])
+        for k, v in x["data"].items():
+            if not k.startswith("timing_s/"):
+                assert close(v, y["data"][k]), (x["step"], k, v, y["data"][k])
+
+
+def _assert_analysis_files_equal(one: Path, two: Path, step: int) -> None:
+    """A step's layers.json, neurons.json and components.json of the two runs."""
+
+    def read(run: Path, name: str) -> dict:
+        return json.loads((run / "analysis" / f"step_{step}" / name).read_text())
+
+    la, lb = read(one, "layers.json"), read(two, "layers.json")
+    for bucket, comps in la["grad_norm"].items():
+        for comp, groups in comps.items():
+            for g, v in groups.items():
+                assert close(v, lb["grad_norm"][bucket][comp][g]), (step, bucket, comp, g)
+    na, nb = read(one, "neurons.json")["actor"], read(two, "neurons.json")["actor"]
+    assert na["layers"] == nb["layers"], step  # per-layer counts: dormant, zero-gradient, reset
+    ca, cb = read(one, "components.json"), read(two, "components.json")
+    for g, geo in ca["layers"].items():
+        for c, v in geo["norm"].items():
+            assert close(v, cb["layers"][g]["norm"][c]), (step, g, c)
+
+
+def _assert_step_2_weights_equal(one: Path, two: Path) -> None:
+    """The weights after step 2's reset under FSDP2 (fresh rows written shard by shard) equal one process's."""
+    wa = load_file(one / "global_step_2" / "actor" / "model.safetensors")
+    wb = load_file(two / "global_step_2" / "actor" / "model.safetensors")
+    for k in wa:
+        if "k_proj.bias" not in k:  # a gradient of pure round-off, which Adam amplifies (see the unit test)
+            # atol 1e-6, a thousandth of one Adam step (lr 1e-3): what round-off leaves after Adam's division by
+            # sqrt(v) (one element of 2048 in layer 1's down_proj differs by 4e-7), while a wrong update moves by ~lr
+            assert torch.allclose(wa[k], wb[k], rtol=1e-5, atol=1e-6), k
+
+
 def test_torchrun_ddp_then_fsdp2_resume_equal_one_process(tiny, tmp_path):
     base = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + E2E
     one, two = tmp_path / "one", tmp_path / "two"
-    make_trainer(load_config(overrides=base + ["trainer.total_training_steps=2", "rollout.group_seeded_sampling=true",
-                                          f"trainer.default_local_dir={one}"]), log=lambda *a: None).fit()
-    r = _torchrun(base + ["trainer.total_training_steps=1", f"trainer.default_local_dir={two}"])
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("run directory:") == 1  # rank 0 alone prints
-    r = _torchrun(base + ["trainer.total_training_steps=2", "trainer.strategy=fsdp2",
-                          f"trainer.default_local_dir={two}"])
-    assert r.returncode == 0, r.stderr[-3000:]
+    one_process = load_config(overrides=base + ["trainer.total_training_steps=2", "rollout.group_seeded_sampling=true",
+                                                f"trainer.default_local_dir={one}"])
+    make_trainer(one_process, log=lambda *a: None).fit()
+    res = _torchrun(base + ["trainer.total_training_steps=1", f"trainer.default_local_dir={two}"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("run directory:") == 1  # rank 0 alone prints
+    res = _torchrun(base + ["trainer.total_training_steps=2", "trainer.strategy=fsdp2",
+                            f"trainer.default_local_dir={two}"])
+    assert res.returncode == 0, res.stderr[-3000:]
     a, b = read_jsonl(one / "metrics.jsonl"), read_jsonl(two / "metrics.jsonl")
     assert [x["step"] for x in a] == [x["step"] for x in b] == [0, 1, 2]  # one file, no duplicated rows
     assert {"grad_norm/all/task", "grad_norm/bucket_1/kl", "actor/grad_norm", "val/accuracy"} <= set(b[2]["data"])
@@ -299,35 +355,10 @@ def test_torchrun_ddp_then_fsdp2_resume_equal_one_process(tiny, tmp_path):
         assert NEURON_KEYS | {"actor/param/zero_grad_ratio", "grad_comp/length/share"} <= set(b[step]["data"]), step
         assert b[step]["data"]["grad_comp/length/norm"] > 0, step
     assert b[2]["data"]["actor/neuron/reset_count"] > 0
-    for x, y in zip(a, b):
-        extra = {"val/accuracy", "val/score/mean", "timing_s/val"} if x["step"] == 1 else set()  # first run: last step
-        assert set(y["data"]) - set(x["data"]) == extra and set(x["data"]) <= set(y["data"])
-        for k, v in x["data"].items():
-            if not k.startswith("timing_s/"):
-                assert close(v, y["data"][k]), (x["step"], k, v, y["data"][k])
+    _assert_rows_equal(a, b)
     for step in (1, 2):
-        la = json.loads((one / "analysis" / f"step_{step}" / "layers.json").read_text())
-        lb = json.loads((two / "analysis" / f"step_{step}" / "layers.json").read_text())
-        for bucket, comps in la["grad_norm"].items():
-            for comp, groups in comps.items():
-                for g, v in groups.items():
-                    assert close(v, lb["grad_norm"][bucket][comp][g]), (step, bucket, comp, g)
-        na = json.loads((one / "analysis" / f"step_{step}" / "neurons.json").read_text())["actor"]
-        nb = json.loads((two / "analysis" / f"step_{step}" / "neurons.json").read_text())["actor"]
-        assert na["layers"] == nb["layers"], step  # per-layer counts: dormant, zero-gradient, reset
-        ca = json.loads((one / "analysis" / f"step_{step}" / "components.json").read_text())
-        cb = json.loads((two / "analysis" / f"step_{step}" / "components.json").read_text())
-        for g, geo in ca["layers"].items():
-            for c, v in geo["norm"].items():
-                assert close(v, cb["layers"][g]["norm"][c]), (step, g, c)
-    # the weights after step 2's reset under FSDP2 (fresh rows written shard by shard) equal one process's
-    wa = load_file(one / "global_step_2" / "actor" / "model.safetensors")
-    wb = load_file(two / "global_step_2" / "actor" / "model.safetensors")
-    for k in wa:
-        if "k_proj.bias" not in k:  # a gradient of pure round-off, which Adam amplifies (see the unit test)
-            # atol 1e-6, a thousandth of one Adam step (lr 1e-3): what round-off leaves after Adam's division by
-            # sqrt(v) (one element of 2048 in layer 1's down_proj differs by 4e-7), while a wrong update moves by ~lr
-            assert torch.allclose(wa[k], wb[k], rtol=1e-5, atol=1e-6), k
+        _assert_analysis_files_equal(one, two, step)
+    _assert_step_2_weights_equal(one, two)
 
 
 def test_bad_input_under_torchrun_is_one_line(tiny, tmp_path):

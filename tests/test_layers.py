@@ -1,8 +1,11 @@
 """The layers point one way: every import of every module (those inside functions and under TYPE_CHECKING
 included) goes to a lower layer, so the instruments never see the trainer and no two subpackages import
-each other. docs/architecture.md draws the same layers."""
+each other. docs/architecture.md draws the same layers. Here too: the budget on a file's lines of code
+(docstrings and comments free; ruff bounds each function)."""
 
 import ast
+import io
+import tokenize
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "rlgrad"
@@ -142,14 +145,55 @@ def test_relative_and_package_imports_resolve():
         "rlgrad.analysis.engine"}
 
 
-def test_no_source_file_over_600_lines_and_no_function_over_80():
-    too_long = []
-    for path in sorted(SRC.rglob("*.py")):
-        source = path.read_text()
-        if len(source.splitlines()) > 600:
-            too_long.append(f"{path.relative_to(SRC)}: {len(source.splitlines())} lines")
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 80:
-                too_long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}: "
-                                f"{node.end_lineno - node.lineno + 1} lines")
+# The file budget counts lines of code: a line holding a token other than a comment, and not part of a
+# docstring. Documenting a module never pushes it over; a function's size is ruff's to bound (C901,
+# PLR0912, PLR0915 in pyproject.toml). Measured when the budget was set: rl/trainer.py 505 lines of code
+# (596 in all), metrics.py 478, doctor/signatures.py 451, the rest under 425. 550 leaves the trainer room
+# to un-squeeze (named setup steps) and still stops a file from growing a second job unnoticed.
+MAX_CODE_LINES = 550
+_NOT_CODE = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
+             tokenize.ENDMARKER}
+
+
+def docstring_lines(tree: ast.AST) -> set[int]:
+    """The line numbers of every module, class and function docstring."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
+                out |= set(range(first.lineno, first.end_lineno + 1))
+    return out
+
+
+def code_lines(source: str) -> int:
+    """Lines of code in ``source``: lines a token other than a comment touches (a string spanning lines
+    counts each), less the docstrings. Blank and comment-only lines count nothing."""
+    lines = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in _NOT_CODE:
+            lines |= set(range(tok.start[0], tok.end[0] + 1))
+    return len(lines - docstring_lines(ast.parse(source)))
+
+
+def test_no_source_file_over_the_code_line_budget():
+    sizes = {path.relative_to(SRC): code_lines(path.read_text()) for path in sorted(SRC.rglob("*.py"))}
+    assert max(sizes.values()) > 300  # the counter counted (the check is not vacuous)
+    too_long = [f"{path}: {n} lines of code (budget {MAX_CODE_LINES})" for path, n in sizes.items()
+                if n > MAX_CODE_LINES]
     assert not too_long, "\n".join(too_long)
+
+
+def test_the_code_line_counter_skips_docstrings_and_comments_but_counts_code():
+    long_docstring = '    """' + "\n".join(["A long docstring."] * 200) + '"""\n'
+    body = "".join(f"    x{k} = [{k},\n         {k} + 1]  # a comment\n" for k in range(3))
+    source = ('"""Module docstring,\n\non three lines."""\n\n# a comment\n\n\n'
+              f"def f():\n{long_docstring}    # only a comment\n\n{body}"
+              "    return ('not a docstring'\n            'but code')\n\n\n"
+              "class C:\n    '''one line'''\n    y = 1\n")
+    # def f, 3 statements of 2 lines each, the return's 2 lines, class C, y = 1
+    assert code_lines(source) == 1 + 6 + 2 + 1 + 1
+    assert code_lines(source + "\n# more comments\n" * 1000) == 11
+    assert code_lines(source + "z = 0\n") == 12
+    assert len(source.splitlines()) > 200  # what a count of all lines would have charged

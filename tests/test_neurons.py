@@ -67,7 +67,8 @@ def make_batch(vocab: int, n: int = 12, prompt: int = 4, response: int = 5, seed
     resp[:, prompt:] = 1.0
     gids = torch.arange(n) // 4
     scores = torch.rand(n, generator=g)
-    b = Batch(ids, att, resp, gids, scores, torch.ones(n))
+    b = Batch(
+        input_ids=ids, attention_mask=att, response_mask=resp, group_ids=gids, scores=scores, reward_std=torch.ones(n))
     b.old_log_probs = (-3.0 + 0.1 * torch.randn(n, L, generator=g)) * resp
     b.advantages = (torch.randn(n, 1, generator=g) + 0.1 * torch.randn(n, L, generator=g)) * resp
     return b
@@ -375,29 +376,8 @@ def _trained(tok, steps=2):
     return model, opt, b, planted
 
 
-@pytest.mark.parametrize("outgoing", ["zero", "small"])
-def test_reset_revives_planted_neurons_and_zeroes_exactly_their_moments(tok, tmp_path, outgoing):
-    model, opt, b, planted = _trained(tok)
-    cfg = load_config(overrides=["actor.redo_metric_freq=1", "actor.redo_reset_freq=1",
-                                 f"actor.redo_reset_outgoing={outgoing}"])
-    hook = NeuronHealthHook(cfg)
-    ctx = _ctx(cfg, model, opt, b, tmp_path)
-    met = hook.on_grads(ctx, model, b)
-    assert met["actor/neuron/dormant_ratio"] == pytest.approx(4 / 100)
-    assert hook.on_grads(ctx, model, b) is None  # a second mini-batch of the same step is not measured again
-    opt.step()
-    w0 = {n: p.detach().clone() for n, p in model.named_parameters()}
-    st0 = {n: {k: v.clone() for k, v in opt.state[p].items()} for n, p in model.named_parameters()}
-    rng = torch.get_rng_state()
-    out = hook.after_update(ctx)
-    assert torch.equal(torch.get_rng_state(), rng)
-    assert out == {"actor/neuron/reset_count": 4.0}
-    doc = json.loads((tmp_path / "analysis" / "step_1" / "neurons.json").read_text())
-    assert doc["step"] == 1 and doc["actor"]["global"]["reset_count"] == 4 and doc["actor"]["tau"] == 0.1
-    assert ({k: v["reset"] for k, v in doc["actor"]["layers"].items() if v["reset"]}
-            == {k: len(v) for k, v in planted.items()})
-
-    # Exactly the planted rows / columns changed, in weights and in the optimizer moments.
+def _planted_rows(model) -> dict[str, tuple[int, list[int]]]:
+    """Parameter name -> (dim, indices) of the rows / columns ``plant_qwen`` killed."""
     hd = model.model.layers[1].self_attn.head_dim
     rows = {}  # parameter name -> (dim, changed indices)
     for layer, units in (("model.layers.0.mlp", [3, 7]), ("model.layers.1.mlp", [5])):
@@ -408,6 +388,12 @@ def test_reset_revives_planted_neurons_and_zeroes_exactly_their_moments(tok, tmp
         for kind in ("weight", "bias"):
             rows[f"model.layers.1.self_attn.{pr}.{kind}"] = (0, head)
     rows["model.layers.1.self_attn.o_proj.weight"] = (1, head)
+    return rows
+
+
+def _assert_only_planted_changed(model, opt, w0: dict, st0: dict, rows: dict, outgoing: str) -> None:
+    """Against the weights ``w0`` and optimizer state ``st0`` before the reset: only ``rows`` changed, to fresh
+    incoming weights, zero incoming biases, zero (or small) outgoing weights, and zero moments."""
     for n, p in model.named_parameters():
         dim, idx = rows.get(n, (0, []))
         other = torch.ones(p.shape[dim], dtype=torch.bool)
@@ -433,6 +419,32 @@ def test_reset_revives_planted_neurons_and_zeroes_exactly_their_moments(tok, tmp
             new = sel(p.detach(), ~other)
             assert bool((new == 0).all()) if outgoing == "zero" else 0 < float(new.abs().max()) < 0.1 * float(
                 w0[n].abs().max())
+
+
+@pytest.mark.parametrize("outgoing", ["zero", "small"])
+def test_reset_revives_planted_neurons_and_zeroes_exactly_their_moments(tok, tmp_path, outgoing):
+    model, opt, b, planted = _trained(tok)
+    cfg = load_config(overrides=["actor.redo_metric_freq=1", "actor.redo_reset_freq=1",
+                                 f"actor.redo_reset_outgoing={outgoing}"])
+    hook = NeuronHealthHook(cfg)
+    ctx = _ctx(cfg, model, opt, b, tmp_path)
+    met = hook.on_grads(ctx, model, b)
+    assert met["actor/neuron/dormant_ratio"] == pytest.approx(4 / 100)
+    assert hook.on_grads(ctx, model, b) is None  # a second mini-batch of the same step is not measured again
+    opt.step()
+    w0 = {n: p.detach().clone() for n, p in model.named_parameters()}
+    st0 = {n: {k: v.clone() for k, v in opt.state[p].items()} for n, p in model.named_parameters()}
+    rng = torch.get_rng_state()
+    out = hook.after_update(ctx)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert out == {"actor/neuron/reset_count": 4.0}
+    doc = json.loads((tmp_path / "analysis" / "step_1" / "neurons.json").read_text())
+    assert doc["step"] == 1 and doc["actor"]["global"]["reset_count"] == 4 and doc["actor"]["tau"] == 0.1
+    assert ({k: v["reset"] for k, v in doc["actor"]["layers"].items() if v["reset"]}
+            == {k: len(v) for k, v in planted.items()})
+
+    # Exactly the planted rows / columns changed, in weights and in the optimizer moments.
+    _assert_only_planted_changed(model, opt, w0, st0, _planted_rows(model), outgoing)
 
     # The planted neurons receive gradient again (through the outgoing weights: at once if small, else after a step).
     def incoming_grad_zero():

@@ -348,14 +348,43 @@ def test_example_under_torchrun_two_processes_then_report(setup, tmp_path):
     assert "grad_norm" in html or "Gradient" in html
 
 
+def _assert_report_and_doctor_name_trl(run, names: list[str], keys: list[str]) -> None:
+    """The report shows TRL's names; the doctor's view quotes TRL's metric names."""
+    from rlgrad import rundata as D
+    from rlgrad.doctor.findings import View
+
+    res = run_cli(["report", str(run)])
+    assert res.returncode == 0, res.stderr[-2000:]
+    html = (run / "report.html").read_text()
+    assert all(n in html for n in names), [n for n in names if n not in html]
+    view = View(D.load_any(run))
+    assert view.run.kind == "trl" and [view.label(k) for k in keys] == names
+    assert [view.name(x) for x in ("critic/score/mean", "actor/grad_norm", "reward/len_score_2/mean")] == [
+        "reward", "grad_norm", "rewards/len.score/mean"]
+    doc = run_cli(["doctor", str(run), "--json"])
+    assert doc.returncode in (0, 1), doc.stderr[-2000:]
+
+
+def _assert_trl_log_escaped_alike(trainer, tmp_path, names: list[str], keys: list[str], trl_logged: dict) -> None:
+    """TRL's own log, read as a TRL output directory: the same keys, escaped together."""
+    from rlgrad import rundata as D
+
+    trl_dir = tmp_path / "trl_only"
+    trl_dir.mkdir()
+    trainer.state.save_to_json(str(trl_dir / "trainer_state.json"))
+    plain = D.load_any(trl_dir)
+    assert plain.kind == "trl" and plain.labels == dict(zip(keys, names))
+    for s in (1, 2):
+        for name, k in zip(names, keys):
+            assert plain.rows[s][f"reward/{k}/mean"] == pytest.approx(trl_logged[s][f"rewards/{name}/mean"])
+
+
 def test_a_reward_model_and_look_alike_names_pass_through(setup, tmp_path):
     """TRL names a reward model after its repo (dashes and dots) and a function after ``__name__``; rlgrad's metric
     keys escape them (``metrics.component_keys``), two names that escape alike get two keys, and the run keeps the
     original names for the report and the doctor, which quotes TRL's metric names."""
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-    from rlgrad import rundata as D
-    from rlgrad.doctor.findings import View
     from rlgrad.metrics import parse
 
     root, tok, data = setup
@@ -407,23 +436,5 @@ def test_a_reward_model_and_look_alike_names_pass_through(setup, tmp_path):
     assert all(list(x["components"]) == keys for x in lines)
     assert [x["total"] for x in lines] == pytest.approx(
         [sum(w * x["components"][k] for w, k in zip((1.0, 0.7, 0.3), keys)) for x in lines])
-    # the report shows TRL's names; the doctor's view quotes TRL's metric names
-    res = run_cli(["report", str(run)])
-    assert res.returncode == 0, res.stderr[-2000:]
-    html = (run / "report.html").read_text()
-    assert all(n in html for n in names), [n for n in names if n not in html]
-    view = View(D.load_any(run))
-    assert view.run.kind == "trl" and [view.label(k) for k in keys] == names
-    assert [view.name(x) for x in ("critic/score/mean", "actor/grad_norm", "reward/len_score_2/mean")] == [
-        "reward", "grad_norm", "rewards/len.score/mean"]
-    doc = run_cli(["doctor", str(run), "--json"])
-    assert doc.returncode in (0, 1), doc.stderr[-2000:]
-    # TRL's own log, read as a TRL output directory: the same keys, escaped together
-    trl_dir = tmp_path / "trl_only"
-    trl_dir.mkdir()
-    t.state.save_to_json(str(trl_dir / "trainer_state.json"))
-    plain = D.load_any(trl_dir)
-    assert plain.kind == "trl" and plain.labels == dict(zip(keys, names))
-    for s in (1, 2):
-        for name, k in zip(names, keys):
-            assert plain.rows[s][f"reward/{k}/mean"] == pytest.approx(trl_logged[s][f"rewards/{name}/mean"])
+    _assert_report_and_doctor_name_trl(run, names, keys)
+    _assert_trl_log_escaped_alike(t, tmp_path, names, keys, trl_logged)

@@ -211,40 +211,86 @@ def _sample_line(s: dict) -> str:
             f"{s.get('finish_reason', '?')}, {s.get('response_length', '?')} tokens")
 
 
-def cmd_samples(args: argparse.Namespace) -> int:
-    """A step's prompt groups as the model answered them (RUN/rollouts/step_N.jsonl), readable in a terminal."""
-    from rlgrad import rundata as D
-
-    if args.max < 1:
-        raise UserError(f"--max {args.max} must be at least 1")
-    run = D.load_run(args.run_dir)
-    where = D.rollout_dir(run)
-    steps = D.rollout_steps(run)
+def _samples_step(args: argparse.Namespace, steps: list[int], where) -> int:
+    """The step ``rlgrad samples`` shows: ``--step`` (which must have a rollout file) or the last one."""
     if not steps:
         raise UserError(f"'{args.run_dir}' has no rollout files (step_N.jsonl) in {where}")
     step = steps[-1] if args.step is None else args.step
     if step not in steps:
         raise UserError(f"no rollouts for step {step} in {where}; steps with rollouts: {_steps_text(steps)}")
-    groups = D.rollout_groups(run, step)
-    buckets = D.sort_buckets(g.bucket for g in groups if g.bucket)
+    return step
+
+
+def _groups_in_bucket(args: argparse.Namespace, run, step: int, steps: list[int], groups: list,
+                      buckets: list[str]) -> list:
+    """``groups`` in the bucket ``--bucket`` names (bucket_N or N)."""
+    from rlgrad import rundata
+
+    want = f"bucket_{args.bucket}" if args.bucket.isdigit() else args.bucket
+    if not buckets:
+        analysed = [s for s in steps if rundata.group_buckets(run, s)]
+        raise UserError(f"step {step} has no bucket analysis of its training batch, so --bucket cannot select "
+                        "from it; " + (f"analysed steps with rollouts: {_steps_text(analysed)}" if analysed
+                                       else "no step with rollouts was analysed"))
+    if want not in buckets:
+        raise UserError(f"step {step} has no bucket '{args.bucket}' (buckets: {', '.join(buckets)})")
+    return [g for g in groups if g.bucket == want]
+
+
+def _the_group(args: argparse.Namespace, step: int, groups: list, shown: list) -> list:
+    """The prompt group ``--group`` names, among ``shown`` (the groups the bucket left)."""
+    if args.group not in {g.group_id for g in groups}:
+        ids = [g.group_id for g in groups]
+        raise UserError(f"step {step} has no group {args.group} (groups: {_steps_text(ids)})")
+    shown = [g for g in shown if g.group_id == args.group]
+    if not shown:
+        raise UserError(f"group {args.group} of step {step} is not in bucket '{args.bucket}'")
+    return shown
+
+
+def _group_lines(group, limit: int) -> list[str]:
+    """A prompt group: its heading, its prompt, and each sample's line and response."""
+    head = [f"group {group.group_id}", *([group.bucket] if group.bucket else []),
+            f"reward std {group.reward_std:.3f}", "kept" if group.kept else "dropped by the rollout filter"]
+    prompt = _clip(group.prompt, 2 * limit)
+    if "\n" not in prompt and len(prompt) <= 100:
+        prompt_lines = [f"  prompt: {prompt}"]
+    else:
+        prompt_lines = ["  prompt:", _indented(prompt, "    ")]
+    lines = ["", " · ".join(head), *prompt_lines]
+    for sample in group.samples:
+        text = str(sample.get("response", ""))
+        lines += [_sample_line(sample), _indented(_clip(text, limit) if text else "(empty response)", "      ")]
+    return lines
+
+
+def _print_to_pipe(text: str) -> None:
+    """Print ``text``; a reader that closes the pipe early (`rlgrad samples RUN | head`) is no error."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def cmd_samples(args: argparse.Namespace) -> int:
+    """A step's prompt groups as the model answered them (RUN/rollouts/step_N.jsonl), readable in a terminal."""
+    from rlgrad import rundata
+
+    if args.max < 1:
+        raise UserError(f"--max {args.max} must be at least 1")
+    run = rundata.load_run(args.run_dir)
+    steps = rundata.rollout_steps(run)
+    step = _samples_step(args, steps, rundata.rollout_dir(run))
+    groups = rundata.rollout_groups(run, step)
+    buckets = rundata.sort_buckets(g.bucket for g in groups if g.bucket)
     shown = groups
     if args.bucket is not None:
-        want = f"bucket_{args.bucket}" if args.bucket.isdigit() else args.bucket
-        if not buckets:
-            analysed = [s for s in steps if D.group_buckets(run, s)]
-            raise UserError(f"step {step} has no bucket analysis of its training batch, so --bucket cannot select "
-                            "from it; " + (f"analysed steps with rollouts: {_steps_text(analysed)}" if analysed
-                                           else "no step with rollouts was analysed"))
-        if want not in buckets:
-            raise UserError(f"step {step} has no bucket '{args.bucket}' (buckets: {', '.join(buckets)})")
-        shown = [g for g in shown if g.bucket == want]
+        shown = _groups_in_bucket(args, run, step, steps, groups, buckets)
     if args.group is not None:
-        if args.group not in {g.group_id for g in groups}:
-            ids = [g.group_id for g in groups]
-            raise UserError(f"step {step} has no group {args.group} (groups: {_steps_text(ids)})")
-        shown = [g for g in shown if g.group_id == args.group]
-        if not shown:
-            raise UserError(f"group {args.group} of step {step} is not in bucket '{args.bucket}'")
+        shown = _the_group(args, step, groups, shown)
     n_samples = sum(len(g.samples) for g in groups)
     n_kept = sum(bool(s.get("kept")) for g in groups for s in g.samples)
     limit = 0 if args.full else 400
@@ -254,28 +300,14 @@ def cmd_samples(args: argparse.Namespace) -> int:
              else "no bucket analysis of the training batch at this step"]
     if len(shown) > args.max:
         lines.append(f"showing {args.max} of {len(shown)} groups (--max)")
-    for g in shown[:args.max]:
-        head = [f"group {g.group_id}", *([g.bucket] if g.bucket else []), f"reward std {g.reward_std:.3f}",
-                "kept" if g.kept else "dropped by the rollout filter"]
-        prompt = _clip(g.prompt, 2 * limit)
-        lines += ["", " · ".join(head), *([f"  prompt: {prompt}"] if "\n" not in prompt and len(prompt) <= 100
-                                         else ["  prompt:", _indented(prompt, "    ")])]
-        for s in g.samples:
-            text = str(s.get("response", ""))
-            lines += [_sample_line(s), _indented(_clip(text, limit) if text else "(empty response)", "      ")]
-    try:
-        print("\n".join(lines))
-        sys.stdout.flush()
-    except BrokenPipeError:  # `rlgrad samples RUN | head`
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    for group in shown[:args.max]:
+        lines += _group_lines(group, limit)
+    _print_to_pipe("\n".join(lines))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="rlgrad", description="Gradient-level analysis of RL fine-tuning of LMs.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+# ----------------------------------------------------------------------------- the parser: one function a command
+def _train_parser(sub) -> None:
     p = sub.add_parser("train", help="train a policy (GRPO / RLOO advantages, PPO / CISPO loss)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_presets_epilog())
     _add_config_args(p)
@@ -283,8 +315,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the resolved settings (preset and overrides applied) with each one's documentation, "
                         "and exit")
     p.set_defaults(func=cmd_train)
+
+
+def _presets_parser(sub) -> None:
     p = sub.add_parser("presets", help="the presets --config-name takes, each with what it is for")
     p.set_defaults(func=cmd_presets)
+
+
+def _probe_parser(sub) -> None:
     p = sub.add_parser("probe", help="reload a checkpoint, run one gradient-analysis pass, exit")
     p.add_argument("--resume-from-path", required=True, help="a global_step_N checkpoint directory")
     p.add_argument("--with-val", action="store_true", help="validate before the probe")
@@ -293,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", dest="config_file", help="a YAML config file applied after the preset")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
     p.set_defaults(func=cmd_probe)
+
+
+def _plot_parser(sub) -> None:
     p = sub.add_parser("plot", help="figures, metrics JSON and group table for each gradient-analysis step of a run")
     p.add_argument("run_dir", nargs="?", help="a local run directory (offline; the default)")
     p.add_argument("--wandb-path", help="read a W&B run instead: ENTITY/PROJECT/RUN_ID (needs network)")
@@ -302,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="default: gradient_analysis_outputs/<run name>/")
     p.add_argument("--dpi", type=int, default=150, help="PNG resolution (default 150)")
     p.set_defaults(func=cmd_plot)
+
+
+def _plot_steps_parser(sub) -> None:
     p = sub.add_parser("plot-steps", help="the paper-style grid: a row per step from exported per-step metrics")
     p.add_argument("--mode", choices=("ppo", "grpo"), default="grpo", help="algorithm named in the title")
     p.add_argument("--step-dir", action="extend", nargs="+", required=True, metavar="STEP=DIR",
@@ -310,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output PNG file")
     p.add_argument("--dpi", type=int, default=200, help="PNG resolution (default 200)")
     p.set_defaults(func=cmd_plot_steps)
+
+
+def _report_parser(sub) -> None:
     p = sub.add_parser("report", help="one self-contained HTML report of a run (figures inlined)")
     p.add_argument("run_dir", help="a local run directory")
     p.add_argument("--output", help="default: RUN_DIR/report.html")
@@ -318,8 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="analysis steps drawn in full, evenly spaced, the last included "
                         "(default 6; rlgrad plot draws all)")
     p.set_defaults(func=cmd_report)
-    p = sub.add_parser("doctor", help="is the run healthy, and why did the gradient do that? (findings, most "
-                                      "serious first; exit 1 when one is critical)")
+
+
+def _doctor_parser(sub) -> None:
+    p = sub.add_parser("doctor", help="is the run healthy, and why did the gradient do that? "
+                                      "(findings, most serious first; exit 1 when one is critical)")
     p.add_argument("run", nargs="?", help="an rlgrad run directory, a TRL output directory (trainer_state.json) "
                                           "or verl's file-logger JSONL")
     p.add_argument("--wandb-path", help="read a W&B run instead: ENTITY/PROJECT/RUN_ID (needs network)")
@@ -327,6 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--explain", action="store_true", help="also list the checks the run lacks the metrics for")
     p.add_argument("--thresholds", help="a YAML file overriding thresholds (rlgrad.doctor.findings.Thresholds)")
     p.set_defaults(func=cmd_doctor)
+
+
+def _samples_parser(sub) -> None:
     p = sub.add_parser("samples", help="a step's prompt groups and what the model wrote (RUN/rollouts/step_N.jsonl)")
     p.add_argument("run_dir", help="a local run directory")
     p.add_argument("--step", type=int, help="default: the last step with a rollout file")
@@ -334,15 +387,31 @@ def build_parser() -> argparse.ArgumentParser:
                                     "a step the bucket analysis ran at)")
     p.add_argument("--group", type=int, help="only this prompt group (its id)")
     p.add_argument("--max", type=int, default=8, help="at most this many groups (default 8)")
-    p.add_argument("--full", action="store_true", help="whole prompts and responses (default: about 400 "
-                                                      "characters of each response, head and tail)")
+    p.add_argument("--full", action="store_true",
+                   help="whole prompts and responses (default: about 400 characters of each response, "
+                        "head and tail)")
     p.set_defaults(func=cmd_samples)
+
+
+def _export_parser(sub) -> None:
     p = sub.add_parser("export", help="export a run's records (rewards: rldynamic's all_rewards.json layout)")
     p.add_argument("what", choices=["rewards"], help="what to export")
     p.add_argument("run", help="the run directory")
     p.add_argument("--format", default="json", choices=["json"], help="output format (default: json)")
     p.add_argument("--output", help="output file (default: RUN/all_rewards.json)")
     p.set_defaults(func=cmd_export)
+
+
+# In the order `rlgrad --help` lists the commands.
+_COMMAND_PARSERS = (_train_parser, _presets_parser, _probe_parser, _plot_parser, _plot_steps_parser,
+                    _report_parser, _doctor_parser, _samples_parser, _export_parser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rlgrad", description="Gradient-level analysis of RL fine-tuning of LMs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add_command in _COMMAND_PARSERS:
+        add_command(sub)
     parser.subcommands = sub.choices  # name -> its parser
     return parser
 
@@ -359,9 +428,9 @@ def main(argv: list[str] | None = None) -> int:
         # prints its own with its rank; before the process group exists only rank 0 speaks.
         from rlgrad import distributed
 
-        r = distributed.env_rank()
-        if not getattr(e, "silent", False) and (r == 0 or distributed.was_setup()):
-            print(f"rlgrad: error: {f'rank {r}: ' if r else ''}{e}", file=sys.stderr)
+        rank = distributed.env_rank()
+        if not getattr(e, "silent", False) and (rank == 0 or distributed.was_setup()):
+            print(f"rlgrad: error: {f'rank {rank}: ' if rank else ''}{e}", file=sys.stderr)
         return 2
     except Exception as e:
         import torch.distributed as dist

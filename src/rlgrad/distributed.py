@@ -52,16 +52,16 @@ def was_setup() -> bool:
 def setup(cfg) -> None:
     """Join the process group torchrun describes (no-op in one process); call before building a Trainer."""
     global _SETUP
-    t = cfg.trainer
-    ws = env_world_size()
-    if ws <= 1 or initialized():
+    trainer = cfg.trainer
+    world_size = env_world_size()
+    if world_size <= 1 or initialized():
         return
-    local_ws = int(os.environ.get("LOCAL_WORLD_SIZE", ws))
-    t.nnodes, t.n_gpus_per_node = max(ws // local_ws, 1), local_ws
-    cuda = t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    trainer.nnodes, trainer.n_gpus_per_node = max(world_size // local_world_size, 1), local_world_size
+    cuda = trainer.device == "cuda" or (trainer.device == "auto" and torch.cuda.is_available())
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=t.dist_timeout_s))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=trainer.dist_timeout_s))
     _SETUP = True
 
 

@@ -96,11 +96,11 @@ def build_char_tokenizer():
 def build_tiny_model(cfg: ModelConfig, tokenizer, seed: int):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    t = cfg.tiny
+    tiny = cfg.tiny
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
-        num_hidden_layers=t.num_hidden_layers, num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads, max_position_embeddings=t.max_position_embeddings,
+        vocab_size=len(tokenizer), hidden_size=tiny.hidden_size, intermediate_size=tiny.intermediate_size,
+        num_hidden_layers=tiny.num_hidden_layers, num_attention_heads=tiny.num_attention_heads,
+        num_key_value_heads=tiny.num_key_value_heads, max_position_embeddings=tiny.max_position_embeddings,
         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
     )
@@ -172,6 +172,29 @@ def _sha256(p: Path) -> str:
     return _sha_memo[memo]
 
 
+def _gguf_load_kwargs(p: Path) -> dict:
+    """Extra ``from_pretrained`` arguments: transformers >= 5 may keep GGUF weights packed (not saveable), so
+    ask it for a plain dense model where it can be asked."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return {}
+    return {"quantization_config": GgufConfig(gguf_file=p.name, dequantize=True)}
+
+
+def _drop_quantisation(model) -> None:
+    """Remove the quantisation bookkeeping from a model whose weights are dense now."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+    for attr in ("hf_quantizer", "quantization_method"):
+        if hasattr(model, attr):
+            delattr(model, attr)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+
+
 def _dequantise_gguf(p: Path, key: str):
     """transformers' GGUF loader: the float32 model and the tokenizer stored in the file."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -180,31 +203,18 @@ def _dequantise_gguf(p: Path, key: str):
     if missing:
         raise UserError(f"{key} '{p}' is a GGUF file, which needs the {' and '.join(missing)} package"
                         f"{'s' if len(missing) > 1 else ''}: pip install 'rlgrad[gguf]'")
-    kwargs = {}
-    try:  # transformers >= 5 may keep GGUF weights packed (not saveable): ask for a plain dense model
-        from transformers import GgufConfig
-
-        kwargs["quantization_config"] = GgufConfig(gguf_file=p.name, dequantize=True)
-    except ImportError:
-        pass
+    kwargs = _gguf_load_kwargs(p)
     try:
         tokenizer = AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(p.parent, gguf_file=p.name, local_files_only=True,
                                                      dtype=torch.float32, **kwargs)
     except Exception as e:  # a corrupt file or an architecture transformers cannot convert: bad input
         raise UserError(f"{key} '{p}' could not be loaded as a GGUF model: {_first_line(e)}") from None
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:  # the weights are dense now; what is left is the bookkeeping
-        quantizer.remove_quantization_config(model)
-    for attr in ("hf_quantizer", "quantization_method"):
-        if hasattr(model, attr):
-            delattr(model, attr)
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.is_quantized = False
-    bad = [n for n, t in model.state_dict().items() if not t.is_floating_point()]
+    _drop_quantisation(model)
+    state = model.state_dict()
+    bad = [n for n, t in state.items() if not t.is_floating_point()]
     if bad:
-        raise UserError(f"{key} '{p}' could not be dequantised ({bad[0]} is still {model.state_dict()[bad[0]].dtype})")
+        raise UserError(f"{key} '{p}' could not be dequantised ({bad[0]} is still {state[bad[0]].dtype})")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if model.config.pad_token_id is None:

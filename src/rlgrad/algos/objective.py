@@ -60,11 +60,12 @@ class LossSettings:
 
     @classmethod
     def from_config(cls, cfg: RLGradConfig) -> LossSettings:
-        a = cfg.actor
-        return cls(policy_loss=a.policy_loss, clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
-                   clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode, horizon=cfg.rollout.response_length,
-                   use_kl_loss=a.use_kl_loss, kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
-                   entropy_coeff=a.entropy_coeff, temperature=cfg.rollout.temperature)
+        actor = cfg.actor
+        return cls(policy_loss=actor.policy_loss, clip_ratio_low=actor.clip_ratio_low,
+                   clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
+                   loss_agg_mode=actor.loss_agg_mode, horizon=cfg.rollout.response_length,
+                   use_kl_loss=actor.use_kl_loss, kl_loss_coef=actor.kl_loss_coef, kl_loss_type=actor.kl_loss_type,
+                   entropy_coeff=actor.entropy_coeff, temperature=cfg.rollout.temperature)
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,9 @@ class CriticSettings:
 
     @classmethod
     def from_config(cls, cfg: RLGradConfig) -> CriticSettings:
-        c = cfg.critic
-        return cls(cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode or cfg.actor.loss_agg_mode,
-                   horizon=cfg.rollout.response_length)
+        critic = cfg.critic
+        return cls(cliprange_value=critic.cliprange_value,
+                   loss_agg_mode=critic.loss_agg_mode or cfg.actor.loss_agg_mode, horizon=cfg.rollout.response_length)
 
 
 @dataclass
@@ -124,8 +125,8 @@ def actor_terms(model: nn.Module, mb: Batch, s: LossSettings) -> ActorTerms:
                                   temperature=s.temperature, with_entropy=True, entropy_grad=s.entropy_coeff != 0,
                                   start=mb.response_start())
     surrogate = policy_loss(logp, mb.old_log_probs.to(device), mb.advantages.to(device), mask, kind=s.policy_loss,
-                     clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
-                     clip_ratio_c=s.clip_ratio_c, agg_mode=s.loss_agg_mode, horizon=s.horizon)
+                            clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
+                            clip_ratio_c=s.clip_ratio_c, agg_mode=s.loss_agg_mode, horizon=s.horizon)
     kl = kl_penalty(logp, mb.ref_log_probs.to(device), s.kl_loss_type) * mask if s.use_kl_loss else None
     return ActorTerms(mask=mask, task=surrogate.loss_mat * mask, entropy=ent * mask, kl=kl, clipfrac=surrogate.clipfrac,
                       clipfrac_lower=surrogate.clipfrac_lower, ppo_kl=surrogate.ppo_kl,

@@ -95,6 +95,15 @@ def _norm_input(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def _contiguous_range(rows: torch.Tensor) -> tuple[int, int] | None:
+    """``(start, length)`` when ``rows`` are consecutive indices, else None."""
+    if not len(rows):
+        return None
+    start = int(rows[0])
+    consecutive = torch.arange(start, start + len(rows), device=rows.device)
+    return (start, len(rows)) if bool((rows == consecutive).all()) else None
+
+
 class _SliceReducer:
     """Accumulates per-slice parameter gradients from module hooks during one backward."""
 
@@ -105,9 +114,7 @@ class _SliceReducer:
         self.const = [len(r) > 0 and bool((w[r] == w[r[0]]).all()) for w, r in zip(weights, self.rows)]
         # Rows sorted by slice (fast_gradients does that) make each disjoint slice a contiguous range:
         # a view of δ and x, no gather.
-        self.ranges = [(int(r[0]), len(r)) if len(r) and bool((r == torch.arange(int(r[0]), int(r[0]) + len(r),
-                                                                                  device=r.device)).all()) else None
-                       for r in self.rows]
+        self.ranges = [_contiguous_range(r) for r in self.rows]
         # Each slice at most one row and each row in at most one slice (per-sample gradients, e.g. the
         # nullspace ratio; under data parallel a rank may hold only some of the sampled rows): every
         # module's reduction runs batched over rows and the results are placed in their slices.
@@ -175,46 +182,65 @@ class _SliceReducer:
         gives each row's own gradient [R, *shape]. ``combine``: this module's per-row gradients are worth
         forming for overlapping slices (see ``self.combine``).
         """
-        if rows is not None and (self.place is not None or (combine and self.combine)):
-            g3 = g.reshape(g.shape[0], -1, g.shape[-1])
-            x3 = x.reshape(x.shape[0], -1, x.shape[-1]) if x.is_floating_point() else x.reshape(x.shape[0], -1)
-            if self.place is not None:
-                col, slot, w = self.place
-                per_row = rows(g3, x3) if col is None else rows(g3.index_select(0, col), x3.index_select(0, col))
-                if w is not None:
-                    per_row = per_row * w.to(per_row.dtype).view(-1, *([1] * (per_row.dim() - 1)))
-                if slot is None:  # slice k is row k
-                    return per_row
-                out = per_row.new_zeros(len(self.weights), *per_row.shape[1:])
-                return out.index_copy_(0, slot, per_row)
-            W = self.weights_f32
-            out = None
-            step = max(1, ROW_CHUNK_ELEMENTS // (g3.shape[-1] * x3.shape[-1]))
-            for i in range(0, g3.shape[0], step):
-                per_row = rows(g3[i:i + step], x3[i:i + step])
-                flat = per_row.reshape(per_row.shape[0], -1)
-                out = W[:, i:i + step] @ flat if out is None else out.addmm_(W[:, i:i + step], flat)
-            return out.view(len(W), *per_row.shape[1:])
-        # Each slice only touches its own rows: disjoint slices cost one weight gradient in total.
+        if rows is None or (self.place is None and not (combine and self.combine)):
+            return self._disjoint_slices(g, x, reduce)
+        g3 = g.reshape(g.shape[0], -1, g.shape[-1])
+        x3 = x.reshape(x.shape[0], -1, x.shape[-1]) if x.is_floating_point() else x.reshape(x.shape[0], -1)
+        if self.place is not None:
+            return self._placed_rows(g3, x3, rows)
+        return self._combined_rows(g3, x3, rows)
+
+    def _placed_rows(self, g3: torch.Tensor, x3: torch.Tensor, rows: Callable) -> torch.Tensor:
+        """Slices of at most one row each: the rows' own gradients, weighted and put in their slices."""
+        col, slot, w = self.place
+        per_row = rows(g3, x3) if col is None else rows(g3.index_select(0, col), x3.index_select(0, col))
+        if w is not None:
+            per_row = per_row * w.to(per_row.dtype).view(-1, *([1] * (per_row.dim() - 1)))
+        if slot is None:  # slice k is row k
+            return per_row
+        out = per_row.new_zeros(len(self.weights), *per_row.shape[1:])
+        return out.index_copy_(0, slot, per_row)
+
+    def _combined_rows(self, g3: torch.Tensor, x3: torch.Tensor, rows: Callable) -> torch.Tensor:
+        """Overlapping slices: each chunk of rows' own gradients, combined with the slice weights."""
+        weights = self.weights_f32
+        out = None
+        step = max(1, ROW_CHUNK_ELEMENTS // (g3.shape[-1] * x3.shape[-1]))
+        for i in range(0, g3.shape[0], step):
+            per_row = rows(g3[i:i + step], x3[i:i + step])
+            flat = per_row.reshape(per_row.shape[0], -1)
+            chunk_weights = weights[:, i:i + step]
+            out = chunk_weights @ flat if out is None else out.addmm_(chunk_weights, flat)
+        return out.view(len(weights), *per_row.shape[1:])
+
+    def _disjoint_slices(self, g: torch.Tensor, x: torch.Tensor, reduce: Callable) -> torch.Tensor:
+        """Each slice only touches its own rows: disjoint slices cost one weight gradient in total."""
+
+        def flat(gs: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
+            return reduce(gs.flatten(0, -2), xs.flatten(0, -2) if xs.dim() > 2 else xs)
+
         out = []
-        n = g.shape[0]
         for w, idx, const, folded, rng in zip(self.weights, self.rows, self.const, self.folded, self.ranges):
             if len(idx) == 0:
-                out.append(reduce(g[:0].flatten(0, -2), x[:0].flatten(0, -2) if x.dim() > 2 else x[:0]))
+                out.append(flat(g[:0], x[:0]))
                 continue
-            if len(idx) == n:
-                gs, xs = g, x
-            elif rng is not None:
-                gs, xs = g.narrow(0, rng[0], rng[1]), x.narrow(0, rng[0], rng[1])
-            else:
-                gs, xs = g.index_select(0, idx), x.index_select(0, idx)
+            gs, xs = self._rows_of(g, x, idx, rng)
             if const:
-                r = reduce(gs.flatten(0, -2), xs.flatten(0, -2) if xs.dim() > 2 else xs)
-                out.append(r if folded else r * w[idx[0]])
+                reduced = flat(gs, xs)
+                out.append(reduced if folded else reduced * w[idx[0]])
             else:
-                gs = gs * w[idx].to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
-                out.append(reduce(gs.flatten(0, -2), xs.flatten(0, -2) if xs.dim() > 2 else xs))
+                out.append(flat(gs * w[idx].to(g.dtype).view(-1, *([1] * (g.dim() - 1))), xs))
         return torch.stack(out)
+
+    @staticmethod
+    def _rows_of(g: torch.Tensor, x: torch.Tensor, idx: torch.Tensor,
+                 rng: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """δ and x of a slice's rows: the whole batch, a contiguous view, or a gather."""
+        if len(idx) == g.shape[0]:
+            return g, x
+        if rng is not None:
+            return g.narrow(0, rng[0], rng[1]), x.narrow(0, rng[0], rng[1])
+        return g.index_select(0, idx), x.index_select(0, idx)
 
     def _linear(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()

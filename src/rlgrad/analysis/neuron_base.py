@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from rlgrad.metrics import key
-
-if TYPE_CHECKING:
-    pass
 
 
 # ----------------------------------------------------------------------------- structure
@@ -46,37 +42,56 @@ def _head_dim(attn: nn.Module) -> int:
     return attn.q_proj.out_features // int(heads)
 
 
+def _has_linear(mod: nn.Module, *names: str) -> bool:
+    return all(isinstance(getattr(mod, k, None), nn.Linear) for k in names)
+
+
+def _gated_mlp_layer(name: str, mod: nn.Module) -> NeuronLayer:
+    """A gated MLP (gate_proj, up_proj, down_proj): one neuron per gate row."""
+    incoming = _linear_params(f"{name}.gate_proj", mod.gate_proj) + _linear_params(f"{name}.up_proj", mod.up_proj)
+    return NeuronLayer(name=name, kind="mlp", n=mod.gate_proj.out_features, width=1, incoming=incoming,
+                       outgoing=[(f"{name}.down_proj.weight", mod.down_proj.weight)], act_module=mod.down_proj)
+
+
+def _attention_layer(name: str, mod: nn.Module) -> NeuronLayer:
+    """An attention module (q/k/v/o_proj): one neuron per query head, ``head_dim`` rows wide."""
+    head_dim = _head_dim(mod)
+    heads, kv_heads = mod.q_proj.out_features // head_dim, mod.k_proj.out_features // head_dim
+    incoming = _linear_params(f"{name}.q_proj", mod.q_proj)
+    if kv_heads == heads:  # one KV head per query head: k and v rows are the head's own
+        incoming += _linear_params(f"{name}.k_proj", mod.k_proj) + _linear_params(f"{name}.v_proj", mod.v_proj)
+    return NeuronLayer(name=name, kind="attn", n=heads, width=head_dim, incoming=incoming,
+                       outgoing=[(f"{name}.o_proj.weight", mod.o_proj.weight)], act_module=mod.o_proj)
+
+
+def _sequential_layers(name: str, mod: nn.Sequential) -> list[NeuronLayer]:
+    """Each pair of Linears in a Sequential with only parameter-free modules between them."""
+    layers = []
+    prev: tuple[str, nn.Linear] | None = None
+    for k, sub in mod.named_children():
+        full = f"{name}.{k}" if name else k
+        if isinstance(sub, nn.Linear):
+            if prev is not None and prev[1].out_features == sub.in_features:
+                prev_name, prev_linear = prev
+                layers.append(NeuronLayer(name=prev_name, kind="mlp", n=prev_linear.out_features, width=1,
+                                          incoming=_linear_params(prev_name, prev_linear),
+                                          outgoing=[(f"{full}.weight", sub.weight)], act_module=sub))
+            prev = (full, sub)
+        elif any(True for _ in sub.parameters()):
+            prev = None  # a module with weights in between: not a plain pair
+    return layers
+
+
 def find_neurons(model: nn.Module) -> list[NeuronLayer]:
     """Every neuron layer of ``model`` with trainable incoming weights, in module order."""
     layers: list[NeuronLayer] = []
-    def has(mod: nn.Module, *ks: str) -> bool:
-        return all(isinstance(getattr(mod, k, None), nn.Linear) for k in ks)
-
     for name, mod in model.named_modules():
-        if has(mod, "gate_proj", "up_proj", "down_proj"):
-            inc = _linear_params(f"{name}.gate_proj", mod.gate_proj) + _linear_params(f"{name}.up_proj", mod.up_proj)
-            layers.append(NeuronLayer(name, "mlp", mod.gate_proj.out_features, 1, inc,
-                                      [(f"{name}.down_proj.weight", mod.down_proj.weight)], mod.down_proj))
-        elif has(mod, "q_proj", "k_proj", "v_proj", "o_proj"):
-            hd = _head_dim(mod)
-            heads, kv = mod.q_proj.out_features // hd, mod.k_proj.out_features // hd
-            inc = _linear_params(f"{name}.q_proj", mod.q_proj)
-            if kv == heads:  # one KV head per query head: k and v rows are the head's own
-                inc += _linear_params(f"{name}.k_proj", mod.k_proj) + _linear_params(f"{name}.v_proj", mod.v_proj)
-            layers.append(NeuronLayer(name, "attn", heads, hd, inc,
-                                      [(f"{name}.o_proj.weight", mod.o_proj.weight)], mod.o_proj))
+        if _has_linear(mod, "gate_proj", "up_proj", "down_proj"):
+            layers.append(_gated_mlp_layer(name, mod))
+        elif _has_linear(mod, "q_proj", "k_proj", "v_proj", "o_proj"):
+            layers.append(_attention_layer(name, mod))
         elif isinstance(mod, nn.Sequential):
-            prev: tuple[str, nn.Linear] | None = None
-            for k, sub in mod.named_children():
-                full = f"{name}.{k}" if name else k
-                if isinstance(sub, nn.Linear):
-                    if prev is not None and prev[1].out_features == sub.in_features:
-                        layers.append(NeuronLayer(prev[0], "mlp", prev[1].out_features, 1,
-                                                  _linear_params(prev[0], prev[1]), [(f"{full}.weight", sub.weight)],
-                                                  sub))
-                    prev = (full, sub)
-                elif any(True for _ in sub.parameters()):
-                    prev = None  # a module with weights in between: not a plain pair
+            layers += _sequential_layers(name, mod)
     return [la for la in layers if all(p.requires_grad for _, p in la.incoming)]
 
 

@@ -1,4 +1,5 @@
-"""ReDo-style reset of dormant neurons, and the neuron-health hook (``analysis.neurons.<role>``).
+"""ReDo-style reset of dormant neurons (``analysis.neurons.<role>``); the neuron-health hook
+(``rlgrad.analysis.neurons.NeuronHealthHook``) calls it.
 
 The scores come from ``rlgrad.analysis.neurons.measure`` on the gradient of the step's first mini-batch;
 ``NeuronHealthHook`` measures at ``on_grads`` and resets at ``after_update``. A reset gives each chosen
@@ -10,6 +11,7 @@ the same reset.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -62,6 +64,60 @@ def _sq_sums(x: torch.Tensor, keep: torch.Tensor) -> list[float]:
     return [float(kept.pow(2).sum()), float(kept.numel()), float(x.pow(2).sum()), float(x.numel())]
 
 
+def _survivor_rms(incoming: list, outgoing_shards: list, keep: torch.Tensor,
+                  outgoing: str) -> list[tuple[float, float]]:
+    """(RMS over the surviving rows, RMS over all rows) of each matrix a reset draws into, in draw order:
+    the incoming weight matrices, then (``outgoing="small"``) the outgoing ones, from additive sums of
+    squares (all-reduced when any parameter is sharded)."""
+    sums = []
+    for _, p, local, off, _ in incoming:
+        if p.dim() > 1:
+            sums.append(_sq_sums(local, keep[off:off + local.shape[0]].to(local.device)))
+    if outgoing == "small":
+        for *_, local, _, _ in outgoing_shards:
+            sums.append(_sq_sums(local.t(), keep.to(local.device)))  # columns are neurons; rows may be sharded
+    if not sums:
+        return []
+    totals = torch.tensor(sums, dtype=torch.float64)
+    if any(sharded for *_, sharded in incoming + outgoing_shards):
+        totals = collectives.all_reduce_sum(totals)
+    return [(float((a / n) ** 0.5) if n else 0.0, float((b / m) ** 0.5) if m else 0.0)
+            for a, n, b, m in totals.tolist()]
+
+
+def _reset_incoming(incoming: list, cols: torch.Tensor, rms: Iterator[tuple[float, float]],
+                    optimizer: torch.optim.Optimizer | None, seed_parts: tuple[int, int, str]) -> None:
+    """Fresh rows ~ N(0, RMS²) in each incoming weight, zero in each incoming bias; their moments zeroed."""
+    for name, p, local, off, _ in incoming:
+        mine = (cols >= off) & (cols < off + local.shape[0])
+        rows = (cols[mine] - off).to(local.device)
+        if p.dim() == 1:
+            local.index_fill_(0, rows, 0.0)
+        else:
+            keep_rms, all_rms = next(rms)
+            scale = keep_rms or all_rms or p.shape[1] ** -0.5
+            gen = torch.Generator().manual_seed(seed_of(*seed_parts, name))
+            fresh = torch.randn(len(cols), *p.shape[1:], generator=gen, dtype=torch.float32) * scale
+            local.index_copy_(0, rows, fresh[mine].to(local.device, local.dtype))
+        _zero_moments(optimizer, p, cols, 0)
+
+
+def _reset_outgoing(outgoing_shards: list, cols: torch.Tensor, rms: Iterator[tuple[float, float]],
+                    optimizer: torch.optim.Optimizer | None, seed_parts: tuple[int, int, str], outgoing: str) -> None:
+    """Zero (or small random) columns in each outgoing weight; their moments zeroed."""
+    for name, p, local, off, _ in outgoing_shards:
+        idx = cols.to(local.device)
+        if outgoing == "small":
+            keep_rms, all_rms = next(rms)
+            gen = torch.Generator().manual_seed(seed_of(*seed_parts, name))
+            fresh = torch.randn(p.shape[0], len(cols), generator=gen, dtype=torch.float32) * (
+                SMALL_OUTGOING * (keep_rms or all_rms))
+            local.index_copy_(1, idx, fresh[off:off + local.shape[0]].to(local.device, local.dtype))
+        else:
+            local.index_fill_(1, idx, 0.0)
+        _zero_moments(optimizer, p, cols, 1)
+
+
 @torch.no_grad()
 def reset_layer(layer: NeuronLayer, neurons: torch.Tensor, optimizer: torch.optim.Optimizer | None, *,
                 seed: int, step: int, role: str, outgoing: str = "zero") -> None:
@@ -79,48 +135,12 @@ def reset_layer(layer: NeuronLayer, neurons: torch.Tensor, optimizer: torch.opti
     cols = (neurons[:, None] * w + torch.arange(w)).reshape(-1)  # the neurons' rows/columns (global)
     keep = torch.ones(layer.n * w, dtype=torch.bool)
     keep[cols] = False
+    # (name, parameter, local rows, global index of the first, sharded?)
     incoming = [(name, p, *_shard(p)) for name, p in layer.incoming]
-    out = [(name, p, *_shard(p)) for name, p in layer.outgoing]
-    # The RMS of each drawn-into matrix over the survivors, from additive sums of squares.
-    sums = []
-    for _, p, local, off, _ in incoming:
-        if p.dim() > 1:
-            sums.append(_sq_sums(local, keep[off:off + local.shape[0]].to(local.device)))
-    if outgoing == "small":
-        for *_, local, _, _ in out:
-            sums.append(_sq_sums(local.t(), keep.to(local.device)))  # columns are neurons; rows may be sharded
-    if sums:
-        tot = torch.tensor(sums, dtype=torch.float64)
-        if any(sh for *_, sh in incoming + out):
-            tot = collectives.all_reduce_sum(tot)
-        rms = [(float((a / n) ** 0.5) if n else 0.0, float((b / m) ** 0.5) if m else 0.0)
-               for a, n, b, m in tot.tolist()]
-    k = 0
-    for name, p, local, off, _ in incoming:
-        mine = (cols >= off) & (cols < off + local.shape[0])
-        rows = (cols[mine] - off).to(local.device)
-        if p.dim() == 1:
-            local.index_fill_(0, rows, 0.0)
-        else:
-            keep_rms, all_rms = rms[k]
-            k += 1
-            scale = keep_rms or all_rms or p.shape[1] ** -0.5
-            gen = torch.Generator().manual_seed(seed_of(seed, step, role, name))
-            fresh = torch.randn(len(cols), *p.shape[1:], generator=gen, dtype=torch.float32) * scale
-            local.index_copy_(0, rows, fresh[mine].to(local.device, local.dtype))
-        _zero_moments(optimizer, p, cols, 0)
-    for name, p, local, off, _ in out:
-        idx = cols.to(local.device)
-        if outgoing == "small":
-            keep_rms, all_rms = rms[k]
-            k += 1
-            gen = torch.Generator().manual_seed(seed_of(seed, step, role, name))
-            fresh = torch.randn(p.shape[0], len(cols), generator=gen, dtype=torch.float32) * (
-                SMALL_OUTGOING * (keep_rms or all_rms))
-            local.index_copy_(1, idx, fresh[off:off + local.shape[0]].to(local.device, local.dtype))
-        else:
-            local.index_fill_(1, idx, 0.0)
-        _zero_moments(optimizer, p, cols, 1)
+    outgoing_shards = [(name, p, *_shard(p)) for name, p in layer.outgoing]
+    rms = iter(_survivor_rms(incoming, outgoing_shards, keep, outgoing))
+    _reset_incoming(incoming, cols, rms, optimizer, (seed, step, role))
+    _reset_outgoing(outgoing_shards, cols, rms, optimizer, (seed, step, role), outgoing)
 
 
 def reset_dormant(rep: NeuronReport, optimizer: torch.optim.Optimizer | None, nc: NeuronHealthConfig, *, seed: int,

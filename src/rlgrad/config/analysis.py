@@ -127,17 +127,17 @@ def schedules(cfg: RLGradConfig) -> dict[str, Schedule]:
     components, ReDo's ``step % every`` for neuron health); ``analysis.every`` puts every instrument that
     applies to the run on steps 1, 1+every, ... (the reward components need one advantage per response, the critic
     exists with gae). Resets keep their own cadence."""
-    a = cfg.analysis
+    analysis = cfg.analysis
     outcome = per_response_advantage(cfg.algorithm, cfg.agent.use_turn_scores) is None
-    out = {"buckets": Schedule(a.buckets.every if a.buckets.enable else 0),
-           "components": Schedule(a.components.every if outcome else 0)}
+    out = {"buckets": Schedule(analysis.buckets.every if analysis.buckets.enable else 0),
+           "components": Schedule(analysis.components.every if outcome else 0)}
     for role in ("actor", "critic"):
-        n = getattr(a.neurons, role)
-        out[f"neurons/{role}"] = Schedule(n.metric_every, n.metric_every)
-        out[f"reset/{role}"] = Schedule(n.reset_every, n.reset_every)
-    if a.every is not None:
-        out["buckets"] = Schedule(a.every)
-        out["components"] = Schedule(a.every if outcome else 0)
-        out["neurons/actor"] = Schedule(a.every)
-        out["neurons/critic"] = Schedule(a.every if cfg.algorithm.adv_estimator == "gae" else 0)
+        neurons = getattr(analysis.neurons, role)
+        out[f"neurons/{role}"] = Schedule(neurons.metric_every, neurons.metric_every)
+        out[f"reset/{role}"] = Schedule(neurons.reset_every, neurons.reset_every)
+    if analysis.every is not None:
+        out["buckets"] = Schedule(analysis.every)
+        out["components"] = Schedule(analysis.every if outcome else 0)
+        out["neurons/actor"] = Schedule(analysis.every)
+        out["neurons/critic"] = Schedule(analysis.every if cfg.algorithm.adv_estimator == "gae" else 0)
     return out

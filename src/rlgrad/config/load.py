@@ -115,14 +115,9 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key, value
 
 
-def load_config(preset: str | None = None, config_file: str | None = None,
-                overrides: list[str] | None = None, base_file: str | None = None,
-                probe: bool = False) -> RLGradConfig:
-    """Schema defaults < base_file < preset < config_file < overrides, validated.
-
-    Every error is a one-line UserError. ``base_file`` is a run's saved config.yaml (``rlgrad probe``, which
-    passes ``probe=True``: RAGEN's ``trainer.gradient_analysis_only`` is then what it runs anyway).
-    """
+def _layers(preset: str | None, config_file: str | None, overrides: list[str] | None,
+            base_file: str | None) -> list[tuple[str, dict[str, Any]]]:
+    """``(origin, flat settings)`` of each layer a config is built from, lowest first."""
     layers: list[tuple[str, dict[str, Any]]] = []
     if base_file:
         layers.append((base_file, _flatten(_read_yaml(Path(base_file)))))
@@ -131,31 +126,49 @@ def load_config(preset: str | None = None, config_file: str | None = None,
         layers.append((str(path), _flatten(_read_yaml(path))))
     if config_file:
         layers.append((config_file, _flatten(_read_yaml(Path(config_file)))))
-    ov: dict[str, Any] = {}
-    for item in overrides or []:
-        k, v = parse_override(item)
-        ov[k] = v
-    layers.append(("override", ov))
+    layers.append(("override", dict(parse_override(item) for item in overrides or [])))
+    return layers
 
+
+def _probe_only(origin: str, key: str, value: Any, probe: bool) -> bool:
+    """Whether ``key`` is RAGEN's probe-mode switch (then skipped); set true outside `rlgrad probe`, an error."""
+    if resolve_alias(key) != PROBE_ONLY_KEY:
+        return False
+    if value and not probe:  # false (as a saved run config holds it) changes nothing; probe=True is that mode
+        raise UserError(f"{origin}: '{key}' is RAGEN's checkpoint-probe mode; run "
+                        "`rlgrad probe --resume-from-path RUN/global_step_N` instead")
+    return True
+
+
+def _apply_layer(cfg: DictConfig, origin: str, flat: dict[str, Any], spelled: dict[str, str], probe: bool) -> None:
+    """Set each of a layer's settings in ``cfg``; ``spelled`` keeps the alias the user wrote for each key."""
+    for key, value in flat.items():
+        if _probe_only(origin, key, value, probe):
+            continue
+        ours = check_key(key, origin)
+        if ours != key:
+            spelled[ours] = key
+        else:  # a later layer's own spelling wins: errors name it
+            spelled.pop(ours, None)
+        try:
+            OmegaConf.update(cfg, ours, value, merge=False)
+        except OmegaConfBaseException as e:
+            reason = str(e).splitlines()[0]
+            raise UserError(f"{origin}: bad value {value!r} for '{key}': {reason}") from None
+
+
+def load_config(preset: str | None = None, config_file: str | None = None,
+                overrides: list[str] | None = None, base_file: str | None = None,
+                probe: bool = False) -> RLGradConfig:
+    """Schema defaults < base_file < preset < config_file < overrides, validated.
+
+    Every error is a one-line UserError. ``base_file`` is a run's saved config.yaml (``rlgrad probe``, which
+    passes ``probe=True``: RAGEN's ``trainer.gradient_analysis_only`` is then what it runs anyway).
+    """
     cfg: DictConfig = OmegaConf.structured(RLGradConfig)
     spelled: dict[str, str] = {}  # our key -> the alias the user wrote, so errors name what they wrote
-    for origin, flat in layers:
-        for key, value in flat.items():
-            if resolve_alias(key) == PROBE_ONLY_KEY:  # false (as a saved run config holds it) changes nothing
-                if value and not probe:  # what `rlgrad probe` (probe=True) is anyway
-                    raise UserError(f"{origin}: '{key}' is RAGEN's checkpoint-probe mode; run "
-                                    "`rlgrad probe --resume-from-path RUN/global_step_N` instead")
-                continue
-            ours = check_key(key, origin)
-            if ours != key:
-                spelled[ours] = key
-            else:  # a later layer's own spelling wins: errors name it
-                spelled.pop(ours, None)
-            try:
-                OmegaConf.update(cfg, ours, value, merge=False)
-            except OmegaConfBaseException as e:
-                reason = str(e).splitlines()[0]
-                raise UserError(f"{origin}: bad value {value!r} for '{key}': {reason}") from None
+    for origin, flat in _layers(preset, config_file, overrides, base_file):
+        _apply_layer(cfg, origin, flat, spelled, probe)
     obj = OmegaConf.to_object(cfg)
     try:
         validate(obj)

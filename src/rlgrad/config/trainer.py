@@ -25,8 +25,8 @@ class TrainerConfig:
     critic_warmup: int = _f(0, "adv_estimator=gae: the first N steps update "
                             "only the critic (the actor update is skipped).", ge=0)
     max_ckpt_to_keep: int | None = _f(None, "Keep only the newest N checkpoints (null or -1: keep all).",
-                                    ge=1, also=(-1,), why="-1 or null keeps every checkpoint; 0 would delete the "
-                                    "newest")
+                                      ge=1, also=(-1,), why="-1 or null keeps every checkpoint; 0 would delete "
+                                                            "the newest")
     logger: list[str] = _f(["console", "jsonl"], "Metric sinks: console, jsonl, tensorboard, wandb.")
     seed: int = _f(1, "Seed of data, sampling and initialisation.", ge=0, le=2**32 - 1)
     rollout_data_dir: str | None = _f(None, "Where each step's completions are written, one JSONL file per step "

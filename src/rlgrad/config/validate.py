@@ -65,11 +65,11 @@ def _optimizer_betas(cfg: RLGradConfig) -> None:
 
 
 def _tiny_model_shape(cfg: RLGradConfig) -> None:
-    t = cfg.model.tiny
-    if t.num_attention_heads % t.num_key_value_heads or t.hidden_size % t.num_attention_heads:
-        raise UserError(f"'model.tiny' needs num_key_value_heads ({t.num_key_value_heads}) to divide "
-                        f"num_attention_heads ({t.num_attention_heads}) and that to divide hidden_size "
-                        f"({t.hidden_size})")
+    tiny = cfg.model.tiny
+    if tiny.num_attention_heads % tiny.num_key_value_heads or tiny.hidden_size % tiny.num_attention_heads:
+        raise UserError(f"'model.tiny' needs num_key_value_heads ({tiny.num_key_value_heads}) to divide "
+                        f"num_attention_heads ({tiny.num_attention_heads}) and that to divide hidden_size "
+                        f"({tiny.hidden_size})")
 
 
 def _algorithm(cfg: RLGradConfig) -> None:
@@ -80,15 +80,15 @@ def _algorithm(cfg: RLGradConfig) -> None:
     if cfg.agent.use_turn_scores and algo.adv_estimator not in ("gae", "reinforce_plus_plus"):
         raise UserError("'agent.use_turn_scores' gives per-turn rewards, which only gae and reinforce_plus_plus turn "
                         f"into per-token advantages; algorithm.adv_estimator is '{algo.adv_estimator}'")
-    fg = algo.filter_groups
-    if fg.enable and fg.metric == "seq_final_reward" and algo.use_kl_in_reward:
+    filter_groups = algo.filter_groups
+    if filter_groups.enable and filter_groups.metric == "seq_final_reward" and algo.use_kl_in_reward:
         raise UserError("'algorithm.filter_groups.metric' seq_final_reward with algorithm.use_kl_in_reward: the KL "
                         "penalty is applied after the groups are chosen here; use seq_reward")
-    ob = cfg.reward.overlong_buffer
-    if ob.enable and ob.len >= cfg.rollout.response_length:
-        raise UserError(f"'reward.overlong_buffer.len' ({ob.len}) must be below rollout.response_length "
+    overlong = cfg.reward.overlong_buffer
+    if overlong.enable and overlong.len >= cfg.rollout.response_length:
+        raise UserError(f"'reward.overlong_buffer.len' ({overlong.len}) must be below rollout.response_length "
                         f"({cfg.rollout.response_length})")
-    if ob.enable and cfg.data.task in ("sokoban", "frozen_lake"):
+    if overlong.enable and cfg.data.task in ("sokoban", "frozen_lake"):
         raise UserError("'reward.overlong_buffer' shapes single-turn responses; an episode of "
                         f"data.task={cfg.data.task} has many")
 

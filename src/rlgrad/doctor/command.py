@@ -54,26 +54,27 @@ def _scale(v: View) -> str:
 
 def diagnose(run: D.RunData, thresholds: Thresholds | None = None) -> Diagnosis:
     """Every signature on ``run``: findings most serious first, then by step."""
-    t = thresholds or Thresholds()
-    v = View(run)
+    thresholds = thresholds or Thresholds()
+    view = View(run)
     findings: list[Finding] = []
     missing: dict[str, list[str]] = {}
     for sid, needs, rule in SIGNATURES:
-        lacking = [n for n in needs if not _needs_met(v, n)]
+        lacking = [n for n in needs if not _needs_met(view, n)]
         if lacking:
             missing[sid] = [alt for n in lacking for alt in n.split("|")]
             continue
-        f = rule(v, t)
-        if f is not None:
-            findings.append(f)
+        finding = rule(view, thresholds)
+        if finding is not None:
+            findings.append(finding)
     if not any(f.severity in ("warn", "critical") for f in findings):
-        findings.append(Finding("healthy", "info", None, 0.6 if missing else 0.8, "No sign of trouble",
-                                [f"{len(SIGNATURES) - len(missing)} of {len(SIGNATURES)} signatures checked"],
-                                "None of the checked signatures fired." + (
-                                    " Some could not be checked: see --explain." if missing else ""),
-                                "Keep watching the reward, validation accuracy and KL."))
+        findings.append(Finding(
+            id="healthy", severity="info", step=None, confidence=0.6 if missing else 0.8, title="No sign of trouble",
+            evidence=[f"{len(SIGNATURES) - len(missing)} of {len(SIGNATURES)} signatures checked"],
+            explanation="None of the checked signatures fired."
+                        + (" Some could not be checked: see --explain." if missing else ""),
+            action="Keep watching the reward, validation accuracy and KL."))
     findings.sort(key=lambda f: (SEVERITY[f.severity], f.step if f.step is not None else math.inf))
-    return Diagnosis(run.name, run.source, findings, missing, _scale(v))
+    return Diagnosis(run=run.name, source=run.source, findings=findings, missing=missing, scale=_scale(view))
 
 
 # ---------------------------------------------------------------- output

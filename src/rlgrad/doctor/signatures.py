@@ -24,11 +24,13 @@ def _nonfinite(v: View, t: Thresholds) -> Finding | None:
     first = min(list(bad) + skipped_at)
     ev = [f"step {s}: {', '.join(sorted(set(k)))} non-finite" for s, k in sorted(bad.items())[:5]]
     ev += [f"step {s}: the update skipped a non-finite gradient" for s in skipped_at[:5]]
-    return Finding("nonfinite_steps", "critical", first, 1.0, "Non-finite loss or gradient", ev,
-                   "A NaN or inf reached the loss or the gradient. Once the weights take one, every later step is "
-                   "garbage; rlgrad skips such an update, other trainers may not.",
-                   "Lower the learning rate, keep gradient clipping on, check bf16 overflow (logits, ratios) and "
-                   "the reward function for NaN; resume from the last checkpoint before the first bad step.")
+    return Finding(
+        id="nonfinite_steps", severity="critical", step=first, confidence=1.0, title="Non-finite loss or gradient",
+        evidence=ev,
+        explanation="A NaN or inf reached the loss or the gradient. Once the weights take one, every later step is "
+                    "garbage; rlgrad skips such an update, other trainers may not.",
+        action="Lower the learning rate, keep gradient clipping on, check bf16 overflow (logits, ratios) and "
+               "the reward function for NaN; resume from the last checkpoint before the first bad step.")
 
 
 @signature("grad_norm_spike", "actor/grad_norm")
@@ -54,12 +56,13 @@ def _spike(v: View, t: Thresholds) -> Finding | None:
             severity = "critical"
             after = f" The reward fell after it: {fmt(mean(before))} → {fmt(mean(later))}."
             ev.append(f"{v.name('critic/score/mean')}: {fmt(mean(before))} before step {s0}, {fmt(mean(later))} after")
-    return Finding("grad_norm_spike", severity, s0, 0.7 if severity == "warn" else 0.9,
-                   f"Gradient-norm spike{'s' if len(spikes) > 1 else ''} ({len(spikes)})", ev,
-                   "The gradient jumped an order of magnitude above its recent level: a few sequences with huge "
-                   "ratios or advantages, or a numerical blow-up." + after,
-                   "Keep max_grad_norm on (it caps the step, not the logged norm); look at the step's samples "
-                   "(rlgrad samples RUN --step N); lower the learning rate if spikes repeat.")
+    return Finding(
+        id="grad_norm_spike", severity=severity, step=s0, confidence=0.7 if severity == "warn" else 0.9,
+        title=f"Gradient-norm spike{'s' if len(spikes) > 1 else ''} ({len(spikes)})", evidence=ev,
+        explanation="The gradient jumped an order of magnitude above its recent level: a few sequences with huge "
+                    "ratios or advantages, or a numerical blow-up." + after,
+        action="Keep max_grad_norm on (it caps the step, not the logged norm); look at the step's samples "
+               "(rlgrad samples RUN --step N); lower the learning rate if spikes repeat.")
 
 
 def _max_grad_norm(v: View) -> float | None:
@@ -83,15 +86,17 @@ def _clip_every_step(v: View, t: Thresholds) -> Finding | None:
     scale = statistics.median(clip / x for _, x in over)
     lr = v.cfg("actor.optim.lr", "learning_rate")
     eff = f"; with lr {fmt(float(lr))} that is an effective lr of about {fmt(float(lr) * scale)}" if lr else ""
-    return Finding("clip_every_step", "warn", over[0][0], 0.9, "Gradient clipping on (nearly) every step",
-                   [f"max_grad_norm {fmt(clip)}; {v.name('actor/grad_norm')} above it on {len(over)} of {len(g)} steps "
-                    f"(median {fmt(statistics.median(g))})"],
-                   f"The logged grad_norm is the norm before clipping, so values above max_grad_norm are normal; "
-                   f"but when every step is clipped the update is rescaled by about {fmt(scale)}{eff}: the "
-                   "clip, not the learning rate, sets the step size, and the gradient's size carries no "
-                   "information any more.",
-                   f"Raise max_grad_norm to about the typical gradient norm ({fmt(statistics.median(g))}) so it "
-                   "only catches spikes, or lower it knowingly and raise the learning rate.")
+    return Finding(
+        id="clip_every_step", severity="warn", step=over[0][0], confidence=0.9,
+        title="Gradient clipping on (nearly) every step",
+        evidence=[f"max_grad_norm {fmt(clip)}; {v.name('actor/grad_norm')} above it on {len(over)} of {len(g)} steps "
+                  f"(median {fmt(statistics.median(g))})"],
+        explanation=f"The logged grad_norm is the norm before clipping, so values above max_grad_norm are normal; "
+                    f"but when every step is clipped the update is rescaled by about {fmt(scale)}{eff}: the "
+                    "clip, not the learning rate, sets the step size, and the gradient's size carries no "
+                    "information any more.",
+        action=f"Raise max_grad_norm to about the typical gradient norm ({fmt(statistics.median(g))}) so it "
+               "only catches spikes, or lower it knowingly and raise the learning rate.")
 
 
 def flat_reward(v: View, t: Thresholds) -> tuple[bool, str]:
@@ -115,12 +120,13 @@ def _lr_small(v: View, t: Thresholds) -> Finding | None:
     if not (lr <= t.lr_very_low or (lr <= t.lr_low and flat)):
         return None
     first = next((s for s in v.steps if s > 0), None)
-    return Finding("lr_too_small", "warn", first, 0.8 if flat else 0.5,
-                   "Learning rate too small for the run to move", [f"lr {fmt(lr)}"] + ([ev] if ev else []),
-                   "With this learning rate each update moves the policy too little to change what it samples: "
-                   "the reward stays where it started. (RL fine-tuning of LLMs commonly uses 1e-6 to 1e-5 for "
-                   "7B-class models, more for small ones.)",
-                   "Raise the learning rate by 3-10× and watch the KL and the clip fraction.")
+    return Finding(
+        id="lr_too_small", severity="warn", step=first, confidence=0.8 if flat else 0.5,
+        title="Learning rate too small for the run to move", evidence=[f"lr {fmt(lr)}"] + ([ev] if ev else []),
+        explanation="With this learning rate each update moves the policy too little to change what it samples: "
+                    "the reward stays where it started. (RL fine-tuning of LLMs commonly uses 1e-6 to 1e-5 for "
+                    "7B-class models, more for small ones.)",
+        action="Raise the learning rate by 3-10× and watch the KL and the clip fraction.")
 
 
 @signature("kl_blowup", "actor/kl_loss|actor/ppo_kl")
@@ -138,14 +144,16 @@ def _kl(v: View, t: Thresholds) -> Finding | None:
         return None
     first = next(s for s, x in zip(steps, k) if abs(x) > max(t.kl_floor, min(b, t.kl_high)) / 2)
     coef = v.cfg("actor.kl_loss_coef")
-    return Finding("kl_blowup", severity, first, 0.8, "The policy runs away from the reference (KL blow-up)",
-                   [f"{v.name(name)}: {fmt(a)} (first steps) → {fmt(b)} (last steps)"]
-                   + ([f"kl_loss_coef {coef}"] if coef is not None else []),
-                   "The KL to the reference grows without bound: the updates are too large for the KL term to "
-                   "hold the policy, or the KL coefficient is large enough that its own gradient is unstable "
-                   "(the low-variance k3 estimate grows exponentially in the log-ratio).",
-                   "Lower the learning rate or the clip range; for an exploding KL term lower kl_loss_coef or use "
-                   "kl_loss_type=low_var_kl; check the run's samples for degenerate text.")
+    return Finding(
+        id="kl_blowup", severity=severity, step=first, confidence=0.8,
+        title="The policy runs away from the reference (KL blow-up)",
+        evidence=[f"{v.name(name)}: {fmt(a)} (first steps) → {fmt(b)} (last steps)"]
+                 + ([f"kl_loss_coef {coef}"] if coef is not None else []),
+        explanation="The KL to the reference grows without bound: the updates are too large for the KL term to "
+                    "hold the policy, or the KL coefficient is large enough that its own gradient is unstable "
+                    "(the low-variance k3 estimate grows exponentially in the log-ratio).",
+        action="Lower the learning rate or the clip range; for an exploding KL term lower kl_loss_coef or use "
+               "kl_loss_type=low_var_kl; check the run's samples for degenerate text.")
 
 
 @signature("entropy_collapse", "actor/entropy")
@@ -157,12 +165,13 @@ def _entropy(v: View, t: Thresholds) -> Finding | None:
     if not (a > 0 and b < t.entropy_drop * a):
         return None
     first = next(s for s, x in zip(steps, e) if x < 2 * t.entropy_drop * a)
-    return Finding("entropy_collapse", "warn", first, 0.8, "Entropy collapse",
-                   [f"{v.name('actor/entropy')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"],
-                   "The policy became (nearly) deterministic: groups of samples now agree, their rewards have no "
-                   "variance, and GRPO's advantage — and with it the gradient — vanishes.",
-                   "Raise the sampling temperature or add a small entropy bonus (entropy_coeff), use clip-higher "
-                   "(clip_ratio_high > clip_ratio_low), lower the learning rate.")
+    return Finding(
+        id="entropy_collapse", severity="warn", step=first, confidence=0.8, title="Entropy collapse",
+        evidence=[f"{v.name('actor/entropy')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"],
+        explanation="The policy became (nearly) deterministic: groups of samples now agree, their rewards have no "
+                    "variance, and GRPO's advantage — and with it the gradient — vanishes.",
+        action="Raise the sampling temperature or add a small entropy bonus (entropy_coeff), use clip-higher "
+               "(clip_ratio_high > clip_ratio_low), lower the learning rate.")
 
 
 @signature("clipfrac", "actor/pg_clipfrac")
@@ -173,24 +182,26 @@ def _clipfrac(v: View, t: Thresholds) -> Finding | None:
     _, b = first_last(c, t.window)
     if b > t.clipfrac_high:
         first = next(s for s, x in zip(steps, c) if x > t.clipfrac_high)
-        return Finding("clipfrac_saturated", "warn", first, 0.7, "The PPO clip is saturated",
-                       [f"{v.name('actor/pg_clipfrac')} {fmt(b)} over the last steps (healthy: roughly 0.1-0.4)"],
-                       "Most tokens hit the clip: the policy moved far from the one that sampled the batch during "
-                       "the update, so most tokens contribute no gradient.",
-                       "Lower the learning rate or the number of optimizer steps per batch (ppo_epochs, "
-                       "smaller ppo_mini_batch_size means more steps).")
+        return Finding(
+            id="clipfrac_saturated", severity="warn", step=first, confidence=0.7, title="The PPO clip is saturated",
+            evidence=[f"{v.name('actor/pg_clipfrac')} {fmt(b)} over the last steps (healthy: roughly 0.1-0.4)"],
+            explanation="Most tokens hit the clip: the policy moved far from the one that sampled the batch during "
+                        "the update, so most tokens contribute no gradient.",
+            action="Lower the learning rate or the number of optimizer steps per batch (ppo_epochs, "
+                   "smaller ppo_mini_batch_size means more steps).")
     if max(c) == 0.0:
         epochs = v.cfg("actor.ppo_epochs")
         mini, batch = v.cfg("actor.ppo_mini_batch_size"), v.cfg("data.train_batch_size")
         on_policy = epochs in (None, 1) and (mini is None or batch is None or mini >= batch)
-        return Finding("clipfrac_zero", "info" if on_policy else "warn", steps[0], 0.6, "The clip never acts",
-                       [f"{v.name('actor/pg_clipfrac')} 0 on all {len(c)} logged steps"],
-                       "Zero clip fraction means every update starts at the sampling policy: with one optimizer "
-                       "step per batch the ratio is 1 and the clip (and clip-higher) does nothing, which is fine "
-                       "if intended." + ("" if on_policy else " With several optimizer steps per batch it should "
-                                         "act sometimes: the old log-probs may be recomputed after the update."),
-                       "Nothing to do for on-policy updates; otherwise check that old_log_probs come from the "
-                       "sampling policy.")
+        return Finding(
+            id="clipfrac_zero", severity="info" if on_policy else "warn", step=steps[0], confidence=0.6,
+            title="The clip never acts", evidence=[f"{v.name('actor/pg_clipfrac')} 0 on all {len(c)} logged steps"],
+            explanation="Zero clip fraction means every update starts at the sampling policy: with one optimizer "
+                        "step per batch the ratio is 1 and the clip (and clip-higher) does nothing, which is fine "
+                        "if intended." + ("" if on_policy else " With several optimizer steps per batch it should "
+                                          "act sometimes: the old log-probs may be recomputed after the update."),
+            action="Nothing to do for on-policy updates; otherwise check that old_log_probs come from the "
+                   "sampling policy.")
     return None
 
 
@@ -202,13 +213,15 @@ def _zero_var(v: View, t: Thresholds) -> Finding | None:
     _, amin = v.series("critic/advantages/min")
     dead = [s for s, a, b in zip(ss, amax, amin) if a == 0.0 and b == 0.0]
     if dead and len(dead) >= max(1, len(ss) // 2):
-        return Finding("zero_variance_groups", "critical", dead[0], 0.9, "No learning signal: every advantage is 0",
-                       [f"critic/advantages max = min = 0 on {len(dead)} of {len(ss)} steps"]
-                       + ([f"{v.name('actor/grad_norm')} {fmt(statistics.median(g))} (median)"] if g else []),
-                       "Every prompt group got the same reward for all its samples (all right or all wrong), so "
-                       "GRPO's group-relative advantage is zero everywhere: loss and gradient are exactly 0.",
-                       "Make the task harder or easier so groups disagree, sample more per prompt (rollout.n), or "
-                       "use the reward-variance filter / DAPO dynamic sampling to drop such groups.")
+        return Finding(
+            id="zero_variance_groups", severity="critical", step=dead[0], confidence=0.9,
+            title="No learning signal: every advantage is 0",
+            evidence=[f"critic/advantages max = min = 0 on {len(dead)} of {len(ss)} steps"]
+                     + ([f"{v.name('actor/grad_norm')} {fmt(statistics.median(g))} (median)"] if g else []),
+            explanation="Every prompt group got the same reward for all its samples (all right or all wrong), so "
+                        "GRPO's group-relative advantage is zero everywhere: loss and gradient are exactly 0.",
+            action="Make the task harder or easier so groups disagree, sample more per prompt (rollout.n), or "
+                   "use the reward-variance filter / DAPO dynamic sampling to drop such groups.")
     zs, zc = v.series("rollout/filter_zero_count")
     batch = v.cfg("data.train_batch_size")
     if zc and batch:
@@ -216,13 +229,14 @@ def _zero_var(v: View, t: Thresholds) -> Finding | None:
         _, recent = first_last(frac, t.window)
         if recent > t.zero_var_frac:
             first = next(s for s, x in zip(zs, frac) if x > t.zero_var_frac)
-            return Finding("zero_variance_groups", "warn", first, 0.8,
-                           "Most prompt groups carry no signal (equal rewards)",
-                           [f"{fmt(100 * recent)}% of the {batch} groups per step have zero reward variance "
-                            "(rollout/filter_zero_count)"],
-                           "Groups whose samples all got the same reward have zero advantage: they add tokens to "
-                           "the loss's denominator but nothing to its gradient, which shrinks the update.",
-                           "Filter them out (rollout filter, DAPO dynamic sampling), or adjust task difficulty.")
+            return Finding(
+                id="zero_variance_groups", severity="warn", step=first, confidence=0.8,
+                title="Most prompt groups carry no signal (equal rewards)",
+                evidence=[f"{fmt(100 * recent)}% of the {batch} groups per step have zero reward variance "
+                          "(rollout/filter_zero_count)"],
+                explanation="Groups whose samples all got the same reward have zero advantage: they add tokens to "
+                            "the loss's denominator but nothing to its gradient, which shrinks the update.",
+                action="Filter them out (rollout filter, DAPO dynamic sampling), or adjust task difficulty.")
     return None
 
 
@@ -234,23 +248,26 @@ def _length(v: View, t: Thresholds) -> Finding | None:
         a, b = first_last(c, t.window)
         if b > t.length_clip_high and b > a:
             first = next(s for s, x in zip(cs, c) if x > t.length_clip_high)
-            return Finding("length_runaway", "warn", first, 0.7, "Responses run into the length limit",
-                           [f"{v.name('response_length/clip_ratio')} {fmt(a)} → {fmt(b)}"]
-                           + ([f"{v.name('response_length/mean')} {fmt(m[0])} → {fmt(m[-1])}"] if m else []),
-                           "A growing share of responses is cut at the limit: they get no end-of-answer, usually "
-                           "no reward, and their many tokens dominate a token-mean loss.",
-                           "Raise the response length, add an overlong penalty (DAPO's soft length penalty), or "
-                           "check that the model still emits its stop token.")
+            return Finding(
+                id="length_runaway", severity="warn", step=first, confidence=0.7,
+                title="Responses run into the length limit",
+                evidence=[f"{v.name('response_length/clip_ratio')} {fmt(a)} → {fmt(b)}"]
+                         + ([f"{v.name('response_length/mean')} {fmt(m[0])} → {fmt(m[-1])}"] if m else []),
+                explanation="A growing share of responses is cut at the limit: they get no end-of-answer, usually "
+                            "no reward, and their many tokens dominate a token-mean loss.",
+                action="Raise the response length, add an overlong penalty (DAPO's soft length penalty), or "
+                       "check that the model still emits its stop token.")
     if len(m) >= 4:
         a, b = first_last(m, t.window)
         if a > 0 and b < t.length_drop * a:
             first = next(s for s, x in zip(steps, m) if x < 2 * t.length_drop * a)
-            return Finding("length_collapse", "warn", first, 0.6, "Responses collapse in length",
-                           [f"{v.name('response_length/mean')} {fmt(a)} → {fmt(b)}"],
-                           "The policy learned to answer shorter and shorter, often because a length or format "
-                           "reward pays for it, or because short answers avoid penalties.",
-                           "Check the reward weights (a length component) and what the model writes "
-                           "(rlgrad samples RUN).")
+            return Finding(
+                id="length_collapse", severity="warn", step=first, confidence=0.6, title="Responses collapse in length",
+                evidence=[f"{v.name('response_length/mean')} {fmt(a)} → {fmt(b)}"],
+                explanation="The policy learned to answer shorter and shorter, often because a length or format "
+                            "reward pays for it, or because short answers avoid penalties.",
+                action="Check the reward weights (a length component) and what the model writes "
+                       "(rlgrad samples RUN).")
     return None
 
 
@@ -279,9 +296,11 @@ def _reward_collapse(v: View, t: Thresholds) -> Finding | None:
     if len(acc) >= 2 and acc[-1] < acc[0]:
         ev.append(f"val/accuracy {fmt(acc[0])} → {fmt(acc[-1])}")
     lr = v.cfg("actor.optim.lr", "learning_rate")
-    return Finding("reward_collapse", "critical", first, 0.8, "The reward collapsed", ev, why,
-                   "Lower the learning rate" + (f" (now {fmt(float(lr))})" if lr else "") + ", keep gradient "
-                   "clipping on, and resume from a checkpoint before the fall.")
+    return Finding(
+        id="reward_collapse", severity="critical", step=first, confidence=0.8, title="The reward collapsed",
+        evidence=ev, explanation=why,
+        action="Lower the learning rate" + (f" (now {fmt(float(lr))})" if lr else "") + ", keep gradient "
+               "clipping on, and resume from a checkpoint before the fall.")
 
 
 @signature("reward_plateau", "critic/score/mean")
@@ -293,9 +312,10 @@ def _plateau(v: View, t: Thresholds) -> Finding | None:
     if abs(b - a) >= t.plateau_delta:  # a fall is reward_collapse's (or nothing)
         return None
     ev = f"{v.name('critic/score/mean')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"
-    return Finding("reward_plateau", "info", None, 0.5, "Reward plateau", [ev],
-                   "The mean reward did not rise between the first and the last steps.",
-                   "See the other findings for why; a plateau at the reward's maximum is success.")
+    return Finding(
+        id="reward_plateau", severity="info", step=None, confidence=0.5, title="Reward plateau", evidence=[ev],
+        explanation="The mean reward did not rise between the first and the last steps.",
+        action="See the other findings for why; a plateau at the reward's maximum is success.")
 
 
 def _reward_problem(v: View, pid: str, severity: str) -> Finding | None:
@@ -307,7 +327,9 @@ def _reward_problem(v: View, pid: str, severity: str) -> Finding | None:
     p = problems[0]
     title = (f"The reward cannot teach: '{p.component}' gives no group a signal" if pid == "unlearnable_reward"
              else f"'{p.component}' is the same for every response")
-    return Finding(pid, severity, p.step, 0.9, title, p.evidence, p.cause, p.advice)
+    return Finding(
+        id=pid, severity=severity, step=p.step, confidence=0.9, title=title, evidence=p.evidence, explanation=p.cause,
+        action=p.advice)
 
 
 @signature("unlearnable_reward", "reward/{component}/mean")
@@ -337,14 +359,15 @@ def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
         oa, ob = first_last(o, t.window)
         if ob - oa > t.component_rise and cb - ca < t.correct_rise:
             o, c = v.label(other), v.label(correct)
-            return Finding("format_over_correct", "warn", steps[0], 0.7,
-                           f"'{o}' reward rises while '{c}' does not",
-                           [f"{v.name(f'reward/{other}/mean')} {fmt(oa)} → {fmt(ob)}",
-                            f"{v.name(f'reward/{correct}/mean')} {fmt(ca)} → {fmt(cb)}"],
-                           f"The policy optimises the easy '{o}' reward instead of the task: the weighted total "
-                           "rises, accuracy does not.",
-                           f"Lower the weight of '{o}' (reward.weights) or make it conditional on correctness; "
-                           "rlgrad's reward-component analysis shows each component's share of the update.")
+            return Finding(
+                id="format_over_correct", severity="warn", step=steps[0], confidence=0.7,
+                title=f"'{o}' reward rises while '{c}' does not",
+                evidence=[f"{v.name(f'reward/{other}/mean')} {fmt(oa)} → {fmt(ob)}",
+                          f"{v.name(f'reward/{correct}/mean')} {fmt(ca)} → {fmt(cb)}"],
+                explanation=f"The policy optimises the easy '{o}' reward instead of the task: the weighted total "
+                            "rises, accuracy does not.",
+                action=f"Lower the weight of '{o}' (reward.weights) or make it conditional on correctness; "
+                       "rlgrad's reward-component analysis shows each component's share of the update.")
     return None
 
 
@@ -357,12 +380,13 @@ def _val(v: View, t: Thresholds) -> Finding | None:
     best_step = steps[acc.index(best)]
     flat, _ = flat_reward(v, t)
     if acc[-1] < best - t.val_drop and not flat:
-        return Finding("val_falls_train_rises", "warn", best_step, 0.7,
-                       "Validation accuracy falls while the training reward rises",
-                       [f"val/accuracy best {fmt(best)} at step {best_step}, last {fmt(acc[-1])}"],
-                       "The training reward keeps improving but held-out accuracy does not: reward hacking (a "
-                       "component the validation does not pay for) or over-fitting to the training prompts.",
-                       f"Keep the checkpoint of step {best_step}; check which reward component drives the update.")
+        return Finding(
+            id="val_falls_train_rises", severity="warn", step=best_step, confidence=0.7,
+            title="Validation accuracy falls while the training reward rises",
+            evidence=[f"val/accuracy best {fmt(best)} at step {best_step}, last {fmt(acc[-1])}"],
+            explanation="The training reward keeps improving but held-out accuracy does not: reward hacking (a "
+                        "component the validation does not pay for) or over-fitting to the training prompts.",
+            action=f"Keep the checkpoint of step {best_step}; check which reward component drives the update.")
     return None
 
 
@@ -402,13 +426,14 @@ def _std_amplifies(v: View, t: Thresholds) -> Finding | None:
             ev.append(f"step {step}: per-sample task gradient " + ", ".join(
                 f"{fmt(per[step][b])} in {b} (reward std {fmt(std[step][b])})" for b in bs))
             break
-    return Finding("std_normalisation_amplifies", "warn", s, 0.8,
-                   "Std-normalised advantages amplify low-variance groups", ev,
-                   "Dividing each group's advantage by its reward std gives a nearly-unanimous group (one lucky "
-                   "sample among many) advantages larger than any reward difference: with binary rewards the "
-                   "groups with the least signal push hardest, and the per-sample gradient no longer grows with "
-                   "the reward variance.",
-                   "Set algorithm.norm_adv_by_std_in_grpo=false (Dr. GRPO), or use RLOO advantages.")
+    return Finding(
+        id="std_normalisation_amplifies", severity="warn", step=s, confidence=0.8,
+        title="Std-normalised advantages amplify low-variance groups", evidence=ev,
+        explanation="Dividing each group's advantage by its reward std gives a nearly-unanimous group (one lucky "
+                    "sample among many) advantages larger than any reward difference: with binary rewards the "
+                    "groups with the least signal push hardest, and the per-sample gradient no longer grows with "
+                    "the reward variance.",
+        action="Set algorithm.norm_adv_by_std_in_grpo=false (Dr. GRPO), or use RLOO advantages.")
 
 
 @signature("regularizer_dominates", "grad_norm/all/task")
@@ -420,14 +445,15 @@ def _regularizer(v: View, t: Thresholds) -> Finding | None:
         if hits and len(hits) >= max(1, len(rows) // 2):
             s, r, task = hits[0]
             coef = v.cfg("actor.kl_loss_coef" if term == "kl" else "actor.entropy_coeff")
-            return Finding("regularizer_dominates", "warn", s, 0.8,
-                           f"The {term} term's gradient outweighs the task's",
-                           [f"step {s}: grad_norm/all/{term} {fmt(r)} vs grad_norm/all/task {fmt(task)}",
-                            f"on {len(hits)} of {len(rows)} analysis steps"]
-                           + ([f"{'kl_loss_coef' if term == 'kl' else 'entropy_coeff'} {coef}"] if coef else []),
-                           f"The update mostly follows the {term} regulariser, not the reward: the policy is held "
-                           "in place (KL) or pushed toward randomness (entropy) more than it learns the task.",
-                           f"Lower the {term} coefficient by about the ratio shown.")
+            return Finding(
+                id="regularizer_dominates", severity="warn", step=s, confidence=0.8,
+                title=f"The {term} term's gradient outweighs the task's",
+                evidence=[f"step {s}: grad_norm/all/{term} {fmt(r)} vs grad_norm/all/task {fmt(task)}",
+                          f"on {len(hits)} of {len(rows)} analysis steps"]
+                         + ([f"{'kl_loss_coef' if term == 'kl' else 'entropy_coeff'} {coef}"] if coef else []),
+                explanation=f"The update mostly follows the {term} regulariser, not the reward: the policy is held "
+                            "in place (KL) or pushed toward randomness (entropy) more than it learns the task.",
+                action=f"Lower the {term} coefficient by about the ratio shown.")
     return None
 
 
@@ -444,12 +470,13 @@ def _takeover(v: View, t: Thresholds) -> Finding | None:
             sim = m.get(f"grad_sim/{c}__{correct}", m.get(f"grad_sim/{correct}__{c}"))
             if share > t.share_high and sim is not None and sim < t.sim_negative:
                 lc, lr = v.label(c), v.label(correct)
-                return Finding("component_takes_over", "warn", s, 0.8,
-                               f"The '{lc}' reward drives the update against correctness",
-                               [f"step {s}: grad_comp/{c}/share {fmt(share)}, cosine with '{lr}' {fmt(sim)}"],
-                               f"Most of the update comes from the '{lc}' component, and its gradient points away "
-                               f"from the '{lr}' gradient: improving '{lc}' costs accuracy.",
-                               f"Lower the weight of '{lc}' or gate it on correctness.")
+                return Finding(
+                    id="component_takes_over", severity="warn", step=s, confidence=0.8,
+                    title=f"The '{lc}' reward drives the update against correctness",
+                    evidence=[f"step {s}: grad_comp/{c}/share {fmt(share)}, cosine with '{lr}' {fmt(sim)}"],
+                    explanation=f"Most of the update comes from the '{lc}' component, and its gradient points away "
+                                f"from the '{lr}' gradient: improving '{lc}' costs accuracy.",
+                    action=f"Lower the weight of '{lc}' or gate it on correctness.")
     return None
 
 
@@ -466,16 +493,17 @@ def _dominates(v: View, t: Thresholds) -> Finding | None:
         if hits:
             weight = v.cfg(f"reward.weights.{c}")
             lc, lr = v.label(c), v.label(correct)
-            return Finding("component_dominates", "warn", hits[0][0], 0.7,
-                           f"The '{lc}' reward, not '{lr}', makes most of the update",
-                           [f"grad_comp/{c}/share {fmt(hits[0][1])} at step {hits[0][0]} (above "
-                            f"{fmt(t.share_high)} on {len(hits)} of {len(share)} analysis steps); "
-                            f"grad_comp/{correct}/share {fmt(cshare.get(hits[0][0], math.nan))} there"]
-                           + ([f"reward.weights.{c} = {weight}"] if weight is not None else []),
-                           f"Most of the gradient comes from the '{lc}' component: the run spends its updates on "
-                           f"'{lc}' rather than on the task, until '{lc}' is satisfied.",
-                           f"Lower the weight of '{lc}' (reward.weights); a secondary reward should stay a minor "
-                           "share of the update once it is mostly satisfied.")
+            return Finding(
+                id="component_dominates", severity="warn", step=hits[0][0], confidence=0.7,
+                title=f"The '{lc}' reward, not '{lr}', makes most of the update",
+                evidence=[f"grad_comp/{c}/share {fmt(hits[0][1])} at step {hits[0][0]} (above "
+                          f"{fmt(t.share_high)} on {len(hits)} of {len(share)} analysis steps); "
+                          f"grad_comp/{correct}/share {fmt(cshare.get(hits[0][0], math.nan))} there"]
+                         + ([f"reward.weights.{c} = {weight}"] if weight is not None else []),
+                explanation=f"Most of the gradient comes from the '{lc}' component: the run spends its updates on "
+                            f"'{lc}' rather than on the task, until '{lc}' is satisfied.",
+                action=f"Lower the weight of '{lc}' (reward.weights); a secondary reward should stay a minor "
+                       "share of the update once it is mostly satisfied.")
     return None
 
 
@@ -493,12 +521,14 @@ def _concentrated(v: View, t: Thresholds) -> Finding | None:
     if share < t.layer_top2:
         return None
     top = sorted(layers, key=lambda k: -layers[k])[:2]
-    return Finding("update_concentrated", "info", s, 0.6, "The update is concentrated in a few layers",
-                   [f"step {s}: {', '.join(top)} hold {fmt(100 * share)}% of the task gradient's squared norm"],
-                   "Most of the gradient sits in two layer groups (often the embeddings or the LM head): the rest "
-                   "of the network barely moves.",
-                   "Usually benign for small models; if the head dominates, a lower learning rate for it or "
-                   "freezing the embeddings steadies training.")
+    return Finding(
+        id="update_concentrated", severity="info", step=s, confidence=0.6,
+        title="The update is concentrated in a few layers",
+        evidence=[f"step {s}: {', '.join(top)} hold {fmt(100 * share)}% of the task gradient's squared norm"],
+        explanation="Most of the gradient sits in two layer groups (often the embeddings or the LM head): the rest "
+                    "of the network barely moves.",
+        action="Usually benign for small models; if the head dominates, a lower learning rate for it or "
+               "freezing the embeddings steadies training.")
 
 
 @signature("dormant_growing", "actor/neuron/dormant_ratio")
@@ -506,8 +536,9 @@ def _dormant(v: View, t: Thresholds) -> Finding | None:
     steps, d = v.series("actor/neuron/dormant_ratio")
     if len(d) < 2 or not (d[-1] - d[0] > t.dormant_rise and d[-1] >= t.dormant_high):
         return None
-    return Finding("dormant_growing", "warn", steps[-1], 0.7, "Dormant neurons are growing",
-                   [f"actor/neuron/dormant_ratio {fmt(d[0])} (step {steps[0]}) → {fmt(d[-1])} (step {steps[-1]})"],
-                   "A growing share of neurons receives (almost) no gradient: capacity the policy no longer uses, "
-                   "a known precursor of plasticity loss in long RL runs.",
-                   "Consider ReDo resets (analysis.neurons.actor.reset_every) or a lower learning rate.")
+    return Finding(
+        id="dormant_growing", severity="warn", step=steps[-1], confidence=0.7, title="Dormant neurons are growing",
+        evidence=[f"actor/neuron/dormant_ratio {fmt(d[0])} (step {steps[0]}) → {fmt(d[-1])} (step {steps[-1]})"],
+        explanation="A growing share of neurons receives (almost) no gradient: capacity the policy no longer uses, "
+                    "a known precursor of plasticity loss in long RL runs.",
+        action="Consider ReDo resets (analysis.neurons.actor.reset_every) or a lower learning rate.")

@@ -196,12 +196,33 @@ def generate_room(height: int, width: int, num_boxes: int, search_depth: int, rn
 
 
 # ---------------------------------------------------------------------- planning
+def _move(room: Room, player: Cell, boxes: frozenset[Cell], dy: int, dx: int) -> tuple | None:
+    """The state after the player steps by (dy, dx), pushing a box ahead of it; None if a wall or a box blocks."""
+    ahead, beyond = (player[0] + dy, player[1] + dx), (player[0] + 2 * dy, player[1] + 2 * dx)
+    if ahead in room.walls:
+        return None
+    if ahead not in boxes:
+        return ahead, boxes
+    if beyond in room.walls or beyond in boxes:
+        return None
+    return ahead, (boxes - {ahead}) | {beyond}
+
+
+def _moves_to(parent: dict, state: tuple) -> list[str]:
+    """The moves from the search's start to ``state``, read back along ``parent`` (state -> (previous, move))."""
+    moves = []
+    while parent[state] is not None:
+        state, move = parent[state]
+        moves.append(move)
+    return moves[::-1]
+
+
 def solve(env: SokobanEnv, max_depth: int = 200) -> list[str] | None:
     """A shortest move list solving the current state (breadth-first over player and boxes); None if none is found
     within ``max_depth`` moves."""
-    r = env.room
-    start = (r.player, r.boxes)
-    if r.boxes <= r.targets:
+    room = env.room
+    start = (room.player, room.boxes)
+    if room.boxes <= room.targets:
         return []
     parent: dict = {start: None}
     queue = deque([(start, 0)])
@@ -210,24 +231,12 @@ def solve(env: SokobanEnv, max_depth: int = 200) -> list[str] | None:
         if depth >= max_depth:
             continue
         for name, (dy, dx) in MOVES.items():
-            ahead, beyond = (player[0] + dy, player[1] + dx), (player[0] + 2 * dy, player[1] + 2 * dx)
-            if ahead in r.walls:
-                continue
-            if ahead in boxes:
-                if beyond in r.walls or beyond in boxes:
-                    continue
-                state = (ahead, (boxes - {ahead}) | {beyond})
-            else:
-                state = (ahead, boxes)
-            if state in parent:
+            state = _move(room, player, boxes, dy, dx)
+            if state is None or state in parent:
                 continue
             parent[state] = ((player, boxes), name)
-            if state[1] <= r.targets:
-                moves = []
-                while parent[state] is not None:
-                    state, move = parent[state]
-                    moves.append(move)
-                return moves[::-1]
+            if state[1] <= room.targets:
+                return _moves_to(parent, state)
             queue.append((state, depth + 1))
     return None
 

@@ -128,7 +128,7 @@ class EpisodeRunner:
 
     def __init__(self, make_env, settings: AgentConfig, tokenizer, *, chat: bool, system_prompt: str | None,
                  stop_ids: list[int], weights: dict[str, float], max_context_length: int):
-        self.make_env, self.s, self.tokenizer = make_env, settings, tokenizer
+        self.make_env, self.agent, self.tokenizer = make_env, settings, tokenizer
         self.format = TurnFormat(tokenizer, chat, system_prompt, stop_ids)
         self.stop_ids, self.weights, self.max_context = stop_ids, weights, max_context_length
         self.tag = opening_tag(settings.enable_think)
@@ -172,12 +172,12 @@ class EpisodeRunner:
 
     def play(self, ep: Episode, t: Turn, turn: int) -> None:
         """The environment's side of a turn: read the answer, play its actions, decide whether the episode ends."""
-        s = self.s
-        answer = parse_answer(t.response, ep.env.actions, enable_think=s.enable_think, action_sep=s.action_sep,
-                              max_actions=s.max_actions_per_turn)
+        agent = self.agent
+        answer = parse_answer(t.response, ep.env.actions, enable_think=agent.enable_think,
+                              action_sep=agent.action_sep, max_actions=agent.max_actions_per_turn)
         t.words, t.valid = answer.words, len(answer.actions)
-        t.penalty = 0.0 if answer.well_formed else s.format_penalty
-        for action in answer.actions[:s.max_actions_per_traj - ep.actions_used]:
+        t.penalty = 0.0 if answer.well_formed else agent.format_penalty
+        for action in answer.actions[:agent.max_actions_per_traj - ep.actions_used]:
             ep.observation, reward, done, info = ep.env.step(action)
             t.actions.append(action)
             t.reward += float(reward)
@@ -187,16 +187,16 @@ class EpisodeRunner:
                 ep.end = "success" if ep.success else "env_done"
                 break
         ep.actions_used += len(t.actions)
-        if not ep.done and ep.actions_used >= s.max_actions_per_traj:
+        if not ep.done and ep.actions_used >= agent.max_actions_per_traj:
             ep.done, ep.end = True, "actions_spent"
-        elif not ep.done and turn == s.max_turn:
+        elif not ep.done and turn == agent.max_turn:
             ep.done, ep.end = True, "max_turn"
 
     def sample_turn(self, model, live: list[Episode], turn: int, gen_kwargs: dict, seeds: list[int] | None) -> None:
         """Open turn ``turn`` of every live episode and sample all their responses in one generate call."""
         contexts, playing, turn_seeds = [], [], []
         for i, ep in enumerate(live):
-            left = self.s.max_actions_per_traj - ep.actions_used
+            left = self.agent.max_actions_per_traj - ep.actions_used
             ep.turns.append(Turn(turn_text(turn, ep.observation, left), ep.observation))
             ctx = [tok for ids, _ in self.pieces(ep, len(ep.turns) - 1, with_response=False) for tok in ids]
             if len(ctx) > self.max_context:  # no room for another turn: the episode ends before it
@@ -228,7 +228,7 @@ class EpisodeRunner:
         for seed in env_seeds:
             env = self.make_env()
             episodes.append(Episode(env, seed, env.reset(seed)))
-        for turn in range(1, self.s.max_turn + 1):
+        for turn in range(1, self.agent.max_turn + 1):
             idx = [i for i, ep in enumerate(episodes) if not ep.done]
             if not idx:
                 break
@@ -257,7 +257,7 @@ class EpisodeRunner:
                 mask += [0 if logp is None else 1] * len(ids)
                 lp += [0.0] * len(ids) if logp is None else logp
                 rw += [0.0] * len(ids)
-            if self.s.use_turn_scores:  # each turn's score on its last token (full window: every turn is here)
+            if self.agent.use_turn_scores:  # each turn's score on its last token (full window: every turn is here)
                 ends = [k for k in range(len(mask)) if mask[k] and (k + 1 == len(mask) or not mask[k + 1])]
                 for k, t in zip(ends, ep.turns):
                     rw[k] = self.turn_score(t)
@@ -276,9 +276,11 @@ class EpisodeRunner:
                  "format": torch.tensor([sum(t.penalty for t in ep.turns) for ep in episodes])}
         comps = {k: v.float() for k, v in comps.items()}
         total = self.weights["env"] * comps["env"] + self.weights["format"] * comps["format"]
-        batch = Batch(input_ids, attention_mask, response_mask, group_ids, total, group_reward_std(total, group_ids),
-                      comps, old_log_probs=pad(lps) * response_mask if self.window is None else None,
-                      token_rewards=pad(rewards) if self.s.use_turn_scores else None)
+        batch = Batch(
+            input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask, group_ids=group_ids,
+            scores=total, reward_std=group_reward_std(total, group_ids), components=comps,
+            old_log_probs=pad(lps) * response_mask if self.window is None else None,
+            token_rewards=pad(rewards) if self.agent.use_turn_scores else None)
         return batch, self.info(episodes, batch)
 
     def info(self, episodes: list[Episode], batch: Batch) -> dict:

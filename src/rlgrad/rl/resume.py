@@ -25,23 +25,23 @@ DEFINING = ("model.", "data.task", "data.train_files", "data.val_files", "data.r
 
 def resolve_run_dir(cfg: RLGradConfig) -> Path:
     """The run directory; a one-line error when it cannot be one (a file, under a file, not writable)."""
-    t = cfg.trainer
-    rd = Path(t.default_local_dir or Path("runs") / t.project_name / t.experiment_name)
-    for p in (rd, *rd.parents):
+    trainer = cfg.trainer
+    run_dir = Path(trainer.default_local_dir or Path("runs") / trainer.project_name / trainer.experiment_name)
+    for p in (run_dir, *run_dir.parents):
         if p.exists():
             if not p.is_dir():
-                raise UserError(f"run directory '{rd}': '{p}' is a file")
+                raise UserError(f"run directory '{run_dir}': '{p}' is a file")
             if not os.access(p, os.W_OK | os.X_OK):
-                raise UserError(f"run directory '{rd}': '{p}' is not writable")
+                raise UserError(f"run directory '{run_dir}': '{p}' is not writable")
             break
-    return rd
+    return run_dir
 
 
 def find_resume_point(cfg: RLGradConfig, run_dir: Path) -> Path | None:
     """Which checkpoint to resume from, or None for a fresh run. Refuses to reuse another run's directory."""
-    t = cfg.trainer
-    if t.resume_mode == "resume_path":
-        src = Path(t.resume_from_path)
+    trainer = cfg.trainer
+    if trainer.resume_mode == "resume_path":
+        src = Path(trainer.resume_from_path)
         if not src.is_dir():
             raise UserError(f"trainer.resume_from_path '{src}' does not exist")
         ckpt.checkpoint_step(src)  # validates
@@ -50,7 +50,7 @@ def find_resume_point(cfg: RLGradConfig, run_dir: Path) -> Path | None:
                             "trainer.experiment_name or trainer.default_local_dir")
         return src
     found = checkpoint_dirs(run_dir)
-    if t.resume_mode == "auto" and found:
+    if trainer.resume_mode == "auto" and found:
         for _, path in reversed(found):  # the newest sound one: a damaged checkpoint is passed over, named
             why = ckpt.damage(path)
             if why is None:
@@ -59,7 +59,7 @@ def find_resume_point(cfg: RLGradConfig, run_dir: Path) -> Path | None:
         raise UserError(f"run directory '{run_dir}': every checkpoint is damaged (newest: {found[-1][1]}: "
                         f"{ckpt.damage(found[-1][1])})")
     if holds_a_run(run_dir):
-        why = ("has no complete checkpoint to resume from" if t.resume_mode == "auto"
+        why = ("has no complete checkpoint to resume from" if trainer.resume_mode == "auto"
                else "is in use (resume_mode=disable)")
         raise UserError(f"run directory '{run_dir}' already holds a run and {why}; choose a new "
                         "trainer.experiment_name or trainer.default_local_dir")

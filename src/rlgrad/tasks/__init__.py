@@ -39,6 +39,29 @@ def task_from_config(cfg: Any) -> Task:
         answer_extraction=cfg.reward.answer_extraction, partial_credit=cfg.reward.partial_credit)
 
 
+def _check_task_args(name: str, *, val_size: int, length_max: int, length_unit: str, answer_extraction: str,
+                     has_files: bool) -> None:
+    """The task settings every task shares, checked before any task is built."""
+    if answer_extraction not in EXTRACTION_MODES:
+        raise UserError(f"answer_extraction must be one of {', '.join(EXTRACTION_MODES)}, got {answer_extraction!r}")
+    if length_unit not in LENGTH_UNITS:
+        raise UserError(f"length_unit must be one of {', '.join(LENGTH_UNITS)}, got '{length_unit}'")
+    if not length_max or length_max <= 0:
+        raise UserError(f"length_max must be a positive integer, got {length_max!r}")
+    if val_size < 0:
+        raise UserError(f"val_size must be >= 0, got {val_size}")
+    if name in ("arithmetic", "countdown", "reasoning_gym", "sokoban", "frozen_lake") and has_files:
+        raise UserError(f"task '{name}' generates its own data; train_files/val_files are only for task 'math'")
+
+
+def _reasoning_gym_settings(settings: Any) -> tuple[Any, Any]:
+    """``(dataset, config)`` of ``data.reasoning_gym``: a mapping or an object (missing entries: None)."""
+    settings = settings or {}
+    if isinstance(settings, Mapping):
+        return settings.get("dataset"), settings.get("config")
+    return getattr(settings, "dataset", None), getattr(settings, "config", None)
+
+
 def build_task(name: str, *, seed: int = 0, val_size: int = 128, weights: dict[str, float] | None = None,
                train_files: list[str] | None = None, val_files: list[str] | None = None,
                length_max: int = 800, length_unit: str = "chars", reasoning_gym: Any = None, env: Any = None,
@@ -49,16 +72,8 @@ def build_task(name: str, *, seed: int = 0, val_size: int = 128, weights: dict[s
     agent settings (``agent``). ``answer_extraction``: strict | flexible | auto, how math, countdown and
     reasoning_gym read the answer (``rlgrad.tasks.extraction``); ``partial_credit``: reasoning_gym passes its
     verifier's partial credit through (else 1 only at 1.0)."""
-    if answer_extraction not in EXTRACTION_MODES:
-        raise UserError(f"answer_extraction must be one of {', '.join(EXTRACTION_MODES)}, got {answer_extraction!r}")
-    if length_unit not in LENGTH_UNITS:
-        raise UserError(f"length_unit must be one of {', '.join(LENGTH_UNITS)}, got '{length_unit}'")
-    if not length_max or length_max <= 0:
-        raise UserError(f"length_max must be a positive integer, got {length_max!r}")
-    if val_size < 0:
-        raise UserError(f"val_size must be >= 0, got {val_size}")
-    if name in ("arithmetic", "countdown", "reasoning_gym", "sokoban", "frozen_lake") and (train_files or val_files):
-        raise UserError(f"task '{name}' generates its own data; train_files/val_files are only for task 'math'")
+    _check_task_args(name, val_size=val_size, length_max=length_max, length_unit=length_unit,
+                     answer_extraction=answer_extraction, has_files=bool(train_files or val_files))
     # Imported here so the task modules can import Example/Score from this package.
     if name == "arithmetic":
         from rlgrad.tasks.arithmetic import ArithmeticTask
@@ -74,9 +89,8 @@ def build_task(name: str, *, seed: int = 0, val_size: int = 128, weights: dict[s
                         answer_extraction=answer_extraction)
     if name == "reasoning_gym":
         from rlgrad.tasks.reasoning_gym import ReasoningGymTask
-        rg = reasoning_gym or {}
-        get = rg.get if isinstance(rg, Mapping) else (lambda key: getattr(rg, key, None))
-        return ReasoningGymTask(dataset=get("dataset"), config=get("config"), seed=seed, val_size=val_size,
+        dataset, config = _reasoning_gym_settings(reasoning_gym)
+        return ReasoningGymTask(dataset=dataset, config=config, seed=seed, val_size=val_size,
                                 weights=weights, length_unit=length_unit, answer_extraction=answer_extraction,
                                 partial_credit=partial_credit)
     if name in ("sokoban", "frozen_lake"):

@@ -230,36 +230,73 @@ def _read_rows(path: str) -> list[tuple[str, Any]]:
     raise UserError(f"{path}: unsupported data file extension '{p.suffix}' (use .jsonl or .parquet)")
 
 
+# Each layout reader: (question, ground truth, chat messages or None) of a row in its layout, None for another.
+_Read = tuple[Any, Any, list[dict[str, str]] | None] | None
+
+
+def _verl_row(row: dict, where: str) -> _Read:
+    """verl: ``prompt`` is a list of chat messages, the answer is ``reward_model.ground_truth``."""
+    prompt = row.get("prompt")
+    if not isinstance(prompt, list):
+        return None
+    users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+    reward_model = row.get("reward_model")
+    truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+    if not users or not isinstance(users[-1], str) or truth is None:
+        raise UserError(f"{where}: verl-style row needs a user message in 'prompt' and "
+                        "'reward_model.ground_truth'")
+    messages = [{"role": str(m.get("role")), "content": str(m.get("content"))} for m in prompt
+                if isinstance(m, dict)]  # rendered as they are by the chat template
+    return users[-1], truth, messages
+
+
+def _gsm8k_row(row: dict, where: str) -> _Read:
+    """GSM8K: ``question`` and ``answer``, the final answer after ``####``."""
+    if "question" not in row or "answer" not in row:
+        return None
+    truth = row["answer"]
+    if isinstance(truth, str) and "####" in truth:
+        truth = truth.split("####")[-1].replace(",", "")
+    return row["question"], truth, None
+
+
+def _math_row(row: dict, where: str) -> _Read:
+    """MATH: ``problem`` and ``answer``, or the ``\\boxed{}`` answer of its ``solution``."""
+    if "problem" not in row or (row.get("answer") is None and "solution" not in row):
+        return None
+    truth = row.get("answer")
+    if truth is None:
+        truth = extract_boxed_answer(str(row["solution"]))
+        if truth is None:
+            raise UserError(f"{where}: no \\boxed{{...}} answer in 'solution' and no 'answer' field")
+    return row["problem"], truth, None
+
+
+def _plain_row(row: dict, where: str) -> _Read:
+    """Plain: a text ``prompt`` and an ``answer``."""
+    if not isinstance(row.get("prompt"), str) or "answer" not in row:
+        return None
+    return row["prompt"], row["answer"], None
+
+
+_LAYOUTS = (("verl", _verl_row), ("gsm8k", _gsm8k_row), ("math", _math_row), ("plain", _plain_row))  # tried in order
+
+
+def _read_row(row: dict, where: str) -> tuple[str, Any, Any, list[dict[str, str]] | None]:
+    """(layout, question, ground truth, chat messages) of a row, by the first layout it matches."""
+    for layout, read in _LAYOUTS:
+        found = read(row, where)
+        if found is not None:
+            return (layout, *found)
+    raise UserError(f"{where}: row matches no supported layout (verl prompt messages + "
+                    "reward_model.ground_truth, question+answer, problem+solution/answer, prompt+answer); "
+                    f"keys: {', '.join(sorted(map(str, row)))}")
+
+
 def _row_to_example(row: Any, where: str) -> Example:
     if not isinstance(row, dict):
         raise UserError(f"{where}: expected an object per row, got {type(row).__name__}")
-    prompt, layout, messages = row.get("prompt"), None, None
-    if isinstance(prompt, list):
-        users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        rm = row.get("reward_model")
-        truth = rm.get("ground_truth") if isinstance(rm, dict) else None
-        if not users or not isinstance(users[-1], str) or truth is None:
-            raise UserError(f"{where}: verl-style row needs a user message in 'prompt' and "
-                            "'reward_model.ground_truth'")
-        question, layout = users[-1], "verl"
-        messages = [{"role": str(m.get("role")), "content": str(m.get("content"))} for m in prompt
-                    if isinstance(m, dict)]  # rendered as they are by the chat template
-    elif "question" in row and "answer" in row:
-        question, layout, truth = row["question"], "gsm8k", row["answer"]
-        if isinstance(truth, str) and "####" in truth:
-            truth = truth.split("####")[-1].replace(",", "")
-    elif "problem" in row and (row.get("answer") is not None or "solution" in row):
-        question, layout, truth = row["problem"], "math", row.get("answer")
-        if truth is None:
-            truth = extract_boxed_answer(str(row["solution"]))
-            if truth is None:
-                raise UserError(f"{where}: no \\boxed{{...}} answer in 'solution' and no 'answer' field")
-    elif isinstance(prompt, str) and "answer" in row:
-        question, layout, truth = prompt, "plain", row["answer"]
-    else:
-        raise UserError(f"{where}: row matches no supported layout (verl prompt messages + "
-                        "reward_model.ground_truth, question+answer, problem+solution/answer, prompt+answer); "
-                        f"keys: {', '.join(sorted(map(str, row)))}")
+    layout, question, truth, messages = _read_row(row, where)
     if truth is None or not isinstance(question, str) or not question.strip():
         raise UserError(f"{where}: " + ("null ground-truth answer" if truth is None else "empty or non-text prompt"))
     truth = str(truth).strip()

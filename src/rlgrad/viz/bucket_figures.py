@@ -38,21 +38,22 @@ class StepView:
 
     def __init__(self, run: D.RunData, step: int):
         self.run, self.step = run, step
-        self.m = run.metrics(step)
-        self.buckets = D.bucket_names(self.m)
-        self.has_all = any(k.startswith(f"{D.PREFIX}/all/") for k in self.m)
+        self.metrics = run.metrics(step)
+        self.buckets = D.bucket_names(self.metrics)
+        self.has_all = any(k.startswith(f"{D.PREFIX}/all/") for k in self.metrics)
         self.labels = [b.replace("_", " ") for b in self.buckets]
 
     def values(self, name: str, buckets: Sequence[str] | None = None) -> list[float]:
-        return [D.bucket_value(self.m, b, name) for b in (buckets or self.buckets)]
+        return [D.bucket_value(self.metrics, b, name) for b in (buckets or self.buckets)]
 
     def all_value(self, name: str) -> float:
-        return D.bucket_value(self.m, "all", name)
+        return D.bucket_value(self.metrics, "all", name)
 
     def tick_labels(self) -> list[str]:
         out = []
         for b, lab in zip(self.buckets, self.labels):
-            rv, n = D.bucket_value(self.m, b, "reward_std_mean"), D.bucket_value(self.m, b, "group_rv_count")
+            rv = D.bucket_value(self.metrics, b, "reward_std_mean")
+            n = D.bucket_value(self.metrics, b, "group_rv_count")
             extra = f"\nstd {rv:.2g}" if math.isfinite(rv) else ""
             extra += f"\n{int(n)} group{'s' if n != 1 else ''}" if math.isfinite(n) else ""
             out.append(lab + extra)
@@ -115,7 +116,7 @@ def _bucket_legend(fig: Figure, color: str = "white") -> None:
 def _terms(sv: StepView) -> tuple[list[str], list[str]]:
     """The loss terms a step's analysis measured (KL, entropy, task: RAGEN's panel order) and the regularisers it
     did not (their panels are left out, not drawn empty); the task term is always drawn."""
-    present = [c for c in ("kl", "entropy", "task") if c == "task" or D.has_component(sv.m, c)]
+    present = [c for c in ("kl", "entropy", "task") if c == "task" or D.has_component(sv.metrics, c)]
     return present, [c for c in ("entropy", "kl") if c not in present]
 
 
@@ -126,7 +127,7 @@ def fig_grad_norms(sv: StepView) -> Figure:
     for ax, comp in zip(axes[0], comps):
         ax.set_title(f"{TITLES[comp]} norm", fontweight="bold")
         ax.set_ylabel(f"gradient norm ({NORM_UNIT})")
-        if not D.has_component(sv.m, comp):
+        if not D.has_component(sv.metrics, comp):
             note(ax, MISSING.get(comp, "not logged"))
             ax.set_xticks([])
             continue
@@ -141,8 +142,8 @@ def fig_grad_norms(sv: StepView) -> Figure:
 
 def fig_losses(sv: StepView) -> Figure:
     """gradient_analysis_loss_plots_step_N: policy / entropy / KL / total loss per bucket."""
-    terms = [t for t in D.LOSS_TERMS if t in ("policy", "total") or any(math.isfinite(v)
-                                                                       for v in sv.values(f"loss/{t}"))]
+    terms = [t for t in D.LOSS_TERMS
+             if t in ("policy", "total") or any(math.isfinite(v) for v in sv.values(f"loss/{t}"))]
     fig, axes = new_fig(2, 2, (15, 9)) if len(terms) == 4 else new_fig(1, len(terms), (6.5 * len(terms), 5.2))
     agg = D.config_get(sv.run, "actor.loss_agg_mode", None)
     for ax, term in zip(axes.flat, terms):
@@ -196,7 +197,7 @@ def fig_normed(sv: StepView) -> Figure:
     for ax, comp in zip(axes[0], comps):
         ax.set_title(f"{TITLES[comp]}: norm per sample vs per token", fontweight="bold", fontsize=11)
         ax.set_ylabel("gradient norm / sample count, / token count")
-        if not D.has_component(sv.m, comp):
+        if not D.has_component(sv.metrics, comp):
             note(ax, MISSING.get(comp, "not logged"))
             ax.set_xticks([])
             continue
@@ -226,8 +227,8 @@ def _rv_table_consistent(sv: StepView, table: list[tuple[str, int, float]]) -> d
     for b, vals in per.items():
         if not vals:
             return None
-        if abs(min(vals) - D.bucket_value(sv.m, b, "reward_std_min", 0)) > 1e-3 or \
-                abs(max(vals) - D.bucket_value(sv.m, b, "reward_std_max", 0)) > 1e-3:
+        if abs(min(vals) - D.bucket_value(sv.metrics, b, "reward_std_min", 0)) > 1e-3 or \
+                abs(max(vals) - D.bucket_value(sv.metrics, b, "reward_std_max", 0)) > 1e-3:
             return None
     return per
 
@@ -296,7 +297,7 @@ def _summary_reg_panel(ax, sv: StepView, rv: list[float], task: list[float]) -> 
     ax.set_title("(c) Regulariser (KL + entropy) gradient vs reward std", fontweight="bold", fontsize=11)
     ax.set_xlabel("bucket mean in-group reward std (reward units)")
     ax.set_ylabel(f"gradient norm ({NORM_UNIT})")
-    present = [c for c in ("kl", "entropy") if D.has_component(sv.m, c)]
+    present = [c for c in ("kl", "entropy") if D.has_component(sv.metrics, c)]
     if not present:
         note(ax, "no regulariser in this run\n(actor.entropy_coeff = 0, actor.use_kl_loss = false)")
     else:

@@ -36,10 +36,10 @@ def step_metrics_export(run: D.RunData, step: int) -> dict:
 def rv_table_csv(run: D.RunData, step: int) -> str:
     """gradient_analysis_bucket_rv_table_step_N.csv: one row per prompt group, RAGEN's columns first."""
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["bucket", "reward_std", "group_id"])
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["bucket", "reward_std", "group_id"])
     for bucket, gid, sd in sorted(D.rv_table(run, step), key=lambda r: (D._bucket_key(r[0]), r[1])):
-        w.writerow([bucket, f"{sd:.8g}", gid])
+        writer.writerow([bucket, f"{sd:.8g}", gid])
     return buf.getvalue()
 
 
@@ -80,23 +80,18 @@ def write_step_outputs(run: D.RunData, step: int, out_dir: Path, dpi: int = 150)
     return written
 
 
-def plot_command(run_dir: str | None, wandb_path: str | None, steps: list[int] | None, output_dir: str | None,
-                 list_steps: bool, dpi: int = 150) -> int:
-    if (run_dir is None) == (wandb_path is None):
-        raise UserError("give a RUN_DIR or --wandb-path ENTITY/PROJECT/RUN_ID (one of them)")
-    run = D.load_run(run_dir) if run_dir is not None else D.load_wandb_run(wandb_path)
-    available = plottable_steps(run)
-    if list_steps:
-        if available:
-            print(f"analysis steps in {run.source} (bucket analysis, reward components, neuron health):")
-            for s in available:
-                print(s)
-        else:
-            print(f"no analysis steps in {run.source}")
-        return 0
+def _print_steps(run: D.RunData, available: list[int]) -> None:
+    """``rlgrad plot --list-steps``."""
     if not available:
-        raise UserError(f"'{run.source}' holds no analysis steps (no bucket analysis, reward-component geometry or "
-                        "neuron-health measurement)")
+        print(f"no analysis steps in {run.source}")
+        return
+    print(f"analysis steps in {run.source} (bucket analysis, reward components, neuron health):")
+    for s in available:
+        print(s)
+
+
+def _chosen_steps(run: D.RunData, steps: list[int] | None, available: list[int]) -> list[int]:
+    """The asked-for steps that have an analysis (all of them when none is asked for); a miss is named."""
     chosen = sorted(set(steps or available) & set(available))
     missing = sorted(set(steps or []) - set(available))
     if missing and not chosen:
@@ -105,9 +100,30 @@ def plot_command(run_dir: str | None, wandb_path: str | None, steps: list[int] |
     if missing:
         print(f"no analysis at step {', '.join(map(str, missing))} (available: {', '.join(map(str, available))}); "
               "drawing the others")
+    return chosen
+
+
+def _output_dir(run: D.RunData, output_dir: str | None) -> Path:
     out = Path(output_dir) if output_dir else Path("gradient_analysis_outputs") / sanitize(run.name)
     if out.exists() and not out.is_dir():
         raise UserError(f"--output-dir '{out}' exists and is not a directory")
+    return out
+
+
+def plot_command(run_dir: str | None, wandb_path: str | None, steps: list[int] | None, output_dir: str | None,
+                 list_steps: bool, dpi: int = 150) -> int:
+    if (run_dir is None) == (wandb_path is None):
+        raise UserError("give a RUN_DIR or --wandb-path ENTITY/PROJECT/RUN_ID (one of them)")
+    run = D.load_run(run_dir) if run_dir is not None else D.load_wandb_run(wandb_path)
+    available = plottable_steps(run)
+    if list_steps:
+        _print_steps(run, available)
+        return 0
+    if not available:
+        raise UserError(f"'{run.source}' holds no analysis steps (no bucket analysis, reward-component geometry or "
+                        "neuron-health measurement)")
+    chosen = _chosen_steps(run, steps, available)
+    out = _output_dir(run, output_dir)
     for s in chosen:
         files = write_step_outputs(run, s, out, dpi)
         print(f"step {s}: {len(files)} files")
@@ -146,10 +162,10 @@ def plot_steps_command(mode: str, step_dirs: list[str], out: str, dpi: int = 200
     steps = []
     for spec in step_dirs:
         step, path = parse_step_dir(spec)
-        m = load_step_dir(step, path)
-        if not D.bucket_names(m):
+        metrics = load_step_dir(step, path)
+        if not D.bucket_names(metrics):
             raise UserError(f"--step-dir {spec}: the metrics hold no grad_norm/bucket_* values")
-        steps.append((f"Step {step}", m))
+        steps.append((f"Step {step}", metrics))
     fig = R.fig_steps_grid(steps, mode)
     atomic_write_bytes(out, png_bytes(fig, dpi))
     print(f"saved figure to {Path(out).resolve()}")

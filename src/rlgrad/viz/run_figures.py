@@ -7,9 +7,11 @@ reward-component and neuron-health figures draw one step's ``components.json`` /
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import matplotlib
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
@@ -410,60 +412,79 @@ def fig_component_trend(run: D.RunData) -> Figure | None:
     return fig
 
 
-def fig_reward_components(run: D.RunData) -> Figure | None:
-    """Per-component reward mean (± std band) over steps, and format/correctness counts."""
-    rc = D.reward_components(run)
+def _component_names(run: D.RunData, by_step: dict) -> list[str]:
+    """The reward components of a run, from its per-step records, else from its reward/<c>/mean metrics."""
     comps: list[str] = []
-    for row in rc.values():
+    for row in by_step.values():
         comps += [c for c in row.get("components", []) if c not in comps]
     if not comps:  # metrics only (e.g. a W&B run): reward/<c>/mean
         comps = sorted({k.split("/")[1] for k in D.metric_keys(run)
                         if k.startswith("reward/") and k.endswith("/mean")})
-    if not comps:
-        return None
-    fig, axes = new_fig(1, 2, (14, 4.6))
-    ax = axes[0, 0]
-    for c in comps:
-        if rc:
-            s = [st for st, row in rc.items() if c in row.get("stats", {})]
-            mu = np.array([rc[st]["stats"][c].get("mean", np.nan) for st in s], dtype=float)
-            sd = np.array([rc[st]["stats"][c].get("std", np.nan) for st in s], dtype=float)
-        else:
-            s, mu = D.series(run, f"reward/{c}/mean")
-            mu = np.asarray(mu, dtype=float)
-            sd = np.asarray([run.metrics(st).get(f"reward/{c}/std", np.nan) for st in s], dtype=float)
-        line = ax.plot(s, mu, "o-" if len(s) < 30 else "-", markersize=3, label=D.label(run, c))[0]
-        if np.isfinite(sd).any():  # the band stays within the values the samples took (a 0/1 reward: [0, 1])
-            lo = np.array([rc[st]["stats"][c].get("min", -np.inf) for st in s], dtype=float) if rc else -np.inf
-            hi = np.array([rc[st]["stats"][c].get("max", np.inf) for st in s], dtype=float) if rc else np.inf
-            ax.fill_between(s, np.maximum(mu - np.nan_to_num(sd), lo), np.minimum(mu + np.nan_to_num(sd), hi),
-                            color=line.get_color(), alpha=0.15)
+    return comps
+
+
+def _component_series(run: D.RunData, by_step: dict, comp: str) -> tuple[list, np.ndarray, np.ndarray, Any, Any]:
+    """(steps, mean, std, low, high) of one component's reward: the band's bounds are the values the samples
+    took (±inf where only the metrics are there)."""
+    if not by_step:
+        steps, mean = D.series(run, f"reward/{comp}/mean")
+        std = np.asarray([run.metrics(st).get(f"reward/{comp}/std", np.nan) for st in steps], dtype=float)
+        return steps, np.asarray(mean, dtype=float), std, -np.inf, np.inf
+    steps = [st for st, row in by_step.items() if comp in row.get("stats", {})]
+    stats = [by_step[st]["stats"][comp] for st in steps]
+
+    def column(name: str, missing: float) -> np.ndarray:
+        return np.array([st.get(name, missing) for st in stats], dtype=float)
+
+    return steps, column("mean", np.nan), column("std", np.nan), column("min", -np.inf), column("max", np.inf)
+
+
+def _draw_component_means(ax: Axes, run: D.RunData, by_step: dict, comps: list[str]) -> None:
+    for comp in comps:
+        steps, mean, std, low, high = _component_series(run, by_step, comp)
+        line = ax.plot(steps, mean, "o-" if len(steps) < 30 else "-", markersize=3, label=D.label(run, comp))[0]
+        if np.isfinite(std).any():  # the band stays within the values the samples took (a 0/1 reward: [0, 1])
+            ax.fill_between(steps, np.maximum(mean - np.nan_to_num(std), low),
+                            np.minimum(mean + np.nan_to_num(std), high), color=line.get_color(), alpha=0.15)
     ax.set_title("Reward components: mean ± std over the trained samples", fontweight="bold", fontsize=11)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel("component reward (unweighted, reward units)")
     ax.grid(linestyle="--", alpha=0.4)
     ax.legend(fontsize=8)
-    ax = axes[0, 1]
+
+
+def _draw_sample_counts(ax: Axes, by_step: dict) -> None:
+    """The share of samples correct and with a valid format per step (the panel hidden if none is recorded)."""
+    steps = list(by_step)
+    n = np.array([max(1, by_step[st].get("num_samples", 1)) for st in steps], dtype=float)
     drew = False
-    if rc:
-        s = list(rc)
-        n = np.array([max(1, rc[st].get("num_samples", 1)) for st in s], dtype=float)
-        for key, label in (("num_correct", "correct"), ("num_valid_format", "valid format")):
-            if any(key in rc[st] for st in s):
-                ax.plot(s, [100 * rc[st].get(key, np.nan) / n[i] for i, st in enumerate(s)], "o-",
-                        markersize=3, label=label)
-                drew = True
-    if drew:
-        ax.set_title("Samples correct / with a valid format", fontweight="bold", fontsize=11)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("share of samples (%)")
-        ax.set_xlabel("training step")
-        ax.set_ylim(-2, 102)
-        ax.grid(linestyle="--", alpha=0.4)
-        ax.legend(fontsize=8)
-    else:
+    for key, label in (("num_correct", "correct"), ("num_valid_format", "valid format")):
+        if any(key in by_step[st] for st in steps):
+            ax.plot(steps, [100 * by_step[st].get(key, np.nan) / n[i] for i, st in enumerate(steps)], "o-",
+                    markersize=3, label=label)
+            drew = True
+    if not drew:
         ax.set_visible(False)
+        return
+    ax.set_title("Samples correct / with a valid format", fontweight="bold", fontsize=11)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("share of samples (%)")
+    ax.set_xlabel("training step")
+    ax.set_ylim(-2, 102)
+    ax.grid(linestyle="--", alpha=0.4)
+    ax.legend(fontsize=8)
+
+
+def fig_reward_components(run: D.RunData) -> Figure | None:
+    """Per-component reward mean (± std band) over steps, and format/correctness counts."""
+    by_step = D.reward_components(run)
+    comps = _component_names(run, by_step)
+    if not comps:
+        return None
+    fig, axes = new_fig(1, 2, (14, 4.6))
+    _draw_component_means(axes[0, 0], run, by_step, comps)
+    _draw_sample_counts(axes[0, 1], by_step)
     fig.suptitle(f"Reward components — run {run.name}", fontsize=13)
     return fig
 
@@ -476,7 +497,8 @@ def fig_neuron_trend(run: D.RunData) -> Figure | None:
           (f"{role}/param/zero_grad_ratio", "zero-gradient parameters"),
           (f"{role}/neuron/nullspace_ratio", "gradient null space")], f"{role}: neuron health", "fraction")
         for role in D.ROLES]
-    panels.append(([(f"{r}/neuron/reset_count", r) for r in D.ROLES], "ReDo resets", "neurons reset (count)"))
+    panels.append(([(f"{role}/neuron/reset_count", role) for role in D.ROLES], "ReDo resets",
+                   "neurons reset (count)"))
     return _series_grid(run, panels, f"Neuron health over training — run {run.name}",
                         counts=frozenset({"ReDo resets"}))
 
