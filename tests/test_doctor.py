@@ -8,6 +8,7 @@ series, the numbers in the evidence computed by hand), and the recorded rlgrad r
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -299,3 +300,17 @@ def test_a_trl_run_quotes_trls_names_and_its_reward_names():
             assert fmt_.evidence[1].startswith("rewards/correct-answer/mean ")
         else:
             assert entropy.startswith("actor/entropy ") and fmt_.evidence[0].startswith("reward/fmt_v2/mean ")
+
+
+def test_finding_ids_are_the_registered_signature_ids_and_the_readme_names_each_once():
+    registered = [sid for sid, _, _ in SIGNATURES]
+    assert len(registered) == len(set(registered))
+    seen = set()
+    for run in sorted(p for p in FIXTURES.iterdir() if p.is_dir()):
+        seen |= {f.id for f in diagnose(D.load_any(str(run))).findings}
+    assert seen and seen <= set(registered) | {"healthy"}, seen - set(registered)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme[readme.index("| finding | from |"):]
+    table = table[: table.index("\n\n")]
+    named = re.findall(r"`([a-z_]+)`", "\n".join(line.split("|")[1] for line in table.splitlines()[2:]))
+    assert sorted(named) == sorted(registered)

@@ -6,6 +6,8 @@ A signature (``rlgrad.doctor.signatures``) is a function of a ``View`` and the `
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -73,7 +75,6 @@ class Thresholds:
 
 @dataclass
 class Finding:
-    id: str
     severity: str  # info | warn | critical
     step: int | None  # the first step it shows at
     confidence: float  # 0..1
@@ -81,6 +82,7 @@ class Finding:
     evidence: list[str]
     explanation: str
     action: str
+    id: str = ""  # a signature's findings take its registered id (``signature``); set by hand only outside one
 
 
 @dataclass
@@ -156,8 +158,14 @@ SIGNATURES: list[tuple[str, tuple[str, ...], Signature]] = []  # (id, the metric
 
 
 def signature(sid: str, *needs: str):
-    """Register a rule; ``needs``: metrics of which the run must hold at least one ("a|b": either)."""
+    """Register a rule under ``sid``, the one spelling of its id: ``--explain``, ``--thresholds`` and every finding
+    it returns use it. ``needs``: metrics of which the run must hold at least one ("a|b": either)."""
     def deco(fn: Signature) -> Signature:
-        SIGNATURES.append((sid, needs, fn))
-        return fn
+        @functools.wraps(fn)
+        def rule(v: View, t: Thresholds) -> Finding | None:
+            found = fn(v, t)
+            return None if found is None else dataclasses.replace(found, id=sid)
+
+        SIGNATURES.append((sid, needs, rule))
+        return rule
     return deco

@@ -25,7 +25,7 @@ def _nonfinite(v: View, t: Thresholds) -> Finding | None:
     ev = [f"step {s}: {', '.join(sorted(set(k)))} non-finite" for s, k in sorted(bad.items())[:5]]
     ev += [f"step {s}: the update skipped a non-finite gradient" for s in skipped_at[:5]]
     return Finding(
-        id="nonfinite_steps", severity="critical", step=first, confidence=1.0, title="Non-finite loss or gradient",
+        severity="critical", step=first, confidence=1.0, title="Non-finite loss or gradient",
         evidence=ev,
         explanation="A NaN or inf reached the loss or the gradient. Once the weights take one, every later step is "
                     "garbage; rlgrad skips such an update, other trainers may not.",
@@ -57,7 +57,7 @@ def _spike(v: View, t: Thresholds) -> Finding | None:
             after = f" The reward fell after it: {fmt(mean(before))} → {fmt(mean(later))}."
             ev.append(f"{v.name('critic/score/mean')}: {fmt(mean(before))} before step {s0}, {fmt(mean(later))} after")
     return Finding(
-        id="grad_norm_spike", severity=severity, step=s0, confidence=0.7 if severity == "warn" else 0.9,
+        severity=severity, step=s0, confidence=0.7 if severity == "warn" else 0.9,
         title=f"Gradient-norm spike{'s' if len(spikes) > 1 else ''} ({len(spikes)})", evidence=ev,
         explanation="The gradient jumped an order of magnitude above its recent level: a few sequences with huge "
                     "ratios or advantages, or a numerical blow-up." + after,
@@ -87,7 +87,7 @@ def _clip_every_step(v: View, t: Thresholds) -> Finding | None:
     lr = v.cfg("actor.optim.lr", "learning_rate")
     eff = f"; with lr {fmt(float(lr))} that is an effective lr of about {fmt(float(lr) * scale)}" if lr else ""
     return Finding(
-        id="clip_every_step", severity="warn", step=over[0][0], confidence=0.9,
+        severity="warn", step=over[0][0], confidence=0.9,
         title="Gradient clipping on (nearly) every step",
         evidence=[f"max_grad_norm {fmt(clip)}; {v.name('actor/grad_norm')} above it on {len(over)} of {len(g)} steps "
                   f"(median {fmt(statistics.median(g))})"],
@@ -121,7 +121,7 @@ def _lr_small(v: View, t: Thresholds) -> Finding | None:
         return None
     first = next((s for s in v.steps if s > 0), None)
     return Finding(
-        id="lr_too_small", severity="warn", step=first, confidence=0.8 if flat else 0.5,
+        severity="warn", step=first, confidence=0.8 if flat else 0.5,
         title="Learning rate too small for the run to move", evidence=[f"lr {fmt(lr)}"] + ([ev] if ev else []),
         explanation="With this learning rate each update moves the policy too little to change what it samples: "
                     "the reward stays where it started. (RL fine-tuning of LLMs commonly uses 1e-6 to 1e-5 for "
@@ -145,7 +145,7 @@ def _kl(v: View, t: Thresholds) -> Finding | None:
     first = next(s for s, x in zip(steps, k) if abs(x) > max(t.kl_floor, min(b, t.kl_high)) / 2)
     coef = v.cfg("actor.kl_loss_coef")
     return Finding(
-        id="kl_blowup", severity=severity, step=first, confidence=0.8,
+        severity=severity, step=first, confidence=0.8,
         title="The policy runs away from the reference (KL blow-up)",
         evidence=[f"{v.name(name)}: {fmt(a)} (first steps) → {fmt(b)} (last steps)"]
                  + ([f"kl_loss_coef {coef}"] if coef is not None else []),
@@ -166,7 +166,7 @@ def _entropy(v: View, t: Thresholds) -> Finding | None:
         return None
     first = next(s for s, x in zip(steps, e) if x < 2 * t.entropy_drop * a)
     return Finding(
-        id="entropy_collapse", severity="warn", step=first, confidence=0.8, title="Entropy collapse",
+        severity="warn", step=first, confidence=0.8, title="Entropy collapse",
         evidence=[f"{v.name('actor/entropy')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"],
         explanation="The policy became (nearly) deterministic: groups of samples now agree, their rewards have no "
                     "variance, and GRPO's advantage — and with it the gradient — vanishes.",
@@ -174,27 +174,31 @@ def _entropy(v: View, t: Thresholds) -> Finding | None:
                "(clip_ratio_high > clip_ratio_low), lower the learning rate.")
 
 
-@signature("clipfrac", "actor/pg_clipfrac")
-def _clipfrac(v: View, t: Thresholds) -> Finding | None:
+@signature("clipfrac_saturated", "actor/pg_clipfrac")
+def _clipfrac_saturated(v: View, t: Thresholds) -> Finding | None:
     steps, c = v.series("actor/pg_clipfrac")
-    if not c:
-        return None
-    _, b = first_last(c, t.window)
+    _, b = first_last(c, t.window) if c else (0.0, 0.0)
     if b > t.clipfrac_high:
         first = next(s for s, x in zip(steps, c) if x > t.clipfrac_high)
         return Finding(
-            id="clipfrac_saturated", severity="warn", step=first, confidence=0.7, title="The PPO clip is saturated",
+            severity="warn", step=first, confidence=0.7, title="The PPO clip is saturated",
             evidence=[f"{v.name('actor/pg_clipfrac')} {fmt(b)} over the last steps (healthy: roughly 0.1-0.4)"],
             explanation="Most tokens hit the clip: the policy moved far from the one that sampled the batch during "
                         "the update, so most tokens contribute no gradient.",
             action="Lower the learning rate or the number of optimizer steps per batch (ppo_epochs, "
                    "smaller ppo_mini_batch_size means more steps).")
-    if max(c) == 0.0:
+    return None
+
+
+@signature("clipfrac_zero", "actor/pg_clipfrac")
+def _clipfrac_zero(v: View, t: Thresholds) -> Finding | None:
+    steps, c = v.series("actor/pg_clipfrac")
+    if c and max(c) == 0.0:
         epochs = v.cfg("actor.ppo_epochs")
         mini, batch = v.cfg("actor.ppo_mini_batch_size"), v.cfg("data.train_batch_size")
         on_policy = epochs in (None, 1) and (mini is None or batch is None or mini >= batch)
         return Finding(
-            id="clipfrac_zero", severity="info" if on_policy else "warn", step=steps[0], confidence=0.6,
+            severity="info" if on_policy else "warn", step=steps[0], confidence=0.6,
             title="The clip never acts", evidence=[f"{v.name('actor/pg_clipfrac')} 0 on all {len(c)} logged steps"],
             explanation="Zero clip fraction means every update starts at the sampling policy: with one optimizer "
                         "step per batch the ratio is 1 and the clip (and clip-higher) does nothing, which is fine "
@@ -214,7 +218,7 @@ def _zero_var(v: View, t: Thresholds) -> Finding | None:
     dead = [s for s, a, b in zip(ss, amax, amin) if a == 0.0 and b == 0.0]
     if dead and len(dead) >= max(1, len(ss) // 2):
         return Finding(
-            id="zero_variance_groups", severity="critical", step=dead[0], confidence=0.9,
+            severity="critical", step=dead[0], confidence=0.9,
             title="No learning signal: every advantage is 0",
             evidence=[f"critic/advantages max = min = 0 on {len(dead)} of {len(ss)} steps"]
                      + ([f"{v.name('actor/grad_norm')} {fmt(statistics.median(g))} (median)"] if g else []),
@@ -230,7 +234,7 @@ def _zero_var(v: View, t: Thresholds) -> Finding | None:
         if recent > t.zero_var_frac:
             first = next(s for s, x in zip(zs, frac) if x > t.zero_var_frac)
             return Finding(
-                id="zero_variance_groups", severity="warn", step=first, confidence=0.8,
+                severity="warn", step=first, confidence=0.8,
                 title="Most prompt groups carry no signal (equal rewards)",
                 evidence=[f"{fmt(100 * recent)}% of the {batch} groups per step have zero reward variance "
                           "(rollout/filter_zero_count)"],
@@ -240,16 +244,16 @@ def _zero_var(v: View, t: Thresholds) -> Finding | None:
     return None
 
 
-@signature("response_length", "response_length/mean")
-def _length(v: View, t: Thresholds) -> Finding | None:
-    steps, m = v.series("response_length/mean")
+@signature("length_runaway", "response_length/mean")
+def _length_runaway(v: View, t: Thresholds) -> Finding | None:
+    _, m = v.series("response_length/mean")
     cs, c = v.series("response_length/clip_ratio")
     if c and len(c) >= 2:
         a, b = first_last(c, t.window)
         if b > t.length_clip_high and b > a:
             first = next(s for s, x in zip(cs, c) if x > t.length_clip_high)
             return Finding(
-                id="length_runaway", severity="warn", step=first, confidence=0.7,
+                severity="warn", step=first, confidence=0.7,
                 title="Responses run into the length limit",
                 evidence=[f"{v.name('response_length/clip_ratio')} {fmt(a)} → {fmt(b)}"]
                          + ([f"{v.name('response_length/mean')} {fmt(m[0])} → {fmt(m[-1])}"] if m else []),
@@ -257,12 +261,18 @@ def _length(v: View, t: Thresholds) -> Finding | None:
                             "no reward, and their many tokens dominate a token-mean loss.",
                 action="Raise the response length, add an overlong penalty (DAPO's soft length penalty), or "
                        "check that the model still emits its stop token.")
+    return None
+
+
+@signature("length_collapse", "response_length/mean")
+def _length_collapse(v: View, t: Thresholds) -> Finding | None:
+    steps, m = v.series("response_length/mean")
     if len(m) >= 4:
         a, b = first_last(m, t.window)
         if a > 0 and b < t.length_drop * a:
             first = next(s for s, x in zip(steps, m) if x < 2 * t.length_drop * a)
             return Finding(
-                id="length_collapse", severity="warn", step=first, confidence=0.6, title="Responses collapse in length",
+                severity="warn", step=first, confidence=0.6, title="Responses collapse in length",
                 evidence=[f"{v.name('response_length/mean')} {fmt(a)} → {fmt(b)}"],
                 explanation="The policy learned to answer shorter and shorter, often because a length or format "
                             "reward pays for it, or because short answers avoid penalties.",
@@ -297,7 +307,7 @@ def _reward_collapse(v: View, t: Thresholds) -> Finding | None:
         ev.append(f"val/accuracy {fmt(acc[0])} → {fmt(acc[-1])}")
     lr = v.cfg("actor.optim.lr", "learning_rate")
     return Finding(
-        id="reward_collapse", severity="critical", step=first, confidence=0.8, title="The reward collapsed",
+        severity="critical", step=first, confidence=0.8, title="The reward collapsed",
         evidence=ev, explanation=why,
         action="Lower the learning rate" + (f" (now {fmt(float(lr))})" if lr else "") + ", keep gradient "
                "clipping on, and resume from a checkpoint before the fall.")
@@ -313,7 +323,7 @@ def _plateau(v: View, t: Thresholds) -> Finding | None:
         return None
     ev = f"{v.name('critic/score/mean')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"
     return Finding(
-        id="reward_plateau", severity="info", step=None, confidence=0.5, title="Reward plateau", evidence=[ev],
+        severity="info", step=None, confidence=0.5, title="Reward plateau", evidence=[ev],
         explanation="The mean reward did not rise between the first and the last steps.",
         action="See the other findings for why; a plateau at the reward's maximum is success.")
 
@@ -328,7 +338,7 @@ def _reward_problem(v: View, pid: str, severity: str) -> Finding | None:
     title = (f"The reward cannot teach: '{p.component}' gives no group a signal" if pid == "unlearnable_reward"
              else f"'{p.component}' is the same for every response")
     return Finding(
-        id=pid, severity=severity, step=p.step, confidence=0.9, title=title, evidence=p.evidence, explanation=p.cause,
+        severity=severity, step=p.step, confidence=0.9, title=title, evidence=p.evidence, explanation=p.cause,
         action=p.advice)
 
 
@@ -360,7 +370,7 @@ def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
         if ob - oa > t.component_rise and cb - ca < t.correct_rise:
             o, c = v.label(other), v.label(correct)
             return Finding(
-                id="format_over_correct", severity="warn", step=steps[0], confidence=0.7,
+                severity="warn", step=steps[0], confidence=0.7,
                 title=f"'{o}' reward rises while '{c}' does not",
                 evidence=[f"{v.name(f'reward/{other}/mean')} {fmt(oa)} → {fmt(ob)}",
                           f"{v.name(f'reward/{correct}/mean')} {fmt(ca)} → {fmt(cb)}"],
@@ -381,7 +391,7 @@ def _val(v: View, t: Thresholds) -> Finding | None:
     flat, _ = flat_reward(v, t)
     if acc[-1] < best - t.val_drop and not flat:
         return Finding(
-            id="val_falls_train_rises", severity="warn", step=best_step, confidence=0.7,
+            severity="warn", step=best_step, confidence=0.7,
             title="Validation accuracy falls while the training reward rises",
             evidence=[f"val/accuracy best {fmt(best)} at step {best_step}, last {fmt(acc[-1])}"],
             explanation="The training reward keeps improving but held-out accuracy does not: reward hacking (a "
@@ -427,7 +437,7 @@ def _std_amplifies(v: View, t: Thresholds) -> Finding | None:
                 f"{fmt(per[step][b])} in {b} (reward std {fmt(std[step][b])})" for b in bs))
             break
     return Finding(
-        id="std_normalisation_amplifies", severity="warn", step=s, confidence=0.8,
+        severity="warn", step=s, confidence=0.8,
         title="Std-normalised advantages amplify low-variance groups", evidence=ev,
         explanation="Dividing each group's advantage by its reward std gives a nearly-unanimous group (one lucky "
                     "sample among many) advantages larger than any reward difference: with binary rewards the "
@@ -446,7 +456,7 @@ def _regularizer(v: View, t: Thresholds) -> Finding | None:
             s, r, task = hits[0]
             coef = v.cfg("actor.kl_loss_coef" if term == "kl" else "actor.entropy_coeff")
             return Finding(
-                id="regularizer_dominates", severity="warn", step=s, confidence=0.8,
+                severity="warn", step=s, confidence=0.8,
                 title=f"The {term} term's gradient outweighs the task's",
                 evidence=[f"step {s}: grad_norm/all/{term} {fmt(r)} vs grad_norm/all/task {fmt(task)}",
                           f"on {len(hits)} of {len(rows)} analysis steps"]
@@ -471,7 +481,7 @@ def _takeover(v: View, t: Thresholds) -> Finding | None:
             if share > t.share_high and sim is not None and sim < t.sim_negative:
                 lc, lr = v.label(c), v.label(correct)
                 return Finding(
-                    id="component_takes_over", severity="warn", step=s, confidence=0.8,
+                    severity="warn", step=s, confidence=0.8,
                     title=f"The '{lc}' reward drives the update against correctness",
                     evidence=[f"step {s}: grad_comp/{c}/share {fmt(share)}, cosine with '{lr}' {fmt(sim)}"],
                     explanation=f"Most of the update comes from the '{lc}' component, and its gradient points away "
@@ -494,7 +504,7 @@ def _dominates(v: View, t: Thresholds) -> Finding | None:
             weight = v.cfg(f"reward.weights.{c}")
             lc, lr = v.label(c), v.label(correct)
             return Finding(
-                id="component_dominates", severity="warn", step=hits[0][0], confidence=0.7,
+                severity="warn", step=hits[0][0], confidence=0.7,
                 title=f"The '{lc}' reward, not '{lr}', makes most of the update",
                 evidence=[f"grad_comp/{c}/share {fmt(hits[0][1])} at step {hits[0][0]} (above "
                           f"{fmt(t.share_high)} on {len(hits)} of {len(share)} analysis steps); "
@@ -522,7 +532,7 @@ def _concentrated(v: View, t: Thresholds) -> Finding | None:
         return None
     top = sorted(layers, key=lambda k: -layers[k])[:2]
     return Finding(
-        id="update_concentrated", severity="info", step=s, confidence=0.6,
+        severity="info", step=s, confidence=0.6,
         title="The update is concentrated in a few layers",
         evidence=[f"step {s}: {', '.join(top)} hold {fmt(100 * share)}% of the task gradient's squared norm"],
         explanation="Most of the gradient sits in two layer groups (often the embeddings or the LM head): the rest "
@@ -537,7 +547,7 @@ def _dormant(v: View, t: Thresholds) -> Finding | None:
     if len(d) < 2 or not (d[-1] - d[0] > t.dormant_rise and d[-1] >= t.dormant_high):
         return None
     return Finding(
-        id="dormant_growing", severity="warn", step=steps[-1], confidence=0.7, title="Dormant neurons are growing",
+        severity="warn", step=steps[-1], confidence=0.7, title="Dormant neurons are growing",
         evidence=[f"actor/neuron/dormant_ratio {fmt(d[0])} (step {steps[0]}) → {fmt(d[-1])} (step {steps[-1]})"],
         explanation="A growing share of neurons receives (almost) no gradient: capacity the policy no longer uses, "
                     "a known precursor of plasticity loss in long RL runs.",
