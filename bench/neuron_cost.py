@@ -24,6 +24,7 @@ import torch
 
 from rlgrad.analysis.neurons import NeuronHealthHook
 from rlgrad.config.load import load_config
+from rlgrad.hooks import HookRunner
 from rlgrad.logging.sinks import MetricLogger
 from rlgrad.recipes import make_trainer
 
@@ -50,7 +51,7 @@ def main() -> None:
         step = 0
         for k in range(2 * (args.steps + 1)):  # the first pair is a warm-up
             on = (k // 2 + k) % 2 == 0  # on/off, then off/on, ...: neither side always runs first
-            tr.hooks = [hook] if on else []
+            tr.hooks = HookRunner([hook] if on else [])
             step += 1
             t0, c0 = time.perf_counter(), time.process_time()
             m, _ = tr.train_step(step, logger)

@@ -75,9 +75,16 @@ def test_fixed_rv_buckets_skip_empty():
     assert b.bucket_ids(len(g)).tolist() == [1] * 3 + [2] * 3 + [3] * 3 + [6] * 3 + [1] * 3
 
 
+def built_hook(cfg, cls):
+    """The hook of type ``cls`` that ``hooks_from_config`` builds for ``cfg`` (the one place hooks meet the config)."""
+    from rlgrad.analysis import hooks_from_config
+
+    return next(h for h in hooks_from_config(cfg) if isinstance(h, cls))
+
+
 def test_cadence():
     from rlgrad.config.load import load_config
-    hook = GradientAnalysisHook(load_config(overrides=["trainer.gradient_analysis_every=3"]))
+    hook = built_hook(load_config(overrides=["trainer.gradient_analysis_every=3"]), GradientAnalysisHook)
     assert [s for s in range(1, 11) if hook.schedule.due(s)] == [1, 4, 7, 10]
 
 
@@ -252,14 +259,17 @@ def test_a_model_the_fast_engine_cannot_cover_falls_back_to_the_reference(model_
     assert got.metrics == ref.metrics
 
 
-def test_hooks_built_alone_follow_the_config_schedule():
+def test_hooks_follow_the_config_schedule():
     from rlgrad.analysis.components import ComponentGeometryHook
     from rlgrad.analysis.neurons import NeuronHealthHook
+    from rlgrad.config.analysis import schedules
     from rlgrad.config.load import load_config
 
-    off = GradientAnalysisHook(load_config(overrides=["analysis.buckets.enable=false"]))
+    off_cfg = load_config(overrides=["analysis.buckets.enable=false"])
+    off = GradientAnalysisHook(off_cfg.analysis.buckets, schedules(off_cfg)["buckets"], method="fast",
+                               train_batch_size=off_cfg.data.train_batch_size, rollout_n=off_cfg.rollout.n)
     assert not any(off.schedule.due(s) for s in range(1, 100))
     cfg = load_config(overrides=["analysis.every=4"])
-    assert [s for s in range(1, 10) if GradientAnalysisHook(cfg).schedule.due(s)] == [1, 5, 9]
-    assert [s for s in range(1, 10) if ComponentGeometryHook(cfg).schedule.due(s)] == [1, 5, 9]
-    assert [s for s in range(1, 10) if NeuronHealthHook(cfg).metric_at["actor"].due(s)] == [1, 5, 9]
+    assert [s for s in range(1, 10) if built_hook(cfg, GradientAnalysisHook).schedule.due(s)] == [1, 5, 9]
+    assert [s for s in range(1, 10) if built_hook(cfg, ComponentGeometryHook).schedule.due(s)] == [1, 5, 9]
+    assert [s for s in range(1, 10) if built_hook(cfg, NeuronHealthHook).metric_at["actor"].due(s)] == [1, 5, 9]

@@ -358,6 +358,11 @@ def test_reset_draws_from_the_survivors_rms_by_hand():
     assert net[2].weight[:, 2:].tolist() == [[0.0, 0.0], [0.0, 0.0]] and bool((net[2].weight[:, :2] != 0).all())
 
 
+def _neuron_hook(cfg) -> NeuronHealthHook:
+    """The neuron-health hook ``hooks_from_config`` builds for ``cfg``."""
+    return next(h for h in hooks_from_config(cfg) if isinstance(h, NeuronHealthHook))
+
+
 def _ctx(cfg, model, opt, b, tmp_path, step=1, **kw):
     return StepContext(step=step, batch=b, actor=model, optimizer=opt, loss_settings=S, config=cfg, run_dir=tmp_path,
                        **kw)
@@ -426,7 +431,7 @@ def test_reset_revives_planted_neurons_and_zeroes_exactly_their_moments(tok, tmp
     model, opt, b, planted = _trained(tok)
     cfg = load_config(overrides=["actor.redo_metric_freq=1", "actor.redo_reset_freq=1",
                                  f"actor.redo_reset_outgoing={outgoing}"])
-    hook = NeuronHealthHook(cfg)
+    hook = _neuron_hook(cfg)
     ctx = _ctx(cfg, model, opt, b, tmp_path)
     met = hook.on_grads(ctx, model, b)
     assert met["actor/neuron/dormant_ratio"] == pytest.approx(4 / 100)
@@ -523,7 +528,7 @@ def test_critic_role(tok, tmp_path):
     (sum(value_loss(critic, b).values()).sum() / b.response_mask.sum()).backward()
     opt.step()
     cfg = load_config(overrides=["critic.redo_metric_freq=1", "critic.redo_reset_freq=1", "critic.redo_tau=0.05"])
-    hook = NeuronHealthHook(cfg)
+    hook = _neuron_hook(cfg)
     ctx = StepContext(step=1, batch=b, actor=None, optimizer=None, loss_settings=None, config=cfg, run_dir=tmp_path,
                       critic=critic, critic_optimizer=opt, critic_loss=per_token_loss(value_loss))
     met = hook.on_grads(ctx, critic, b, role="critic")

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from rlgrad.config.load import load_config
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult
+from rlgrad.logging.sinks import MetricLogger
 from rlgrad.recipes import make_trainer
 from rlgrad.runfiles import read_jsonl
 
@@ -163,6 +164,37 @@ def test_hook_sees_prepared_batch_and_can_stop(tiny, tmp_path):
     assert "actor/pg_loss" not in r[-1]["data"]  # no actor update at the stopping step
     assert not (tmp_path / "run" / "global_step_2").exists()  # nor a checkpoint
     assert summary["stopped_at_step"] == 2
+
+
+class TableSink:
+    """A metric sink that keeps what it is given (test only)."""
+
+    def __init__(self):
+        self.rows, self.tables = [], []
+
+    def log(self, step, metrics):
+        self.rows.append((step, dict(metrics)))
+
+    def log_table(self, key, columns, rows, step):
+        self.tables.append((step, key, columns, rows))
+
+    def close(self):
+        pass
+
+
+def test_hook_tables_reach_the_loggers_table_sinks(tiny, tmp_path):
+    class Table(Hook):
+        def before_update(self, ctx):
+            return HookResult(metrics={"probe/x": 2.0}, tables={"test/rows": (["step", "rows"], [[ctx.step, 16]])})
+
+    cfg = load_config(overrides=tiny + ["trainer.total_training_steps=1"])
+    trainer = make_trainer(cfg, hooks=[Table()], log=lambda *a: None)
+    sink = TableSink()
+    metrics, stop = trainer.train_step(1, MetricLogger([sink]))
+    assert not stop and metrics["probe/x"] == 2.0
+    # the bucket analysis (on at step 1 by default) and the test hook, in the order they ran
+    assert [(step, key) for step, key, _, _ in sink.tables] == [(1, "grad_norm/group_rv_table"), (1, "test/rows")]
+    assert sink.tables[1][2:] == (["step", "rows"], [[1, 16]])
 
 
 def test_empty_filter_skips_then_stops(tiny, tmp_path):

@@ -19,6 +19,7 @@ from trl import GRPOConfig  # noqa: E402
 from rlgrad.analysis import analyse_buckets, analyse_components  # noqa: E402
 from rlgrad.config.model import ModelConfig, TinyModelConfig  # noqa: E402
 from rlgrad.errors import UserError  # noqa: E402
+from rlgrad.hooks import Hook, HookResult  # noqa: E402
 from rlgrad.integrations.trl import GRPOTrainer, check_trl_version, trl_metrics  # noqa: E402
 from rlgrad.integrations.trl_loss import trl_reward_view  # noqa: E402
 from rlgrad.models import build_char_tokenizer, build_tiny_model  # noqa: E402
@@ -60,13 +61,13 @@ class Capturing(GRPOTrainer):
 
 
 def make(setup, tmp_path, cls=GRPOTrainer, steps=1, rlgrad=("analysis.every=1", "analysis.buckets.num_buckets=2"),
-         funcs=(shorter, digits), **cfg):
+         funcs=(shorter, digits), rlgrad_hooks=(), **cfg):
     root, tok, data = setup
     args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, max_completion_length=8, max_steps=steps,
                       logging_steps=1, report_to=[], save_strategy="no", learning_rate=1e-3, disable_tqdm=True, seed=1,
                       reward_weights=[0.7, 0.3], **{"per_device_train_batch_size": 16, "num_generations": 4,
                                                     "beta": 0.04, "loss_type": "dapo", **cfg})
-    kw = {} if cls is trl.GRPOTrainer else {"rlgrad": list(rlgrad)}
+    kw = {} if cls is trl.GRPOTrainer else {"rlgrad": list(rlgrad), "rlgrad_hooks": list(rlgrad_hooks)}
     return cls(model=str(root / "model"), reward_funcs=list(funcs), args=args, train_dataset=data,
                processing_class=tok, **kw)
 
@@ -169,6 +170,39 @@ def test_training_is_bitwise_unchanged_and_run_files(setup, tmp_path):
     with pytest.raises(UserError, match="already holds"):
         make(setup, tmp_path / "ours", steps=1).train()
     assert (run / "metrics.jsonl").read_text() == before
+
+
+class TableAndStop(Hook):
+    """A hook of the user's: a table at every step, and a request to stop at ``stop_at``."""
+
+    def __init__(self, stop_at: int):
+        self.stop_at, self.steps, self.closed = stop_at, [], False
+
+    def before_update(self, ctx):
+        self.steps.append(ctx.step)
+        return HookResult(tables={"test/rows": (["step", "rows"], [[ctx.step, len(ctx.batch)]])},
+                          stop=ctx.step == self.stop_at, reason="test")
+
+    def close(self):
+        self.closed = True
+
+
+def test_hooks_tables_are_kept_and_a_stop_ends_training_after_its_step(setup, tmp_path):
+    hook = TableAndStop(stop_at=2)
+    t = make(setup, tmp_path, steps=4, rlgrad=["analysis.every=null", "analysis.buckets.every=1",
+                                               "analysis.buckets.num_buckets=2"], rlgrad_hooks=[hook])
+    t.train()
+    assert hook.steps == [1, 2] and t.state.global_step == 2  # step 2 ran to its end, then training stopped
+    assert hook.closed
+    run = tmp_path / "out"
+    assert sorted({json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()}) == [1, 2]
+    tables = [json.loads(x) for x in (run / "tables.jsonl").read_text().splitlines()]
+    assert [(x["step"], x["key"]) for x in tables] == [(1, "grad_norm/group_rv_table"), (1, "test/rows"),
+                                                       (2, "grad_norm/group_rv_table"), (2, "test/rows")]
+    assert tables[1]["columns"] == ["step", "rows"] and tables[1]["rows"] == [[1, 16]]
+    # the bucket analysis's table is the one its CSV holds
+    csv = (run / "analysis" / "step_1" / "group_rv_table.csv").read_text().splitlines()
+    assert tables[0]["columns"] == csv[0].split(",") and len(tables[0]["rows"]) == len(csv) - 1 > 0
 
 
 def test_reward_view_splits_trl_advantages():

@@ -152,6 +152,36 @@ def test_training_unchanged_metrics_and_run_files(model_dir, tmp_path):
     assert (run / "metrics.jsonl").read_text() == before
 
 
+def test_hooks_tables_go_to_the_run_and_a_stop_comes_back_to_the_trainer(model_dir, tmp_path):
+    """A hook's tables go to tables.jsonl; its stop comes back in the worker's metrics (STOP_METRIC, never in
+    metrics.jsonl), which rlgrad's verl trainer takes out of the step's metrics to end verl's loop."""
+    from rlgrad.hooks import Hook, HookResult
+    from rlgrad.integrations.verl import STOP_METRIC, stop_requested
+
+    class TableAndStop(Hook):
+        def before_update(self, ctx):
+            return HookResult(tables={"test/rows": (["step", "rows"], [[ctx.step, len(ctx.batch)]])},
+                              stop=ctx.step == 2, reason="test")
+
+    ac = actor_config()
+    w = worker(model_dir)
+    w.set_loss_fn(partial(ppo_loss, config=ac))
+    run = tmp_path / "run"
+    w.rlgrad_setup(ac, ["analysis.every=null", "analysis.buckets.every=1", "analysis.buckets.num_buckets=2"], run,
+                   hooks=[TableAndStop()])
+    first, second = (tu.get(w.train_mini_batch(verl_batch(seed=s)[0]), "metrics") for s in (0, 1))
+    assert STOP_METRIC not in first and second[STOP_METRIC] == [1.0]
+    step_metrics = {f"actor/{STOP_METRIC}": 1.0, "actor/pg_loss": 0.5}  # as verl's trainer reduces the worker's
+    assert stop_requested(step_metrics) and step_metrics == {"actor/pg_loss": 0.5}
+    assert not stop_requested({"actor/pg_loss": 0.5})
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and not any(STOP_METRIC in r["data"] for r in rows)
+    tables = [json.loads(x) for x in (run / "tables.jsonl").read_text().splitlines()]
+    assert [(x["step"], x["key"]) for x in tables] == [(1, "grad_norm/group_rv_table"), (1, "test/rows"),
+                                                       (2, "grad_norm/group_rv_table"), (2, "test/rows")]
+    assert tables[1]["rows"] == [[1, 16]] and len(tables[0]["rows"]) == 4  # 16 rows, 4 groups
+
+
 def test_settings_refused_in_one_line():
     with pytest.raises(UserError, match="loss_mode=sapo"):
         verl_loss_settings(actor_config(policy_loss={"loss_mode": "sapo"}))

@@ -747,6 +747,18 @@ def test_report_config_table_says_when_each_instrument_ran():
     assert {r[0]: r[1] for r in _instrument_rows(every)}["reward-component geometry"] == "every 10 (steps 1, 11, …)"
 
 
+def test_report_says_the_component_geometry_never_ran_under_gae():
+    """The report reads the instruments' own step rule (``config.analysis.schedules``): analysis.every puts the
+    reward-component geometry on steps 1, 1+every, ... only when the run has one advantage per response, which a
+    gae run has not, so that instrument never ran there."""
+    from rlgrad.viz.report import _instrument_rows
+
+    gae = D.RunData("r", "r", {}, config={"algorithm": {"adv_estimator": "gae"}, "analysis": {"every": 10}})
+    rows = {r[0]: r[1] for r in _instrument_rows(gae)}
+    assert rows["reward-component geometry"] == "off"
+    assert rows["bucket analysis"] == rows["neuron health"] == "every 10 (steps 1, 11, …)"
+
+
 def test_figures_leave_out_the_panels_of_terms_the_run_never_computed():
     m = _bucket_metrics(rv=[0.0, 0.2, 0.4], task=[0.0, 0.6, 0.3], all_={"task": 0.4, "reward_std_mean": 0.2})
     for i in (1, 2, 3):

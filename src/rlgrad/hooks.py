@@ -7,7 +7,8 @@ the models, the optimizer and the step in a ``StepContext`` and answers with met
 the accumulated gradient of each mini-batch after backward, before clipping and the step.
 
 The trainer is handed its hooks (``rlgrad train`` builds them from the config with
-``rlgrad.analysis.hooks_from_config``); it never imports an instrument.
+``rlgrad.analysis.hooks_from_config``); it never imports an instrument. Every loop that runs hooks (rlgrad's
+trainer, the TRL and verl integrations) runs them through one ``HookRunner``.
 
 Hooks must be side-effect free unless they say otherwise: they must not change weights,
 optimizer state, gradients or RNG streams (``torch.random.fork_rng`` helps).
@@ -15,7 +16,7 @@ optimizer state, gradients or RNG streams (``torch.random.fork_rng`` helps).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,10 +73,14 @@ class StepContext:
 
 @dataclass
 class HookResult:
+    """What ``before_update`` answers. ``stop``: end the run at this step (in rlgrad's trainer before the actor
+    update, checkpoint and validation; inside TRL and verl after the step, ``HookRunner``). ``tables``: key ->
+    (columns, rows), logged where the loop logs tables (rlgrad's trainer: W&B; TRL and verl: tables.jsonl)."""
+
     metrics: dict[str, float] = field(default_factory=dict)
-    stop: bool = False  # stop the run before the actor update, checkpoint and validation
+    stop: bool = False
     reason: str = ""
-    tables: dict[str, tuple[list[str], list[list]]] = field(default_factory=dict)  # W&B tables: key -> (columns, rows)
+    tables: dict[str, tuple[list[str], list[list]]] = field(default_factory=dict)
 
 
 class Hook:
@@ -101,3 +106,71 @@ class Hook:
 
     def close(self) -> None:
         return None
+
+
+class HookRunner:
+    """A loop's hooks, run in order at its hook points: the one copy of that loop, used by rlgrad's trainer and by
+    the TRL and verl integrations, so each of them keeps the hooks' metrics, tables and stop requests alike.
+
+    ``before_update`` merges the metrics and tables of the hooks it ran; the first hook that asks to stop ends
+    it (the hooks after that one do not run at that step) and its reason is the merged result's. What a stop
+    does is the loop's to say, and each says it in its docstring:
+
+    * rlgrad's trainer: no actor update, after-update hooks, validation or checkpoint at that step; its metrics
+      are logged and the run ends (``Trainer.fit``'s summary has ``stopped_at_step``).
+    * TRL (``rlgrad.integrations.trl``): the hooks run inside TRL's training step, between its generation and its
+      update, where TRL has no way to skip the update; the step finishes, then ``TrainerControl.should_training_stop``
+      ends training as TRL's own ``max_steps`` would.
+    * verl (``rlgrad.integrations.verl``): the hooks run inside the actor worker's update call; the update
+      finishes, and rlgrad's verl trainer (``rlgrad_sync``) ends verl's loop after that step.
+    """
+
+    def __init__(self, hooks: Iterable[Hook] = ()):
+        self.hooks = list(hooks)
+
+    def __iter__(self) -> Iterator[Hook]:
+        return iter(self.hooks)
+
+    def __len__(self) -> int:
+        return len(self.hooks)
+
+    def before_update(self, ctx: StepContext) -> HookResult:
+        """Every hook's ``before_update`` up to the first that asks to stop: their metrics and tables merged."""
+        merged = HookResult()
+        for hook in self.hooks:
+            res = hook.before_update(ctx)
+            if res is None:
+                continue
+            merged.metrics.update(res.metrics)
+            merged.tables.update(res.tables)
+            if res.stop:
+                merged.stop, merged.reason = True, res.reason or "requested by a hook"
+                break
+        return merged
+
+    def on_grads(self, ctx: StepContext, model: torch.nn.Module, minibatch: Batch,
+                 role: str = "actor") -> dict[str, float]:
+        """Every hook's ``on_grads`` (``Hook.on_grads``): their metrics merged."""
+        out: dict[str, float] = {}
+        for hook in self.hooks:
+            out.update(hook.on_grads(ctx, model, minibatch, role=role) or {})
+        return out
+
+    def after_update(self, ctx: StepContext) -> dict[str, float]:
+        """Every hook's ``after_update``: their metrics merged."""
+        out: dict[str, float] = {}
+        for hook in self.hooks:
+            out.update(hook.after_update(ctx) or {})
+        return out
+
+    def close(self) -> None:
+        """Every hook's ``close``, also when one of them fails (then the first failure is raised after the
+        others closed): a hook that fails to close must not keep another's background files unwritten."""
+        failure: BaseException | None = None
+        for hook in self.hooks:
+            try:
+                hook.close()
+            except Exception as e:  # noqa: BLE001 - re-raised below, once every hook had its turn
+                failure = failure or e
+        if failure is not None:
+            raise failure

@@ -22,16 +22,22 @@ __all__ = ["analyse_buckets", "analyse_components", "hooks_from_config", "schedu
 
 def hooks_from_config(cfg: RLGradConfig, at: dict[str, Schedule] | None = None) -> list[Hook]:
     """The instruments a config asks for, as hooks in the order they run at the hook point (``at``: the
-    steps, default ``schedules(cfg)``)."""
+    steps, default ``schedules(cfg)``). The one place that reads the whole config for them: each hook gets its
+    own section, its ``Schedule`` and the few run settings it needs."""
     at = at or schedules(cfg)
+    analysis, algorithm, trainer = cfg.analysis, cfg.algorithm, cfg.trainer
     hooks: list[Hook] = []
     # Before the bucket analysis: that one may stop the run at its step (analysis.buckets.exit_after).
     if at["components"].every > 0:
-        hooks.append(ComponentGeometryHook(cfg, at["components"]))
+        hooks.append(ComponentGeometryHook(analysis.components, at["components"], estimator=algorithm.adv_estimator,
+                                           norm_by_std=algorithm.norm_adv_by_std_in_grpo, method=analysis.method))
     if at["buckets"].every > 0:
-        hooks.append(GradientAnalysisHook(cfg, at["buckets"]))
+        hooks.append(GradientAnalysisHook(analysis.buckets, at["buckets"], method=analysis.method,
+                                          train_batch_size=cfg.data.train_batch_size, rollout_n=cfg.rollout.n,
+                                          dp_size=trainer.nnodes * trainer.n_gpus_per_node))
     roles = ("actor", "critic")
-    if any(at[f"neurons/{r}"].every > 0 or at[f"reset/{r}"].every > 0 for r in roles):
-        hooks.append(NeuronHealthHook(cfg, {r: at[f"neurons/{r}"] for r in roles},
-                                      {r: at[f"reset/{r}"] for r in roles}))
+    if any(at[f"neurons/{role}"].every > 0 or at[f"reset/{role}"].every > 0 for role in roles):
+        hooks.append(NeuronHealthHook(analysis.neurons, {role: at[f"neurons/{role}"] for role in roles},
+                                      {role: at[f"reset/{role}"] for role in roles}, seed=trainer.seed,
+                                      method=analysis.method))
     return hooks

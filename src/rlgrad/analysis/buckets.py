@@ -43,13 +43,12 @@ from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_f
 from rlgrad.analysis.engine import GradStats, fast_unsupported, slice_gradients
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_cat, all_gather_sizes, all_reduce_sum, rank
-from rlgrad.config.analysis import schedules
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
 from rlgrad.metrics import key, match, parse
 from rlgrad.runfiles import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 if TYPE_CHECKING:
-    from rlgrad.config.schema import RLGradConfig
+    from rlgrad.config.analysis import BucketAnalysisConfig
 
 FIXED_RV_EDGES = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, float("inf"))
 
@@ -324,21 +323,26 @@ def save_probe_bundle(out_dir: Path, batch: Batch, buckets: Buckets, s: LossSett
 
 
 class GradientAnalysisHook(Hook):
-    """The bucket analysis at the trainer's hook point, with RAGEN's cadence and exit (``analysis.buckets``)."""
+    """The bucket analysis at the trainer's hook point, with RAGEN's cadence and exit (``analysis.buckets``).
 
-    def __init__(self, cfg: RLGradConfig, schedule: Schedule | None = None):
-        self.cfg = cfg
-        self.schedule = schedule or schedules(cfg)["buckets"]
+    ``settings``: the ``analysis.buckets`` section; ``schedule``: the steps it runs at (``schedules(cfg)``'s
+    ``buckets``); ``method``: the gradient engine (``analysis.method``); ``train_batch_size`` / ``rollout_n``:
+    the shape of a separate analysis batch whose ``env_groups`` / ``group_size`` are left unset (the training
+    batch's); ``dp_size``: the data-parallel size ``dp_trim`` trims to (``trainer.nnodes x n_gpus_per_node``)."""
+
+    def __init__(self, settings: BucketAnalysisConfig, schedule: Schedule, *, method: str, train_batch_size: int,
+                 rollout_n: int, dp_size: int = 1):
+        self.settings, self.schedule, self.method = settings, schedule, method
+        self.train_batch_size, self.rollout_n, self.dp_size = train_batch_size, rollout_n, dp_size
 
     def before_update(self, ctx: StepContext) -> HookResult | None:
         if not self.schedule.due(ctx.step):
             return None
         t0 = time.perf_counter()
-        b = self.cfg.analysis.buckets
+        b = self.settings
         batch, unfiltered = ctx.batch, ctx.unfiltered_batch
         if b.env_groups or b.group_size:
-            batch, unfiltered = ctx.sample_batch(b.env_groups or self.cfg.data.train_batch_size,
-                                                 b.group_size or self.cfg.rollout.n)
+            batch, unfiltered = ctx.sample_batch(b.env_groups or self.train_batch_size, b.group_size or self.rollout_n)
         runs = [("grad_norm", batch)]
         if b.log_prefilter and unfiltered is not None:
             runs.append(("grad_norm_prefilter", ctx.prepare(unfiltered)))
@@ -367,17 +371,16 @@ class GradientAnalysisHook(Hook):
 
     def _analyse(self, ctx: StepContext, batch: Batch, prefix: str) -> BucketReport:
         """One bucket analysis of ``batch``, its group table and (``save_batch``) its probe bundle on disk."""
-        cfg, b = self.cfg, self.cfg.analysis.buckets
-        trim = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node if b.dp_trim else 0
+        b = self.settings
         rep = analyse_buckets(ctx.actor, batch, ctx.actor_loss(), bucket_mode=b.bucket_mode,
-                              num_buckets=b.num_buckets, method=cfg.analysis.method, dp_trim=trim)
+                              num_buckets=b.num_buckets, method=self.method, dp_trim=self.dp_size if b.dp_trim else 0)
         if ctx.is_main:
             step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"
             name = "group_rv_table.csv" if prefix == "grad_norm" else "group_rv_table_prefilter.csv"
             atomic_write_text(step_dir / name, group_table_csv(rep.buckets))
             if prefix == "grad_norm" and b.save_batch:
                 extra = {"step": ctx.step, "bucket_mode": b.bucket_mode, "num_buckets": b.num_buckets,
-                         "method": cfg.analysis.method, "buckets": list(rep.buckets.names)}
+                         "method": self.method, "buckets": list(rep.buckets.names)}
                 save_probe_bundle(step_dir, batch, rep.buckets, ctx.loss_settings, extra,
                                   ctx.actor if b.save_model else None, ctx.tokenizer)
         return rep

@@ -29,6 +29,7 @@ optimizer state, ``.grad`` and RNG streams are left as they were.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import combinations
 from typing import TYPE_CHECKING, Any
@@ -37,22 +38,19 @@ import torch
 from torch import nn
 
 from rlgrad import collectives
-from rlgrad.algos.advantages import (
-    sequence_scores,
-)
+from rlgrad.algos.advantages import sequence_scores
 from rlgrad.algos.aggregation import denominator
+from rlgrad.algos.component_advantages import component_advantages, per_sequence_advantage
 from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_unit_loss
 from rlgrad.analysis.engine import GradStats, layer_group, slice_gradients
+from rlgrad.analysis.writer import BackgroundWriter, _stderr
 from rlgrad.batch import Batch
-from rlgrad.config.analysis import schedules
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
 from rlgrad.metrics import key
 from rlgrad.runfiles import atomic_write_json
 
 if TYPE_CHECKING:
-    from rlgrad.config.schema import RLGradConfig
-from rlgrad.algos.component_advantages import component_advantages, per_sequence_advantage
-from rlgrad.analysis.writer import BackgroundWriter, _stderr
+    from rlgrad.config.analysis import ComponentAnalysisConfig
 
 TERM = "task"  # the policy loss per unit of advantage: the term the component split measures
 
@@ -179,22 +177,25 @@ class ComponentGeometryHook(Hook):
     before the actor update: metrics, ``analysis/step_N/components.json`` and, with
     ``analysis.components.save_gradients``, ``analysis/step_N/component_grads.npz`` (keys ``<slice>/<param>``)."""
 
-    def __init__(self, cfg: RLGradConfig, schedule: Schedule | None = None, log=_stderr):
-        self.cfg, self.log = cfg, log
-        self.schedule = schedule or schedules(cfg)["components"]
-        self.writer = BackgroundWriter(log) if cfg.analysis.components.save_gradients else None
+    def __init__(self, settings: ComponentAnalysisConfig, schedule: Schedule, *, estimator: str, norm_by_std: bool,
+                 method: str, log: Callable[[str], Any] = _stderr):
+        """``settings``: the ``analysis.components`` section; ``schedule``: the steps it runs at (``schedules(cfg)``'s
+        ``components``); ``estimator`` / ``norm_by_std``: the run's advantage (``algorithm.adv_estimator``,
+        ``algorithm.norm_adv_by_std_in_grpo``), which ``own_std`` applies to each component; ``method``: the
+        gradient engine (``analysis.method``)."""
+        self.settings, self.schedule, self.log = settings, schedule, log
+        self.estimator, self.norm_by_std, self.method = estimator, norm_by_std, method
+        self.writer = BackgroundWriter(log) if settings.save_gradients else None
 
     def before_update(self, ctx: StepContext) -> HookResult | None:
         if not self.schedule.due(ctx.step):
             return None
         t0 = time.perf_counter()
-        c, cfg = self.cfg.analysis.components, self.cfg
         save = self.writer is not None
         split = ctx.component_advantages(ctx.batch) if ctx.component_advantages is not None else None
-        rep = analyse_components(ctx.actor, ctx.batch, ctx.actor_loss(), weights=ctx.reward_weights, mode=c.mode,
-                                 estimator=cfg.algorithm.adv_estimator,
-                                 norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo, method=cfg.analysis.method,
-                                 keep_grads=save, advantages=split)
+        rep = analyse_components(ctx.actor, ctx.batch, ctx.actor_loss(), weights=ctx.reward_weights,
+                                 mode=self.settings.mode, estimator=self.estimator, norm_by_std=self.norm_by_std,
+                                 method=self.method, keep_grads=save, advantages=split)
         metrics = dict(rep.metrics)
         if ctx.is_main:
             step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"

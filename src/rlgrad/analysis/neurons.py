@@ -58,14 +58,12 @@ from rlgrad.analysis.neuron_base import (
 )
 from rlgrad.analysis.redo import reset_dormant
 from rlgrad.batch import Batch
-from rlgrad.config.analysis import schedules
 from rlgrad.hooks import Hook, Schedule, StepContext
 from rlgrad.metrics import key
 from rlgrad.runfiles import atomic_write_json
 
 if TYPE_CHECKING:
-    from rlgrad.config.analysis import NeuronHealthConfig
-    from rlgrad.config.schema import RLGradConfig
+    from rlgrad.config.analysis import NeuronHealthConfig, NeuronsConfig
 
 
 NULL_EPS = 1e-5  # λ_k < NULL_EPS² · λ_max counts as a null direction
@@ -244,21 +242,25 @@ class NeuronHealthHook(Hook):
     ``after_update``.
 
     Roles: ``actor`` (loss from ``ctx.loss_settings``; optimizer ``ctx.optimizer``) and ``critic``
-    (loss ``ctx.critic_loss``; optimizer ``ctx.critic_optimizer``). Config:
-    ``analysis.neurons.<role>``; ``metrics[role]`` / ``resets[role]`` are the steps each runs at.
+    (loss ``ctx.critic_loss``; optimizer ``ctx.critic_optimizer``). ``settings``: the ``analysis.neurons``
+    section (one ``NeuronHealthConfig`` per role); ``metrics[role]`` / ``resets[role]``: the steps each runs at
+    (``schedules(cfg)``'s ``neurons/<role>`` and ``reset/<role>``; a role left out never runs); ``seed``: the
+    run's seed (``trainer.seed``), which the nullspace sample and the reset draw from; ``method``: the gradient
+    engine (``analysis.method``).
 
     Under FSDP2 ``on_grads`` sees the sharded module: the per-sequence pass runs on the plain replica
     (``ctx.actor`` / ``ctx.critic``, whose weights are the ones the gradient was taken at), and after a
     reset of the shards the replica is refreshed (``ctx.sync_actor`` / ``ctx.sync_critic``).
     """
 
-    def __init__(self, cfg: RLGradConfig, metrics: dict[str, Schedule] | None = None,
-                 resets: dict[str, Schedule] | None = None):
-        self.cfg = cfg
-        at = schedules(cfg)
-        self.metric_at = metrics or {r: at[f"neurons/{r}"] for r in ("actor", "critic")}
-        self.reset_at = resets or {r: at[f"reset/{r}"] for r in ("actor", "critic")}
+    def __init__(self, settings: NeuronsConfig, metrics: dict[str, Schedule], resets: dict[str, Schedule], *,
+                 seed: int, method: str):
+        self.settings, self.seed, self.method = settings, seed, method
+        self.metric_at, self.reset_at = dict(metrics), dict(resets)
         self.pending: dict[str, tuple[int, NeuronReport]] = {}
+
+    def _role(self, role: str) -> NeuronHealthConfig:
+        return getattr(self.settings, role)
 
     @staticmethod
     def loss_fn(ctx: StepContext, role: str) -> LossFn | None:
@@ -271,9 +273,8 @@ class NeuronHealthHook(Hook):
             return None  # later mini-batches of the step: the first one's gradient is the one measured
         t0 = time.perf_counter()
         replica = getattr(ctx, role, None) if _is_sharded(model) else model
-        rep = measure(model, minibatch, getattr(self.cfg.analysis.neurons, role), role=role,
-                      seed=self.cfg.trainer.seed, step=ctx.step, loss_fn=self.loss_fn(ctx, role) if metric else None,
-                      method=self.cfg.analysis.method, replica=replica)
+        rep = measure(model, minibatch, self._role(role), role=role, seed=self.seed, step=ctx.step,
+                      loss_fn=self.loss_fn(ctx, role) if metric else None, method=self.method, replica=replica)
         self.pending[role] = (ctx.step, rep)
         return {**rep.metrics(), key("timing_s/neuron/{role}", role=role): time.perf_counter() - t0}
 
@@ -286,8 +287,7 @@ class NeuronHealthHook(Hook):
             if step != ctx.step:
                 continue
             if self.reset_at.get(role, Schedule(0)).due(ctx.step):
-                counts = reset_dormant(rep, optimizers.get(role), getattr(self.cfg.analysis.neurons, role),
-                                       seed=self.cfg.trainer.seed, step=ctx.step)
+                counts = reset_dormant(rep, optimizers.get(role), self._role(role), seed=self.seed, step=ctx.step)
                 out[key("{role}/neuron/reset_count", role=role)] = float(sum(counts.values()))
                 if rep.sharded and sum(counts.values()):  # the same decision on every rank: all join the gather
                     if syncs[role] is None:

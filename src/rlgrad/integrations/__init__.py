@@ -3,7 +3,8 @@
 ``rlgrad.integrations.trl``: TRL's ``GRPOTrainer`` (``from rlgrad.integrations.trl import GRPOTrainer``).
 ``rlgrad.integrations.verl``: verl's actor worker (``python -m rlgrad.integrations.verl_main`` + verl's overrides).
 Each integration turns the trainer's own batch and loss into a ``Batch`` and a ``LossFn`` and runs the same
-hooks rlgrad's trainer runs (``rlgrad.analysis.hooks_from_config``), writing the same run files.
+hooks rlgrad's trainer runs (``rlgrad.analysis.hooks_from_config``) through the same ``rlgrad.hooks.HookRunner``,
+writing the same run files, plus the hooks' tables in ``tables.jsonl`` (rlgrad's trainer logs them to W&B).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from rlgrad.config.schema import RLGradConfig, flat_settings
 from rlgrad.errors import UserError
 from rlgrad.logging.sinks import JsonlSink
 from rlgrad.runfiles import read_jsonl, truncate_jsonl_after
+
+TABLES = "tables.jsonl"  # the hooks' tables (HookResult.tables), one JSON line per table and step
 
 
 def instrument_settings(overrides: list[str], unsupported: dict[str, object], trainer: str) -> RLGradConfig:

@@ -13,10 +13,17 @@ components), and, on the step's accumulated gradient, neuron health (``actor/neu
 TRL's own logs (so every ``report_to`` sink shows them next to TRL's metrics, at TRL's next logging step) and
 to an rlgrad run directory, ``args.output_dir`` unless ``rlgrad_dir`` says otherwise: ``metrics.jsonl`` (the
 analysis at its own step, TRL's scalars under rlgrad's names, ``rlgrad.metrics.TRL_NAMES``), ``analysis/step_N/``,
-``reward_components.jsonl`` and ``rollouts/step_N.jsonl``, which ``rlgrad plot``, ``report`` and ``samples`` read.
+``reward_components.jsonl`` and ``rollouts/step_N.jsonl``, which ``rlgrad plot``, ``report`` and ``samples`` read,
+and the hooks' tables (the bucket analysis's group table), ``tables.jsonl``.
 A reward function's (or model's) name is escaped in metric keys (``rlgrad.metrics.component_keys``: TRL names a
 reward model after its repo, dashes and dots included); ``run_source.json`` keeps the original names, which the
 report and ``rlgrad doctor`` show.
+
+The hooks run through ``rlgrad.hooks.HookRunner``, as in rlgrad's trainer. A hook that asks to stop
+(``HookResult.stop``, e.g. one of ``rlgrad_hooks``) cannot stop TRL before the update: the hook point is inside
+TRL's training step, between its generation and its loss, where TRL offers no way to skip the step. The step
+finishes, then TRL's own ``TrainerControl.should_training_stop`` ends training, as ``max_steps`` would (TRL's
+end-of-step logging and saving run as usual).
 
 Only TRL's documented extension points are used: this subclass calls TRL's own methods and adds to them
 (``_calculate_rewards``, ``_generate_and_score_completions``, ``log``) and a ``TrainerCallback``; nothing is
@@ -28,6 +35,7 @@ are global, and only the main process writes.
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,12 +48,12 @@ from rlgrad import collectives
 from rlgrad.algos.objective import LossSettings
 from rlgrad.analysis import hooks_from_config
 from rlgrad.errors import UserError
-from rlgrad.hooks import StepContext
-from rlgrad.integrations import instrument_settings, open_metrics
+from rlgrad.hooks import Hook, HookResult, HookRunner, StepContext
+from rlgrad.integrations import TABLES, instrument_settings, open_metrics
 from rlgrad.integrations.trl_loss import TRLLoss, TRLLossSettings, batch_from_trl, trl_reward_view
 from rlgrad.logging.rewards import RewardComponentLog, step_record
 from rlgrad.logging.rollouts import RolloutLog, gather_samples, prompt_texts, rollout_dir, step_samples
-from rlgrad.logging.sinks import JsonlSink
+from rlgrad.logging.sinks import JsonlSink, JsonlTableSink
 from rlgrad.metrics import component_keys, foreign_key
 from rlgrad.runfiles import atomic_write_json
 
@@ -91,6 +99,7 @@ def reward_keys(names: Sequence[str]) -> dict[str, str]:
 
 
 RUN_SOURCE = "run_source.json"  # which trainer wrote the run, and the reward names behind its component keys
+log = logging.getLogger(__name__)
 
 
 class GRPOTrainer(_TRLGRPOTrainer):
@@ -99,12 +108,16 @@ class GRPOTrainer(_TRLGRPOTrainer):
     ``rlgrad``: rlgrad settings as ``key=value`` strings, the ``analysis.*`` section of ``rlgrad train``'s
     config (docs/configuration.md), applied after ``DEFAULTS``; ``trainer.seed`` is TRL's ``args.seed``.
     ``rlgrad_dir``: where rlgrad's run files go (default: ``args.output_dir``).
+    ``rlgrad_hooks``: hooks of your own (``rlgrad.hooks.Hook``), run after the instruments at every step TRL
+    generates for; their ``StepContext`` is the instruments' (TRL's batch and loss). A stop they ask for ends
+    training after the step (module docstring).
     """
 
-    def __init__(self, *args, rlgrad: Sequence[str] = (), rlgrad_dir: str | None = None, **kwargs):
+    def __init__(self, *args, rlgrad: Sequence[str] = (), rlgrad_dir: str | None = None,
+                 rlgrad_hooks: Sequence[Hook] = (), **kwargs):
         check_trl_version()
         super().__init__(*args, **kwargs)
-        self.rlgrad = _Instruments(self, list(rlgrad), Path(rlgrad_dir or self.args.output_dir))
+        self.rlgrad = _Instruments(self, list(rlgrad), Path(rlgrad_dir or self.args.output_dir), rlgrad_hooks)
         self.add_callback(_Callback(self.rlgrad))
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -127,12 +140,12 @@ class GRPOTrainer(_TRLGRPOTrainer):
 class _Instruments:
     """rlgrad's hooks run on one TRL trainer's batches (the state the subclass and its callback share)."""
 
-    def __init__(self, trainer: _TRLGRPOTrainer, overrides: list[str], run_dir: Path):
+    def __init__(self, trainer: _TRLGRPOTrainer, overrides: list[str], run_dir: Path, hooks: Sequence[Hook] = ()):
         self.trainer = trainer
         self.cfg = instrument_settings([*DEFAULTS, *overrides, f"trainer.seed={trainer.args.seed}"], UNSUPPORTED,
                                        "TRL")
         self.loss = TRLLoss(TRLLossSettings.of(trainer))
-        self.hooks = hooks_from_config(self.cfg)
+        self.hooks = HookRunner([*hooks_from_config(self.cfg), *hooks])
         self.run_dir = run_dir
         self.is_main = trainer.accelerator.is_main_process
         # The reward functions as rlgrad's metric keys name them (TRL's names, escaped: metrics.component_keys).
@@ -142,16 +155,20 @@ class _Instruments:
         self.ctx: StepContext | None = None
         self.pending: dict[str, float] = {}  # the analysed step's metrics, until the step ends
         self.unlogged: dict[str, float] = {}  # analysis metrics TRL's loggers have not seen yet
+        self.stop_at: int | None = None  # the step a hook asked to end training after
         self.metrics_log: JsonlSink | None = None
+        self.table_log: JsonlTableSink | None = None
         self.reward_log: RewardComponentLog | None = None
         self.rollout_log: RolloutLog | None = None
 
     # ---- run directory -----------------------------------------------------------------------------
     def open(self, step: int) -> None:
         """At the start of training (``step``: the resumed global step): refuse another run's files, resume ours."""
+        self.stop_at = None
         if self.is_main:
             self.metrics_log = open_metrics(self.run_dir, step, "use a new output_dir (or rlgrad_dir)",
-                                            also=(self.run_dir / "reward_components.jsonl",))
+                                            also=(self.run_dir / "reward_components.jsonl", self.run_dir / TABLES))
+            self.table_log = JsonlTableSink(self.run_dir / TABLES)
             self.reward_log = RewardComponentLog(self.run_dir)
             self.rollout_log = RolloutLog(rollout_dir(self.run_dir))
             self.rollout_log.discard_after(step)
@@ -174,8 +191,8 @@ class _Instruments:
         view.check(out["advantages"], rows)
         local = {k: v[rows] for k, v in view.split.items()}
         batch = batch_from_trl(out, group_ids=view.group_ids[rows], scores=torch.nan_to_num(view.total[rows]),
-                               reward_std=view.reward_std[rows], components={k: v[rows] for k, v in
-                                                                             view.components.items()})
+                               reward_std=view.reward_std[rows],
+                               components={k: v[rows] for k, v in view.components.items()})
         weights = dict(zip(self.components, t.reward_weights.tolist()))
         self.ctx = StepContext(step=step, batch=batch, actor=t.accelerator.unwrap_model(t.model), optimizer=t.optimizer,
                                loss_settings=LossSettings(), config=self.cfg, run_dir=self.run_dir,
@@ -187,10 +204,18 @@ class _Instruments:
             self.reward_log.append(step_record(step, view.components, weights, torch.nan_to_num(view.total),
                                                view.group_ids, lengths, None))
         with self._running():
-            for hook in self.hooks:
-                res = hook.before_update(self.ctx)
-                if res is not None:
-                    self.pending.update(res.metrics)
+            self._record(step, self.hooks.before_update(self.ctx))
+
+    def _record(self, step: int, res: HookResult) -> None:
+        """The hook point's answer: metrics until the step ends, tables to tables.jsonl, a stop for the step's end."""
+        self.pending.update(res.metrics)
+        if self.table_log is not None:
+            for key, (columns, rows) in res.tables.items():
+                self.table_log.log_table(key, columns, rows, step)
+        if res.stop:
+            self.stop_at = step
+            if self.is_main:
+                log.warning("rlgrad: step %d: training ends after this step (%s)", step, res.reason)
 
     def _log_rollouts(self, step: int, out: dict, batch) -> None:
         """``rollouts/step_N.jsonl`` (``rlgrad samples``, the report's samples): every process's completions."""
@@ -215,15 +240,13 @@ class _Instruments:
         if ctx is None or ctx.step != self.trainer.state.global_step + 1:
             return  # a step without its own generation (steps_per_generation > gradient_accumulation_steps)
         with self._running():
-            for hook in self.hooks:
-                self.pending.update(hook.on_grads(ctx, model, ctx.batch, "actor") or {})
+            self.pending.update(self.hooks.on_grads(ctx, model, ctx.batch, "actor"))
 
     def after_update(self) -> None:
         ctx = self.ctx
         if ctx is None or ctx.step != self.trainer.state.global_step:
             return
-        for hook in self.hooks:
-            self.pending.update(hook.after_update(ctx) or {})
+        self.pending.update(self.hooks.after_update(ctx))
         if self.pending:
             if self.metrics_log is not None:
                 self.metrics_log.log(ctx.step, self.pending)
@@ -258,9 +281,12 @@ class _Instruments:
         if self.metrics_log is not None and (m := trl_metrics(logs, self.key_of)):
             self.metrics_log.log(step, m)
 
+    def stop_requested(self, step: int) -> bool:
+        """Whether a hook asked to end training at or before ``step`` (TRL's global step that just ended)."""
+        return self.stop_at is not None and step >= self.stop_at
+
     def close(self) -> None:
-        for hook in self.hooks:
-            hook.close()
+        self.hooks.close()
 
 
 class _Callback(TrainerCallback):
@@ -277,6 +303,8 @@ class _Callback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.rl.after_update()
+        if self.rl.stop_requested(state.global_step):
+            control.should_training_stop = True
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:

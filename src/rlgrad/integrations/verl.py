@@ -17,6 +17,13 @@ default ``<trainer.default_local_dir>/rlgrad``) that ``rlgrad plot`` and ``rlgra
 
 The analysis runs on a plain (unsharded) replica of the policy that each rank refreshes from verl's FSDP
 shards at an analysed step: one more copy of the weights per GPU during the analysis.
+
+The hooks run through ``rlgrad.hooks.HookRunner``, as in rlgrad's trainer; their tables go to ``tables.jsonl`` in
+the run directory (verl's trackers live in the trainer's process, which the worker cannot reach). A hook that asks
+to stop (``HookResult.stop``) cannot skip the update it runs inside (verl's actor update is one remote call): the
+update finishes, the worker reports ``STOP_METRIC`` in its metrics, and rlgrad's verl trainer (``rlgrad_sync``,
+``rlgrad.integrations.verl_trainer``) ends verl's loop after that step, its checkpoint and validation only where
+they were due anyway. Under verl's own trainer the report is ignored.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -33,10 +41,10 @@ from rlgrad.analysis import hooks_from_config, schedules
 from rlgrad.collectives import all_reduce_sum, is_main
 from rlgrad.distributed import sync_policy
 from rlgrad.errors import UserError
-from rlgrad.hooks import Schedule, StepContext
-from rlgrad.integrations import instrument_settings, open_metrics
+from rlgrad.hooks import Hook, HookRunner, Schedule, StepContext
+from rlgrad.integrations import TABLES, instrument_settings, open_metrics
 from rlgrad.integrations.verl_loss import batch_from_verl, verl_loss_settings
-from rlgrad.logging.sinks import JsonlSink
+from rlgrad.logging.sinks import JsonlSink, JsonlTableSink
 
 try:
     from verl.single_controller.base.decorator import MAGIC_ATTR, register
@@ -55,6 +63,15 @@ VERL_METRICS = {"actor/pg_loss": "actor/pg_loss", "actor/pg_clipfrac": "actor/pg
                 "actor/ppo_kl": "actor/ppo_kl", "actor/pg_clipfrac_lower": "actor/pg_clipfrac_lower",
                 "actor/entropy_loss": "actor/entropy", "kl_loss": "actor/kl_loss", "grad_norm": "actor/grad_norm",
                 "lr": "actor/lr"}
+# In the worker's metrics (verl's trainer reads it as actor/rlgrad_stop): a hook asked to end the run after this
+# step. rlgrad's verl trainer takes it out before verl logs the step; it never reaches metrics.jsonl.
+STOP_METRIC = "rlgrad_stop"
+
+
+def stop_requested(step_metrics: dict) -> bool:
+    """Takes the actor worker's stop report (``STOP_METRIC``, ``actor/``-prefixed by verl's trainer) out of a
+    step's metrics, so that verl never logs it, and says whether a hook asked to end the run after the step."""
+    return float(step_metrics.pop(f"actor/{STOP_METRIC}", 0.0) or 0.0) > 0
 
 
 def registered_as(verl_method):
@@ -97,9 +114,12 @@ class TrainingWorker(_VerlTrainingWorker):
     rlgrad = None  # the instruments' state, set by rlgrad_setup
 
     def rlgrad_setup(self, actor_config, overrides: list[str], run_dir: str | os.PathLike,
-                     temperature: float = 1.0) -> None:
+                     temperature: float = 1.0, hooks: Sequence[Hook] = ()) -> None:
+        """Turn the instruments on: ``overrides`` are rlgrad's ``analysis.*`` settings; ``hooks``: hooks of your
+        own, run after them at every step (their own schedules decide; a step with any hook refreshes the
+        plain replica of the policy)."""
         check_verl_version()
-        self.rlgrad = _Instruments(self, actor_config, overrides, Path(run_dir), temperature)
+        self.rlgrad = _Instruments(self, actor_config, overrides, Path(run_dir), temperature, hooks)
 
     @registered_as(_VerlTrainingWorker.train_mini_batch)
     def train_mini_batch(self, data):
@@ -116,6 +136,8 @@ class TrainingWorker(_VerlTrainingWorker):
             verl_metrics = tu.get(output, "metrics")
             rl.log(verl_metrics, metrics)
             verl_metrics.update({k: [v] for k, v in metrics.items()})  # verl's trainer prefixes them with actor/
+            if rl.stop_reason is not None:
+                verl_metrics[STOP_METRIC] = [1.0]
         return output
 
     @registered_as(_VerlTrainingWorker.load_checkpoint)
@@ -131,7 +153,7 @@ class _Instruments:
     """rlgrad's hooks run on one verl actor worker's update batches."""
 
     def __init__(self, worker: _VerlTrainingWorker, actor_config, overrides: list[str], run_dir: Path,
-                 temperature: float):
+                 temperature: float, hooks: Sequence[Hook] = ()):
         self.worker = worker
         self.cfg = instrument_settings([*DEFAULTS, *overrides], UNSUPPORTED, "verl")
         engine_cfg = worker.engine_config
@@ -149,14 +171,17 @@ class _Instruments:
         at["components"] = Schedule(0)  # verl's reward components are not in the update batch
         at["neurons/critic"] = Schedule(0)
         self.at = at
-        self.hooks = hooks_from_config(self.cfg, at)
+        self.own_hooks = bool(hooks)  # the user's hooks: every step is one they may act at
+        self.hooks = HookRunner([*hooks_from_config(self.cfg, at), *hooks])
         self.run_dir = run_dir
         self.step = 0
         self.ctx: StepContext | None = None
         self.pending: dict[str, float] = {}
+        self.stop_reason: str | None = None  # a hook asked, at this step, to end the run after it
         self.neurons_step = 0  # the step whose first mini-batch gradient neuron health has measured
         self.replica: torch.nn.Module | None = None
         self.metrics_log: JsonlSink | None = None
+        self.table_log: JsonlTableSink | None = None
         self._opened = False
         worker.engine.optimizer.register_step_pre_hook(self._on_optimizer_step)
 
@@ -167,14 +192,16 @@ class _Instruments:
         self._opened = True
         if is_main():  # self.step is the step about to run: the run resumed after step - 1
             self.metrics_log = open_metrics(self.run_dir, self.step - 1,
-                                            "set actor_rollout_ref.rlgrad.dir to a new directory")
+                                            "set actor_rollout_ref.rlgrad.dir to a new directory",
+                                            also=(self.run_dir / TABLES,))
+            self.table_log = JsonlTableSink(self.run_dir / TABLES)
 
     def resume(self, step: int) -> None:
         self.step = step
 
     # ---- the step ----------------------------------------------------------------------------------
     def _due(self) -> bool:
-        return any(s.due(self.step) for s in self.at.values())
+        return self.own_hooks or any(s.due(self.step) for s in self.at.values())
 
     def _model(self) -> torch.nn.Module:
         """A plain module with the current weights (verl's engine holds FSDP shards): built once, refreshed."""
@@ -200,6 +227,7 @@ class _Instruments:
         batch = batch_from_verl(data)
         out = {"critic/score/mean": float(all_reduce_sum(batch.scores.sum().double()) /
                                           max(float(all_reduce_sum(torch.tensor(float(len(batch))))), 1.0))}
+        self.stop_reason = None
         if not self._due():
             self.ctx = None
             return out
@@ -208,10 +236,15 @@ class _Instruments:
                                loss_settings=self.settings, config=self.cfg, run_dir=self.run_dir,
                                is_main=is_main(), sync_actor=lambda: sync_policy(self.worker.engine.module, model))
         with torch.enable_grad():
-            for hook in self.hooks:
-                res = hook.before_update(self.ctx)
-                if res is not None:
-                    out.update(res.metrics)
+            res = self.hooks.before_update(self.ctx)
+        out.update(res.metrics)
+        if self.table_log is not None:
+            for key, (columns, rows) in res.tables.items():
+                self.table_log.log_table(key, columns, rows, self.step)
+        if res.stop:
+            self.stop_reason = res.reason
+            if is_main():
+                print(f"[rlgrad] step {self.step}: the run ends after this step ({res.reason})")
         return out
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
@@ -221,14 +254,12 @@ class _Instruments:
             return
         self.neurons_step = ctx.step
         with torch.enable_grad():
-            for hook in self.hooks:
-                self.pending.update(hook.on_grads(ctx, self.worker.engine.module, ctx.batch, "actor") or {})
+            self.pending.update(self.hooks.on_grads(ctx, self.worker.engine.module, ctx.batch, "actor"))
 
     def after_update(self) -> dict[str, float]:
         out, self.pending = self.pending, {}
         if self.ctx is not None:
-            for hook in self.hooks:
-                out.update(hook.after_update(self.ctx) or {})
+            out.update(self.hooks.after_update(self.ctx))
         return out
 
     def log(self, verl_metrics: dict, ours: dict[str, float]) -> None:

@@ -41,6 +41,31 @@ class JsonlSink:
         pass
 
 
+class JsonlTableSink:
+    """Tables (``rlgrad.hooks.HookResult.tables``) as JSON lines, ``{"step", "key", "columns", "rows"}``: where a
+    loop without a table sink of its own (the TRL and verl integrations) keeps them, in ``tables.jsonl``."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log_table(self, key: str, columns: list[str], rows: list[list], step: int) -> None:
+        cells = [[_cell(v) for v in row] for row in rows]
+        line = json.dumps({"step": step, "key": key, "columns": list(columns), "rows": cells})
+        with open(self.path, "a") as f:
+            f.write(line + "\n")
+
+    def close(self) -> None:
+        pass
+
+
+def _cell(v: Any) -> Any:
+    """A table cell as JSON holds it: numbers as numbers (NaN/inf as strings, as in metrics.jsonl), text as text."""
+    if isinstance(v, torch.Tensor):
+        v = v.item()
+    return _clean(v) if isinstance(v, float) else v
+
+
 class TensorBoardSink:
     def __init__(self, log_dir: Path):
         try:

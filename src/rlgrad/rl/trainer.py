@@ -32,6 +32,7 @@ import math
 import random
 import signal
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -45,7 +46,7 @@ from rlgrad.collectives import all_gather_cat, all_reduce_sum, is_main, rank, wo
 from rlgrad.config.algorithm import PER_TOKEN
 from rlgrad.config.schema import RLGradConfig, to_yaml
 from rlgrad.errors import UserError
-from rlgrad.hooks import Hook, HookResult, StepContext
+from rlgrad.hooks import Hook, HookResult, HookRunner, StepContext
 from rlgrad.logging.reward_signal import RewardSignalWatch
 from rlgrad.logging.rewards import RewardComponentLog, reward_metrics, step_record
 from rlgrad.logging.rollouts import (
@@ -78,40 +79,56 @@ from rlgrad.tasks import task_from_config
 
 
 class Trainer:
-    def __init__(self, cfg: RLGradConfig, hooks: list[Hook] | None = None, log=print):
-        """``hooks`` run at the hook points in order (``rlgrad train`` hands it the instruments the config asks
-        for, ``rlgrad.analysis.hooks_from_config``); the trainer knows nothing else of them."""
+    def __init__(self, cfg: RLGradConfig, hooks: Iterable[Hook] | None = None, log: Callable[..., None] = print):
+        """``hooks`` run at the hook points in order, through one ``HookRunner`` (``rlgrad train`` hands it the
+        instruments the config asks for, ``rlgrad.analysis.hooks_from_config``); the trainer knows nothing else
+        of them. Everything that can reject the input happens before anything is written; under torchrun all
+        ranks reject it together (rank 0 alone looks at the run directory)."""
         self.cfg = cfg
-        self.hooks = list(hooks or [])
-        t = cfg.trainer
-        if t.num_threads:
-            torch.set_num_threads(t.num_threads)
-        if t.device == "cuda" and not torch.cuda.is_available():
+        self.hooks = HookRunner(hooks or ())
+        self._set_up_process(log)
+        distributed.agree(lambda: distributed.check_config(cfg))
+        self.task = distributed.agree(lambda: task_from_config(cfg))
+        self.resume_from = distributed.decide(lambda: runs.find_resume_point(cfg, self.run_dir))
+        torch.manual_seed(cfg.trainer.seed)
+        self._load_policy()
+        self._build_models()
+        self._init_loop_state()
+        if self.resume_from is not None:
+            self._restore(self.resume_from)
+
+    # ------------------------------------------------------------------ construction
+    def _set_up_process(self, log: Callable[..., None]) -> None:
+        """Threads, device, run directory, this process's rank and log, and how rollouts seed their sampling."""
+        cfg, trainer_cfg = self.cfg, self.cfg.trainer
+        if trainer_cfg.num_threads:
+            torch.set_num_threads(trainer_cfg.num_threads)
+        if trainer_cfg.device == "cuda" and not torch.cuda.is_available():
             raise UserError("'trainer.device' is cuda, but this machine has no CUDA device (auto picks one when "
                             "there is)")
-        self.device = torch.device("cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
-                                   else "cpu")
+        use_cuda = trainer_cfg.device == "cuda" or (trainer_cfg.device == "auto" and torch.cuda.is_available())
+        self.device = torch.device("cuda" if use_cuda else "cpu")
         self.run_dir = runs.resolve_run_dir(cfg)
         self.is_main = is_main()
         self.log = log if self.is_main else (lambda *a, **k: None)
         # Under torchrun (any number of processes) each group samples from its own generator, so 1 and N
         # processes sample the same batch; a plain one-process run keeps the single stream.
-        self.group_seeded = (cfg.rollout.group_seeded_sampling if cfg.rollout.group_seeded_sampling is not None
-                             else distributed.under_torchrun() or world_size() > 1)
-        # Everything that can reject the input happens before anything is written; under torchrun all
-        # ranks reject it together (rank 0 alone looks at the run directory).
-        distributed.agree(lambda: distributed.check_config(cfg))
-        self.task = distributed.agree(lambda: task_from_config(cfg))
-        self.resume_from = distributed.decide(lambda: runs.find_resume_point(cfg, self.run_dir))
-        torch.manual_seed(t.seed)
+        seeded = cfg.rollout.group_seeded_sampling
+        self.group_seeded = seeded if seeded is not None else distributed.under_torchrun() or world_size() > 1
+        if trainer_cfg.rollout_data_dir:  # where it is relative to now, not to wherever the run is looked at from
+            trainer_cfg.rollout_data_dir = str(Path(trainer_cfg.rollout_data_dir).resolve())
+
+    def _load_policy(self) -> None:
+        """The actor and its tokenizer (the checkpoint's when resuming), how prompts are rendered, and the
+        multi-turn episode runner when the task is an environment."""
+        cfg, seed = self.cfg, self.cfg.trainer.seed
         if self.resume_from is not None:
             self.actor, self.tokenizer = distributed.agree(
                 lambda: load_pretrained(self.resume_from / "actor", cfg.model.dtype))
         else:
             if world_size() > 1:  # rank 0 builds the warm-start cache once, the others then read it
-                distributed.decide(lambda: load_actor(cfg.model, self.task, t.seed, log=self.log) and None)
-            self.actor, self.tokenizer = distributed.agree(
-                lambda: load_actor(cfg.model, self.task, t.seed, log=self.log))
+                distributed.decide(lambda: load_actor(cfg.model, self.task, seed, log=self.log) and None)
+            self.actor, self.tokenizer = distributed.agree(lambda: load_actor(cfg.model, self.task, seed, log=self.log))
         self.actor.to(self.device)
         # Prompts through the tokenizer's chat template (data.apply_chat_template); responses end at EOS or
         # at the template's end-of-turn token. Checked now, before anything is written.
@@ -123,34 +140,38 @@ class Trainer:
             self.agent = distributed.agree(lambda: EpisodeRunner(
                 self.task.make_env, cfg.agent, self.tokenizer, chat=self.chat, system_prompt=cfg.data.system_prompt,
                 stop_ids=self.stop_ids, weights=self.task.weights, max_context_length=cfg.data.max_prompt_length))
-        if t.rollout_data_dir:  # where it is relative to now, not to wherever the run is looked at from
-            t.rollout_data_dir = str(Path(t.rollout_data_dir).resolve())
+
+    def _build_models(self) -> None:
+        """The process wrappers, the reference policy, the optimizers and losses, and the critic with gae."""
+        cfg, strategy = self.cfg, self.cfg.trainer.strategy
         # train_actor: what the update runs on (DDP / FSDP2 wrapper); actor: a plain module with the same
         # weights (rollouts, log-probs, hooks, checkpoints). The same object in one process.
-        self.train_actor, self.actor = distributed.wrap(self.actor, t.strategy)
+        self.train_actor, self.actor = distributed.wrap(self.actor, strategy)
         self.ref = None
         if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:  # the initial policy, also when resuming
-            self.ref, _ = load_actor(cfg.model, self.task, t.seed, log=log)
+            self.ref, _ = load_actor(cfg.model, self.task, cfg.trainer.seed, log=self.log)
             self.ref.to(self.device).eval().requires_grad_(False)
         self.optimizer, self.scheduler = build_optimizer(self.train_actor, cfg.actor.optim)
         self.loss_settings = LossSettings.from_config(cfg)
         self.critic = self.train_critic = self.critic_optimizer = self.critic_scheduler = None
         if cfg.algorithm.adv_estimator == "gae":  # PPO with a critic
-            self.train_critic, self.critic = distributed.wrap(self._load_critic().to(self.device), t.strategy)
+            self.train_critic, self.critic = distributed.wrap(self._load_critic().to(self.device), strategy)
             self.critic_optimizer, self.critic_scheduler = build_optimizer(self.train_critic, cfg.critic.optim)
             self.critic_settings = CriticSettings.from_config(cfg)
-        k = cfg.algorithm.kl_ctrl
-        self.kl_ctrl = KLController(k.type, k.kl_coef, k.target_kl, k.horizon)  # algorithm.use_kl_in_reward
+
+    def _init_loop_state(self) -> None:
+        """What the loop carries from step to step (and a checkpoint saves): the KL controller, the data
+        stream, the step, the run of empty steps and the summary."""
+        kl = self.cfg.algorithm.kl_ctrl
+        self.kl_ctrl = KLController(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)  # algorithm.use_kl_in_reward
         # total = Σ weight · component: the task's, and weight 1 for the shaping's components (rl/shaping.py)
         self.reward_weights = {**self.task.weights, "overlong": 1.0, "kl_penalty": 1.0}
-        self.data_rng = random.Random(t.seed)
+        self.data_rng = random.Random(self.cfg.trainer.seed)
         self.step = 0
         self.empty_streak = 0
         self.summary: dict[str, float] = {}
         self.reward_log: RewardComponentLog | None = None
         self.rollout_log: RolloutLog | None = None
-        if self.resume_from is not None:
-            self._restore(self.resume_from)
 
     # ------------------------------------------------------------------ state
     def _load_critic(self) -> torch.nn.Module:
@@ -192,28 +213,28 @@ class Trainer:
         return state
 
     def _open_run_dir(self) -> MetricLogger:
-        t, rd = self.cfg.trainer, self.run_dir
+        run_dir = self.run_dir
         if not self.is_main:  # only rank 0 writes
             return MetricLogger([])
-        changes = runs.config_changes(rd, self.cfg) if (rd / "config.yaml").is_file() else {}
-        self.created_run_dir = not (rd.exists() and any(rd.iterdir()))
-        rd.mkdir(parents=True, exist_ok=True)
-        self.run_lock = lock_run_dir(rd)
-        if changes or not (rd / "config.yaml").exists():
-            atomic_write_text(rd / "config.yaml", to_yaml(self.cfg))
+        changes = runs.config_changes(run_dir, self.cfg) if (run_dir / "config.yaml").is_file() else {}
+        self.created_run_dir = not (run_dir.exists() and any(run_dir.iterdir()))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_lock = lock_run_dir(run_dir)
+        if changes or not (run_dir / "config.yaml").exists():
+            atomic_write_text(run_dir / "config.yaml", to_yaml(self.cfg))
         if changes:
-            with open(rd / "config_changes.jsonl", "a") as f:
+            with open(run_dir / "config_changes.jsonl", "a") as f:
                 f.write(json.dumps({"step": self.step, "changes": changes}) + "\n")
             self.log(f"resuming at step {self.step} with changed settings (recorded in config_changes.jsonl): "
-                     + ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changes.items()))
-        moved = truncate_jsonl_after(rd / "metrics.jsonl", self.step)
+                     + ", ".join(f"{k}: {old} -> {new}" for k, (old, new) in changes.items()))
+        moved = truncate_jsonl_after(run_dir / "metrics.jsonl", self.step)
         if moved:
             self.log(f"resuming at step {self.step}: {moved} metric rows past the checkpoint moved to "
                      "metrics.discarded.jsonl")
-        self.reward_log = RewardComponentLog(rd)
-        self.rollout_log = RolloutLog(rollout_dir(rd, t.rollout_data_dir))
+        self.reward_log = RewardComponentLog(run_dir)
+        self.rollout_log = RolloutLog(rollout_dir(run_dir, self.cfg.trainer.rollout_data_dir))
         self.rollout_log.discard_after(self.step)
-        sinks = open_sinks(t, rd, self.step, asdict(self.cfg))
+        sinks = open_sinks(self.cfg.trainer, run_dir, self.step, asdict(self.cfg))
         if self.step == 0:  # the first steps of a run say whether its reward can teach anything
             sinks.insert(1, RewardSignalWatch(self.log, self.reward_weights))
         return MetricLogger(sinks)
@@ -221,25 +242,25 @@ class Trainer:
     # ------------------------------------------------------------------ pieces
     def shard(self, num_groups: int) -> tuple[int, int]:
         """This rank's contiguous range ``[lo, hi)`` of ``num_groups`` prompt groups (ranks in order)."""
-        ws, r = world_size(), rank()
-        return r * num_groups // ws, (r + 1) * num_groups // ws
+        processes, this = world_size(), rank()
+        return this * num_groups // processes, (this + 1) * num_groups // processes
 
     def rollout(self, examples, n: int, do_sample: bool, first_group: int = 0, stream: int = 0,
                 step: int = 0) -> tuple[Batch, dict]:
         """Sample ``n`` responses for each of ``examples`` (this rank's groups; ``first_group``: the global id
         of the first) and score them. ``stream``/``step`` seed the group generators of group-seeded sampling."""
-        cfg, r = self.cfg, self.cfg.rollout
+        cfg, rollout_cfg = self.cfg, self.cfg.rollout
         seeds = ([group_seed(cfg.trainer.seed, stream, step, first_group + i) for i in range(len(examples))]
                  if self.group_seeded and do_sample else None)
         if self.agent is not None:  # n episodes per group, every one from the group's environment seed
-            return self.agent.rollout(self.actor, examples, n, r, do_sample=do_sample, first_group=first_group,
-                                      seeds=seeds)
+            return self.agent.rollout(self.actor, examples, n, rollout_cfg, do_sample=do_sample,
+                                      first_group=first_group, seeds=seeds)
         prompts = render_prompts(self.tokenizer, examples, self.chat, cfg.data.system_prompt)
         try:
-            gen = generate(self.actor, self.tokenizer, prompts, n=n,
-                           max_new_tokens=r.response_length, do_sample=do_sample, temperature=r.temperature,
-                           top_p=r.top_p, top_k=r.top_k, max_prompt_length=cfg.data.max_prompt_length,
-                           engine=r.engine, seeds=seeds, stop_ids=self.stop_ids)
+            gen = generate(self.actor, self.tokenizer, prompts, n=n, max_new_tokens=rollout_cfg.response_length,
+                           do_sample=do_sample, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
+                           top_k=rollout_cfg.top_k, max_prompt_length=cfg.data.max_prompt_length,
+                           engine=rollout_cfg.engine, seeds=seeds, stop_ids=self.stop_ids)
         except PromptTooLong as e:  # name the data row it came from (file:line for data files)
             source = (examples[e.index].meta or {}).get("source")
             raise UserError(f"{source}: {e}" if source else str(e)) from None
@@ -248,11 +269,13 @@ class Trainer:
         group_ids = torch.arange(first_group, first_group + len(examples)).repeat_interleave(n)
         total = torch.tensor([s.total for s in scores], dtype=torch.float32)
         comps = {k: torch.tensor([s.components[k] for s in scores], dtype=torch.float32) for k in scores[0].components}
-        if (ob := cfg.reward.overlong_buffer).enable:  # DAPO's length shaping: one more component, weight 1
-            comps["overlong"] = overlong_penalty(gen.response_lengths, r.response_length, ob.len, ob.penalty_factor)
+        if (overlong := cfg.reward.overlong_buffer).enable:  # DAPO's length shaping: one more component, weight 1
+            comps["overlong"] = overlong_penalty(gen.response_lengths, rollout_cfg.response_length, overlong.len,
+                                                 overlong.penalty_factor)
             total = total + comps["overlong"]
-        batch = Batch(gen.input_ids, gen.attention_mask, gen.response_mask, group_ids, total,
-                      group_reward_std(total, group_ids), comps, old_log_probs=gen.log_probs)
+        batch = Batch(input_ids=gen.input_ids, attention_mask=gen.attention_mask, response_mask=gen.response_mask,
+                      group_ids=group_ids, scores=total, reward_std=group_reward_std(total, group_ids),
+                      components=comps, old_log_probs=gen.log_probs)
         info = {"correct": torch.tensor([s.correct for s in scores], dtype=torch.float32),
                 "lengths": gen.response_lengths.float(), "truncated": gen.truncated.float(),
                 "responses": gen.responses, "prompts": [prompts[i // n] for i in range(len(gen.responses))],
@@ -266,9 +289,10 @@ class Trainer:
         lo, hi = self.shard(len(examples))
         with torch.random.fork_rng(devices=[]):  # validation never shifts the training RNG stream
             correct, total, episodes = [torch.zeros(0)], [torch.zeros(0)], []
-            for s in range(lo, hi, 256):
-                batch, info = self.rollout(examples[s:min(s + 256, hi)], n=1, do_sample=self.cfg.rollout.val_do_sample,
-                                           first_group=s, stream=2, step=self.step)
+            for first in range(lo, hi, 256):
+                batch, info = self.rollout(examples[first:min(first + 256, hi)], n=1,
+                                           do_sample=self.cfg.rollout.val_do_sample, first_group=first, stream=2,
+                                           step=self.step)
                 correct.append(info["correct"])
                 total.append(batch.scores)
                 episodes.append(info)
@@ -280,41 +304,45 @@ class Trainer:
         return out
 
     def prepare(self, batch: Batch, metrics: dict) -> Batch:
-        r = self.cfg.rollout
+        rollout_cfg, algo = self.cfg.rollout, self.cfg.algorithm
+
+        def log_probs(model: torch.nn.Module) -> torch.Tensor:
+            return compute_log_probs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                     temperature=rollout_cfg.temperature,
+                                     micro_batch_size=rollout_cfg.log_prob_micro_batch_size)[0]
+
         with timer(metrics, "timing_s/old_log_prob"):  # the sampling model is the old policy: its rollout log-probs
-            if r.recompute_log_probs or batch.old_log_probs is None:
-                batch.old_log_probs, _ = compute_log_probs(self.actor, batch.input_ids, batch.attention_mask,
-                                                           batch.response_mask, temperature=r.temperature,
-                                                           micro_batch_size=r.log_prob_micro_batch_size)
+            if rollout_cfg.recompute_log_probs or batch.old_log_probs is None:
+                batch.old_log_probs = log_probs(self.actor)
         if self.ref is not None:
             with timer(metrics, "timing_s/ref"):
-                batch.ref_log_probs, _ = compute_log_probs(self.ref, batch.input_ids, batch.attention_mask,
-                                                           batch.response_mask, temperature=r.temperature,
-                                                           micro_batch_size=r.log_prob_micro_batch_size)
+                batch.ref_log_probs = log_probs(self.ref)
         if self.critic is not None:
             with timer(metrics, "timing_s/values"):
-                batch.values = compute_values(self.critic, batch, micro_batch_size=r.log_prob_micro_batch_size)
-        a = self.cfg.algorithm
-        if a.use_kl_in_reward:  # verl's apply_kl_penalty; the KL's share of the reward is a component of its own
+                batch.values = compute_values(self.critic, batch,
+                                              micro_batch_size=rollout_cfg.log_prob_micro_batch_size)
+        if algo.use_kl_in_reward:  # verl's apply_kl_penalty; the KL's share of the reward is a component of its own
             batch.token_rewards, kl = kl_in_reward(batch.scores, batch.token_rewards, batch.old_log_probs,
-                                                   batch.ref_log_probs, batch.response_mask, a.kl_penalty,
+                                                   batch.ref_log_probs, batch.response_mask, algo.kl_penalty,
                                                    self.kl_ctrl.value)
             batch.components["kl_penalty"] = kl_reward_share(batch.token_rewards, batch.scores, batch.response_mask)
             metrics["actor/reward_kl_penalty"] = float(all_gather_cat(kl).mean())
             metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
         with timer(metrics, "timing_s/adv"):
             batch.advantages, batch.returns = compute_advantages(
-                a.adv_estimator, batch.scores, batch.group_ids, batch.response_mask, token_rewards=batch.token_rewards,
-                values=batch.values, gamma=a.gamma, lam=a.lam, norm_by_std=a.norm_adv_by_std_in_grpo,
+                algo.adv_estimator, batch.scores, batch.group_ids, batch.response_mask,
+                token_rewards=batch.token_rewards, values=batch.values, gamma=algo.gamma, lam=algo.lam,
+                norm_by_std=algo.norm_adv_by_std_in_grpo,
                 reduce=all_reduce_sum)  # whitening: over the whole batch, not each process's rows
         return batch
 
-    def sample_round(self, step: int, groups: int, r: int) -> tuple[Batch, dict]:
-        """Round ``r`` of a step's rollout: ``groups`` new prompts (the same on every rank), ids from r·groups."""
+    def sample_round(self, step: int, groups: int, round_index: int) -> tuple[Batch, dict]:
+        """Round ``round_index`` of a step's rollout: ``groups`` new prompts (the same on every rank), ids from
+        round_index·groups."""
         examples = self.task.train_examples(groups, self.data_rng)
         lo, hi = self.shard(len(examples))
-        return self.rollout(examples[lo:hi], n=self.cfg.rollout.n, do_sample=True, first_group=r * groups + lo,
-                            step=step)
+        return self.rollout(examples[lo:hi], n=self.cfg.rollout.n, do_sample=True,
+                            first_group=round_index * groups + lo, step=step)
 
     def filter(self, batch: Batch, info: dict, among: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         """``[N]`` bool: the rows of the groups the rollout filter keeps (of the rows ``among``, when given)."""
@@ -323,23 +351,24 @@ class Trainer:
             keep = torch.zeros_like(among)
             if float(all_reduce_sum(among.sum())) == 0:
                 return keep, {}
-            sub, fm = self.filter(batch.select(rows), {"lengths": info["lengths"][rows]})
+            sub, filter_metrics = self.filter(batch.select(rows), {"lengths": info["lengths"][rows]})
             keep[rows[sub]] = True
-            return keep, fm
-        r = self.cfg.rollout
+            return keep, filter_metrics
+        rollout_cfg = self.cfg.rollout
         entropies = None
-        if r.rollout_filter_metric in ("entropy", "entropy_variance"):
+        if rollout_cfg.rollout_filter_metric in ("entropy", "entropy_variance"):
             _, ent = compute_log_probs(self.actor, batch.input_ids, batch.attention_mask, batch.response_mask,
-                                       temperature=r.temperature, micro_batch_size=r.log_prob_micro_batch_size,
-                                       with_entropy=True)
+                                       temperature=rollout_cfg.temperature,
+                                       micro_batch_size=rollout_cfg.log_prob_micro_batch_size, with_entropy=True)
             entropies = ent.sum(-1) / batch.response_mask.sum(-1).clamp(min=1)
-        g = all_gather_cat  # one global decision, on every rank, from every rank's groups
-        res = rollout_filter(g(batch.group_ids), g(batch.scores), strategy=r.rollout_filter_strategy,
-                             value=r.rollout_filter_value, filter_type=r.rollout_filter_type,
-                             metric=r.rollout_filter_metric, top_p_prob_mode=r.rollout_filter_top_p_prob_mode,
-                             include_zero=r.rollout_filter_include_zero,
-                             selection_eps=r.rollout_filter_selection_eps,
-                             entropies=None if entropies is None else g(entropies), lengths=g(info["lengths"]))
+        gather = all_gather_cat  # one global decision, on every rank, from every rank's groups
+        res = rollout_filter(
+            gather(batch.group_ids), gather(batch.scores), strategy=rollout_cfg.rollout_filter_strategy,
+            value=rollout_cfg.rollout_filter_value, filter_type=rollout_cfg.rollout_filter_type,
+            metric=rollout_cfg.rollout_filter_metric, top_p_prob_mode=rollout_cfg.rollout_filter_top_p_prob_mode,
+            include_zero=rollout_cfg.rollout_filter_include_zero,
+            selection_eps=rollout_cfg.rollout_filter_selection_eps,
+            entropies=None if entropies is None else gather(entropies), lengths=gather(info["lengths"]))
         keep = torch.isin(batch.group_ids, torch.tensor(res.kept_groups, dtype=batch.group_ids.dtype))
         return keep, res.metrics
 
@@ -357,52 +386,64 @@ class Trainer:
         return kept, full
 
     # ------------------------------------------------------------------ the loop
-    def collect(self, step: int, m: dict) -> tuple[Batch, Batch] | None:
+    def collect(self, step: int, metrics: dict) -> tuple[Batch, Batch] | None:
         """rollout -> filter -> prepare for ``step``: ``(prepared filtered batch, unfiltered batch)``, or None
-        when the filter kept no group (a skipped step). Logs the rollout, reward and advantage metrics into ``m``."""
-        cfg, fg, size = self.cfg, self.cfg.algorithm.filter_groups, self.cfg.data.train_batch_size
-        gen = cfg.data.gen_batch_size or size
-        with timer(m, "timing_s/gen"):
-            if fg.enable:  # DAPO: rounds of data.gen_batch_size groups until `size` of them carry a signal
-                full, info, signal = dynamic_sampling(lambda r: self.sample_round(step, gen, r), size,
-                                                      fg.max_num_gen_batches, fg.metric, m)
-            else:
-                (full, info), signal = self.sample_round(step, size, 0), None
-        g = all_gather_cat  # global metrics: every rank's samples
-        m["rollout/accuracy"], m["rollout/score/mean"] = float(g(info["correct"]).mean()), float(g(full.scores).mean())
-        m.update(summarize("response_length/{stat}", g(info["lengths"])))
-        m["response_length/clip_ratio"] = float(g(info["truncated"]).mean())
+        when the filter kept no group (a skipped step). Logs the rollout, reward and advantage metrics."""
+        full, info, signal_rows = self._sample(step, metrics)
+        gather = all_gather_cat  # global metrics: every rank's samples
+        metrics["rollout/accuracy"] = float(gather(info["correct"]).mean())
+        metrics["rollout/score/mean"] = float(gather(full.scores).mean())
+        metrics.update(summarize("response_length/{stat}", gather(info["lengths"])))
+        metrics["response_length/clip_ratio"] = float(gather(info["truncated"]).mean())
         if self.agent is not None:
-            m.update(episode_metrics({c: g(info[c]) for c in COUNTS}, "train"))
-        with timer(m, "timing_s/filter"):
-            keep, fm = self.filter(full, info, signal)
-        m.update(fm)
+            metrics.update(episode_metrics({c: gather(info[c]) for c in COUNTS}, "train"))
+        with timer(metrics, "timing_s/filter"):
+            keep, filter_metrics = self.filter(full, info, signal_rows)
+        metrics.update(filter_metrics)
         if float(all_reduce_sum(keep.sum())) == 0:
             self._log_rollouts(step, full, info, keep, None)
-            self._skip_empty(step, m)
+            self._skip_empty(step, metrics)
             return None
         self.empty_streak = 0
         kept = torch.nonzero(keep).squeeze(-1)
-        batch = self.prepare(full.select(kept), m)
-        if cfg.algorithm.use_kl_in_reward:  # verl: the controller moves after each batch, by its sample count
-            self.kl_ctrl.update(m["actor/reward_kl_penalty"], int(all_reduce_sum(torch.tensor(len(batch)))))
-        self._log_rollouts(step, full, info, keep, sequence_advantages(batch.advantages, batch.response_mask,
-                                                                      mean=batch.token_rewards is not None
-                                                                      or cfg.algorithm.adv_estimator in PER_TOKEN))
-        comps, scores = {k: g(v) for k, v in batch.components.items()}, g(batch.scores)
-        m.update(summarize("critic/score/{stat}", scores))
-        lengths, correct, gids = g(info["actual_lengths"][kept]), g(info["correct"][kept]), g(batch.group_ids)
-        m.update(reward_metrics(comps, gids, g(info["fallback"][kept]) if "fallback" in info else None))
-        valid = g(info["valid_format"][kept]) if "valid_format" in info else None  # a collective: every rank
-        if self.reward_log is not None:  # main process only
-            self.reward_log.append(step_record(step, comps, self.reward_weights, scores, gids, lengths, correct, valid))
-        rm = batch.response_mask.bool()
-        m.update(summarize("critic/advantages/{stat}", g(batch.advantages[rm])))
-        if self.critic is not None:
-            values, returns = g(batch.values[rm]), g(batch.returns[rm])
-            m.update({**summarize("critic/values/{stat}", values), **summarize("critic/returns/{stat}", returns)})
-            m["critic/vf_explained_var"] = float(explained_variance(returns, values, torch.ones_like(values)))
+        batch = self.prepare(full.select(kept), metrics)
+        if self.cfg.algorithm.use_kl_in_reward:  # verl: the controller moves after each batch, by its sample count
+            self.kl_ctrl.update(metrics["actor/reward_kl_penalty"], int(all_reduce_sum(torch.tensor(len(batch)))))
+        per_token = batch.token_rewards is not None or self.cfg.algorithm.adv_estimator in PER_TOKEN
+        self._log_rollouts(step, full, info, keep,
+                           sequence_advantages(batch.advantages, batch.response_mask, mean=per_token))
+        self._batch_metrics(step, batch, info, kept, metrics)
         return batch, full
+
+    def _sample(self, step: int, metrics: dict) -> tuple[Batch, dict, torch.Tensor | None]:
+        """The step's rollout: ``(batch, info, rows that carry a signal or None)``. With
+        ``algorithm.filter_groups`` (DAPO) rounds of data.gen_batch_size groups until enough carry a signal."""
+        size, filter_groups = self.cfg.data.train_batch_size, self.cfg.algorithm.filter_groups
+        round_groups = self.cfg.data.gen_batch_size or size
+        with timer(metrics, "timing_s/gen"):
+            if not filter_groups.enable:
+                return (*self.sample_round(step, size, 0), None)
+            return dynamic_sampling(lambda round_index: self.sample_round(step, round_groups, round_index), size,
+                                    filter_groups.max_num_gen_batches, filter_groups.metric, metrics)
+
+    def _batch_metrics(self, step: int, batch: Batch, info: dict, kept: torch.Tensor, metrics: dict) -> None:
+        """The kept batch's scores, reward components (and reward_components.jsonl), advantages and values."""
+        gather = all_gather_cat  # every rank's rows: collectives, so every rank calls them in the same order
+        comps, scores = {k: gather(v) for k, v in batch.components.items()}, gather(batch.scores)
+        metrics.update(summarize("critic/score/{stat}", scores))
+        lengths, correct = gather(info["actual_lengths"][kept]), gather(info["correct"][kept])
+        group_ids = gather(batch.group_ids)
+        metrics.update(reward_metrics(comps, group_ids, gather(info["fallback"][kept]) if "fallback" in info else None))
+        valid = gather(info["valid_format"][kept]) if "valid_format" in info else None
+        if self.reward_log is not None:  # main process only
+            self.reward_log.append(step_record(step, comps, self.reward_weights, scores, group_ids, lengths, correct,
+                                               valid))
+        on_response = batch.response_mask.bool()
+        metrics.update(summarize("critic/advantages/{stat}", gather(batch.advantages[on_response])))
+        if self.critic is not None:
+            values, returns = gather(batch.values[on_response]), gather(batch.returns[on_response])
+            metrics.update({**summarize("critic/values/{stat}", values), **summarize("critic/returns/{stat}", returns)})
+            metrics["critic/vf_explained_var"] = float(explained_variance(returns, values, torch.ones_like(values)))
 
     def _log_rollouts(self, step: int, full: Batch, info: dict, keep: torch.Tensor, advantages: list | None) -> None:
         """rollouts/step_<N>.jsonl (``logging/rollouts.py``): every rank gathers (a collective), rank 0 writes."""
@@ -415,15 +456,15 @@ class Trainer:
         if self.rollout_log is not None:  # main process only (_open_run_dir)
             self.rollout_log.write(step, samples)
 
-    def _skip_empty(self, step: int, m: dict) -> None:
+    def _skip_empty(self, step: int, metrics: dict) -> None:
         """A step whose filter kept nothing: counted, and the run stops after too many in a row."""
         self.empty_streak += 1
-        m["rollout/filter_empty"] = 1.0
+        metrics["rollout/filter_empty"] = 1.0
         limit = self.cfg.rollout.rollout_filter_empty_stop_steps
         if self.empty_streak >= limit:
             raise runs.RunStopped(f"the rollout filter kept nothing for {self.empty_streak} consecutive steps "
-                             f"(rollout.rollout_filter_empty_stop_steps={limit}); "
-                             "loosen rollout.rollout_filter_value or rollout.rollout_filter_include_zero")
+                                  f"(rollout.rollout_filter_empty_stop_steps={limit}); "
+                                  "loosen rollout.rollout_filter_value or rollout.rollout_filter_include_zero")
         self.log(f"step {step}: the rollout filter kept no group; step skipped")
 
     def context(self, step: int, batch: Batch, full: Batch) -> StepContext:
@@ -441,73 +482,70 @@ class Trainer:
             ctx.sync_critic = lambda: distributed.sync_policy(self.train_critic, self.critic)
         return ctx
 
-    def _on_grads(self, ctx: StepContext, role: str, m: dict):
+    def _on_grads(self, ctx: StepContext, role: str, metrics: dict) -> Callable | None:
         """The ``on_grads`` callback ``ppo_update`` calls after each mini-batch's backward (None: no hooks)."""
         def call(model, mini):  # DDP: the inner module (whole summed gradient); FSDP2: the sharded module
             model = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-            for hook in self.hooks:
-                m.update(hook.on_grads(ctx, model, mini, role=role) or {})
-        return call if self.hooks else None
+            metrics.update(self.hooks.on_grads(ctx, model, mini, role=role))
+        return call if len(self.hooks) else None
 
-    def before_update(self, ctx: StepContext, logger: MetricLogger, m: dict) -> HookResult | None:
-        """The hook point: every hook's ``before_update``; returns the first result that asks to stop."""
-        for hook in self.hooks:
-            res = hook.before_update(ctx)
-            if res is None:
-                continue
-            m.update(res.metrics)
-            for table, (columns, rows) in res.tables.items():
-                logger.log_table(table, columns, rows, ctx.step)
-            if res.stop:
-                self.log(f"step {ctx.step}: stopping before the actor update ({res.reason or 'requested by a hook'})")
-                return res
-        return None
+    def before_update(self, ctx: StepContext, logger: MetricLogger, metrics: dict) -> HookResult:
+        """The hook point (``HookRunner.before_update``): the hooks' metrics into ``metrics``, their tables to the
+        logger; the result says whether one of them stopped the run."""
+        res = self.hooks.before_update(ctx)
+        metrics.update(res.metrics)
+        for table, (columns, rows) in res.tables.items():
+            logger.log_table(table, columns, rows, ctx.step)
+        if res.stop:
+            self.log(f"step {ctx.step}: stopping before the actor update ({res.reason})")
+        return res
 
-    def update_critic(self, ctx: StepContext, m: dict) -> None:
-        cfg, c = self.cfg, self.cfg.critic
-        with timer(m, "timing_s/update_critic"):
-            m.update(update_critic(self.train_critic, self.critic_optimizer, ctx.batch, self.critic_settings,
-                                   ppo_epochs=c.ppo_epochs,
-                                   mini_batch_size=(c.ppo_mini_batch_size or cfg.data.train_batch_size) * cfg.rollout.n,
-                                   micro_batch_size=c.ppo_micro_batch_size, max_grad_norm=c.max_grad_norm,
-                                   shuffle=c.shuffle, seed=cfg.trainer.seed * 100_019 + ctx.step,
-                                   scheduler=self.critic_scheduler, on_grads=self._on_grads(ctx, "critic", m)))
+    def update_critic(self, ctx: StepContext, metrics: dict) -> None:
+        cfg, critic_cfg = self.cfg, self.cfg.critic
+        mini_prompts = critic_cfg.ppo_mini_batch_size or cfg.data.train_batch_size
+        with timer(metrics, "timing_s/update_critic"):
+            metrics.update(update_critic(
+                self.train_critic, self.critic_optimizer, ctx.batch, self.critic_settings,
+                ppo_epochs=critic_cfg.ppo_epochs, mini_batch_size=mini_prompts * cfg.rollout.n,
+                micro_batch_size=critic_cfg.ppo_micro_batch_size, max_grad_norm=critic_cfg.max_grad_norm,
+                shuffle=critic_cfg.shuffle, seed=cfg.trainer.seed * 100_019 + ctx.step,
+                scheduler=self.critic_scheduler, on_grads=self._on_grads(ctx, "critic", metrics)))
             distributed.sync_policy(self.train_critic, self.critic)
 
-    def update_actor(self, ctx: StepContext, m: dict) -> None:
-        cfg, a = self.cfg, self.cfg.actor
-        mini_prompts = a.ppo_mini_batch_size or cfg.data.train_batch_size
-        with timer(m, "timing_s/update_actor"):
-            m.update(update_actor(self.train_actor, self.optimizer, ctx.batch, self.loss_settings,
-                                  ppo_epochs=a.ppo_epochs, mini_batch_size=mini_prompts * cfg.rollout.n,
-                                  micro_batch_size=a.ppo_micro_batch_size, max_grad_norm=a.max_grad_norm,
-                                  shuffle=a.shuffle, seed=cfg.trainer.seed * 100_003 + ctx.step,
-                                  scheduler=self.scheduler, on_grads=self._on_grads(ctx, "actor", m)))
+    def update_actor(self, ctx: StepContext, metrics: dict) -> None:
+        cfg, actor_cfg = self.cfg, self.cfg.actor
+        mini_prompts = actor_cfg.ppo_mini_batch_size or cfg.data.train_batch_size
+        with timer(metrics, "timing_s/update_actor"):
+            metrics.update(update_actor(
+                self.train_actor, self.optimizer, ctx.batch, self.loss_settings,
+                ppo_epochs=actor_cfg.ppo_epochs, mini_batch_size=mini_prompts * cfg.rollout.n,
+                micro_batch_size=actor_cfg.ppo_micro_batch_size, max_grad_norm=actor_cfg.max_grad_norm,
+                shuffle=actor_cfg.shuffle, seed=cfg.trainer.seed * 100_003 + ctx.step,
+                scheduler=self.scheduler, on_grads=self._on_grads(ctx, "actor", metrics)))
             distributed.sync_policy(self.train_actor, self.actor)  # FSDP2: the rollout replica gets the new weights
 
     def train_step(self, step: int, logger: MetricLogger) -> tuple[dict[str, float], bool]:
         """One step (the module docstring's order); returns its metrics and whether a hook stopped the run."""
-        m: dict[str, float] = {}
+        metrics: dict[str, float] = {}
         t0 = time.perf_counter()
         try:
-            collected = self.collect(step, m)
+            collected = self.collect(step, metrics)
         except runs.RunStopped:
-            m["timing_s/step"] = time.perf_counter() - t0
-            logger.log(step, m)
+            metrics["timing_s/step"] = time.perf_counter() - t0
+            logger.log(step, metrics)
             raise
         stop = False
         if collected is not None:
             ctx = self.context(step, *collected)
             if self.critic is not None:  # before the hook point, as in RAGEN
-                self.update_critic(ctx, m)
-            stop = self.before_update(ctx, logger, m) is not None
+                self.update_critic(ctx, metrics)
+            stop = self.before_update(ctx, logger, metrics).stop
             if not stop:
                 if self.critic is None or step > self.cfg.trainer.critic_warmup:  # critic warm-up: the actor waits
-                    self.update_actor(ctx, m)
-                for hook in self.hooks:
-                    m.update(hook.after_update(ctx) or {})
-        m["timing_s/step"] = time.perf_counter() - t0
-        return m, stop
+                    self.update_actor(ctx, metrics)
+                metrics.update(self.hooks.after_update(ctx))
+        metrics["timing_s/step"] = time.perf_counter() - t0
+        return metrics, stop
 
     def probe(self) -> dict[str, float]:
         """RAGEN's checkpoint probe: the batch of the step after the restored checkpoint, rolled out, filtered
@@ -518,79 +556,97 @@ class Trainer:
         try:
             if self.cfg.trainer.val_before_train:
                 logger.log(self.step, self.validate())
-            m: dict[str, float] = {}
+            metrics: dict[str, float] = {}
             t0 = time.perf_counter()
             try:
-                collected = self.collect(step, m)
+                collected = self.collect(step, metrics)
                 if collected is not None:
-                    self.before_update(self.context(step, *collected), logger, m)
+                    self.before_update(self.context(step, *collected), logger, metrics)
             finally:  # also when the run stops (the filter kept nothing too often): the row says so
-                m["timing_s/step"] = time.perf_counter() - t0
-                logger.log(step, m)
+                metrics["timing_s/step"] = time.perf_counter() - t0
+                logger.log(step, metrics)
         finally:
             logger.close()
-            for hook in self.hooks:
-                hook.close()
-        return m
+            self.hooks.close()
+        return metrics
 
     def fit(self) -> dict[str, float]:
-        t = self.cfg.trainer
-        total = t.total_training_steps
-        if self.step >= total:  # nothing to train: refuse settings this run never had rather than ignore them
-            changes = distributed.decide(lambda: runs.finished_run_changes(self.run_dir, self.cfg))
-            raise UserError(f"the run in {self.run_dir} already finished step {self.step}"
-                            + (f" with other settings ({changes})" if changes else "")
-                            + "; raise trainer.total_training_steps to continue it, or start a new run "
-                              "(trainer.experiment_name=NAME)")
+        """Train from the restored step (0 for a new run) to ``trainer.total_training_steps``; returns the run's
+        summary. A hook's stop ends it early; a signal (SIGTERM/SIGINT) ends it after the running step, with a
+        checkpoint (``runs.Interrupted``)."""
+        self._refuse_finished_run()
         logger = distributed.agree(self._open_run_dir)
         start = self.step
         with runs.stop_requests() as signals:
-            return self._fit(logger, start, signals)
-
-    def _fit(self, logger: MetricLogger, start: int, signals: list[int]) -> dict[str, float]:
-        t = self.cfg.trainer
-        total = t.total_training_steps
-        try:
-            has_row = distributed.decide(
-                lambda: any(r.get("step") == self.step for r in read_jsonl(self.run_dir / "metrics.jsonl")))
-            if t.val_before_train and not has_row:
-                val = self.validate()
-                self.summary.setdefault("val/accuracy_before", val["val/accuracy"])
-                logger.log(self.step, val)
-            for step in range(self.step + 1, total + 1):
-                metrics, stop = self.train_step(step, logger)
-                if stop:
-                    logger.log(step, metrics)
-                    self.summary["stopped_at_step"] = step
-                    break
-                # A signal stops the run after this step, as the step would have ended anyway (validation only
-                # where due, so the checkpoint's RNG state is the uninterrupted run's), plus a checkpoint.
-                interrupted = distributed.decide(lambda: signals[0] if signals else 0)
-                last = step == total
-                if last or (t.test_freq > 0 and step % t.test_freq == 0):
-                    with timer(metrics, "timing_s/val"):
-                        metrics.update(self.validate())
-                    self.summary.setdefault("val/accuracy_before", math.nan)
-                    self.summary["val/accuracy_after"] = metrics["val/accuracy"]
-                self.step = step
-                logger.log(step, metrics)
-                if last or interrupted or (t.save_freq > 0 and step % t.save_freq == 0):
-                    state = self._state()  # every rank: FSDP2 gathers the optimizer state
-                    if self.is_main:
-                        models = ({"actor": self.actor} if self.critic is None
-                                  else {"actor": self.actor, "critic": self.critic})
-                        ckpt.save_checkpoint(self.run_dir, step, models, self.tokenizer, state, t.max_ckpt_to_keep)
-                if interrupted and not last:
-                    raise runs.Interrupted(f"{signal.Signals(interrupted).name} after step {step}: its metrics and "
-                                      f"checkpoint are written; the same command resumes", interrupted)
-        except UserError:
-            if self.step == start and getattr(self, "created_run_dir", False):
+            try:
+                self._validate_before_training(logger)
+                for step in range(self.step + 1, self.cfg.trainer.total_training_steps + 1):
+                    if not self._run_step(step, logger, signals):
+                        break
+            except UserError:
+                if self.step == start and getattr(self, "created_run_dir", False):
+                    logger.close()
+                    if self.is_main:  # bad input found before the first step: leave no trace, the rerun starts
+                        runs.forget_run_dir(self.run_dir)
+                raise
+            finally:
                 logger.close()
-                if self.is_main:  # bad input found before the first step: leave no trace, the rerun starts
-                    runs.forget_run_dir(self.run_dir)
-            raise
-        finally:
-            logger.close()
-            for hook in self.hooks:
-                hook.close()
+                self.hooks.close()
         return self.summary
+
+    def _refuse_finished_run(self) -> None:
+        """Nothing to train: refuse settings this run never had rather than ignore them."""
+        if self.step < self.cfg.trainer.total_training_steps:
+            return
+        changes = distributed.decide(lambda: runs.finished_run_changes(self.run_dir, self.cfg))
+        raise UserError(f"the run in {self.run_dir} already finished step {self.step}"
+                        + (f" with other settings ({changes})" if changes else "")
+                        + "; raise trainer.total_training_steps to continue it, or start a new run "
+                          "(trainer.experiment_name=NAME)")
+
+    def _validate_before_training(self, logger: MetricLogger) -> None:
+        """``trainer.val_before_train``: a step-0 (or resumed-step) validation row, unless the run has that row."""
+        has_row = distributed.decide(
+            lambda: any(row.get("step") == self.step for row in read_jsonl(self.run_dir / "metrics.jsonl")))
+        if self.cfg.trainer.val_before_train and not has_row:
+            val = self.validate()
+            self.summary.setdefault("val/accuracy_before", val["val/accuracy"])
+            logger.log(self.step, val)
+
+    def _run_step(self, step: int, logger: MetricLogger, signals: list[int]) -> bool:
+        """One step of ``fit`` with its validation, metrics row and checkpoint where due; False when a hook
+        stopped the run (its row logged, nothing else)."""
+        trainer_cfg = self.cfg.trainer
+        metrics, stop = self.train_step(step, logger)
+        if stop:
+            logger.log(step, metrics)
+            self.summary["stopped_at_step"] = step
+            return False
+        # A signal stops the run after this step, as the step would have ended anyway (validation only
+        # where due, so the checkpoint's RNG state is the uninterrupted run's), plus a checkpoint.
+        interrupted = distributed.decide(lambda: signals[0] if signals else 0)
+        last = step == trainer_cfg.total_training_steps
+        if last or _due(trainer_cfg.test_freq, step):
+            with timer(metrics, "timing_s/val"):
+                metrics.update(self.validate())
+            self.summary.setdefault("val/accuracy_before", math.nan)
+            self.summary["val/accuracy_after"] = metrics["val/accuracy"]
+        self.step = step
+        logger.log(step, metrics)
+        if last or interrupted or _due(trainer_cfg.save_freq, step):
+            self._save_checkpoint(step)
+        if interrupted and not last:
+            raise runs.Interrupted(f"{signal.Signals(interrupted).name} after step {step}: its metrics and "
+                                   "checkpoint are written; the same command resumes", interrupted)
+        return True
+
+    def _save_checkpoint(self, step: int) -> None:
+        state = self._state()  # every rank: FSDP2 gathers the optimizer state
+        if self.is_main:
+            models = {"actor": self.actor} if self.critic is None else {"actor": self.actor, "critic": self.critic}
+            ckpt.save_checkpoint(self.run_dir, step, models, self.tokenizer, state, self.cfg.trainer.max_ckpt_to_keep)
+
+
+def _due(every: int, step: int) -> bool:
+    """A ``*_freq`` setting's steps: every-th step, never when it is 0 or negative."""
+    return every > 0 and step % every == 0

@@ -14,7 +14,12 @@ import math
 import time
 from pathlib import Path
 
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
 from rlgrad import rundata as D
+from rlgrad.config.analysis import Schedule, schedules
+from rlgrad.config.schema import SCHEMA_KEYS, SECTIONS, RLGradConfig
 from rlgrad.doctor.command import diagnose
 from rlgrad.errors import UserError
 from rlgrad.runfiles import atomic_write_text, check_output
@@ -91,31 +96,50 @@ KEY_SETTINGS = [
 ]
 
 
+def _run_settings(run: D.RunData) -> RLGradConfig:
+    """The run's settings as the schema holds them: its config.yaml's values (a key saved before it moved read
+    under its alias, ``rundata.config_get``) over the schema's defaults. A value the schema refuses (a
+    hand-edited file) leaves that setting at its default rather than hide the report."""
+    settings = OmegaConf.structured(RLGradConfig)
+    for key in SCHEMA_KEYS:
+        if key in SECTIONS:
+            continue
+        value = D.config_get(run, key, _UNSET)
+        if value is _UNSET:
+            continue
+        try:
+            OmegaConf.update(settings, key, value, merge=False)
+        except OmegaConfBaseException:
+            continue
+    return OmegaConf.to_object(settings)
+
+
+_UNSET = object()
+
+
 def _instrument_rows(run: D.RunData) -> list[list]:
-    """When each instrument ran: "off", or its steps, as the run's own settings say (analysis.every wins)."""
-    every, rows = D.config_get(run, "analysis.every", None), []
+    """When each instrument ran: "off", or its steps, by the step rule the instruments themselves follow
+    (``rlgrad.config.analysis.schedules``) applied to the run's own settings. Nothing for a config that
+    could not be read."""
+    if run.config is None:
+        return []
+    settings = _run_settings(run)
+    at, buckets, actor = schedules(settings), settings.analysis.buckets, settings.analysis.neurons.actor
 
-    def when(n, ragen: bool = True) -> str:  # RAGEN's steps 1, 1+n, ... (buckets, components); ReDo's n, 2n, ...
-        if every is not None:
-            n, ragen = every, True
-        if not isinstance(n, int) or n <= 0:
+    def when(schedule: Schedule) -> str:
+        if schedule.every <= 0:
             return "off"
-        return f"every {n} (steps {f'1, {1 + n}' if ragen else f'{n}, {2 * n}'}, …)"
+        return f"every {schedule.every} (steps {schedule.first}, {schedule.first + schedule.every}, …)"
 
-    on = D.config_get(run, "analysis.buckets.enable", True) is not False
-    rows.append(["bucket analysis", when(D.config_get(run, "analysis.buckets.every", None)) if on or every else "off",
-                 "analysis.buckets.every"])
-    if on or every:
-        rows += [[label, D.config_get(run, f"analysis.buckets.{k}", "–"), f"analysis.buckets.{k}"]
-                 for label, k in (("bucket mode", "bucket_mode"), ("buckets", "num_buckets"))]
-    rows.append(["reward-component geometry", when(D.config_get(run, "analysis.components.every", 0)),
-                 "analysis.components.every"])
-    rows.append(["neuron health", when(D.config_get(run, "analysis.neurons.actor.metric_every", 0), ragen=False),
-                 "analysis.neurons.actor.metric_every"])
-    resets = D.config_get(run, "analysis.neurons.actor.reset_every", 0)
-    rows.append(["ReDo resets", "off" if not resets else
-                 f"every {resets} (τ {D.config_get(run, 'analysis.neurons.actor.tau', '–')}, "
-                 f"{D.config_get(run, 'analysis.neurons.actor.mode', '–')})", "analysis.neurons.actor.reset_every"])
+    rows = [["bucket analysis", when(at["buckets"]), "analysis.buckets.every"]]
+    if at["buckets"].every > 0:
+        rows += [["bucket mode", buckets.bucket_mode, "analysis.buckets.bucket_mode"],
+                 ["buckets", buckets.num_buckets, "analysis.buckets.num_buckets"]]
+    rows.append(["reward-component geometry", when(at["components"]), "analysis.components.every"])
+    rows.append(["neuron health", when(at["neurons/actor"]), "analysis.neurons.actor.metric_every"])
+    resets = at["reset/actor"].every
+    rows.append(["ReDo resets", f"every {resets} (τ {actor.tau}, {actor.mode})" if resets > 0 else "off",
+                 "analysis.neurons.actor.reset_every"])
     return rows
 
 
