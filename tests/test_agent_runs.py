@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlgrad.config.analysis import schedules
 from rlgrad.config.load import load_config
+from rlgrad.config.schedule import schedules
 from rlgrad.errors import UserError
 from rlgrad.recipes import make_trainer
 

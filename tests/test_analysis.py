@@ -262,8 +262,8 @@ def test_a_model_the_fast_engine_cannot_cover_falls_back_to_the_reference(model_
 def test_hooks_follow_the_config_schedule():
     from rlgrad.analysis.components import ComponentGeometryHook
     from rlgrad.analysis.neurons import NeuronHealthHook
-    from rlgrad.config.analysis import schedules
     from rlgrad.config.load import load_config
+    from rlgrad.config.schedule import schedules
 
     off_cfg = load_config(overrides=["analysis.buckets.enable=false"])
     off = GradientAnalysisHook(off_cfg.analysis.buckets, schedules(off_cfg)["buckets"], method="fast",

@@ -35,7 +35,7 @@ _WHERE = {
     "Hook": ("rlgrad.hooks", "Hook"),
     "HookResult": ("rlgrad.hooks", "HookResult"),
     "StepContext": ("rlgrad.hooks", "StepContext"),
-    "Schedule": ("rlgrad.config.analysis", "Schedule"),
+    "Schedule": ("rlgrad.config.schedule", "Schedule"),
     "UserError": ("rlgrad.errors", "UserError"),
 }
 __all__ = sorted(_WHERE)

@@ -25,7 +25,7 @@ import torch
 
 from rlgrad.algos.objective import ActorLoss, LossFn, LossSettings
 from rlgrad.batch import Batch
-from rlgrad.config.analysis import Schedule  # noqa: F401  (hooks' step rule, re-exported)
+from rlgrad.config.schedule import Schedule  # noqa: F401  (hooks' step rule, re-exported)
 
 if TYPE_CHECKING:
     from rlgrad.config.schema import RLGradConfig

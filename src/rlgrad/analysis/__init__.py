@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rlgrad.analysis.buckets import GradientAnalysisHook, analyse_buckets
 from rlgrad.analysis.components import ComponentGeometryHook, analyse_components
 from rlgrad.analysis.neurons import NeuronHealthHook
-from rlgrad.config.analysis import schedules
+from rlgrad.config.schedule import schedules
 from rlgrad.hooks import Hook, Schedule
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ The field docs are the user documentation of every setting. Key names follow ver
 (``aliases.py``). Resolution order: schema defaults < preset (``--config-name`` / ``--config``) < overrides.
 
     model.py  data.py  rollout.py  algorithm.py (actor.*, critic.*, algorithm.*, reward.*; every list of allowed
-    values)  analysis.py (the instruments, and ``schedules``: the steps each runs at)  agent.py (agent.*, env.*)
+    values)  analysis.py (the instruments)  schedule.py (the step rule: when each runs)  agent.py (agent.*, env.*)
     trainer.py   schema.py (the root, ``RLGradConfig``)  fields.py  aliases.py  load.py  validate.py
 
 Nothing here imports above ``rlgrad.errors``.
@@ -38,8 +38,6 @@ from rlgrad.config.analysis import (
     ComponentAnalysisConfig,
     NeuronHealthConfig,
     NeuronsConfig,
-    Schedule,
-    schedules,
 )
 from rlgrad.config.data import DataConfig, ReasoningGymConfig
 from rlgrad.config.load import (
@@ -54,6 +52,7 @@ from rlgrad.config.load import (
 )
 from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.config.rollout import RolloutConfig
+from rlgrad.config.schedule import Schedule, schedules
 from rlgrad.config.schema import SCHEMA_KEYS, SECTIONS, RLGradConfig, documented_yaml, flat_settings, to_yaml
 from rlgrad.config.trainer import TrainerConfig
 from rlgrad.config.validate import check_field, validate

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlgrad import rundata as D
-from rlgrad.config.analysis import Schedule, schedules
+from rlgrad.config.schedule import Schedule, schedules
 from rlgrad.config.schema import SCHEMA_KEYS, SECTIONS, RLGradConfig
 from rlgrad.doctor.command import diagnose
 from rlgrad.errors import UserError
