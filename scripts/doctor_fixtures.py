@@ -1,4 +1,4 @@
-"""Regenerate the runs with known faults that tests/test_doctor.py diagnoses (tests/data/doctor/<name>/).
+"""Regenerate the runs with known faults that tests/doctor/test_doctor.py diagnoses (tests/data/doctor/<name>/).
 
     .venv/bin/python scripts/doctor_fixtures.py [NAME ...]     # all of them by default, a minute or two each
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "doctor"
 BASE = ["--config-name", "demo", "trainer.total_training_steps=30", "trainer.test_freq=10", "trainer.save_freq=-1",
         "analysis.every=10", "trainer.logger=[jsonl]", "trainer.num_threads=2"]
-# name -> (the fault's overrides, the finding tests/test_doctor.py expects)
+# name -> (the fault's overrides, the finding tests/doctor/test_doctor.py expects)
 RUNS = {
     "healthy": ([], None),
     "lr_too_low": (["actor.optim.lr=1e-8"], "lr_too_small"),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The verl integration's tests, in their own environment .venv-verl: verl pins transformers below the
 # version of rlgrad's main environment. Creates it on first use (idempotent, re-installs when pyproject.toml
-# changes), then runs tests/test_verl.py there. RLGRAD_SKIP_VERL=1 skips this step. The whole launch on CPU (Ray,
+# changes), then runs tests/integrations/test_verl.py there. RLGRAD_SKIP_VERL=1 skips this step. The whole launch on CPU (Ray,
 # 2 GRPO steps and a resume, about 4-6 minutes) is a separate check that asserts its own outputs:
 #   PYTHON=.venv-verl/bin/python bash scripts/verl_launch.sh /tmp/vl
 set -euo pipefail
@@ -27,4 +27,4 @@ if [ ! -f "$stamp" ]; then
   rm -f $VENV/.rlgrad-install-*
   touch "$stamp"
 fi
-$VENV/bin/python -m pytest -p no:cacheprovider tests/test_verl.py "$@"
+$VENV/bin/python -m pytest -p no:cacheprovider tests/integrations/test_verl.py "$@"

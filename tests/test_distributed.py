@@ -16,7 +16,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -38,18 +37,12 @@ from rlgrad.config.load import load_config
 from rlgrad.recipes import make_trainer
 from rlgrad.rl.actor import update_actor
 from rlgrad.runfiles import read_jsonl
-
-from .conftest import REPO
-from .test_analysis import make_batch
+from tests.conftest import REPO
+from tests.helpers.batches import make_batch
+from tests.helpers.processes import free_port
 
 S = LossSettings(loss_agg_mode="seq-mean-token-mean", use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01, horizon=5)
 SPLITS = {"uneven": [[0, 1, 2, 3], [4]], "empty": [[0, 1, 2, 3, 4], []]}  # prompt groups held by rank 0, rank 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def close(a: float, b: float, rel: float = 1e-5, abs_: float = 1e-7) -> bool:

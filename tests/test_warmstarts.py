@@ -11,8 +11,7 @@ import pytest
 from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.models import SHIPPED_WARMSTARTS, embedded_default, warmstart_key
 from rlgrad.tasks import build_task
-
-from .conftest import REPO
+from tests.conftest import REPO
 
 
 def script():

@@ -24,8 +24,7 @@ from rlgrad.integrations.trl import GRPOTrainer, check_trl_version, trl_metrics 
 from rlgrad.integrations.trl_loss import trl_reward_view  # noqa: E402
 from rlgrad.models import build_char_tokenizer, build_tiny_model  # noqa: E402
 from rlgrad.tasks import build_task  # noqa: E402
-
-from .conftest import run_cli  # noqa: E402
+from tests.conftest import run_cli  # noqa: E402
 
 
 def shorter(prompts, completions, **kw):  # varies within every group of an untrained model: EOS comes at random
@@ -355,8 +354,8 @@ def test_example_under_torchrun_two_processes_then_report(setup, tmp_path):
     import subprocess
     import sys
 
-    from .conftest import REPO
-    from .test_distributed import free_port
+    from tests.conftest import REPO
+    from tests.helpers.processes import free_port
 
     root, _, _ = setup
     out = tmp_path / "trl2"

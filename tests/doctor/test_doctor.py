@@ -19,7 +19,7 @@ from rlgrad.errors import UserError
 from rlgrad.viz.report import build_report
 from tests.conftest import run_cli
 
-FIXTURES = Path(__file__).parent / "data" / "doctor"
+FIXTURES = Path(__file__).resolve().parents[1] / "data" / "doctor"
 
 
 def run_of(series: dict[str, list[float]], config: dict | None = None, nonfinite=None) -> D.RunData:
@@ -309,7 +309,7 @@ def test_finding_ids_are_the_registered_signature_ids_and_the_readme_names_each_
     for run in sorted(p for p in FIXTURES.iterdir() if p.is_dir()):
         seen |= {f.id for f in diagnose(D.load_any(str(run))).findings}
     assert seen and seen <= set(registered) | {"healthy"}, seen - set(registered)
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = readme[readme.index("| finding | from |"):]
     table = table[: table.index("\n\n")]
     named = re.findall(r"`([a-z_]+)`", "\n".join(line.split("|")[1] for line in table.splitlines()[2:]))

@@ -2,7 +2,7 @@
 worker sharded over two CPU processes, each holding half of the batch's rows (every prompt group split over
 both ranks, as verl's length balancing may split them), with rlgrad's instruments every step.
 
-    python tests/verl_two_ranks.py MODEL_DIR RUN_DIR
+    python tests/helpers/verl_two_ranks.py MODEL_DIR RUN_DIR
 """
 
 import os
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.verl_cpu import B, actor_config, verl_batch, worker  # noqa: E402  (first: it sets up verl's platform)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.helpers.verl_cpu import B, actor_config, verl_batch, worker  # noqa: E402  (first: it sets up verl's platform)
 
 
 def main(model_dir: str, run_dir: str) -> None:

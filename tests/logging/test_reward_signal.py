@@ -7,8 +7,7 @@ import pytest
 from rlgrad.doctor.command import diagnose
 from rlgrad.logging.reward_signal import RewardSignalWatch, reward_problems
 from rlgrad.rundata import load_any
-
-from .conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli
 
 FIXTURES = REPO / "tests" / "data" / "doctor"
 

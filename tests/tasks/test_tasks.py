@@ -20,7 +20,7 @@ from rlgrad.tasks.math import (
     remove_boxed,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 # ---- arithmetic ------------------------------------------------------------------------------

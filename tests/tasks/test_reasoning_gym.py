@@ -8,8 +8,7 @@ import pytest
 
 from rlgrad.errors import UserError
 from rlgrad.tasks import TASK_NAMES, Example, build_task
-
-from .conftest import tiny_overrides
+from tests.conftest import tiny_overrides
 
 DATASETS = ["chain_sum", "basic_arithmetic", "countdown", "gsm_symbolic", "rotate_matrix"]
 

@@ -28,8 +28,7 @@ from rlgrad.logging.rollouts import (
 )
 from rlgrad.recipes import make_trainer
 from rlgrad.runfiles import read_jsonl
-
-from .conftest import REPO, tiny_overrides
+from tests.conftest import REPO, tiny_overrides
 
 N_PROMPTS, N_SAMPLES, MAX_TOKENS = 4, 4, 4  # tiny_overrides: data.train_batch_size, rollout.n, rollout.response_length
 

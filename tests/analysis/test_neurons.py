@@ -22,8 +22,7 @@ from rlgrad.errors import UserError
 from rlgrad.hooks import StepContext
 from rlgrad.models import build_char_tokenizer, build_tiny_model
 from rlgrad.runfiles import read_jsonl
-
-from .conftest import run_cli
+from tests.conftest import run_cli
 
 S = LossSettings(loss_agg_mode="token-mean", entropy_coeff=0.01, horizon=5)
 
@@ -563,8 +562,7 @@ def test_config_keys_aliases_and_bad_values():
 
 def test_metrics_alone_leave_the_training_trajectory_bitwise_unchanged(model_cache, tmp_path):
     from rlgrad.recipes import make_trainer
-
-    from .conftest import tiny_overrides
+    from tests.conftest import tiny_overrides
 
     finals = []
     for name, extra in (("plain", []), ("measured", ["actor.redo_metric_freq=1", "actor.redo_nullspace_samples=8"])):

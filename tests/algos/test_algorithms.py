@@ -1,6 +1,6 @@
 """GSPO, token-sum, the straight-through KL estimators, REINFORCE++(-baseline), the KL in the reward, DAPO's
-overlong shaping and dynamic sampling: hand-computed values and plain-autograd oracles (``tests/test_verl.py``
-compares them with verl's own functions)."""
+overlong shaping and dynamic sampling: hand-computed values and plain-autograd oracles
+(``tests/integrations/test_verl.py`` compares them with verl's own functions)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 verl pins transformers below the version rlgrad's main environment has, so these tests run in their own
 environment: ``bash scripts/test_verl.sh`` (``scripts/test.sh`` runs it after the main suite). In the main
 environment they are skipped. verl's FSDP2 engine runs here on CPU processes (gloo), built the way verl's
-trainer builds it (``tests/verl_cpu.py``).
+trainer builds it (``tests/helpers/verl_cpu.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from rlgrad.errors import UserError  # noqa: E402
 from rlgrad.integrations.verl import check_verl_version  # noqa: E402
 from rlgrad.integrations.verl_loss import batch_from_verl, verl_loss_settings  # noqa: E402
 from rlgrad.models import build_char_tokenizer, build_tiny_model  # noqa: E402
-from tests.verl_cpu import N, R, actor_config, verl_batch, worker  # noqa: E402
+from tests.helpers.verl_cpu import N, R, actor_config, verl_batch, worker  # noqa: E402
 
 
 def free_port() -> int:
@@ -275,7 +275,7 @@ def launch_fixture(out: Path, broken: bool = False) -> Path:
     """scripts/verl_launch_fixture.py's model, tokenizer and parquet data (what the CPU launch trains on)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("verl_launch_fixture", Path(__file__).parents[1] / "scripts"
+    spec = importlib.util.spec_from_file_location("verl_launch_fixture", Path(__file__).parents[2] / "scripts"
                                                   / "verl_launch_fixture.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -407,7 +407,7 @@ def test_two_ranks_give_the_one_process_numbers(model_dir, tmp_path):
     one.rlgrad_setup(ac, ["analysis.every=1", "analysis.buckets.num_buckets=2"], tmp_path / "one")
     one.train_mini_batch(verl_batch(seed=0)[0])
     run = tmp_path / "two"
-    script = Path(__file__).with_name("verl_two_ranks.py")
+    script = Path(__file__).resolve().parents[1] / "helpers" / "verl_two_ranks.py"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)

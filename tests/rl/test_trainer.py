@@ -17,8 +17,7 @@ from rlgrad.hooks import Hook, HookResult
 from rlgrad.logging.sinks import MetricLogger
 from rlgrad.recipes import make_trainer
 from rlgrad.runfiles import read_jsonl
-
-from .conftest import REPO
+from tests.conftest import REPO
 
 
 def rows(run_dir):
@@ -118,7 +117,7 @@ def test_sigkill_and_resume_equals_uninterrupted(tiny, tmp_path):
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
     assert (killed_dir / "global_step_2" / "COMPLETE").exists() and not (killed_dir / "global_step_4").exists()
 
-    from .conftest import run_cli
+    from tests.conftest import run_cli
     res = run_cli(["train", *ov, f"trainer.default_local_dir={killed_dir}"])
     assert res.returncode == 0, res.stderr[-2000:]
     a, b = weights(straight_dir / "global_step_4"), weights(killed_dir / "global_step_4")

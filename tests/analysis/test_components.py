@@ -371,7 +371,7 @@ def test_seed_layout_hand_made():
 def math_files():
     """The shipped tiny math data: verl-layout parquet for training, jsonl for validation."""
     from pathlib import Path
-    data = Path(__file__).parent / "data"
+    data = Path(__file__).resolve().parents[1] / "data"
     return str(data / "math_verl.parquet"), str(data / "math_val.jsonl")
 
 

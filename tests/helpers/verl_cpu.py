@@ -1,4 +1,5 @@
-"""verl on a CPU machine, for the verl integration's tests (``tests/test_verl.py`` and the ranks it starts).
+"""verl on a CPU machine, for the verl integration's tests (``tests/integrations/test_verl.py`` and the ranks it
+starts).
 
 verl 0.9 ships platforms for CUDA/NPU/ROCm only: ``rlgrad.integrations.verl_cpu`` registers a CPU platform and
 verl's FSDP engine for it through verl's registries. The builders make verl's FSDP2 ``TrainingWorker`` and the

@@ -21,8 +21,7 @@ from rlgrad.recipes import make_trainer
 from rlgrad.rl.critic import compute_values, update_critic
 from rlgrad.rl.rollout import generate
 from rlgrad.runfiles import read_jsonl
-
-from .conftest import run_cli
+from tests.conftest import run_cli
 
 QUIET = dict(log=lambda *a: None)
 

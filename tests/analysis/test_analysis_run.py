@@ -13,8 +13,7 @@ from rlgrad.batch import Batch
 from rlgrad.config.load import load_config
 from rlgrad.recipes import make_trainer
 from rlgrad.runfiles import read_jsonl
-
-from .conftest import run_cli
+from tests.conftest import run_cli
 
 QUIET = dict(log=lambda *a: None)
 

@@ -1,19 +1,19 @@
-"""Gradient analysis by bucket and component: bucketing, the fast engine against plain autograd."""
+"""The bucket analysis (``analysis/buckets.py``): bucketing by reward variance, and each bucket's gradient
+against plain autograd.
+"""
+
+from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
 
-from rlgrad.algos.advantages import group_reward_std, grpo_advantages
+from rlgrad.algos.advantages import group_reward_std
 from rlgrad.algos.aggregation import Denominators
-from rlgrad.algos.objective import LossSettings, actor_objective
-from rlgrad.analysis.buckets import GradientAnalysisHook, analyse_buckets, make_buckets
-from rlgrad.analysis.engine import fast_gradients, layer_group
-from rlgrad.batch import Batch
-from rlgrad.config.model import ModelConfig, TinyModelConfig
-from rlgrad.models import build_char_tokenizer, build_tiny_model
-from rlgrad.rl.rollout import compute_log_probs, generate
+from rlgrad.algos.objective import actor_objective
+from rlgrad.analysis.buckets import analyse_buckets, make_buckets
+from tests.helpers.batches import SETTINGS, make_batch
 
 
 # ----------------------------------------------------------------------------- buckets
@@ -75,60 +75,9 @@ def test_fixed_rv_buckets_skip_empty():
     assert b.bucket_ids(len(g)).tolist() == [1] * 3 + [2] * 3 + [3] * 3 + [6] * 3 + [1] * 3
 
 
-def built_hook(cfg, cls):
-    """The hook of type ``cls`` that ``hooks_from_config`` builds for ``cfg`` (the one place hooks meet the config)."""
-    from rlgrad.analysis import hooks_from_config
-
-    return next(h for h in hooks_from_config(cfg) if isinstance(h, cls))
-
-
-def test_cadence():
-    from rlgrad.config.load import load_config
-    hook = built_hook(load_config(overrides=["trainer.gradient_analysis_every=3"]), GradientAnalysisHook)
-    assert [s for s in range(1, 11) if hook.schedule.due(s)] == [1, 4, 7, 10]
-
-
 # ----------------------------------------------------------------------------- the engine
-@pytest.fixture(scope="module")
-def model_tok():
-    tok = build_char_tokenizer()
-    cfg = ModelConfig(tiny=TinyModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                           num_key_value_heads=1, intermediate_size=48))
-    return build_tiny_model(cfg, tok, seed=3), tok
 
 
-def make_batch(model, tok, n_prompts=5, n=4, seed=0, zero_group=True) -> Batch:
-    torch.manual_seed(seed)
-    prompts = ["1+2=", "13+4=", "7*8=", "99-5=", "3+3="][:n_prompts]
-    gen = generate(model, tok, prompts, n=n, max_new_tokens=5, do_sample=True)
-    g = torch.arange(n_prompts).repeat_interleave(n)
-    scores = torch.rand(len(g))
-    if zero_group:
-        scores[:n] = 0.7  # group 0 has zero reward variance
-    b = Batch(
-        input_ids=gen.input_ids, attention_mask=gen.attention_mask, response_mask=gen.response_mask, group_ids=g,
-        scores=scores, reward_std=group_reward_std(scores, g))
-    b.old_log_probs, _ = compute_log_probs(model, b.input_ids, b.attention_mask, b.response_mask,
-                                           temperature=1.0, micro_batch_size=64)
-    b.old_log_probs = b.old_log_probs + 0.1 * torch.randn_like(b.old_log_probs) * b.response_mask
-    b.ref_log_probs = b.old_log_probs + 0.1 * torch.randn_like(b.old_log_probs) * b.response_mask
-    b.advantages = grpo_advantages(scores, g, norm_by_std=True)[:, None] * b.response_mask
-    return b
-
-
-SETTINGS = [
-    LossSettings(loss_agg_mode="token-mean", use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01, horizon=5),
-    LossSettings(loss_agg_mode="seq-mean-token-mean", use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01,
-                 horizon=5, policy_loss="cispo"),
-    LossSettings(loss_agg_mode="seq-mean-token-sum-norm", use_kl_loss=False, entropy_coeff=0.0, horizon=5,
-                 clip_ratio_low=0.05, clip_ratio_high=0.05),
-    LossSettings(loss_agg_mode="seq-mean-token-sum", use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01,
-                 horizon=5, kl_loss_type="k2"),
-    LossSettings(loss_agg_mode="token-sum", use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01, horizon=5,
-                 policy_loss="gspo", kl_loss_type="low_var_kl+"),
-    LossSettings(loss_agg_mode="seq-mean-token-mean", horizon=5, policy_loss="gspo", clip_ratio_low=0.02,
-                 clip_ratio_high=0.02, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k1+"),
-]
 
 
 @pytest.mark.parametrize("s", SETTINGS, ids=lambda s: f"{s.loss_agg_mode}-{s.policy_loss}")
@@ -190,39 +139,6 @@ def test_zero_variance_bucket_has_exactly_zero_task_gradient(model_tok):
     assert rep.metrics["grad_norm/bucket_1/entropy"] > 0.0
 
 
-def test_engine_is_side_effect_free(model_tok):
-    model, tok = model_tok
-    b = make_batch(model, tok)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    for p in model.parameters():
-        p.grad = torch.ones_like(p)
-    flags = [p.requires_grad for p in model.parameters()]
-    rng = torch.get_rng_state()
-    analyse_buckets(model, b, SETTINGS[0], method="fast")
-    analyse_buckets(model, b, SETTINGS[0], method="reference")
-    assert torch.equal(torch.get_rng_state(), rng)
-    assert flags == [p.requires_grad for p in model.parameters()]
-    for n, p in model.named_parameters():
-        assert torch.equal(p, before[n]) and torch.equal(p.grad, torch.ones_like(p))
-        p.grad = None
-
-
-def test_layer_groups():
-    assert layer_group("model.layers.3.mlp.up_proj.weight") == "layer_3"
-    assert layer_group("model.embed_tokens.weight") == "embed"
-    assert layer_group("model.norm.weight") == "final_norm"
-    assert layer_group("lm_head.weight") == "lm_head"
-
-
-def test_fast_engine_refuses_uncovered_parameters(model_tok):
-    model, tok = model_tok
-    m = copy.deepcopy(model)
-    m.extra = torch.nn.Parameter(torch.zeros(3))
-    b = make_batch(model, tok)
-    with pytest.raises(NotImplementedError, match="extra"):
-        fast_gradients(m, b, lambda mm, bb: {}, torch.ones(1, len(b)), ["s"])
-
-
 def test_loss_values_total_is_rlgrad_loss_of_the_logged_values_exactly(model_tok):
     """loss/total = policy - entropy_coeff·entropy + kl_loss_coef·kl from the logged values, as RAGEN reports."""
     model, tok = model_tok
@@ -246,30 +162,3 @@ def test_a_term_no_metric_key_can_hold_fails_before_the_backward(model_tok):
     with pytest.raises(ValueError, match="kl-penalty"):
         analyse_buckets(model, make_batch(model, tok), per_token_loss(bad), num_buckets=2)
     assert len(calls) == 1  # the forward ran once; no gradient was computed for it
-
-
-def test_a_model_the_fast_engine_cannot_cover_falls_back_to_the_reference(model_tok):
-    model, tok = model_tok
-    m = copy.deepcopy(model)
-    m.get_input_embeddings().weight.requires_grad_(False)  # frozen input embedding: no leaf for the hooks
-    b = make_batch(model, tok)
-    with pytest.warns(UserWarning, match="trainable nn.Embedding"):
-        got = analyse_buckets(m, b, SETTINGS[0], num_buckets=2, method="fast")
-    ref = analyse_buckets(m, b, SETTINGS[0], num_buckets=2, method="reference")
-    assert got.metrics == ref.metrics
-
-
-def test_hooks_follow_the_config_schedule():
-    from rlgrad.analysis.components import ComponentGeometryHook
-    from rlgrad.analysis.neurons import NeuronHealthHook
-    from rlgrad.config.load import load_config
-    from rlgrad.config.schedule import schedules
-
-    off_cfg = load_config(overrides=["analysis.buckets.enable=false"])
-    off = GradientAnalysisHook(off_cfg.analysis.buckets, schedules(off_cfg)["buckets"], method="fast",
-                               train_batch_size=off_cfg.data.train_batch_size, rollout_n=off_cfg.rollout.n)
-    assert not any(off.schedule.due(s) for s in range(1, 100))
-    cfg = load_config(overrides=["analysis.every=4"])
-    assert [s for s in range(1, 10) if built_hook(cfg, GradientAnalysisHook).schedule.due(s)] == [1, 5, 9]
-    assert [s for s in range(1, 10) if built_hook(cfg, ComponentGeometryHook).schedule.due(s)] == [1, 5, 9]
-    assert [s for s in range(1, 10) if built_hook(cfg, NeuronHealthHook).metric_at["actor"].due(s)] == [1, 5, 9]

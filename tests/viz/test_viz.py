@@ -24,9 +24,8 @@ from rlgrad.viz import run_figures as RF
 from rlgrad.viz.figbase import png_bytes
 from rlgrad.viz.plot import step_figures
 from rlgrad.viz.reading import narrative
-
-from .chromium import find_chromium, open_page
-from .conftest import REPO, tiny_overrides
+from tests.conftest import REPO, tiny_overrides
+from tests.helpers.chromium import find_chromium, open_page
 
 DATA = REPO / "tests" / "data"
 RAGEN_FILES = ["summary", "plots", "loss_plots", "reward_std", "normed_grads"]

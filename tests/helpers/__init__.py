@@ -1,0 +1,1 @@
+"""What several test modules share: batches, processes, Chromium, verl on CPU."""
