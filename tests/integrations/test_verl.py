@@ -435,8 +435,10 @@ def test_core_math_equals_verls_core_algos():
     from verl.trainer.ppo import core_algos as ca
     from verl.workers.config import ActorConfig
 
-    from rlgrad.algos import advantages, aggregation, policy_loss
-    from rlgrad.algos import kl as kl_estimators
+    from rlgrad.algos.advantages import reinforce_plus_plus_advantages, reinforce_plus_plus_baseline_advantages
+    from rlgrad.algos.aggregation import agg_loss
+    from rlgrad.algos.kl import kl_penalty
+    from rlgrad.algos.policy_loss import policy_loss
     from rlgrad.rl.shaping import KLController
 
     g = torch.Generator().manual_seed(0)
@@ -449,30 +451,29 @@ def test_core_math_equals_verls_core_algos():
         cfg = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=4, ppo_mini_batch_size=2,
                           clip_ratio_low=0.1, clip_ratio_high=0.15)
         want, metrics = ca.compute_policy_loss_gspo(old, logp, adv, mask, loss_agg_mode=agg, config=cfg)
-        got = policy_loss.policy_loss(logp, old, adv, mask, kind="gspo", clip_ratio_low=0.1, clip_ratio_high=0.15,
-                                      clip_ratio_c=3.0, agg_mode=agg, horizon=9)
+        got = policy_loss(logp, old, adv, mask, kind="gspo", clip_ratio_low=0.1, clip_ratio_high=0.15,
+                          clip_ratio_c=3.0, agg_mode=agg, horizon=9)
         torch.testing.assert_close(got.loss, want)
         (gw,) = torch.autograd.grad(want, logp, retain_graph=True)
         (gg,) = torch.autograd.grad(got.loss, logp)
         torch.testing.assert_close(gg, gw)
         assert float(got.clipfrac) == pytest.approx(metrics["actor/pg_clipfrac"])
     loss = torch.randn(6, 9, generator=g)
-    torch.testing.assert_close(aggregation.agg_loss(loss, mask, "token-sum", horizon=9),
-                               ca.agg_loss(loss, mask, "token-sum"))
+    torch.testing.assert_close(agg_loss(loss, mask, "token-sum", horizon=9), ca.agg_loss(loss, mask, "token-sum"))
     ref = -torch.rand(6, 9, generator=g) * 3
     for kind in ("k1+", "kl+", "abs+", "low_var_kl+", "k3+", "k2+", "mse+"):
         lp = (ref + 0.5 * torch.randn(6, 9, generator=g)).requires_grad_(True)
-        want, got = ca.kl_penalty(lp, ref, kind), kl_estimators.kl_penalty(lp, ref, kind)
+        want, got = ca.kl_penalty(lp, ref, kind), kl_penalty(lp, ref, kind)
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(torch.autograd.grad(got.sum(), lp)[0], torch.autograd.grad(want.sum(), lp)[0])
     rewards = torch.randn(6, 9, generator=g) * mask
     want_a, want_r = ca.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config=ca.AlgoConfig(gamma=0.9))
-    got_a, got_r = advantages.reinforce_plus_plus_advantages(rewards, mask, gamma=0.9)
+    got_a, got_r = reinforce_plus_plus_advantages(rewards, mask, gamma=0.9)
     torch.testing.assert_close(got_a, want_a)
     torch.testing.assert_close(got_r, want_r)
     index = np.array(["a", "a", "b", "b", "b", "c"], dtype=object)
     want_b, _ = ca.compute_reinforce_plus_plus_baseline_outcome_advantage(rewards.clone(), mask, index)
-    got_b = advantages.reinforce_plus_plus_baseline_advantages(rewards.sum(-1), torch.tensor([0, 0, 1, 1, 1, 2]), mask)
+    got_b = reinforce_plus_plus_baseline_advantages(rewards.sum(-1), torch.tensor([0, 0, 1, 1, 1, 2]), mask)
     torch.testing.assert_close(got_b, want_b, rtol=1e-5, atol=1e-6)
     ours, theirs = KLController("adaptive", 0.2, 0.1, 500), ca.AdaptiveKLController(0.2, 0.1, 500)
     for kl, n in ((0.3, 64), (0.05, 32), (0.11, 128)):
