@@ -17,7 +17,7 @@ from rlgrad.algos.advantages import (
 from rlgrad.algos.aggregation import agg_loss, agg_token_weights, denominator
 from rlgrad.algos.component_advantages import component_advantages
 from rlgrad.algos.kl import kl_penalty
-from rlgrad.algos.policy_loss import policy_loss
+from rlgrad.algos.surrogates import policy_loss
 from rlgrad.batch import Batch
 from rlgrad.rl.shaping import (
     KLController,

@@ -9,7 +9,7 @@ from rlgrad.algos.advantages import broadcast_to_tokens, group_reward_std, group
 from rlgrad.algos.aggregation import agg_loss, masked_mean, masked_sum
 from rlgrad.algos.kl import kl_penalty
 from rlgrad.algos.logprobs import entropy_from_logits, logprobs_from_logits
-from rlgrad.algos.policy_loss import policy_loss
+from rlgrad.algos.surrogates import policy_loss
 
 AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 

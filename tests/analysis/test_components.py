@@ -14,7 +14,7 @@ from rlgrad.algos.advantages import group_reward_std
 from rlgrad.algos.aggregation import Denominators, agg_token_weights
 from rlgrad.algos.component_advantages import component_advantages, outcome_advantages
 from rlgrad.algos.objective import LossSettings, actor_objective, actor_terms
-from rlgrad.algos.policy_loss import policy_loss
+from rlgrad.algos.surrogates import policy_loss
 from rlgrad.analysis.components import analyse_components
 from rlgrad.analysis.writer import BackgroundWriter
 from rlgrad.batch import Batch

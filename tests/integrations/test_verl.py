@@ -438,7 +438,7 @@ def test_core_math_equals_verls_core_algos():
     from rlgrad.algos.advantages import reinforce_plus_plus_advantages, reinforce_plus_plus_baseline_advantages
     from rlgrad.algos.aggregation import agg_loss
     from rlgrad.algos.kl import kl_penalty
-    from rlgrad.algos.policy_loss import policy_loss
+    from rlgrad.algos.surrogates import policy_loss
     from rlgrad.rl.shaping import KLController
 
     g = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ from rlgrad.algos.advantages import explained_variance, gae_advantages, masked_w
 from rlgrad.algos.aggregation import agg_loss
 from rlgrad.algos.logprobs import forward_values
 from rlgrad.algos.objective import CriticSettings
-from rlgrad.algos.policy_loss import value_loss
+from rlgrad.algos.surrogates import value_loss
 from rlgrad.batch import Batch, position_ids_from_mask
 from rlgrad.config.load import load_config
 from rlgrad.config.model import ModelConfig, TinyModelConfig

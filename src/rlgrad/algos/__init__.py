@@ -4,7 +4,7 @@
     advantages.py    GRPO, RLOO, REINFORCE++(-baseline), GAE; compute_advantages
     kl.py            KL estimators (k1, abs, k2, k3/low_var_kl, and their straight-through "+" forms)
     logprobs.py      log-probs and entropies from logits; the policy's and a value model's forwards
-    policy_loss.py   the clipped surrogates: PPO / dual-clip / CISPO / GSPO policy loss, the value loss
+    surrogates.py    the clipped surrogates: PPO / dual-clip / CISPO / GSPO policy loss, the value loss
     objective.py     the actor objective: LossSettings, ActorTerms / ActorObjective, and the LossFn every
                      instrument takes (ActorLoss, per_token_loss)
 """
@@ -26,7 +26,7 @@ from rlgrad.algos.objective import (
     actor_terms,
     per_token_loss,
 )
-from rlgrad.algos.policy_loss import policy_loss, value_loss
+from rlgrad.algos.surrogates import policy_loss, value_loss
 
 __all__ = [
     "ActorLoss", "ActorObjective", "ActorTerms", "Aggregation", "CriticSettings", "Denominators", "FunctionLoss",
@@ -48,7 +48,7 @@ def _deprecated_alias(old: str):
     def lookup(name: str):
         new = _RENAMED.get(name, name)
         # defining modules before the ones that import from them, so the warning names where a name lives
-        for sub in ("aggregation", "advantages", "kl", "logprobs", "policy_loss", "objective"):
+        for sub in ("aggregation", "advantages", "kl", "logprobs", "surrogates", "objective"):
             module = importlib.import_module(f"rlgrad.algos.{sub}")
             if hasattr(module, new):
                 warnings.warn(f"{old}.{name} moved to rlgrad.algos.{sub}.{new}; {old} goes away in the next release",

@@ -1,7 +1,7 @@
 """The actor objective the trainer optimises and the instruments measure.
 
     actor   L = L_task - entropy_coeff · H + kl_loss_coef · KL(π || π_ref)
-    critic  L_V (algos.policy_loss.value_loss)
+    critic  L_V (algos.surrogates.value_loss)
 
 Vocabulary. A *loss* is a ``LossFn``: ``(model, batch) -> Terms``, its *terms* (``{term: per-token loss [N, L]}``,
 zero off the response tokens, each with its coefficient, not yet aggregated) and the ``Aggregation`` the
@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from rlgrad.algos.aggregation import Aggregation, Denominators, agg_loss
 from rlgrad.algos.kl import kl_penalty
 from rlgrad.algos.logprobs import forward_log_probs, forward_values
-from rlgrad.algos.policy_loss import policy_loss, value_loss
+from rlgrad.algos.surrogates import policy_loss, value_loss
 from rlgrad.batch import Batch
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class ActorTerms:
     clipfrac: Tensor
     clipfrac_lower: Tensor
     ppo_kl: Tensor
-    # Per-token policy loss per unit of advantage: A·∇task_unit = ∇task token by token (algos.policy_loss).
+    # Per-token policy loss per unit of advantage: A·∇task_unit = ∇task token by token (algos.surrogates).
     task_unit: Tensor | None = None
 
     def quantities(self) -> dict[str, Tensor | None]:

@@ -5,7 +5,7 @@
     L_V = ½ · max((V − R)², (clip(V, V_old − c, V_old + c) − R)²), aggregated with loss_agg_mode
 
 ``R`` are the GAE returns and ``V_old`` the values that computed them (``algos/advantages.py``); the loss
-math and ``CriticSettings`` live in ``algos/policy_loss.py`` and ``algos/objective.py``. The update is the actor's loop
+math and ``CriticSettings`` live in ``algos/surrogates.py`` and ``algos/objective.py``. The update is the actor's loop
 (``rlgrad.rl.actor.ppo_update``) with this loss plugged in, so epochs, mini/micro-batches, clipping
 and non-finite steps behave exactly as for the actor.
 """
@@ -17,7 +17,7 @@ import torch
 from rlgrad.algos.aggregation import Denominators, masked_mean
 from rlgrad.algos.logprobs import forward_values
 from rlgrad.algos.objective import CriticSettings
-from rlgrad.algos.policy_loss import value_loss
+from rlgrad.algos.surrogates import value_loss
 from rlgrad.batch import Batch
 from rlgrad.rl.actor import MicroLoss, UpdateKeys, ppo_update
 
