@@ -195,17 +195,28 @@ def one_line(path_or_body, tmp_path, task="arithmetic", **custom) -> str:
     with pytest.raises(UserError) as e:
         build_task(task, val_size=2, custom_reward={"path": path, **custom})
     msg = str(e.value)
-    assert "\n" not in msg and path in msg, msg
+    assert "\n" not in msg and path in msg and custom.get("name", "compute_score") in msg, msg
     return msg
 
 
 def test_a_missing_file_directory_or_non_python_file_is_one_line(tmp_path):
-    assert "no file" in one_line(str(tmp_path / "nope.py"), tmp_path)
-    assert "a directory" in one_line(str(tmp_path), tmp_path)
+    assert "does not exist" in one_line(str(tmp_path / "nope.py"), tmp_path)
+    assert "is a directory" in one_line(str(tmp_path), tmp_path)
     (tmp_path / "r.txt").write_text("x = 1\n")
     assert "not a Python file" in one_line(str(tmp_path / "r.txt"), tmp_path)
     (tmp_path / "bad.py").write_text("def compute_score(:\n")
     assert "bad.py:1" in one_line(str(tmp_path / "bad.py"), tmp_path)
+
+
+def test_the_cli_says_it_in_one_line_and_exits_2_writing_nothing(tmp_path, capsys):
+    from rlgrad.cli import main
+
+    missing = tmp_path / "nope.py"
+    run = tmp_path / "run"
+    assert main(["train", f"custom_reward_function.path={missing}", f"trainer.default_local_dir={run}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(missing) in err[0] and "compute_score" in err[0]
+    assert not run.exists()
 
 
 def test_a_missing_function_is_one_line_with_a_hint(tmp_path):
@@ -389,3 +400,29 @@ def test_an_exception_in_the_function_stops_the_run_with_its_traceback_and_row(t
     monkeypatch.delenv("CRASH_AFTER")
     assert main(args) == 0
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+# ---- the shipped example: data, preset ------------------------------------------------------------
+
+def test_the_shipped_example_data_is_what_its_script_builds():
+    import importlib.util
+
+    import pyarrow.parquet as pq
+
+    spec = importlib.util.spec_from_file_location("build_example_data", REPO / "scripts" / "build_example_data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert pq.read_table(REPO / "examples" / "data" / "tiny_arith.parquet").to_pylist() == module.rows()
+
+
+def test_the_preset_scores_with_the_example_function(monkeypatch):
+    monkeypatch.chdir(REPO)  # the preset's paths are relative to the repository root
+    from rlgrad.tasks import task_from_config
+
+    task = task_from_config(load_config("custom_reward_demo"))
+    assert task.weights == {"acc": 1.0, "boxed": 0.2, "brevity": 0.2, "rest": 1.0}
+    ex = task.val_examples()[0]
+    assert ex.prompt == "What is 3 minus 2?" and len(task.val_examples()) == 24
+    s = task.score("So \\boxed{1}", ex)  # acc 1, boxed 1, brevity 1 - 12/100: 1 + 0.2 + 0.176
+    assert s.total == pytest.approx(1.376) and s.components == pytest.approx(
+        {"acc": 1.0, "boxed": 1.0, "brevity": 0.88, "rest": 0.0}) and s.correct

@@ -168,7 +168,8 @@ class CustomRewardFunctionConfig:
 @dataclass
 class RewardConfig:
     weights: dict[str, float] = _f({}, "Reward component weights (empty: the task's defaults), "
-                                   "e.g. {correctness: 0.34, format: 0.33, length: 0.33}.")
+                                   "e.g. {correctness: 0.34, format: 0.33, length: 0.33}; with "
+                                   "custom_reward_function, its dict's numeric fields (default 0).")
     length_max: int = _f(800, "math: target length of the length component.", ge=1)
     length_unit: str = _f("chars", "math: length in chars or tokens.", choices=("chars", "tokens"))
     answer_extraction: str = _f("auto", "How math, countdown and reasoning_gym read the answer: strict (only the "

@@ -78,23 +78,26 @@ def _their_traceback(e: BaseException, file: str | None) -> str:
 
 # ---- loading -------------------------------------------------------------------------------------
 
-def _import_file(path: str) -> Any:
+def _import_file(path: str, fn_name: str) -> Any:
     """The module of a ``.py`` file (registered in ``sys.modules`` under a name of its own, as dataclasses and
-    pickle need)."""
+    pickle need); ``fn_name``: the function wanted from it, for the errors."""
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"{SETTING}.path: no file {path}" + (" (a directory)" if p.is_dir() else ""))
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise UserError(f"{SETTING}.path: {path}, the file of the reward function {fn_name}, {what}")
     name = "rlgrad_reward_" + hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:12]
     spec = importlib.util.spec_from_file_location(name, p)
     if spec is None or spec.loader is None:
-        raise UserError(f"{SETTING}.path: {path} is not a Python file (.py)")
+        raise UserError(f"{SETTING}.path: {path}, the file of the reward function {fn_name}, is not a Python "
+                        "file (.py)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except SyntaxError as e:
         sys.modules.pop(name, None)
-        raise UserError(f"{SETTING}.path: {path}:{e.lineno}: {e.msg}") from None
+        raise UserError(f"{SETTING}.path: {path}:{e.lineno}: {e.msg} (the file of the reward function "
+                        f"{fn_name})") from None
     except Exception as e:
         sys.modules.pop(name, None)
         raise RewardFunctionError(f"{SETTING}.path: importing {path} raised {type(e).__name__}; its "
@@ -102,7 +105,7 @@ def _import_file(path: str) -> Any:
     return module
 
 
-def _import(path: str) -> Any:
+def _import(path: str, fn_name: str) -> Any:
     """verl's ``load_module``: ``pkg://a.b`` (or ``pkg://a/b``) imports a module, ``file://x.py`` or a plain path
     reads a file."""
     if path.startswith("pkg://"):
@@ -110,8 +113,9 @@ def _import(path: str) -> Any:
         try:
             return importlib.import_module(name)
         except ImportError as e:
-            raise UserError(f"{SETTING}.path: cannot import {name} ({e})") from None
-    return _import_file(path.removeprefix("file://"))
+            raise UserError(f"{SETTING}.path: cannot import {name}, the module of the reward function {fn_name} "
+                            f"({e})") from None
+    return _import_file(path.removeprefix("file://"), fn_name)
 
 
 def _check_signature(fn: Callable, label: str, kwargs: Mapping[str, Any]) -> None:
@@ -161,7 +165,7 @@ async def _awaited(result: Any) -> Any:
 def load_reward_function(path: str, name: str = "compute_score", kwargs: Mapping[str, Any] | None = None
                          ) -> RewardFunction:
     """The function ``name`` of ``path`` (a file, ``file://``, or ``pkg://module``), checked against verl's call."""
-    module = _import(str(path))
+    module = _import(str(path), name)
     label = f"reward function {name} ({path})"
     fn = getattr(module, name, None)
     if fn is None:
