@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 
 @pytest.mark.parametrize("args,culprit", [
@@ -93,3 +93,26 @@ def test_the_console_tells_each_step_and_what_an_analysis_found(tmp_path):
     assert "\r" in tty.getvalue() and "acc=0.500" in tty.getvalue() and "reward=0.450" in tty.getvalue()
 
 
+def test_preset_help_shows_whole_descriptions_wrapped(capsys, monkeypatch):
+    from rlgrad.cli import build_parser, first_sentence, main
+    from rlgrad.config.load import preset_description, presets
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert first_sentence("DAPO (Yu et al. 2025) on x. Then (a. B) y. More") == "DAPO (Yu et al. 2025) on x."
+    assert first_sentence("e.g. 9 - 8 = 1, once") == "e.g. 9 - 8 = 1, once"
+    text = (REPO / "configs" / "demo.yaml").read_text()
+    assert preset_description(text).startswith("The demo: GRPO on the embedded default (tiny Qwen2 + arithmetic) on "
+                                               "CPU, a few minutes. The default model is warm-started")
+    assert preset_description("# one\n# two\n#   rlgrad train x\n# three\n").endswith("one two")
+    helptext = build_parser().subcommands["train"].format_help()
+    assert "…" not in helptext and "characters]" not in helptext
+    flat = " ".join(helptext.split())
+    assert "demo The demo: GRPO on the embedded default (tiny Qwen2 + arithmetic) on CPU, a few minutes." in flat
+    epilog = helptext[helptext.index("presets (--config-name"):]
+    assert max(map(len, epilog.splitlines())) <= 80
+    assert main(["presets"]) == 0
+    listed = capsys.readouterr().out
+    flat = " ".join(listed.split())
+    for name, about in presets():
+        assert f"{name} {about}" in flat  # whole, every word in order
+    assert max(map(len, listed.splitlines())) <= 80

@@ -91,6 +91,8 @@ def test_the_tests_named_for_commands_not_run_here_exist():
 
 def test_every_readme_command_works_in_order(model_cache, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    # a newcomer runs the README from a clone's root: the shipped examples are there (the custom reward preset's)
+    (tmp_path / "examples").symlink_to(REPO / "examples")
     # the tiny test model, warm-started long enough that its rewards vary within groups (the reward-variance filter
     # of RAGEN's presets keeps only such groups)
     shrink = [*tiny_overrides(model_cache), "model.warmstart_steps=150"]

@@ -64,20 +64,50 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _width() -> int:
+    """The width help text is wrapped to: the terminal's, within 60..120 columns."""
+    import shutil
+
+    return min(max(shutil.get_terminal_size((100, 24)).columns, 60), 120)
+
+
+def first_sentence(text: str) -> str:
+    """``text`` up to the end of its first sentence: a '.', '!' or '?' outside parentheses followed by a space and
+    a capital or a backquote ("et al. 2025" and "e.g. 9" go on); the whole text when it has one sentence."""
+    depth = 0
+    for i, c in enumerate(text):
+        depth += (c == "(") - (c == ")")
+        if c in ".!?" and depth == 0 and text[i + 1:i + 2] == " " and (text[i + 2:i + 3].isupper()
+                                                                       or text[i + 2:i + 3] == "`"):
+            return text[:i + 1]
+    return text
+
+
 def _presets_epilog() -> str:
+    import textwrap
+
     from rlgrad.config.load import presets
 
-    rows = [f"  {name:<34} {_clip(about, 80)}" for name, about in presets()]
-    return ("presets (--config-name NAME):\n" + "\n".join(rows) + "\n\nevery setting, its default and its meaning: "
-            "rlgrad train [--config-name NAME] [overrides] --show-config")
+    pad = " " * 36
+    rows = [textwrap.fill(first_sentence(about), _width(), initial_indent=f"  {name:<33} ", subsequent_indent=pad,
+                          break_on_hyphens=False) for name, about in presets()]
+    head = textwrap.fill("presets (--config-name NAME), each with the first sentence of what it is for (rlgrad "
+                         "presets: the whole description):", _width())
+    tail = textwrap.fill("every setting, its default and its meaning: rlgrad train [--config-name NAME] [overrides] "
+                         "--show-config", _width(), break_on_hyphens=False)
+    return head + "\n" + "\n".join(rows) + "\n\n" + tail
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
+    import textwrap
+
     from rlgrad.config.load import presets
 
     for name, about in presets():
-        print(f"{name:<34} {about}")
-    print("\nuse one with: rlgrad train --config-name NAME [key=value ...]  (--show-config: its resolved settings)")
+        print(name)
+        print(textwrap.fill(about, _width(), initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False))
+    print("\n" + textwrap.fill("use one with: rlgrad train --config-name NAME [key=value ...]  (--show-config: its "
+                               "resolved settings)", _width(), break_on_hyphens=False))
     return 0
 
 

@@ -43,7 +43,9 @@ FIELD_MEANINGS: dict[str, str] = {
             "kl_loss_coef·kl; a custom loss: its terms (with coefficients) and `total`",
     "role": "the trained model: `actor` or `critic`",
     "component": "a reward component of the task (`correctness`, `format`, `length`, ...: reward.weights), or "
-                 "of the shaping: `overlong` (reward.overlong_buffer) and `kl_penalty` (algorithm.use_kl_in_reward: "
+                 "of a reward.custom_reward_function (each numeric field of its dict, and `rest`: the score less the "
+                 "weighted fields), or of the shaping: `overlong` (reward.overlong_buffer) and `kl_penalty` "
+                 "(algorithm.use_kl_in_reward: "
                  "−beta·Σ_t KL of the response), each with weight 1; a name from another trainer (a TRL reward "
                  "function or model) goes through `component_keys`: every run of other characters than letters "
                  "and digits becomes one `_`, none at either end, and a name whose key an earlier one (or `total`) "

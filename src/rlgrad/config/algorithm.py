@@ -5,6 +5,7 @@ field docs are the user documentation. Keys and defaults follow verl's."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlgrad.config.fields import setting as _f
 
@@ -148,9 +149,27 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class CustomRewardFunctionConfig:
+    """verl's custom_reward_function: your own Python reward function scores the responses of a task with a ground
+    truth (arithmetic, countdown, math, reasoning_gym), called as verl calls it (rlgrad.tasks.custom_reward).
+    Alias: custom_reward_function.* (verl's top-level spelling before 0.9)."""
+
+    path: str | None = _f(None, "A Python file (or pkg://a.module, file://x.py, as verl takes them) holding the "
+                          "reward function; null (or empty): the task's own reward. Called as name(data_source=, "
+                          "solution_str=, ground_truth=, extra_info=, **reward_kwargs) with the row's data_source, "
+                          "reward_model.ground_truth and extra_info. A number is the reward; a dict's score is the "
+                          "reward and its other numeric fields are reward components (weight 0 unless "
+                          "reward.weights gives one; the component rest = score - the weighted fields).")
+    name: str = _f("compute_score", "The function's name in that file.")
+    reward_kwargs: dict[str, Any] = _f({}, "Extra keyword arguments of every call (verl's reward_kwargs; they win "
+                                       "over the four above).")
+
+
+@dataclass
 class RewardConfig:
     weights: dict[str, float] = _f({}, "Reward component weights (empty: the task's defaults), "
-                                   "e.g. {correctness: 0.34, format: 0.33, length: 0.33}.")
+                                   "e.g. {correctness: 0.34, format: 0.33, length: 0.33}; with "
+                                   "custom_reward_function, its dict's numeric fields (default 0).")
     length_max: int = _f(800, "math: target length of the length component.", ge=1)
     length_unit: str = _f("chars", "math: length in chars or tokens.", choices=("chars", "tokens"))
     answer_extraction: str = _f("auto", "How math, countdown and reasoning_gym read the answer: strict (only the "
@@ -163,6 +182,7 @@ class RewardConfig:
                               "(chain_sum pays 0.5 for '17' against '7'); false: 1 when the verifier gives 1.0, "
                               "else 0. Alias: data.reasoning_gym.partial_credit.")
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
 
 
 def per_response_advantage(a: AlgorithmConfig, turn_scores: bool = False) -> str | None:

@@ -19,6 +19,7 @@ ALIASES: dict[str, str] = {
     "actor.policy_loss.loss_mode": "actor.policy_loss",
     "reward_model.overlong_buffer.": "reward.overlong_buffer.",
     "reward_model.reward_kwargs.overlong_buffer_cfg.": "reward.overlong_buffer.",
+    "custom_reward_function.": "reward.custom_reward_function.",  # verl before 0.9 (0.9: ours)
     "data.reasoning_gym.answer_extraction": "reward.answer_extraction",
     "data.reasoning_gym.partial_credit": "reward.partial_credit",
     "es_manager.train.env_groups": "data.train_batch_size",

@@ -180,13 +180,24 @@ def load_config(preset: str | None = None, config_file: str | None = None,
     return obj
 
 
+def preset_description(text: str) -> str:
+    """A preset's description: the prose its file opens with, as one paragraph: the leading comment lines up to
+    the first command line (indented, ``#   rlgrad train ...``), blank comment line or setting."""
+    lines = []
+    for line in text.splitlines():
+        body = line[1:] if line.startswith("#") else None
+        if body is None or body.startswith(("   ", "\t")) or not body.strip():
+            break
+        lines.append(body.strip())
+    return " ".join(lines)
+
+
 def presets() -> list[tuple[str, str]]:
-    """``(name, first comment line)`` of every preset ``--config-name`` finds, by name."""
+    """``(name, description)`` of every preset ``--config-name`` finds, by name (``preset_description``)."""
     found: dict[str, str] = {}
     for d in CONFIG_DIRS:
         for p in sorted(d.glob("*.yaml")) if d.is_dir() else []:
-            first = next((ln.lstrip("# ").strip() for ln in p.read_text().splitlines() if ln.startswith("#")), "")
-            found.setdefault(p.stem, first)
+            found.setdefault(p.stem, preset_description(p.read_text()))
     return sorted(found.items())
 
 

@@ -57,7 +57,8 @@ SCHEMA_KEYS = _schema_keys(RLGradConfig())
 SECTIONS = {k for k in SCHEMA_KEYS if any(o.startswith(k + ".") for o in SCHEMA_KEYS)}
 
 
-_DICT_KEYS = {"reward.weights", "data.reasoning_gym.config"}  # free-form mappings: their sub-keys are user data
+# free-form mappings: their sub-keys are user data
+_DICT_KEYS = {"reward.weights", "data.reasoning_gym.config", "reward.custom_reward_function.reward_kwargs"}
 
 
 def _walk(node: Any, prefix: str = ""):

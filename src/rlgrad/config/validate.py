@@ -124,4 +124,17 @@ def _agent_and_data(cfg: RLGradConfig) -> None:
         raise UserError("'data.task=math' needs 'data.train_files' (local .jsonl or .parquet)")
 
 
-RELATIONS = (_optimizer_betas, _tiny_model_shape, _algorithm, _mini_batches, _trainer, _critic_model, _agent_and_data)
+def _custom_reward(cfg: RLGradConfig) -> None:
+    """A reward function needs a ground truth to score against: the single-turn tasks have one."""
+    fn = cfg.reward.custom_reward_function
+    if fn.path and cfg.data.task in ("sokoban", "frozen_lake"):
+        raise UserError(f"'reward.custom_reward_function.path' scores a response against a ground truth; "
+                        f"data.task={cfg.data.task} is rewarded by its environment (tasks with a ground truth: "
+                        "arithmetic, countdown, math, reasoning_gym)")
+    if fn.path and not str(fn.name or "").strip():
+        raise UserError("'reward.custom_reward_function.name' must name the function in "
+                        f"{fn.path} (verl's default: compute_score)")
+
+
+RELATIONS = (_optimizer_betas, _tiny_model_shape, _algorithm, _mini_batches, _trainer, _critic_model, _agent_and_data,
+             _custom_reward)

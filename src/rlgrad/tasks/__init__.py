@@ -36,7 +36,8 @@ def task_from_config(cfg: Any) -> Task:
         train_files=list(cfg.data.train_files), val_files=list(cfg.data.val_files),
         length_max=cfg.reward.length_max, length_unit=cfg.reward.length_unit,
         reasoning_gym=cfg.data.reasoning_gym, env=getattr(cfg.env, cfg.data.task, None), agent=cfg.agent,
-        answer_extraction=cfg.reward.answer_extraction, partial_credit=cfg.reward.partial_credit)
+        answer_extraction=cfg.reward.answer_extraction, partial_credit=cfg.reward.partial_credit,
+        custom_reward=cfg.reward.custom_reward_function)
 
 
 def _check_task_args(name: str, *, val_size: int, length_max: int, length_unit: str, answer_extraction: str,
@@ -62,16 +63,44 @@ def _reasoning_gym_settings(settings: Any) -> tuple[Any, Any]:
     return getattr(settings, "dataset", None), getattr(settings, "config", None)
 
 
+def _setting(settings: Any, key: str, default: Any = None) -> Any:
+    """``settings[key]`` of a mapping, or its attribute ``key`` (None settings: ``default``)."""
+    if isinstance(settings, Mapping):
+        return settings.get(key, default)
+    return getattr(settings, key, default)
+
+
+def _scored_by(task: Task, custom_reward: Any, weights: dict[str, float] | None) -> Task:
+    """``task`` scored by the reward function ``custom_reward`` names."""
+    from rlgrad.tasks.custom_reward import CustomRewardTask, load_reward_function
+
+    if getattr(task, "multi_turn", False):
+        raise UserError(f"reward.custom_reward_function needs a task with a ground truth; task '{task.name}' is "
+                        "rewarded by its environment")
+    function = load_reward_function(str(_setting(custom_reward, "path")),
+                                    _setting(custom_reward, "name") or "compute_score",
+                                    _setting(custom_reward, "reward_kwargs") or {})
+    return CustomRewardTask(task, function, weights)
+
+
 def build_task(name: str, *, seed: int = 0, val_size: int = 128, weights: dict[str, float] | None = None,
                train_files: list[str] | None = None, val_files: list[str] | None = None,
                length_max: int = 800, length_unit: str = "chars", reasoning_gym: Any = None, env: Any = None,
-               agent: Any = None, answer_extraction: str = "auto", partial_credit: bool = False) -> Task:
+               agent: Any = None, answer_extraction: str = "auto", partial_credit: bool = False,
+               custom_reward: Any = None) -> Task:
     """``reasoning_gym``: for task 'reasoning_gym', its settings (``data.reasoning_gym``): a mapping or an object
     with ``dataset`` (a reasoning-gym dataset name) and ``config`` (that dataset's generator options).
     ``env`` / ``agent``: for a multi-turn environment (sokoban, frozen_lake), its options (``env.<task>``) and the
     agent settings (``agent``). ``answer_extraction``: strict | flexible | auto, how math, countdown and
     reasoning_gym read the answer (``rlgrad.tasks.extraction``); ``partial_credit``: reasoning_gym passes its
-    verifier's partial credit through (else 1 only at 1.0)."""
+    verifier's partial credit through (else 1 only at 1.0). ``custom_reward``: verl's ``custom_reward_function``
+    settings (a mapping or an object with ``path``, ``name``, ``reward_kwargs``): with a ``path``, that function
+    scores the task's responses and ``weights`` are for its dict's fields (``rlgrad.tasks.custom_reward``)."""
+    if _setting(custom_reward, "path"):
+        task = build_task(name, seed=seed, val_size=val_size, train_files=train_files, val_files=val_files,
+                          length_max=length_max, length_unit=length_unit, reasoning_gym=reasoning_gym, env=env,
+                          agent=agent, answer_extraction=answer_extraction, partial_credit=partial_credit)
+        return _scored_by(task, custom_reward, weights)
     _check_task_args(name, val_size=val_size, length_max=length_max, length_unit=length_unit,
                      answer_extraction=answer_extraction, has_files=bool(train_files or val_files))
     # Imported here so the task modules can import Example/Score from this package.

@@ -20,6 +20,7 @@ without a box, as verl's GSM8K ``flexible`` reads it), ``format`` (step-by-step 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -299,10 +300,16 @@ def _row_to_example(row: Any, where: str) -> Example:
     layout, question, truth, messages = _read_row(row, where)
     if truth is None or not isinstance(question, str) or not question.strip():
         raise UserError(f"{where}: " + ("null ground-truth answer" if truth is None else "empty or non-text prompt"))
-    truth = str(truth).strip()
-    if not truth:
+    answer = str(truth).strip()
+    if not answer:
         raise UserError(f"{where}: empty ground-truth answer")
-    return Example(prompt=str(question), answer=truth, meta={"source": where, "layout": layout}, messages=messages)
+    # What verl's reward function is given for the row (rlgrad.tasks.custom_reward): its data_source and
+    # extra_info columns, and the ground truth: verl's reward_model.ground_truth as the file holds it (any type),
+    # the answer as read above for the other layouts.
+    verl = {"data_source": row.get("data_source"), "ground_truth": truth if layout == "verl" else answer,
+            "extra_info": row.get("extra_info")}
+    return Example(prompt=str(question), answer=answer, meta={"source": where, "layout": layout, "verl": verl},
+                   messages=messages)
 
 
 def load_examples(paths: list[str] | str) -> list[Example]:
@@ -350,6 +357,12 @@ class MathTask:
         }
         return make_score(components, self.weights, response_length(response, num_tokens, self.length_unit),
                           fallback=read.fallback)
+
+    def warmstart_spec(self) -> dict[str, str]:
+        """What the embedded default's warm start learns from besides its settings (``rlgrad.models.warmstart_key``):
+        the training rows, so that a cached or shipped warm start on other data is never taken for this one."""
+        rows = [(e.prompt, e.answer, e.messages) for e in self._train]
+        return {"train_rows": hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]}
 
     def sft_target(self, example: Example) -> str:
         return f"First, work through the problem step by step. The answer is \\boxed{{{example.answer}}}."
