@@ -5,7 +5,7 @@
 120 rows of one-digit additions and subtractions ("What is 7 plus 8?", "What is 9 minus 4?"), in verl's parquet
 layout (the columns examples/data_preprocess/gsm8k.py of verl writes): ``data_source``, ``prompt`` (chat
 messages), ``ability``, ``reward_model`` ({style, ground_truth}) and ``extra_info`` ({split, index, operation}).
-Deterministic: a rebuild writes the same rows (tests/test_custom_reward.py checks the shipped file against
+Deterministic: a rebuild writes the same rows (tests/tasks/test_custom_reward.py checks the shipped file against
 ``rows()``). A changed file changes the warm start of the preset: rebuild it (scripts/build_warmstarts.py).
 """
 

@@ -13,7 +13,6 @@ import pytest
 from rlgrad.config.load import load_config
 from rlgrad.errors import UserError
 from rlgrad.tasks import Example, build_task
-
 from tests.conftest import REPO, tiny_overrides
 
 DATA = REPO / "tests" / "data"
