@@ -32,6 +32,22 @@ FIELDS: dict[str, str] = {
     "layer": r"embed|layer_\d+|final_norm|lm_head|head",
 }
 
+
+
+def layer_group(name: str) -> str:
+    """The ``{layer}`` field of a parameter name: embed, layer_<i>, final_norm, lm_head (or head)."""
+    m = re.search(r"\.(?:layers|h|blocks)\.(\d+)\.", name)
+    if m:
+        return f"layer_{int(m.group(1))}"
+    if "embed" in name or ".wte." in name or ".wpe." in name:
+        return "embed"
+    if "lm_head" in name:
+        return "lm_head"
+    if "norm" in name or ".ln_f." in name:
+        return "final_norm"
+    return "head"
+
+
 # What each placeholder stands for (docs/metrics.md).
 FIELD_MEANINGS: dict[str, str] = {
     "bucket": "a reward-variance bucket: `all` (the whole analysed batch) or `bucket_<k>` "

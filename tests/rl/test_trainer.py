@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlgrad.analysis.engine import layer_group
 from rlgrad.config.load import load_config
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult
 from rlgrad.logging.sinks import MetricLogger
+from rlgrad.metrics import layer_group
 from rlgrad.recipes import make_trainer
 from rlgrad.runfiles import read_jsonl
 from tests.conftest import REPO

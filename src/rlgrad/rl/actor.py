@@ -17,11 +17,11 @@ import torch
 
 from rlgrad.algos.aggregation import Denominators
 from rlgrad.algos.objective import LossSettings, actor_objective
-from rlgrad.analysis.engine import layer_group
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_sizes, all_reduce_max, all_reduce_sum, rank
 from rlgrad.distributed import grad_sync
 from rlgrad.metrics import key as metric_key
+from rlgrad.metrics import layer_group
 
 
 def minibatches(n: int, mini_size: int, shuffle: bool, generator: torch.Generator | None) -> list[torch.Tensor]:
@@ -155,7 +155,7 @@ def update_actor(model, optimizer, batch: Batch, s: LossSettings, *, ppo_epochs:
 def update_size(model: torch.nn.Module, metrics: dict[str, float]) -> Iterator[None]:
     """Around a step's update of ``model`` (a plain module holding the full weights after the update: the
     trainer's policy replica): ``actor/update_ratio`` = ‖θ_after − θ_before‖ / ‖θ_before‖ over its trainable
-    parameters, and ``actor/update_ratio/{layer}`` per layer group (``analysis.engine.layer_group``), into
+    parameters, and ``actor/update_ratio/{layer}`` per layer group (``metrics.layer_group``), into
     ``metrics``. It costs one copy of the trainable weights during the update and one norm of their difference."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     before = [p.detach().clone() for _, p in named]
