@@ -4,6 +4,8 @@
 
 Each is a short rlgrad run of the demo (GRPO on the embedded default model) with one thing wrong; only its
 small files are kept (metrics.jsonl, config.yaml, the analysis JSON/CSV files), not checkpoints or rollouts.
+The runs of issue 37 use its cadence (validation every 2 steps, the instruments every 4: ``ISSUE37``) and stop
+once their fault has shown. The runs train with this interpreter's rlgrad (``python -m rlgrad``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,31 @@ RUNS = {
     "lr_too_high": (["actor.optim.lr=3e-3", "actor.optim.lr_warmup_steps=0"], "reward_collapse"),
     "zero_variance": (["model.warmstart_steps=0"], "zero_variance_groups"),
 }
+ISSUE37 = ["trainer.test_freq=2", "trainer.val_before_train=true", "analysis.every=4"]
+RUNS |= {
+    # the demo as it is (healthy) and on a weakly warm-started model (a low, noisy start): no finding at any step
+    "healthy_issue37": ([*ISSUE37, "trainer.total_training_steps=30"], None),
+    "weak_start": ([*ISSUE37, "trainer.total_training_steps=30", "model.warmstart_steps=200"], None),
+    # destroyed in 2 steps: the learning rate 30x the preset's, no warm-up
+    "lr_fast_collapse": ([*ISSUE37, "trainer.total_training_steps=12", "actor.optim.lr=3e-3",
+                          "actor.optim.lr_warmup_steps=0"], "reward_collapse"),
+    # ... and with update_too_large's advice followed: the learning rate ~20x lower (still no warm-up)
+    "lr_fast_collapse_followed": ([*ISSUE37, "trainer.total_training_steps=12", "actor.optim.lr=1.4e-4",
+                                   "actor.optim.lr_warmup_steps=0"], None),
+    # 10x below the preset: learns nothing in 20 steps (the preset gains ~0.3 validation accuracy by step 20)
+    "lr_slow": ([*ISSUE37, "trainer.total_training_steps=20", "actor.optim.lr=1e-5"], "lr_too_small"),
+    # every response cut at 2 tokens
+    "truncated": ([*ISSUE37, "trainer.total_training_steps=12", "rollout.response_length=2"], "length_truncated"),
+    # an entropy penalty drives the collapse (with a learning rate 5x the preset's)
+    "entropy_penalty": ([*ISSUE37, "trainer.total_training_steps=20", "model.warmstart_steps=200",
+                         "actor.entropy_coeff=-0.5", "actor.optim.lr=5e-4"], "regularizer_dominates"),
+    # ... and the same run with its advice followed (entropy_coeff 0)
+    "entropy_penalty_removed": ([*ISSUE37, "trainer.total_training_steps=20", "model.warmstart_steps=200",
+                                 "actor.entropy_coeff=0", "actor.optim.lr=5e-4"], None),
+    # correctness paid negatively
+    "reward_inverted": ([*ISSUE37, "trainer.total_training_steps=16",
+                         "reward.weights={correctness: -0.9, format: 0.1}"], "inverted_reward"),
+}
 KEEP = ("layers.json", "neurons.json", "components.json", "group_rv_table.csv")
 
 
@@ -41,7 +68,7 @@ def make(name: str) -> None:
     overrides, _ = RUNS[name]
     with tempfile.TemporaryDirectory(prefix=f"rlgrad-doctor-{name}-") as tmp:
         run = Path(tmp) / "run"
-        cmd = [str(ROOT / ".venv" / "bin" / "rlgrad"), "train", *BASE, *overrides, f"trainer.default_local_dir={run}"]
+        cmd = [sys.executable, "-m", "rlgrad", "train", *BASE, *overrides, f"trainer.default_local_dir={run}"]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             sys.exit(f"{name}: rlgrad train failed:\n{res.stderr[-2000:]}")

@@ -4,8 +4,8 @@
     python scripts/doctor_table.py --check  # exit 1 if the README's table is not the generated one
 
 Each row is a signature's registration (``@signature(id, ..., reads=..., fires=...)`` in
-``rlgrad.doctor.signatures``), its thresholds filled in from ``Thresholds`` (``findings_table``);
-tests/doctor/test_doctor.py checks that the README holds exactly this table.
+``rlgrad.doctor.signatures``, ``progress`` and ``gradient``), its thresholds filled in from ``Thresholds``
+(``findings_table``); tests/doctor/test_doctor.py checks that the README holds exactly this table.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import rlgrad.doctor.signatures  # noqa: F401  (registers every signature)
+import rlgrad.doctor.command  # noqa: F401  (registers every signature)
 from rlgrad.doctor.findings import README_END, README_START, findings_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -250,7 +250,9 @@ EXPECTED = {"lr_too_low": "lr_too_small", "tiny_grad_clip": "clip_every_step",
             "std_norm_binary": "std_normalisation_amplifies", "format_heavy": "component_dominates",
             "kl_explodes": "kl_blowup", "entropy_collapse": "entropy_collapse",
             "zero_variance": "zero_variance_groups", "trl_lr_too_low": "lr_too_small",
-            "lr_too_high": "reward_collapse"}
+            "lr_too_high": "reward_collapse", "lr_fast_collapse": "reward_collapse", "lr_slow": "lr_too_small",
+            "truncated": "length_truncated", "entropy_penalty": "regularizer_dominates",
+            "reward_inverted": "inverted_reward"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

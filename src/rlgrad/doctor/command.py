@@ -17,8 +17,8 @@ import math
 import statistics
 
 from rlgrad import rundata as D
-from rlgrad.doctor.findings import SEVERITY, SIGNATURES, Diagnosis, Finding, Thresholds, View, fmt
-from rlgrad.doctor.signatures import flat_reward  # importing the module registers every signature
+from rlgrad.doctor import gradient, progress, signatures  # noqa: F401  (importing them registers every signature)
+from rlgrad.doctor.findings import SEVERITY, SIGNATURES, Diagnosis, Finding, Thresholds, View, flat_reward, fmt
 
 __all__ = ["SIGNATURES", "Diagnosis", "Finding", "Thresholds", "diagnose", "doctor_command", "render_text"]
 

@@ -1,7 +1,8 @@
 """The pieces ``rlgrad doctor``'s signatures are made of: the thresholds, a finding, the run as one view.
 
-A signature (``rlgrad.doctor.signatures``) is a function of a ``View`` and the ``Thresholds`` that returns a
-``Finding`` or None, registered with ``@signature(id, *needed metrics)``.
+A signature (``rlgrad.doctor.signatures``, ``progress``, ``gradient``) is a function of a ``View`` and the
+``Thresholds`` that returns a ``Finding`` or None, registered with ``@signature(id, *needed metrics, reads=...,
+fires=...)`` (its row of the README's table, ``findings_table``). Below them: what several signatures read.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from rlgrad import rundata as D
 from rlgrad.errors import UserError
+from rlgrad.logging.reward_signal import correctness_component
 
 SEVERITY = {"critical": 0, "warn": 1, "info": 2}
 
@@ -26,8 +28,10 @@ class Thresholds:
     window: int = 10  # steps in a "recent" window (median for spikes, the first / last stretch of a run)
     spike_factor: float = 10.0  # grad_norm_spike: a step's gradient norm above this × the previous window's median
     clip_steps_frac: float = 0.9  # clip_every_step: the gradient norm above max_grad_norm on this share of steps
-    update_high: float = 0.01  # update_too_large: the step's update above this share of the weights' norm ...
-    update_low: float = 2e-4  # lr_too_small: the step's update below this share of the weights' norm ...
+    # actor/update_ratio, ‖Δθ‖/‖θ‖ of a step's update (the demo, measured: 4e-4 to 8e-4 at its preset lr 1e-4,
+    # 7e-5 at 1e-5 which learns nothing in 40 steps, 1e-2 to 5e-2 at 3e-3 which destroys it in 2 steps)
+    update_high: float = 0.01  # update_too_large: the median update of the first window above this
+    update_low: float = 2e-4  # lr_too_small: the median update of the last window below this ...
     progress_low: float = 0.05  # ... while the reward rose less than this share of its room to its best (1 - level)
     lr_low: float = 1e-6  # lr_too_small, last resort (no actor/update_ratio logged): lr at or below this, flat reward
     lr_very_low: float = 1e-7  # ... or at or below this whatever the reward does
@@ -161,6 +165,50 @@ def first_last(vals: list[float], w: int) -> tuple[float, float]:
 
 def fmt(x: float) -> str:
     return f"{x:.3g}"
+
+
+# ---------------------------------------------------------------- what several signatures read
+
+
+def flat_reward(v: View, t: Thresholds) -> tuple[bool, str]:
+    """Whether the reward rose less than ``plateau_delta`` from the first to the last steps, and in words."""
+    steps, r = v.series("critic/score/mean")
+    if len(r) < 4:
+        return False, ""
+    a, b = first_last(r, t.window)
+    return b - a < t.plateau_delta, f"{v.name('critic/score/mean')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"
+
+
+def train_series(v: View, key: str) -> tuple[list[int], list[float]]:
+    """A metric over the training steps (step 0 holds the validation before training, nothing trained)."""
+    steps, x = v.series(key)
+    keep = [i for i, s in enumerate(steps) if s >= 1]
+    return [steps[i] for i in keep], [x[i] for i in keep]
+
+
+def config_lr(v: View) -> float | None:
+    """The actor's learning rate: the config's, else the largest logged."""
+    lr = v.cfg("actor.optim.lr", "learning_rate")
+    if lr is None:
+        _, lrs = v.series("actor/lr")
+        lr = max(lrs) if lrs else None
+    try:
+        return None if lr is None else float(lr)
+    except (TypeError, ValueError):
+        return None
+
+
+def reward_level(v: View) -> tuple[float | None, str]:
+    """The recent level of a reward read as a share of right answers, and the metric it is read from: the
+    correctness component, rlgrad's rollout accuracy, or a total reward that stays in [0, 1]; None if unknown."""
+    comps = {k.split("/")[1] for k in v.keys("reward/") if k.endswith("/mean") and k.count("/") == 2}
+    correct = correctness_component(comps)
+    keys = ([f"reward/{correct}/mean"] if correct else []) + ["rollout/accuracy", "critic/score/mean"]
+    for k in keys:
+        _, x = v.series(k)
+        if x and (k != "critic/score/mean" or all(0.0 <= a <= 1.0 for a in x)):
+            return mean(x[-3:]), v.name(k)
+    return None, ""
 
 
 Signature = Callable[[View, Thresholds], "Finding | None"]
