@@ -85,8 +85,22 @@ def make(name: str) -> None:
         print(f"{name}: {dest}")
 
 
+def shorter(prompts, completions, **kw):
+    return [-len(c) / 8 for c in completions]
+
+
+def always_right(prompts, completions, **kw):  # every group agrees: TRL's frac_reward_zero_std is 1
+    return [1.0 for _ in completions]
+
+
+# name -> (its reward function, learning rate)
+TRL_RUNS = {"trl_lr_too_low": (shorter, 1e-8), "trl_too_easy": (always_right, 1e-6)}
+
+
 def make_trl(name: str = "trl_lr_too_low") -> None:
-    """A plain TRL GRPOTrainer run (no rlgrad) with a learning rate far too low: its trainer_state.json."""
+    """A plain TRL GRPOTrainer run (no rlgrad): its trainer_state.json. ``trl_lr_too_low``: a learning rate far too
+    low; ``trl_too_easy``: a reward of 1 for every completion (no group has a signal)."""
+    reward, lr = TRL_RUNS[name]
     import datasets
     from trl import GRPOConfig, GRPOTrainer
 
@@ -105,13 +119,10 @@ def make_trl(name: str = "trl_lr_too_low") -> None:
         rows = build_task("arithmetic", seed=1, val_size=8).train_examples(64, random.Random(1))
         data = datasets.Dataset.from_dict({"prompt": [r.prompt for r in rows]})
 
-        def shorter(prompts, completions, **kw):
-            return [-len(c) / 8 for c in completions]
-
         args = GRPOConfig(output_dir=str(Path(tmp) / "out"), use_cpu=True, per_device_train_batch_size=16,
                           num_generations=4, max_completion_length=8, max_steps=24, logging_steps=1, report_to=[],
-                          save_strategy="no", learning_rate=1e-8, disable_tqdm=True, seed=1, bf16=False)
-        trainer = GRPOTrainer(model=str(Path(tmp) / "model"), reward_funcs=[shorter], args=args, train_dataset=data,
+                          save_strategy="no", learning_rate=lr, disable_tqdm=True, seed=1, bf16=False)
+        trainer = GRPOTrainer(model=str(Path(tmp) / "model"), reward_funcs=[reward], args=args, train_dataset=data,
                               processing_class=tok)
         trainer.train()
         dest = OUT / name
@@ -137,5 +148,5 @@ def make_wandb(name: str = "wandb_kl_explodes.json", source: str = "kl_explodes"
 
 
 if __name__ == "__main__":
-    for n in sys.argv[1:] or [*RUNS, "trl_lr_too_low", "wandb"]:
+    for n in sys.argv[1:] or [*RUNS, *TRL_RUNS, "wandb"]:
         make_trl(n) if n.startswith("trl") else make_wandb() if n == "wandb" else make(n)

@@ -252,7 +252,7 @@ EXPECTED = {"lr_too_low": "lr_too_small", "tiny_grad_clip": "clip_every_step",
             "zero_variance": "zero_variance_groups", "trl_lr_too_low": "lr_too_small",
             "lr_too_high": "reward_collapse", "lr_fast_collapse": "reward_collapse", "lr_slow": "lr_too_small",
             "truncated": "length_truncated", "entropy_penalty": "regularizer_dominates",
-            "reward_inverted": "inverted_reward"}
+            "reward_inverted": "inverted_reward", "trl_too_easy": "zero_variance_groups"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

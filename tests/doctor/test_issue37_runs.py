@@ -118,3 +118,15 @@ def test_following_the_advice_helps():
     assert sum(reward["penalty"][-5:]) * 1.5 < sum(reward["removed"][-5:])
     assert entropy["penalty"][-1] < 0.5 * entropy["penalty"][0] and entropy["removed"][-1] > 0.8 * entropy["removed"][0]
     assert not found(diagnose(removed), "reward_collapse") and not found(diagnose(removed), "regularizer_dominates")
+
+
+def test_a_trl_run_whose_groups_all_agree_is_too_easy_first():
+    """A plain TRL run paying 1 for every completion (scripts/doctor_fixtures.py trl_too_easy): TRL's
+    frac_reward_zero_std is 1, so zero_variance_groups (too easy) comes first, and the flat reward is not blamed on
+    the learning rate."""
+    d = diagnose(D.load_any(fixture("trl_too_easy")))
+    first = d.findings[0]
+    assert (first.id, first.severity) == ("zero_variance_groups", "critical") and "too easy" in first.explanation
+    assert "frac_reward_zero_std" in first.evidence[0] and first.action.startswith("Make the task harder")
+    assert found(d, "lr_too_small").cause == "zero_variance_groups"
+    assert not found(d, "length_truncated").explains  # cut, yet paid in full: not the cause

@@ -267,6 +267,9 @@ def _length_truncated(v: View, t: Thresholds) -> Finding | None:
                 "or one that lost its stop token) looks the same as a limit too short; read a few responses "
                 "(rlgrad samples RUN) before raising the limit.")
         explains = []
+    elif level is not None and level >= t.easy_level:  # cut, yet paid in full: the cut costs this reward nothing
+        why += f" Cut or not, nearly every response gets the full reward ({where} {fmt(level)})."
+        explains = []
     return Finding(
         severity="warn", step=cs[i], confidence=0.9,
         title="Most responses are cut at the length limit, step after step",
