@@ -4,6 +4,8 @@
 
 Each is a short rlgrad run of the demo (GRPO on the embedded default model) with one thing wrong; only its
 small files are kept (metrics.jsonl, config.yaml, the analysis JSON/CSV files), not checkpoints or rollouts.
+The runs of issue 37 use its cadence (validation every 2 steps, the instruments every 4: ``ISSUE37``) and stop
+once their fault has shown. The runs train with this interpreter's rlgrad (``python -m rlgrad``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,31 @@ RUNS = {
     "lr_too_high": (["actor.optim.lr=3e-3", "actor.optim.lr_warmup_steps=0"], "reward_collapse"),
     "zero_variance": (["model.warmstart_steps=0"], "zero_variance_groups"),
 }
+ISSUE37 = ["trainer.test_freq=2", "trainer.val_before_train=true", "analysis.every=4"]
+RUNS |= {
+    # the demo as it is (healthy) and on a weakly warm-started model (a low, noisy start): no finding at any step
+    "healthy_issue37": ([*ISSUE37, "trainer.total_training_steps=30"], None),
+    "weak_start": ([*ISSUE37, "trainer.total_training_steps=30", "model.warmstart_steps=200"], None),
+    # destroyed in 2 steps: the learning rate 30x the preset's, no warm-up
+    "lr_fast_collapse": ([*ISSUE37, "trainer.total_training_steps=12", "actor.optim.lr=3e-3",
+                          "actor.optim.lr_warmup_steps=0"], "reward_collapse"),
+    # ... and with update_too_large's advice followed: the learning rate ~20x lower (still no warm-up)
+    "lr_fast_collapse_followed": ([*ISSUE37, "trainer.total_training_steps=12", "actor.optim.lr=1.4e-4",
+                                   "actor.optim.lr_warmup_steps=0"], None),
+    # 10x below the preset: learns nothing in 20 steps (the preset gains ~0.3 validation accuracy by step 20)
+    "lr_slow": ([*ISSUE37, "trainer.total_training_steps=20", "actor.optim.lr=1e-5"], "lr_too_small"),
+    # every response cut at 2 tokens
+    "truncated": ([*ISSUE37, "trainer.total_training_steps=12", "rollout.response_length=2"], "length_truncated"),
+    # an entropy penalty drives the collapse (with a learning rate 5x the preset's)
+    "entropy_penalty": ([*ISSUE37, "trainer.total_training_steps=20", "model.warmstart_steps=200",
+                         "actor.entropy_coeff=-0.5", "actor.optim.lr=5e-4"], "regularizer_dominates"),
+    # ... and the same run with its advice followed (entropy_coeff 0)
+    "entropy_penalty_removed": ([*ISSUE37, "trainer.total_training_steps=20", "model.warmstart_steps=200",
+                                 "actor.entropy_coeff=0", "actor.optim.lr=5e-4"], None),
+    # correctness paid negatively
+    "reward_inverted": ([*ISSUE37, "trainer.total_training_steps=16",
+                         "reward.weights={correctness: -0.9, format: 0.1}"], "inverted_reward"),
+}
 KEEP = ("layers.json", "neurons.json", "components.json", "group_rv_table.csv")
 
 
@@ -41,7 +68,7 @@ def make(name: str) -> None:
     overrides, _ = RUNS[name]
     with tempfile.TemporaryDirectory(prefix=f"rlgrad-doctor-{name}-") as tmp:
         run = Path(tmp) / "run"
-        cmd = [str(ROOT / ".venv" / "bin" / "rlgrad"), "train", *BASE, *overrides, f"trainer.default_local_dir={run}"]
+        cmd = [sys.executable, "-m", "rlgrad", "train", *BASE, *overrides, f"trainer.default_local_dir={run}"]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             sys.exit(f"{name}: rlgrad train failed:\n{res.stderr[-2000:]}")
@@ -58,8 +85,22 @@ def make(name: str) -> None:
         print(f"{name}: {dest}")
 
 
+def shorter(prompts, completions, **kw):
+    return [-len(c) / 8 for c in completions]
+
+
+def always_right(prompts, completions, **kw):  # every group agrees: TRL's frac_reward_zero_std is 1
+    return [1.0 for _ in completions]
+
+
+# name -> (its reward function, learning rate)
+TRL_RUNS = {"trl_lr_too_low": (shorter, 1e-8), "trl_too_easy": (always_right, 1e-6)}
+
+
 def make_trl(name: str = "trl_lr_too_low") -> None:
-    """A plain TRL GRPOTrainer run (no rlgrad) with a learning rate far too low: its trainer_state.json."""
+    """A plain TRL GRPOTrainer run (no rlgrad): its trainer_state.json. ``trl_lr_too_low``: a learning rate far too
+    low; ``trl_too_easy``: a reward of 1 for every completion (no group has a signal)."""
+    reward, lr = TRL_RUNS[name]
     import datasets
     from trl import GRPOConfig, GRPOTrainer
 
@@ -78,13 +119,10 @@ def make_trl(name: str = "trl_lr_too_low") -> None:
         rows = build_task("arithmetic", seed=1, val_size=8).train_examples(64, random.Random(1))
         data = datasets.Dataset.from_dict({"prompt": [r.prompt for r in rows]})
 
-        def shorter(prompts, completions, **kw):
-            return [-len(c) / 8 for c in completions]
-
         args = GRPOConfig(output_dir=str(Path(tmp) / "out"), use_cpu=True, per_device_train_batch_size=16,
                           num_generations=4, max_completion_length=8, max_steps=24, logging_steps=1, report_to=[],
-                          save_strategy="no", learning_rate=1e-8, disable_tqdm=True, seed=1, bf16=False)
-        trainer = GRPOTrainer(model=str(Path(tmp) / "model"), reward_funcs=[shorter], args=args, train_dataset=data,
+                          save_strategy="no", learning_rate=lr, disable_tqdm=True, seed=1, bf16=False)
+        trainer = GRPOTrainer(model=str(Path(tmp) / "model"), reward_funcs=[reward], args=args, train_dataset=data,
                               processing_class=tok)
         trainer.train()
         dest = OUT / name
@@ -110,5 +148,5 @@ def make_wandb(name: str = "wandb_kl_explodes.json", source: str = "kl_explodes"
 
 
 if __name__ == "__main__":
-    for n in sys.argv[1:] or [*RUNS, "trl_lr_too_low", "wandb"]:
+    for n in sys.argv[1:] or [*RUNS, *TRL_RUNS, "wandb"]:
         make_trl(n) if n.startswith("trl") else make_wandb() if n == "wandb" else make(n)

@@ -14,7 +14,7 @@ from tests.conftest import REPO, tiny_overrides
 
 # A value of every placeholder, for keys built from any template.
 SAMPLE = {"bucket": "bucket_2", "term": "task", "loss": "total", "role": "critic", "component": "format",
-          "pair": "correctness__format", "stat": "max"}
+          "pair": "correctness__format", "stat": "max", "layer": "layer_3"}
 
 
 def templates_matching(keys) -> dict[str, str | None]:

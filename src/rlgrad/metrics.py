@@ -29,7 +29,24 @@ FIELDS: dict[str, str] = {
     "component": r"[A-Za-z0-9_]+",
     "pair": r"[A-Za-z0-9_]+?__[A-Za-z0-9_]+",
     "stat": r"mean|max|min",
+    "layer": r"embed|layer_\d+|final_norm|lm_head|head",
 }
+
+
+
+def layer_group(name: str) -> str:
+    """The ``{layer}`` field of a parameter name: embed, layer_<i>, final_norm, lm_head (or head)."""
+    m = re.search(r"\.(?:layers|h|blocks)\.(\d+)\.", name)
+    if m:
+        return f"layer_{int(m.group(1))}"
+    if "embed" in name or ".wte." in name or ".wpe." in name:
+        return "embed"
+    if "lm_head" in name:
+        return "lm_head"
+    if "norm" in name or ".ln_f." in name:
+        return "final_norm"
+    return "head"
+
 
 # What each placeholder stands for (docs/metrics.md).
 FIELD_MEANINGS: dict[str, str] = {
@@ -53,6 +70,8 @@ FIELD_MEANINGS: dict[str, str] = {
                  "(`run_source.json`)",
     "pair": "two reward components `<a>__<b>`, in the task's component order",
     "stat": "`mean`, `max` or `min` over the samples or tokens named in the meaning",
+    "layer": "a layer group of the model's parameters: `embed`, `layer_<i>` (decoder layer i), `final_norm`, "
+             "`lm_head`, or `head` (any other parameter)",
 }
 
 # Group id -> (heading, one line of context shown under it), in document order.
@@ -213,6 +232,10 @@ CATALOGUE: tuple[Metric, ...] = (
          "Share of the kept responses without the asked answer form (answer tags, \\boxed{}, a bare answer) whose "
          "answer was read the flexible way (reward.answer_extraction auto|flexible; math, countdown, "
          "reasoning_gym): high means the model does not follow the format the prompt asks for."),
+        ("critic/score/frac_zero_std",
+         "Share of the prompt groups whose samples all got the same sequence score, so that their GRPO advantage is "
+         "0 (TRL's frac_reward_zero_std: logged by rlgrad's TRL integration and read from TRL's "
+         "trainer_state.json; rlgrad's trainer counts such groups in rollout/filter_zero_count)."),
         ("critic/advantages/{stat}",
          "Mean / max / min advantage over the kept batch's response tokens (grpo / rloo / "
          "reinforce_plus_plus_baseline: the sequence advantage on every token; gae, reinforce_plus_plus: "
@@ -246,6 +269,11 @@ CATALOGUE: tuple[Metric, ...] = (
          "L2 norm over all trainable actor parameters of the gradient of the mini-batch's total loss, "
          "before clipping."),
         ("actor/lr", "Actor learning rate after the step's last optimizer and scheduler step."),
+        ("actor/update_ratio",
+         "‖θ_after − θ_before‖ / ‖θ_before‖ over the trainable actor parameters: how far the step's whole update "
+         "(all its optimizer steps) moved the weights, relative to their size; comparable across models and "
+         "learning rates where the learning rate is not."),
+        ("actor/update_ratio/{layer}", "actor/update_ratio over the layer group's parameters alone."),
         ("actor/nonfinite_grad_steps",
          "Number of the step's actor optimizer steps skipped because the gradient norm was not finite."),
         ("actor/loss/{loss}",
@@ -470,7 +498,7 @@ TRL_NAMES = {
     "completions/max_length": "response_length/max", "completions/min_length": "response_length/min",
     "completions/clipped_ratio": "response_length/clip_ratio", "entropy": "actor/entropy", "kl": "actor/kl_loss",
     "clip_ratio/region_mean": "actor/pg_clipfrac", "grad_norm": "actor/grad_norm", "learning_rate": "actor/lr",
-    "step_time": "timing_s/step",
+    "step_time": "timing_s/step", "frac_reward_zero_std": "critic/score/frac_zero_std",
 }
 
 

@@ -400,6 +400,31 @@ def component_geometry(run: RunData, step: int) -> dict | None:
             "layers": {}, "labels": dict(run.labels)}
 
 
+def share_is_fraction(x: float) -> bool:
+    """``grad_comp/{component}/share`` is ⟨g_c, g⟩ / |g|²: a share of the update only while it lies in [0, 1]; a
+    component whose gradient outgrows the update along it (> 1) or pulls against it (< 0) has a signed
+    contribution, no share of 100%."""
+    return 0.0 <= x <= 1.0
+
+
+def share_words(x: float) -> str:
+    """A component's ``grad_comp/{component}/share`` in words: a percentage while it is a fraction, else the signed
+    contribution it is, with what that means."""
+    if not math.isfinite(x):
+        return "no share (a zero update gradient)"
+    if share_is_fraction(x):
+        return f"{100 * x:.0f}% of the update"
+    if x > 1:
+        return (f"a signed contribution of {x:+.3g}: its gradient, projected on the update, is {x:.3g}× the update "
+                "(more than all of it: other components pull back by the rest)")
+    return f"a signed contribution of {x:+.3g}: its gradient pulls against the update"
+
+
+def share_label(x: float) -> str:
+    """``share_words`` for a figure: ``45%`` for a fraction, ``signed +1.09`` / ``signed -0.088`` otherwise."""
+    return f"{x:.0%}" if share_is_fraction(x) else f"signed {x:+.3g}"
+
+
 def component_steps(run: RunData) -> list[int]:
     steps = {s for s, m in run.rows.items() if any(parse("grad_sim/{pair}", k) for k in m)}
     steps |= _steps_with_file(run, "components.json")

@@ -15,6 +15,7 @@ import pytest
 
 from rlgrad import rundata as D
 from rlgrad.doctor.command import SIGNATURES, Thresholds, diagnose
+from rlgrad.doctor.findings import README_END, README_START, findings_table
 from rlgrad.errors import UserError
 from rlgrad.viz.report import build_report
 from tests.conftest import run_cli
@@ -249,7 +250,9 @@ EXPECTED = {"lr_too_low": "lr_too_small", "tiny_grad_clip": "clip_every_step",
             "std_norm_binary": "std_normalisation_amplifies", "format_heavy": "component_dominates",
             "kl_explodes": "kl_blowup", "entropy_collapse": "entropy_collapse",
             "zero_variance": "zero_variance_groups", "trl_lr_too_low": "lr_too_small",
-            "lr_too_high": "reward_collapse"}
+            "lr_too_high": "reward_collapse", "lr_fast_collapse": "reward_collapse", "lr_slow": "lr_too_small",
+            "truncated": "length_truncated", "entropy_penalty": "regularizer_dominates",
+            "reward_inverted": "inverted_reward", "trl_too_easy": "zero_variance_groups"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -302,7 +305,7 @@ def test_a_trl_run_quotes_trls_names_and_its_reward_names():
             assert entropy.startswith("actor/entropy ") and fmt_.evidence[0].startswith("reward/fmt_v2/mean ")
 
 
-def test_finding_ids_are_the_registered_signature_ids_and_the_readme_names_each_once():
+def test_finding_ids_are_the_registered_signature_ids_and_the_readme_table_is_generated_from_them():
     registered = [sid for sid, _, _ in SIGNATURES]
     assert len(registered) == len(set(registered))
     seen = set()
@@ -310,7 +313,167 @@ def test_finding_ids_are_the_registered_signature_ids_and_the_readme_names_each_
         seen |= {f.id for f in diagnose(D.load_any(str(run))).findings}
     assert seen and seen <= set(registered) | {"healthy"}, seen - set(registered)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme[readme.index("| finding | from |"):]
-    table = table[: table.index("\n\n")]
-    named = re.findall(r"`([a-z_]+)`", "\n".join(line.split("|")[1] for line in table.splitlines()[2:]))
-    assert sorted(named) == sorted(registered)
+    table = readme.split(README_START)[1].split(README_END)[0]
+    assert table == "\n" + findings_table() + "\n", "the README's findings table is stale: " \
+                                                     "python scripts/doctor_table.py"
+    named = re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M)
+    assert named == registered  # one row per registered id, in registration order
+    assert "{" not in table  # every threshold placeholder filled in
+
+
+# ---------------------------------------------------------------- issue 37: hand-made series
+
+
+def test_a_fast_collapse_is_measured_against_the_first_step_not_a_smoothed_peak():
+    """The issue's run: 0.74 at step 1, then 0.22, 0.23, 0.10, ... A smoothed peak (0.39) against the range (0.65)
+    missed it; against the first step (the policy before any update) it is a 75% fall at 3.4× the noise."""
+    s = healthy_series(10)
+    s["critic/score/mean"] = [0.725, 0.22, 0.231, 0.098, 0.2, 0.128, 0.163, 0.098, 0.099, 0.094]
+    for n, expect in ((3, None), (4, 2), (10, 2)):  # 3 steps of the fall needed; then stable
+        run = run_of({k: v[:n] for k, v in s.items()})
+        f = next((f for f in diagnose(run).findings if f.id == "reward_collapse"), None)
+        assert (f.step if f else None) == expect, (n, f)
+    f = next(f for f in diagnose(run_of(s)).findings if f.id == "reward_collapse")
+    assert f.severity == "critical" and "0.725 at step 1 (the policy before any update) → 0.183 over steps 2-4" in \
+        f.evidence[0]
+    # validation before training and after the fall: held, it is a warning; fallen, critical
+    for acc, severity in ((0.45, "warn"), (0.1, "critical")):
+        run = run_of(s)
+        run.rows = {0: {"val/accuracy": 0.5}, **run.rows}
+        for step in (2, 4, 6):
+            run.rows[step]["val/accuracy"] = acc
+        assert ids(run)["reward_collapse"] == severity
+
+
+@pytest.mark.parametrize("rewards", [
+    [0.2, 0.1, 0.25, 0.05, 0.08, 0.06, 0.3, 0.15, 0.1, 0.2, 0.12, 0.25],  # a weak model's noisy start
+    [0.73, 0.73, 0.72, 0.63, 0.73, 0.79, 0.59, 0.64, 0.58, 0.56, 0.65, 0.61, 0.49, 0.35, 0.81, 0.49],  # lr 1e-8
+    [-0.5, -0.6, -0.4, -0.55, -0.5, -0.45, -0.6],  # a penalty-shaped reward that does not move
+])
+def test_no_collapse_in_noise(rewards):
+    s = {"critic/score/mean": rewards}
+    for n in range(1, len(rewards) + 1):
+        assert "reward_collapse" not in ids(run_of({"critic/score/mean": rewards[:n]})), n
+    assert "reward_collapse" not in ids(run_of(s))
+
+
+def test_learning_rate_findings_read_the_measured_update_size_first():
+    s = healthy_series(30)
+    s["actor/update_ratio"] = [5e-4] * 30
+    # a tiny configured learning rate with normal measured updates and a rising reward: no finding (the absolute
+    # learning rate is the last resort, for runs that log no update size)
+    assert "lr_too_small" not in ids(run_of(s, {"actor": {"optim": {"lr": 1e-8}}}))
+    s["actor/update_ratio"] = [7e-5] * 30
+    assert "lr_too_small" not in ids(run_of(s))  # small updates, but the reward rises: it learns
+    s["critic/score/mean"] = [0.6, 0.62] * 15
+    f = next(f for f in diagnose(run_of(s, {"actor": {"optim": {"lr": 1e-5}}})).findings if f.id == "lr_too_small")
+    assert "actor/update_ratio 7e-05" in f.evidence[0] and "lr 1e-05" in f.evidence and "about 10-fold" in f.action
+    s["actor/update_ratio"] = [0.03] * 30
+    got = ids(run_of(s))
+    assert got["update_too_large"] == "warn" and "lr_too_small" not in got
+
+
+def test_chronic_truncation_is_one_stable_finding():
+    """75-100% of responses cut at every step: length_truncated from the 3rd step on, always from step 1; the
+    rising-share finding (length_runaway) never fires on it."""
+    s = healthy_series(30)
+    s["response_length/clip_ratio"] = [0.81, 1.0, 0.75, 0.94, 0.75, 1.0, 0.88, 0.75, 0.81, 1.0] * 3
+    for n in range(1, 31):
+        got = {f.id: f for f in diagnose(run_of({k: v[:n] for k, v in s.items()})).findings}
+        assert "length_runaway" not in got
+        assert (got["length_truncated"].step if "length_truncated" in got else None) == (1 if n >= 3 else None), n
+    s["response_length/clip_ratio"] = [0.0] * 15 + [0.6] * 15  # rising into the limit: both, the rise first
+    d = diagnose(run_of(s))
+    assert [f.id for f in d.findings[:2]] == ["length_runaway", "length_truncated"]
+    assert d.findings[1].cause == "length_runaway"
+
+
+def test_an_entropy_penalty_is_named_as_the_cause_and_never_called_a_push_toward_randomness():
+    s = healthy_series(20)
+    s["critic/score/mean"] = [0.21, 0.18, 0.19, 0.18, 0.13, 0.1, 0.08, 0.07, 0.07, 0.06] + [0.06] * 10
+    s["actor/entropy"] = [1.4, 1.3, 1.2, 1.0, 0.7, 0.4, 0.2, 0.1] + [0.05] * 12
+    s["actor/update_ratio"] = [0.012] * 20  # the learning rate is high too
+    run = run_of(s, {"actor": {"entropy_coeff": -0.5, "optim": {"lr": 5e-4}}})
+    for step in (1, 5, 9, 13, 17):
+        run.rows[step].update({"grad_norm/all/task": 0.1, "grad_norm/all/entropy": 0.5})
+    d = diagnose(run)
+    first = d.findings[0]
+    assert first.id == "regularizer_dominates" and first.severity == "critical", [f.id for f in d.findings]
+    assert "penalty" in first.title and "toward determinism" in first.explanation
+    assert "randomness" not in first.explanation + first.action and "Lower" not in first.action
+    assert "entropy_coeff to 0" in first.action
+    causes = {f.id: f.cause for f in d.findings}
+    assert causes["reward_collapse"] == causes["entropy_collapse"] == "regularizer_dominates"
+    assert causes["update_too_large"] == "regularizer_dominates"
+    collapse = next(f for f in d.findings if f.id == "reward_collapse")
+    assert collapse.action.startswith("Act on regularizer_dominates first")
+    # a positive coefficient is a bonus: toward randomness, lower it
+    run.config = {"actor": {"entropy_coeff": 0.5}}
+    f = next(f for f in diagnose(run).findings if f.id == "regularizer_dominates")
+    assert "randomness" in f.explanation and f.action.startswith("Lower entropy_coeff")
+
+
+def test_a_negative_weight_on_correctness_is_the_first_finding():
+    s = healthy_series(20)
+    s["reward/correctness/mean"] = [0.7 - 0.03 * i for i in range(20)]
+    s["reward/format/mean"] = [0.5 + 0.02 * i for i in range(20)]
+    s["val/accuracy"] = [0.5, 0.6, 0.4, 0.2, 0.1]
+    d = diagnose(run_of(s, {"reward": {"weights": {"correctness": -0.9, "format": 0.1}}}))
+    assert d.findings[0].id == "inverted_reward" and d.findings[0].severity == "critical"
+    assert "reward.weights.correctness = -0.9" in d.findings[0].evidence
+    assert {f.id: f.cause for f in d.findings}["format_over_correct"] == "inverted_reward"
+    assert "inverted_reward" not in ids(run_of(s, {"reward": {"weights": {"correctness": 0.9, "format": 0.1}}}))
+
+
+def test_no_checkpoint_of_step_0():
+    """Step 0 is the validation before training: the initial weights, no checkpoint; a trained step is named as
+    kept only where the run saved it."""
+    s = healthy_series(10)
+    run = run_of(s, {"trainer": {"save_freq": -1}})
+    run.rows = {0: {"val/accuracy": 0.6}, **run.rows}
+    for step, acc in ((2, 0.5), (4, 0.45), (6, 0.4)):
+        run.rows[step]["val/accuracy"] = acc
+    f = next(f for f in diagnose(run).findings if f.id == "val_falls_train_rises")
+    assert "checkpoint of step 0" not in f.action and "keep the initial model" in f.action
+    assert "before training (step 0: the initial weights)" in f.evidence[0]
+    run.rows[4]["val/accuracy"] = 0.8
+    f = next(f for f in diagnose(run).findings if f.id == "val_falls_train_rises")
+    assert f.action.startswith("No checkpoint holds step 4 (trainer.save_freq=-1)")
+    run.config = {"trainer": {"save_freq": 2}}
+    assert next(f for f in diagnose(run).findings if f.id == "val_falls_train_rises").action.startswith(
+        "Keep the checkpoint of step 4 (global_step_4)")
+
+
+def test_shares_outside_0_1_are_signed_contributions():
+    assert D.share_words(0.45) == "45% of the update" and D.share_label(0.45) == "45%"
+    assert D.share_label(1.09) == "signed +1.09" and D.share_label(-0.088) == "signed -0.088"
+    run = run_of(healthy_series())
+    for s in (1, 11, 21):
+        run.rows[s].update({"grad_comp/format/share": 1.09, "grad_comp/correctness/share": -0.088})
+    f = next(f for f in diagnose(run).findings if f.id == "component_dominates")
+    text = " ".join(f.evidence)
+    assert "109%" not in text and "-8.8%" not in text and "-9%" not in text
+    assert "a signed contribution of +1.09" in text and "a signed contribution of -0.088" in text
+
+
+@pytest.mark.parametrize("level,words", [(1.0, "too easy"), (0.0, "too hard"), (0.5, "always right or always wrong")])
+def test_trl_zero_variance_from_its_own_fraction(tmp_path, level, words):
+    """A TRL run whose groups all agree (frac_reward_zero_std 1): zero_variance_groups, critical, says too easy or
+    too hard from the reward's level, and comes before the KL term that now dominates an empty task gradient."""
+    state = {"log_history": [{"step": i, "reward": level, "frac_reward_zero_std": 1.0, "grad_norm": 0.01,
+                              "learning_rate": 1e-6, "kl": 0.001} for i in range(1, 21)]}
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state))
+    run = D.load_any(tmp_path)
+    assert "zero_variance_groups" not in diagnose(run).missing
+    f = next(f for f in diagnose(run).findings if f.id == "zero_variance_groups")
+    assert f.severity == "critical" and words in f.explanation and f.evidence[0].startswith("100% of the prompt")
+    assert "frac_reward_zero_std" in f.evidence[0]
+    for s in (1, 11):  # rlgrad's TRL integration adds the bucket analysis: the KL term "dominates" a zero task
+        run.rows[s].update({"grad_norm/all/task": 0.0, "grad_norm/all/kl": 0.01})
+    d = diagnose(run)
+    assert d.findings[0].id == "zero_variance_groups"
+    reg = next(f for f in d.findings if f.id == "regularizer_dominates")
+    assert reg.cause == "zero_variance_groups" and reg.action.startswith("Act on zero_variance_groups first")
+    state["log_history"] = [{"step": i, "reward": level, "grad_norm": 0.01} for i in range(1, 21)]
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state))
+    assert "zero_variance_groups" in diagnose(D.load_any(tmp_path)).missing  # listed as not checked

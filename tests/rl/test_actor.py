@@ -11,7 +11,7 @@ from rlgrad.algos.objective import LossSettings, actor_objective
 from rlgrad.batch import Batch, position_ids_from_mask
 from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.models import build_char_tokenizer, build_tiny_model
-from rlgrad.rl.actor import update_actor
+from rlgrad.rl.actor import update_actor, update_size
 from rlgrad.rl.rollout import compute_log_probs, generate
 
 
@@ -147,3 +147,30 @@ def test_update_moves_weights_and_reports(model_and_tok):
     assert out["actor/grad_norm"] > 0 and out["actor/lr"] == 1e-3
     assert opt.state[next(iter(m.parameters()))]["step"] == 6  # 2 epochs x 3 mini-batches
     assert any(not torch.equal(p, q) for p, q in zip(m.parameters(), model.parameters()))
+
+
+def test_update_size_is_the_weight_change_relative_to_the_weights():
+    """actor/update_ratio = ‖θ_after − θ_before‖ / ‖θ_before‖, in total and per layer group, by hand; a frozen
+    parameter is not counted, and the update itself is whatever ran inside."""
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.embed_tokens = torch.nn.Embedding(2, 2)
+    model.model.layers = torch.nn.ModuleList([torch.nn.Linear(2, 1, bias=False)])
+    model.model.norm = torch.nn.LayerNorm(2, elementwise_affine=False)  # no parameters
+    frozen = torch.nn.Linear(1, 1, bias=False)
+    model.model.layers.append(frozen)
+    frozen.requires_grad_(False)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(torch.tensor([[3.0, 0.0], [0.0, 4.0]]))  # norm 5
+        model.model.layers[0].weight.copy_(torch.tensor([[0.0, 2.0]]))  # norm 2
+        frozen.weight.fill_(7.0)
+    metrics: dict[str, float] = {}
+    with update_size(model, metrics):
+        with torch.no_grad():
+            model.model.embed_tokens.weight[0, 0] += 0.3  # |Δ| 0.3 on a norm of 5
+            model.model.layers[0].weight[0, 1] -= 0.4  # |Δ| 0.4 on a norm of 2
+    assert metrics["actor/update_ratio/embed"] == pytest.approx(0.3 / 5)
+    assert metrics["actor/update_ratio/layer_0"] == pytest.approx(0.4 / 2)
+    assert metrics["actor/update_ratio"] == pytest.approx(0.5 / 29 ** 0.5)  # sqrt(0.09 + 0.16) / sqrt(25 + 4)
+    assert "actor/update_ratio/layer_1" not in metrics  # frozen
+    assert set(metrics) == {"actor/update_ratio", "actor/update_ratio/embed", "actor/update_ratio/layer_0"}

@@ -15,6 +15,7 @@ from rlgrad.config.load import load_config
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult
 from rlgrad.logging.sinks import MetricLogger
+from rlgrad.metrics import layer_group
 from rlgrad.recipes import make_trainer
 from rlgrad.runfiles import read_jsonl
 from tests.conftest import REPO
@@ -50,6 +51,19 @@ def test_end_to_end(tiny, tmp_path):
     assert (run / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
     assert sorted(p.name for p in run.glob("global_step_*")) == ["global_step_2", "global_step_3"]
     assert list((run / "tensorboard").iterdir())
+    # actor/update_ratio: how far step 3's update moved the weights, as the checkpoints before and after it say
+    w2, w3 = weights(run / "global_step_2"), weights(run / "global_step_3")
+    sq = {}
+    for k in w2:
+        d, w = sq.setdefault(layer_group(k), [0.0, 0.0])
+        sq[layer_group(k)] = [d + float((w3[k].double() - w2[k].double()).pow(2).sum()),
+                              w + float(w2[k].double().pow(2).sum())]
+    logged = r[3]["data"]
+    assert logged["actor/update_ratio"] == pytest.approx(
+        (sum(d for d, _ in sq.values()) / sum(w for _, w in sq.values())) ** 0.5, rel=1e-5)
+    assert {k: v for k, v in logged.items() if k.startswith("actor/update_ratio/")} == pytest.approx(
+        {f"actor/update_ratio/{g}": (d / w) ** 0.5 for g, (d, w) in sq.items()}, rel=1e-5)
+    assert 0 < logged["actor/update_ratio"] < 1
     # The checkpoint is a plain Hugging Face model.
     from transformers import AutoModelForCausalLM, AutoTokenizer
     m = AutoModelForCausalLM.from_pretrained(run / "global_step_3" / "actor")

@@ -31,7 +31,6 @@ streams as they were.
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,25 +41,12 @@ from torch import nn
 from rlgrad import collectives
 from rlgrad.algos.objective import LossFn
 from rlgrad.batch import Batch
+from rlgrad.metrics import layer_group
 
 # Overlapping slices: per-row Linear gradients are combined a chunk of rows at a time, at most this many
 # elements per chunk (at least one row). At the bench's shapes (Linears of 64k-200k weights) 2M ran 2x
 # faster than 16M; a Linear with more weights than this goes one row at a time.
 ROW_CHUNK_ELEMENTS = 1 << 21
-
-
-def layer_group(name: str) -> str:
-    """Layer group of a parameter name: embed, layer_<i>, final_norm, lm_head (or head)."""
-    m = re.search(r"\.(?:layers|h|blocks)\.(\d+)\.", name)
-    if m:
-        return f"layer_{int(m.group(1))}"
-    if "embed" in name or ".wte." in name or ".wpe." in name:
-        return "embed"
-    if "lm_head" in name:
-        return "lm_head"
-    if "norm" in name or ".ln_f." in name:
-        return "final_norm"
-    return "head"
 
 
 @dataclass

@@ -17,8 +17,8 @@ import math
 import statistics
 
 from rlgrad import rundata as D
-from rlgrad.doctor.findings import SEVERITY, SIGNATURES, Diagnosis, Finding, Thresholds, View, fmt
-from rlgrad.doctor.signatures import flat_reward  # importing the module registers every signature
+from rlgrad.doctor import gradient, progress, signatures  # noqa: F401  (importing them registers every signature)
+from rlgrad.doctor.findings import SEVERITY, SIGNATURES, Diagnosis, Finding, Thresholds, View, flat_reward, fmt
 
 __all__ = ["SIGNATURES", "Diagnosis", "Finding", "Thresholds", "diagnose", "doctor_command", "render_text"]
 
@@ -73,8 +73,61 @@ def diagnose(run: D.RunData, thresholds: Thresholds | None = None) -> Diagnosis:
             explanation="None of the checked signatures fired."
                         + (" Some could not be checked: see --explain." if missing else ""),
             action="Keep watching the reward, validation accuracy and KL."))
-    findings.sort(key=lambda f: (SEVERITY[f.severity], f.step if f.step is not None else math.inf))
+    findings = rank(findings)
     return Diagnosis(run=run.name, source=run.source, findings=findings, missing=missing, scale=_scale(view))
+
+
+def _order(f: Finding) -> tuple:
+    return SEVERITY[f.severity], f.step if f.step is not None else math.inf
+
+
+def _ancestors(f: Finding, by_id: dict[str, Finding]) -> list[Finding]:
+    """``f``'s chain of causes, nearest first."""
+    out: list[Finding] = []
+    while f.cause and f.cause in by_id and all(by_id[f.cause] is not o for o in out):
+        f = by_id[f.cause]
+        out.append(f)
+    return out
+
+
+def _link_causes(findings: list[Finding]) -> None:
+    """Each finding's cause: a fired finding whose evidence explains it (its ``explains`` names it) and which showed
+    no later (a cause precedes its effect). Of several, the one the others follow from (a regulariser that explains
+    both the large updates and the collapse is the collapse's cause), then the most serious and earliest. Never one
+    of a finding's own effects (no cycle); repeated until no link changes."""
+    by_id = {f.id: f for f in findings}
+    for _ in range(len(findings)):
+        changed = False
+        for f in sorted(findings, key=lambda f: (f.step if f.step is not None else math.inf, SEVERITY[f.severity])):
+            old, f.cause = f.cause, ""
+            causes = [c for c in findings if c is not f and f.id in c.explains
+                      and (c.step is None or f.step is None or c.step <= f.step)
+                      and f not in [c, *_ancestors(c, by_id)]]
+            deepest = [c for c in causes if not any(o in _ancestors(c, by_id) for o in causes)]
+            f.cause = min(deepest, key=_order).id if deepest else ""
+            changed |= f.cause != old
+        if not changed:
+            return
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    """Most serious first, then by step; but a finding whose evidence explains others comes before them (each
+    followed by what it explains, in the same order), with the most serious severity of what it explains; each
+    explained finding names its cause and defers its advice to it."""
+    by_id = {f.id: f for f in findings}
+    _link_causes(findings)
+    for f in findings:
+        if f.cause:
+            own = f.action[:1].lower() + f.action[1:] if f.action[1:2].islower() else f.action
+            f.action = f"Act on {f.cause} first: it explains this. If it persists after that: {own}"
+    for root in (f for f in findings if not f.cause):
+        below = [g for g in findings if root in _ancestors(g, by_id)]
+        root.severity = min([root.severity] + [g.severity for g in below], key=SEVERITY.get)
+
+    def tree(f: Finding) -> list[Finding]:
+        return [f] + [g for c in sorted((c for c in findings if c.cause == f.id), key=_order) for g in tree(c)]
+
+    return [g for root in sorted((f for f in findings if not f.cause), key=_order) for g in tree(root)]
 
 
 # ---------------------------------------------------------------- output
@@ -85,6 +138,11 @@ def render_text(d: Diagnosis, explain: bool = False) -> str:
     for f in d.findings:
         at = f" from step {f.step}" if f.step is not None else ""
         out.append(f"[{f.severity.upper()}] {f.id}: {f.title}{at} (confidence {f.confidence:.1f})")
+        explained = [g.id for g in d.findings if g.cause == f.id]
+        if explained:
+            out.append(f"    explains: {', '.join(explained)}")
+        if f.cause:
+            out.append(f"    cause: {f.cause} (above)")
         out += [f"    evidence: {e}" for e in f.evidence]
         out.append(f"    why: {f.explanation}")
         out.append(f"    do: {f.action}")

@@ -1,7 +1,8 @@
 """The pieces ``rlgrad doctor``'s signatures are made of: the thresholds, a finding, the run as one view.
 
-A signature (``rlgrad.doctor.signatures``) is a function of a ``View`` and the ``Thresholds`` that returns a
-``Finding`` or None, registered with ``@signature(id, *needed metrics)``.
+A signature (``rlgrad.doctor.signatures``, ``progress``, ``gradient``) is a function of a ``View`` and the
+``Thresholds`` that returns a ``Finding`` or None, registered with ``@signature(id, *needed metrics, reads=...,
+fires=...)`` (its row of the README's table, ``findings_table``). Below them: what several signatures read.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from rlgrad import rundata as D
 from rlgrad.errors import UserError
+from rlgrad.logging.reward_signal import correctness_component
 
 SEVERITY = {"critical": 0, "warn": 1, "info": 2}
 
@@ -26,7 +28,12 @@ class Thresholds:
     window: int = 10  # steps in a "recent" window (median for spikes, the first / last stretch of a run)
     spike_factor: float = 10.0  # grad_norm_spike: a step's gradient norm above this × the previous window's median
     clip_steps_frac: float = 0.9  # clip_every_step: the gradient norm above max_grad_norm on this share of steps
-    lr_low: float = 1e-6  # lr_too_small: a learning rate at or below this, with a flat reward ...
+    # actor/update_ratio, ‖Δθ‖/‖θ‖ of a step's update (the demo, measured: 4e-4 to 8e-4 at its preset lr 1e-4,
+    # 7e-5 at 1e-5 which learns nothing in 40 steps, 1e-2 to 5e-2 at 3e-3 which destroys it in 2 steps)
+    update_high: float = 0.01  # update_too_large: the median update of the first window above this
+    update_low: float = 2e-4  # lr_too_small: the median update of the last window below this ...
+    progress_low: float = 0.05  # ... while the reward rose less than this share of its room to its best (1 - level)
+    lr_low: float = 1e-6  # lr_too_small, last resort (no actor/update_ratio logged): lr at or below this, flat reward
     lr_very_low: float = 1e-7  # ... or at or below this whatever the reward does
     kl_high: float = 1.0  # kl_blowup: the recent KL loss above this is critical
     kl_growth: float = 20.0  # kl_blowup: the recent KL above this × the first window's (and above kl_floor) warns
@@ -34,9 +41,14 @@ class Thresholds:
     entropy_drop: float = 0.1  # entropy_collapse: the recent entropy below this share of the first window's
     clipfrac_high: float = 0.4  # clipfrac_saturated: the recent clip fraction above this (healthy ≈ 0.1-0.4)
     zero_var_frac: float = 0.75  # zero_variance_groups: more than this share of prompt groups with equal rewards
+    easy_level: float = 0.9  # zero_variance_groups: a [0, 1] reward at or above this: the groups are too easy ...
+    hard_level: float = 0.1  # ... at or below this: too hard
     length_clip_high: float = 0.3  # length_runaway: the recent share of responses cut at the length limit
+    truncation_high: float = 0.5  # length_truncated: the median share of cut responses over the recent steps
     length_drop: float = 0.3  # length_collapse: the recent mean length below this share of the first window's
-    reward_drop: float = 0.5  # reward_collapse: the recent reward below its best by this share of its range
+    reward_drop: float = 0.5  # reward_collapse: a fall by this share of the run's early level (its first step) ...
+    collapse_steps: int = 3  # ... held by this many steps in a row ...
+    collapse_z: float = 3.0  # ... and this many times the reward's step-to-step noise
     plateau_delta: float = 0.02  # reward_plateau: the reward's rise from the first to the last window below this
     component_rise: float = 0.1  # format_over_correct: a non-correctness reward rising this much ...
     correct_rise: float = 0.02  # ... while correctness rises less than this
@@ -83,6 +95,8 @@ class Finding:
     explanation: str
     action: str
     id: str = ""  # a signature's findings take its registered id (``signature``); set by hand only outside one
+    explains: list[str] = field(default_factory=list)  # ids of findings this one's evidence explains (its effects)
+    cause: str = ""  # set by ``diagnose``: the id of the fired finding that explains this one
 
 
 @dataclass
@@ -153,13 +167,60 @@ def fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
+# ---------------------------------------------------------------- what several signatures read
+
+
+def flat_reward(v: View, t: Thresholds) -> tuple[bool, str]:
+    """Whether the reward rose less than ``plateau_delta`` from the first to the last steps, and in words."""
+    steps, r = v.series("critic/score/mean")
+    if len(r) < 4:
+        return False, ""
+    a, b = first_last(r, t.window)
+    return b - a < t.plateau_delta, f"{v.name('critic/score/mean')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"
+
+
+def train_series(v: View, key: str) -> tuple[list[int], list[float]]:
+    """A metric over the training steps (step 0 holds the validation before training, nothing trained)."""
+    steps, x = v.series(key)
+    keep = [i for i, s in enumerate(steps) if s >= 1]
+    return [steps[i] for i in keep], [x[i] for i in keep]
+
+
+def config_lr(v: View) -> float | None:
+    """The actor's learning rate: the config's, else the largest logged."""
+    lr = v.cfg("actor.optim.lr", "learning_rate")
+    if lr is None:
+        _, lrs = v.series("actor/lr")
+        lr = max(lrs) if lrs else None
+    try:
+        return None if lr is None else float(lr)
+    except (TypeError, ValueError):
+        return None
+
+
+def reward_level(v: View) -> tuple[float | None, str]:
+    """The recent level of a reward read as a share of right answers, and the metric it is read from: the
+    correctness component, rlgrad's rollout accuracy, or a total reward that stays in [0, 1]; None if unknown."""
+    comps = {k.split("/")[1] for k in v.keys("reward/") if k.endswith("/mean") and k.count("/") == 2}
+    correct = correctness_component(comps)
+    keys = ([f"reward/{correct}/mean"] if correct else []) + ["rollout/accuracy", "critic/score/mean"]
+    for k in keys:
+        _, x = v.series(k)
+        if x and (k != "critic/score/mean" or all(0.0 <= a <= 1.0 for a in x)):
+            return mean(x[-3:]), v.name(k)
+    return None, ""
+
+
 Signature = Callable[[View, Thresholds], "Finding | None"]
 SIGNATURES: list[tuple[str, tuple[str, ...], Signature]] = []  # (id, the metrics it needs, the rule)
+ROWS: dict[str, tuple[str, str]] = {}  # id -> (what it reads, when it fires): the README's table (``findings_table``)
 
 
-def signature(sid: str, *needs: str):
+def signature(sid: str, *needs: str, reads: str, fires: str):
     """Register a rule under ``sid``, the one spelling of its id: ``--explain``, ``--thresholds`` and every finding
-    it returns use it. ``needs``: metrics of which the run must hold at least one ("a|b": either)."""
+    it returns use it. ``needs``: metrics of which the run must hold at least one ("a|b": either). ``reads`` and
+    ``fires`` are its row of the README's table: what it reads (logs, config, buckets ...) and when it fires,
+    ``{field}`` standing for a ``Thresholds`` default."""
     def deco(fn: Signature) -> Signature:
         @functools.wraps(fn)
         def rule(v: View, t: Thresholds) -> Finding | None:
@@ -167,5 +228,18 @@ def signature(sid: str, *needs: str):
             return None if found is None else dataclasses.replace(found, id=sid)
 
         SIGNATURES.append((sid, needs, rule))
+        ROWS[sid] = (reads, fires)
         return rule
     return deco
+
+
+README_START = "<!-- doctor-findings: generated by scripts/doctor_table.py -->\n"  # the README's table between these
+README_END = "<!-- /doctor-findings -->\n"
+
+
+def findings_table() -> str:
+    """The README's table of findings, one row per registered signature (``scripts/doctor_table.py`` writes it)."""
+    defaults = asdict(Thresholds())
+    rows = ["| finding | reads | fires when (thresholds in `Thresholds`) |", "|---|---|---|"]
+    rows += [f"| `{sid}` | {reads} | {fires.format(**defaults)} |" for sid, (reads, fires) in ROWS.items()]
+    return "\n".join(rows) + "\n"

@@ -9,7 +9,8 @@ mini-batch, so gradient accumulation gives the same update as one big batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -19,6 +20,8 @@ from rlgrad.algos.objective import LossSettings, actor_objective
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_sizes, all_reduce_max, all_reduce_sum, rank
 from rlgrad.distributed import grad_sync
+from rlgrad.metrics import key as metric_key
+from rlgrad.metrics import layer_group
 
 
 def minibatches(n: int, mini_size: int, shuffle: bool, generator: torch.Generator | None) -> list[torch.Tensor]:
@@ -146,6 +149,36 @@ def update_actor(model, optimizer, batch: Batch, s: LossSettings, *, ppo_epochs:
                       mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size,
                       max_grad_norm=max_grad_norm, shuffle=shuffle, seed=seed, scheduler=scheduler,
                       on_grads=on_grads)
+
+
+@contextmanager
+def update_size(model: torch.nn.Module, metrics: dict[str, float]) -> Iterator[None]:
+    """Around a step's update of ``model`` (a plain module holding the full weights after the update: the
+    trainer's policy replica): ``actor/update_ratio`` = ‖θ_after − θ_before‖ / ‖θ_before‖ over its trainable
+    parameters, and ``actor/update_ratio/{layer}`` per layer group (``metrics.layer_group``), into
+    ``metrics``. It costs one copy of the trainable weights during the update and one norm of their difference."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    before = [p.detach().clone() for _, p in named]
+    yield
+    metrics.update(update_ratios(named, before))
+
+
+@torch.no_grad()
+def update_ratios(named: list[tuple[str, torch.Tensor]], before: list[torch.Tensor]) -> dict[str, float]:
+    """‖Δθ‖ / ‖θ_before‖ in total and per layer group, ``named`` the parameters now, ``before`` their values
+    before the update (the same order); a group whose weights are all zero is left out."""
+    delta: dict[str, torch.Tensor] = {}
+    weight: dict[str, torch.Tensor] = {}
+    for (name, p), b in zip(named, before):
+        g = layer_group(name)
+        delta[g] = delta.get(g, 0.0) + (p.detach().double() - b.double()).pow(2).sum()
+        weight[g] = weight.get(g, 0.0) + b.double().pow(2).sum()
+    sq = {g: (float(delta[g]), float(weight[g])) for g in delta}
+    out = {metric_key("actor/update_ratio/{layer}", layer=g): math.sqrt(d / w) for g, (d, w) in sq.items() if w > 0}
+    total_d, total_w = sum(d for d, _ in sq.values()), sum(w for _, w in sq.values())
+    if total_w > 0:
+        out[metric_key("actor/update_ratio")] = math.sqrt(total_d / total_w)
+    return out
 
 
 def build_optimizer(model: torch.nn.Module, o) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:

@@ -61,7 +61,7 @@ from rlgrad.logging.sinks import MetricLogger, open_sinks, summarize, timer
 from rlgrad.models import load_actor, load_critic, load_pretrained, load_value_model
 from rlgrad.rl import checkpoint as ckpt
 from rlgrad.rl import resume as runs
-from rlgrad.rl.actor import build_optimizer, update_actor
+from rlgrad.rl.actor import build_optimizer, update_actor, update_size
 from rlgrad.rl.critic import compute_values, update_critic
 from rlgrad.rl.episodes import COUNTS, EpisodeRunner, episode_metrics
 from rlgrad.rl.filter import rollout_filter
@@ -515,7 +515,7 @@ class Trainer:
     def update_actor(self, ctx: StepContext, metrics: dict) -> None:
         cfg, actor_cfg = self.cfg, self.cfg.actor
         mini_prompts = actor_cfg.ppo_mini_batch_size or cfg.data.train_batch_size
-        with timer(metrics, "timing_s/update_actor"):
+        with timer(metrics, "timing_s/update_actor"), update_size(self.actor, metrics):  # actor/update_ratio
             metrics.update(update_actor(
                 self.train_actor, self.optimizer, ctx.batch, self.loss_settings,
                 ppo_epochs=actor_cfg.ppo_epochs, mini_batch_size=mini_prompts * cfg.rollout.n,

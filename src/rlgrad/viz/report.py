@@ -365,7 +365,8 @@ def _diagnosis_section(run: D.RunData) -> str:
         head = (f"<b>{f.severity.upper()}</b> · {html.escape(f.title)}"
                 f'<span class="muted"> ({f.id}{at})</span>')
         evidence = "".join(f"<li>{html.escape(e)}</li>" for e in f.evidence)
-        body = (f"<ul>{evidence}</ul><p>{html.escape(f.explanation)}</p>"
+        cause = f'<p class="muted">Explained by {f.cause} (above).</p>' if f.cause else ""
+        body = (f"{cause}<ul>{evidence}</ul><p>{html.escape(f.explanation)}</p>"
                 f"<p><i>What to do:</i> {html.escape(f.action)}</p>")
         if f.severity == "info":
             first = f" — {html.escape(f.evidence[0])}" if f.evidence else ""

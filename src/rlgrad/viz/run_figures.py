@@ -88,12 +88,12 @@ def _component_norms(ax, comps: list[str], g: dict, lab) -> None:
         v = share.get(c)
         return float(v) if isinstance(v, int | float) else math.nan
 
-    labels = [f"{v:.3g}" + (f"\n{share_of(c):.0%}" if math.isfinite(share_of(c))
+    labels = [f"{v:.3g}" + (f"\n{D.share_label(share_of(c))}" if math.isfinite(share_of(c))
                             else ("\nshare n/a" if c != "total" else "")) for v, c in zip(vals, names)]
     ax.bar_label(bars, labels=labels, fontsize=8, padding=2)
     ax.tick_params(axis="x", labelrotation=30)
     ax.set_ylabel(f"gradient norm ({NORM_UNIT})")
-    ax.set_xlabel("reward component (label: norm, share of the update)")
+    ax.set_xlabel("reward component (label: norm, share of the update; 'signed': a contribution outside 0-100%)")
     ax.set_title("component gradient norm and share", fontweight="bold", fontsize=11)
     ax.margins(y=0.2)
     ax.grid(axis="y", linestyle="--", alpha=0.5)
@@ -405,7 +405,7 @@ def fig_component_trend(run: D.RunData) -> Figure | None:
     axes[0, 0].set_ylim(-1.05, 1.05)
     axes[0, 0].set_ylabel("cosine of the two gradients")
     axes[0, 0].set_title("Which components pull against each other (cosine < 0)", fontweight="bold", fontsize=11)
-    axes[0, 1].set_ylabel("share of the update's policy gradient")
+    axes[0, 1].set_ylabel("⟨g_c, g⟩ / |g|²: a share in 0-1, a signed contribution outside")
     axes[0, 1].set_title("Each component's share of the update", fontweight="bold", fontsize=11)
     fig.suptitle(f"Reward-component gradients over training — run {run.name}"
                  + (f"  (x: {UNDEFINED})" if gaps else ""), fontsize=13)

@@ -1,0 +1,208 @@
+"""``rlgrad doctor``'s gradient-level signatures, one function each: they read rlgrad's instruments (bucket and
+term gradient norms, reward-component geometry, layers, neurons) and say *why* the update did what it did."""
+
+from __future__ import annotations
+
+import math
+
+from rlgrad import rundata as D
+from rlgrad.doctor.findings import Finding, Thresholds, View, fmt, signature
+from rlgrad.logging.reward_signal import correctness_component
+
+
+def _bucket_series(v: View, name: str) -> dict[int, dict[str, float]]:
+    """step -> bucket -> value of ``grad_norm/{bucket}/{name}``."""
+    out: dict[int, dict[str, float]] = {}
+    for s, m in v.run.rows.items():
+        for b in D.bucket_names(m):
+            val = D.bucket_value(m, b, name)
+            if not math.isnan(val):
+                out.setdefault(s, {})[b] = val
+    return out
+
+
+@signature("std_normalisation_amplifies", "critic/advantages/max",
+           reads="logs + config + buckets",
+           fires="GRPO with std-normalised advantages: the largest advantage > {adv_over_range:g}× the reward range on"
+                 " most steps")
+def _std_amplifies(v: View, t: Thresholds) -> Finding | None:
+    if v.cfg("algorithm.norm_adv_by_std_in_grpo") is not True or v.cfg("algorithm.adv_estimator") != "grpo":
+        return None
+    steps, amax = v.series("critic/advantages/max")
+    _, smax = v.series("critic/score/max")
+    _, smin = v.series("critic/score/min")
+    rows = [(s, a, hi - lo) for s, a, hi, lo in zip(steps, amax, smax, smin) if hi - lo > 0]
+    hits = [(s, a, r) for s, a, r in rows if a > t.adv_over_range * r]
+    if not hits or len(hits) * 2 < len(rows):
+        return None
+    s, a, r = hits[0]
+    ev = [f"critic/advantages/max {fmt(a)} against a reward range of {fmt(r)} (step {s}; on {len(hits)} of "
+          f"{len(rows)} steps)"]
+    per = _bucket_series(v, "per_sample/task")
+    std = _bucket_series(v, "reward_std_mean")
+    for step in sorted(per):  # the gradient side: the lowest-variance groups' per-sample push
+        bs = [b for b in D.sort_buckets(per[step]) if b != "all" and std.get(step, {}).get(b, 0) > 0]
+        if len(bs) >= 2:
+            ev.append(f"step {step}: per-sample task gradient " + ", ".join(
+                f"{fmt(per[step][b])} in {b} (reward std {fmt(std[step][b])})" for b in bs))
+            break
+    return Finding(
+        severity="warn", step=s, confidence=0.8,
+        title="Std-normalised advantages amplify low-variance groups", evidence=ev,
+        explanation="Dividing each group's advantage by its reward std gives a nearly-unanimous group (one lucky "
+                    "sample among many) advantages larger than any reward difference: with binary rewards the "
+                    "groups with the least signal push hardest, and the per-sample gradient no longer grows with "
+                    "the reward variance.",
+        action="Set algorithm.norm_adv_by_std_in_grpo=false (Dr. GRPO), or use RLOO advantages.")
+
+
+def _regularizer_words(term: str, coef) -> tuple[str, str, str, list[str]]:
+    """(title, why, what to do, the findings it explains) for a dominating KL or entropy term, by the sign of
+    its coefficient: a negative entropy coefficient is a penalty that pushes toward determinism, and "lower the
+    coefficient" would make it stronger."""
+    c = float(coef) if isinstance(coef, int | float) and not isinstance(coef, bool) else None
+    if term == "kl":
+        return ("The KL term's gradient outweighs the task's",
+                "The update mostly follows the KL term, not the reward: the policy is held at the reference more "
+                "than it learns the task.",
+                "Lower kl_loss_coef by about the ratio shown (or drop the KL loss: actor.use_kl_loss=false).",
+                ["reward_plateau", "lr_too_small"])
+    if c is not None and c < 0:
+        return ("The entropy penalty's gradient outweighs the task's",
+                f"entropy_coeff is negative ({c:g}): the entropy term is a penalty whose gradient lowers the entropy, "
+                "pushing the policy toward determinism (one answer per prompt) harder than the reward moves it. "
+                "Groups then agree, their advantages vanish, and the reward falls with the exploration.",
+                "Set actor.entropy_coeff to 0 (or a small positive bonus): a negative coefficient penalises "
+                "exploration. To keep a penalty, shrink its magnitude (bring it toward 0) by about the ratio shown.",
+                ["entropy_collapse", "reward_collapse", "zero_variance_groups", "length_collapse",
+                 "val_falls_train_rises", "update_too_large", "reward_plateau", "component_dominates",
+                 "component_takes_over", "format_over_correct"])
+    return ("The entropy bonus's gradient outweighs the task's",
+            "The update mostly follows the entropy bonus, not the reward: the policy is pushed toward randomness "
+            "more than it learns the task." + ("" if c is not None else " (The run does not say the entropy "
+                                                                        "coefficient's sign.)"),
+            "Lower entropy_coeff (toward 0) by about the ratio shown.",
+            ["reward_collapse", "reward_plateau", "length_runaway", "val_falls_train_rises"])
+
+
+@signature("regularizer_dominates", "grad_norm/all/task",
+           reads="buckets + config",
+           fires="the KL or entropy term's gradient > {reg_ratio:g}× the task's on most analysis steps (its advice "
+                 "by the sign of the coefficient: an entropy penalty is not a bonus)")
+def _regularizer(v: View, t: Thresholds) -> Finding | None:
+    rows = [(s, m) for s, m in v.run.rows.items() if "grad_norm/all/task" in m]
+    for term in ("kl", "entropy"):
+        hits = [(s, m[f"grad_norm/all/{term}"], m["grad_norm/all/task"]) for s, m in rows
+                if f"grad_norm/all/{term}" in m and m[f"grad_norm/all/{term}"] > t.reg_ratio * m["grad_norm/all/task"]]
+        if hits and len(hits) >= max(1, len(rows) // 2):
+            s, r, task = hits[0]
+            name = "kl_loss_coef" if term == "kl" else "entropy_coeff"
+            coef = v.cfg("actor.kl_loss_coef" if term == "kl" else "actor.entropy_coeff")
+            title, why, action, explains = _regularizer_words(term, coef)
+            ratio = f" (ratio {fmt(r / task)})" if task > 0 else " (the task's gradient is 0)"
+            return Finding(
+                severity="warn", step=s, confidence=0.8, title=title,
+                evidence=[f"step {s}: grad_norm/all/{term} {fmt(r)} vs grad_norm/all/task {fmt(task)}{ratio}",
+                          f"on {len(hits)} of {len(rows)} analysis steps"]
+                         + ([f"{name} {coef}"] if coef is not None else []),
+                explanation=why, action=action, explains=explains)
+    return None
+
+
+@signature("component_takes_over", "grad_comp/{component}/share",
+           reads="components",
+           fires="a non-correctness reward's share of the update > {share_high:g} and its gradient pointing against "
+                 "correctness (cosine < {sim_negative:g})")
+def _takeover(v: View, t: Thresholds) -> Finding | None:
+    for s in sorted(v.run.rows):
+        m = v.run.rows[s]
+        comps = {k.split("/")[1] for k in m if k.startswith("grad_comp/") and k.endswith("/share")} - {"total"}
+        correct = correctness_component(comps)
+        if correct is None:
+            continue
+        for c in sorted(comps - {correct}):
+            share = m.get(f"grad_comp/{c}/share", 0.0)
+            sim = m.get(f"grad_sim/{c}__{correct}", m.get(f"grad_sim/{correct}__{c}"))
+            if share > t.share_high and sim is not None and sim < t.sim_negative:
+                lc, lr = v.label(c), v.label(correct)
+                return Finding(
+                    severity="warn", step=s, confidence=0.8,
+                    title=f"The '{lc}' reward drives the update against correctness",
+                    evidence=[f"step {s}: grad_comp/{c}/share {fmt(share)} ({D.share_words(share)}), cosine "
+                              f"with '{lr}' {fmt(sim)}"],
+                    explanation=f"Most of the update comes from the '{lc}' component, and its gradient points away "
+                                f"from the '{lr}' gradient: improving '{lc}' costs accuracy.",
+                    action=f"Lower the weight of '{lc}' or gate it on correctness.")
+    return None
+
+
+@signature("component_dominates", "grad_comp/{component}/share",
+           reads="components",
+           fires="a non-correctness reward's share of the update > {share_high:g}")
+def _dominates(v: View, t: Thresholds) -> Finding | None:
+    comps = {k.split("/")[1] for k in v.keys("grad_comp/") if k.endswith("/share")} - {"total"}
+    correct = correctness_component(comps)
+    if correct is None:
+        return None
+    for c in sorted(comps - {correct}):
+        steps, share = v.series(f"grad_comp/{c}/share")
+        cshare = dict(zip(*v.series(f"grad_comp/{correct}/share")))
+        hits = [(s, x) for s, x in zip(steps, share) if x > t.share_high]
+        if hits:
+            weight = v.cfg(f"reward.weights.{c}")
+            lc, lr = v.label(c), v.label(correct)
+            return Finding(
+                severity="warn", step=hits[0][0], confidence=0.7,
+                title=f"The '{lc}' reward, not '{lr}', makes most of the update",
+                evidence=[f"grad_comp/{c}/share {fmt(hits[0][1])} at step {hits[0][0]}: "
+                          f"{D.share_words(hits[0][1])} (above {fmt(t.share_high)} on {len(hits)} of {len(share)} "
+                          f"analysis steps)",
+                          f"grad_comp/{correct}/share {fmt(cshare.get(hits[0][0], math.nan))} there: "
+                          f"{D.share_words(cshare.get(hits[0][0], math.nan))}"]
+                         + ([f"reward.weights.{c} = {weight}"] if weight is not None else []),
+                explanation=f"Most of the gradient comes from the '{lc}' component: the run spends its updates on "
+                            f"'{lc}' rather than on the task, until '{lc}' is satisfied.",
+                action=f"Lower the weight of '{lc}' (reward.weights); a secondary reward should stay a minor "
+                       "share of the update once it is mostly satisfied.")
+    return None
+
+
+@signature("update_concentrated", "grad_norm/all/task",
+           reads="layers",
+           fires="two layer groups hold > {layer_top2:.0%} of the task gradient's squared norm (info)")
+def _concentrated(v: View, t: Thresholds) -> Finding | None:
+    steps = D.analysis_steps(v.run)
+    if not steps or v.run.run_dir is None:
+        return None
+    s = steps[-1]
+    layers = (D.layer_norms(v.run, s) or {}).get("all")
+    if not layers or len(layers) < 4:
+        return None
+    sq = sorted((x * x for x in layers.values()), reverse=True)
+    share = sum(sq[:2]) / max(sum(sq), 1e-30)
+    if share < t.layer_top2:
+        return None
+    top = sorted(layers, key=lambda k: -layers[k])[:2]
+    return Finding(
+        severity="info", step=s, confidence=0.6,
+        title="The update is concentrated in a few layers",
+        evidence=[f"step {s}: {', '.join(top)} hold {fmt(100 * share)}% of the task gradient's squared norm"],
+        explanation="Most of the gradient sits in two layer groups (often the embeddings or the LM head): the rest "
+                    "of the network barely moves.",
+        action="Usually benign for small models; if the head dominates, a lower learning rate for it or "
+               "freezing the embeddings steadies training.")
+
+
+@signature("dormant_growing", "actor/neuron/dormant_ratio",
+           reads="neurons",
+           fires="the dormant ratio rising by > {dormant_rise:g} to ≥ {dormant_high:g}")
+def _dormant(v: View, t: Thresholds) -> Finding | None:
+    steps, d = v.series("actor/neuron/dormant_ratio")
+    if len(d) < 2 or not (d[-1] - d[0] > t.dormant_rise and d[-1] >= t.dormant_high):
+        return None
+    return Finding(
+        severity="warn", step=steps[-1], confidence=0.7, title="Dormant neurons are growing",
+        evidence=[f"actor/neuron/dormant_ratio {fmt(d[0])} (step {steps[0]}) → {fmt(d[-1])} (step {steps[-1]})"],
+        explanation="A growing share of neurons receives (almost) no gradient: capacity the policy no longer uses, "
+                    "a known precursor of plasticity loss in long RL runs.",
+        action="Consider ReDo resets (analysis.neurons.actor.reset_every) or a lower learning rate.")

@@ -1,0 +1,440 @@
+"""``rlgrad doctor``'s signatures of progress, one function each: is the run learning? The update's size
+against the weights (``actor/update_ratio``) and the learning rate, the reward's collapse or plateau, groups
+without signal, rewards that cannot teach or pay for the wrong thing, validation falling."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from rlgrad import rundata as D
+from rlgrad.doctor.findings import (
+    Finding,
+    Thresholds,
+    View,
+    config_lr,
+    first_last,
+    flat_reward,
+    fmt,
+    mean,
+    reward_level,
+    signature,
+    train_series,
+)
+from rlgrad.logging.reward_signal import correctness_component, reward_problems
+
+
+def _largest_layer(v: View, step: int) -> str:
+    m = v.run.rows.get(step, {})
+    layers = {k.rsplit("/", 1)[1]: x for k, x in m.items() if k.startswith("actor/update_ratio/")}
+    if not layers:
+        return ""
+    top = max(layers, key=lambda k: layers[k])
+    return f"; the most moved layer group at step {step}: {top} {fmt(layers[top])}"
+
+
+@signature("update_too_large", "actor/update_ratio",
+           reads="logs",
+           fires="the median update size ‖Δθ‖/‖θ‖ (`actor/update_ratio`) of the first {window} steps > "
+                 "{update_high:g}: every step moves the weights by more than {update_high:.0%} of their norm")
+def _update_large(v: View, t: Thresholds) -> Finding | None:
+    steps, u = train_series(v, "actor/update_ratio")
+    first = u[:t.window]
+    if not first or statistics.median(first) <= t.update_high:
+        return None
+    med = statistics.median(first)
+    s0 = next(s for s, x in zip(steps, u) if x > t.update_high)
+    lr = config_lr(v)
+    warm = v.cfg("actor.optim.lr_warmup_steps")
+    return Finding(
+        severity="warn", step=s0, confidence=0.8, title="Each update moves the weights too far",
+        evidence=[f"actor/update_ratio {fmt(med)} (median of steps {steps[0]}-{steps[len(first) - 1]}; above "
+                  f"{fmt(t.update_high)} on {sum(x > t.update_high for x in u)} of {len(u)} steps)"
+                  + _largest_layer(v, s0)]
+                 + ([f"lr {fmt(lr)}" + (f", lr_warmup_steps {warm}" if warm is not None else "")] if lr else []),
+        explanation="The update of one step is a sizeable fraction of the weights themselves: the policy is "
+                    "rewritten faster than the reward can guide it, so what it learned in warm-up or pre-training "
+                    "is overwritten (typical fine-tuning steps move the weights by 1e-4 to 1e-3 of their norm).",
+        action=f"Lower the learning rate{f' (now {fmt(lr)})' if lr else ''} about {med / (t.update_high / 10):.2g}-"
+               "fold, to bring actor/update_ratio to about 1e-3, and warm it up (actor.optim.lr_warmup_steps).",
+        explains=["reward_collapse", "grad_norm_spike", "kl_blowup", "clipfrac_saturated", "entropy_collapse",
+                  "zero_variance_groups", "component_dominates", "component_takes_over", "format_over_correct",
+                  "val_falls_train_rises", "nonfinite_steps", "length_collapse", "length_runaway"])
+
+
+def _room(r: list[float], start: float) -> float:
+    """How far the reward could still rise from ``start``: to 1 for a reward that stays in [0, 1] (a share of right
+    answers, a weighted sum of such), else to the best the run reached."""
+    top = 1.0 if all(0.0 <= x <= 1.0 for x in r) else max(r)
+    return top - start
+
+
+@signature("lr_too_small", "actor/update_ratio|actor/lr|critic/score/mean",
+           reads="logs (+ config)",
+           fires="the update size ‖Δθ‖/‖θ‖ (`actor/update_ratio`) < {update_low:g} over the last {window} steps while "
+                 "the reward gained < {progress_low:.0%} of its room to its best; a run without "
+                 "`actor/update_ratio` (last resort): lr ≤ {lr_low:g} with a flat reward, or ≤ {lr_very_low:g}")
+def _lr_small(v: View, t: Thresholds) -> Finding | None:
+    return _small_updates(v, t) if v.has("actor/update_ratio") else _small_lr(v, t)
+
+
+def _small_updates(v: View, t: Thresholds) -> Finding | None:
+    """The measured update size and the reward's progress (independent of the model's size and the optimizer)."""
+    steps, u = train_series(v, "actor/update_ratio")
+    _, r = train_series(v, "critic/score/mean")
+    if len(u) < t.window or len(r) < t.window:
+        return None
+    recent = statistics.median(u[-t.window:])
+    a, b = first_last(r, t.window)
+    room = _room(r, a)
+    if recent >= t.update_low or (room > 0 and b - a >= t.progress_low * room):
+        return None
+    lr = config_lr(v)
+    gained = f"{fmt(100 * (b - a) / room)}% of its room to {fmt(a + room)}" if room > 0 else "nothing"
+    return Finding(
+        severity="warn", step=steps[0], confidence=0.7,
+        title="The updates are too small for the run to move",
+        evidence=[f"actor/update_ratio {fmt(recent)} (median of the last {t.window} steps)"
+                  + _largest_layer(v, steps[-1]),
+                  f"{v.name('critic/score/mean')} {fmt(a)} (first steps) → {fmt(b)} (last steps): {gained}"]
+                 + ([f"lr {fmt(lr)}"] if lr else []),
+        explanation="Each step moves the weights by a tiny fraction of their norm and the reward barely rises: the "
+                    "learning rate (or a clip on every step) keeps the policy where it started.",
+        action=f"Raise the learning rate{f' (now {fmt(lr)})' if lr else ''} about "
+               f"{fmt(min(10.0, t.update_high / 10 / max(recent, 1e-12)))}-fold, toward an actor/update_ratio of "
+               "about 1e-3, and watch the reward and actor/update_ratio.")
+
+
+def _small_lr(v: View, t: Thresholds) -> Finding | None:
+    """The last resort, for runs that log no update size: absolute learning rates (sizes for 7B-class models)."""
+    lr = config_lr(v)
+    if lr is None:
+        return None
+    flat, ev = flat_reward(v, t)
+    if not (lr <= t.lr_very_low or (lr <= t.lr_low and flat)):
+        return None
+    first = next((s for s in v.steps if s > 0), None)
+    return Finding(
+        severity="warn", step=first, confidence=0.6 if flat else 0.4,
+        title="Learning rate too small for the run to move",
+        evidence=[f"lr {fmt(lr)}"] + ([ev] if ev else [])
+                 + ["the run logs no update size (actor/update_ratio): judged by the learning rate's value alone"],
+        explanation="With this learning rate each update moves the policy too little to change what it samples: "
+                    "the reward stays where it started. (RL fine-tuning of LLMs commonly uses 1e-6 to 1e-5 for "
+                    "7B-class models, more for small ones.)",
+        action="Raise the learning rate by 3-10× and watch the KL and the clip fraction.")
+
+
+def _zero_var_fraction(v: View) -> tuple[list[int], list[float], str]:
+    """The share of prompt groups with one reward for all their samples, per step, and where it comes from:
+    TRL's frac_reward_zero_std, else rlgrad's rollout-filter count over the groups of a step."""
+    steps, f = v.series("critic/score/frac_zero_std")
+    if f:
+        return steps, f, v.name("critic/score/frac_zero_std")
+    zs, zc = v.series("rollout/filter_zero_count")
+    batch = v.cfg("data.train_batch_size")
+    if zc and isinstance(batch, int | float) and batch > 0:
+        return zs, [x / float(batch) for x in zc], f"rollout/filter_zero_count of {int(batch)} groups"
+    return [], [], ""
+
+
+def _difficulty(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
+    """Why groups agree (too easy, too hard, or split) from the reward's level, what to do, and the evidence."""
+    level, where = reward_level(v)
+    if level is None:
+        return ("every sample of a group got the same reward: the task is too easy or too hard for this model (the "
+                "reward's scale is unknown, so its level cannot tell which)",
+                "Read a few groups (rlgrad samples RUN) to see which; then make the task harder or easier, or drop "
+                "such groups (rollout filter, DAPO dynamic sampling).", [])
+    ev = [f"{where} {fmt(level)} over the last steps"]
+    if level >= t.easy_level:
+        return ("the task is too easy: nearly every answer is right, so every sample of a group gets the same "
+                "reward", "Make the task harder (or train on prompts the model still fails), or drop the groups "
+                "with no variance (rollout filter, DAPO dynamic sampling).", ev)
+    if level <= t.hard_level:
+        return ("the task is too hard: nearly every answer is wrong, so every sample of a group gets the same "
+                "reward", "Make the task easier or the model stronger (a longer warm start, SFT), and check that "
+                "right answers are read (rlgrad samples RUN).", ev)
+    return ("each prompt is either always right or always wrong: the groups split into too easy and too hard",
+            "Sample more per prompt (rollout.n) or move the prompts' difficulty toward the model's level; drop the "
+            "groups with no variance (rollout filter, DAPO dynamic sampling).", ev)
+
+
+@signature("zero_variance_groups", "critic/advantages/max|critic/score/frac_zero_std|rollout/filter_zero_count",
+           reads="logs (+ config)",
+           fires="every advantage 0, or > 95% of the groups with one reward for all their samples (critical); > "
+                 "{zero_var_frac:.0%} of them (TRL's frac_reward_zero_std, rlgrad's filter count); says too easy "
+                 "(a [0, 1] reward ≥ {easy_level:g}) or too hard (≤ {hard_level:g})")
+def _zero_var(v: View, t: Thresholds) -> Finding | None:
+    ss, amax = v.series("critic/advantages/max")
+    _, amin = v.series("critic/advantages/min")
+    dead = [s for s, a, b in zip(ss, amax, amin) if a == 0.0 and b == 0.0]
+    zs, frac, where = _zero_var_fraction(v)
+    recent = first_last(frac, t.window)[1] if frac else 0.0
+    if dead and len(dead) >= max(1, len(ss) // 2):
+        ev, s0 = [f"critic/advantages max = min = 0 on {len(dead)} of {len(ss)} steps"], dead[0]
+    elif recent > t.zero_var_frac:
+        s0 = next(s for s, x in zip(zs, frac) if x > t.zero_var_frac)
+        ev = [f"{fmt(100 * recent)}% of the prompt groups per step have one reward for all their samples ({where}; "
+              "mean of the last steps)"]
+    else:
+        return None
+    severity = "critical" if dead and len(dead) >= max(1, len(ss) // 2) or recent > 0.95 else "warn"
+    why, action, level_ev = _difficulty(v, t)
+    _, g = v.series("actor/grad_norm")
+    return Finding(
+        severity=severity, step=s0, confidence=0.9 if severity == "critical" else 0.8,
+        title="No learning signal: (nearly) every advantage is 0" if severity == "critical"
+        else "Most prompt groups carry no signal (equal rewards)",
+        evidence=ev + level_ev + ([f"{v.name('actor/grad_norm')} {fmt(statistics.median(g))} (median)"] if g else []),
+        explanation=f"GRPO learns from differences within a prompt's group; here {why}. Such a group's advantage is "
+                    "0: it adds tokens to the loss but nothing to its gradient, so the update shrinks (to the "
+                    "regularisers alone when every group agrees).",
+        action=action,
+        explains=["regularizer_dominates", "reward_plateau", "lr_too_small", "component_dominates",
+                  "component_takes_over"])
+
+
+def step_noise(vals: list[float]) -> float:
+    """A series' step-to-step noise as a standard deviation: the median |Δ| between consecutive values / 0.954 (white
+    noise of std σ has a median |Δ| of 0.954σ). A fall's few large steps barely move a median."""
+    d = [abs(b - a) for a, b in zip(vals, vals[1:])]
+    return statistics.median(d) / 0.954 if d else 0.0
+
+
+def collapse_at(r: list[float], t: Thresholds) -> tuple[int, float, float] | None:
+    """The first window of ``collapse_steps`` steps in a row whose reward fell from the run's early level (its first
+    step, sampled before any update) by more than ``reward_drop`` of that level, each step at least half that far
+    down, and by more than ``collapse_z`` times the step-to-step noise of the steps up to the window's end: (its
+    index, the window's mean, the fall in noise units). Only what precedes a window's end decides it, so a
+    collapse found in a run is found in every longer prefix of it."""
+    k, early = t.collapse_steps, r[0] if r else 0.0
+    need = max(t.reward_drop * abs(early), t.plateau_delta)
+    for i in range(1, len(r) - k + 1):
+        w = r[i:i + k]
+        fall = early - mean(w)
+        if fall <= need or max(w) >= early - need / 2:
+            continue
+        noise = max(step_noise(r[:i + k]), t.plateau_delta / 2)
+        z = fall / (noise * math.sqrt(1 + 1 / k))
+        if z > t.collapse_z:
+            return i, mean(w), z
+    return None
+
+
+def _val_after(v: View, step: int) -> tuple[float | None, list[tuple[int, float]]]:
+    """val/accuracy before training (step 0) and at the validations from ``step`` on."""
+    steps, acc = v.series("val/accuracy")
+    before = acc[0] if steps and steps[0] == 0 else None
+    return before, [(s, a) for s, a in zip(steps, acc) if s >= step]
+
+
+@signature("reward_collapse", "critic/score/mean",
+           reads="logs",
+           fires="the reward of {collapse_steps} steps in a row below its first step's (the policy before any update) "
+                 "by > {reward_drop:.0%} of it and > {collapse_z:g}× its step-to-step noise (critical; a warning "
+                 "while validation holds)")
+def _reward_collapse(v: View, t: Thresholds) -> Finding | None:
+    steps, r = train_series(v, "critic/score/mean")
+    hit = collapse_at(r, t)
+    if hit is None:
+        return None
+    i, low, z = hit
+    name, k = v.name("critic/score/mean"), t.collapse_steps
+    ev = [f"{name} {fmt(r[0])} at step {steps[0]} (the policy before any update) → {fmt(low)} over steps "
+          f"{steps[i]}-{steps[i + k - 1]}: {fmt(100 * (r[0] - low) / abs(r[0]))}% below, {z:.1f}× the reward's "
+          "step-to-step noise"]
+    if len(r) > i + k:
+        ev.append(f"{name} {fmt(mean(r[-k:]))} over the last {k} steps")
+    severity, why = "critical", "The policy got worse at what it is rewarded for than it was before any update."
+    before, vals = _val_after(v, steps[i])
+    if before is not None and vals:
+        ev.append(f"val/accuracy {fmt(before)} before training → {fmt(vals[0][1])} at step {vals[0][0]}")
+        if all(a >= before * (1 - t.reward_drop / 2) for _, a in vals):
+            severity = "warn"
+            why += " Validation has held so far, so it may still be the training batches' prompts."
+    _, e = train_series(v, "actor/entropy")
+    if len(e) > i + k and mean(e[i:i + k]) > 2 * e[0]:
+        ev.append(f"{v.name('actor/entropy')} {fmt(e[0])} → {fmt(mean(e[i:i + k]))}")
+        why += " The entropy rose with it: the model drifts toward noise (too large steps)."
+    lr = config_lr(v)
+    return Finding(
+        severity=severity, step=steps[i], confidence=0.8 if severity == "critical" else 0.6,
+        title="The reward collapsed", evidence=ev, explanation=why,
+        action="Lower the learning rate" + (f" (now {fmt(lr)})" if lr else "") + " and keep gradient clipping on; "
+               + _restart_from(v, steps[i]) + ".",
+        explains=["zero_variance_groups", "component_dominates", "component_takes_over", "format_over_correct",
+                  "reward_plateau", "val_falls_train_rises", "length_runaway", "length_collapse"])
+
+
+def _restart_from(v: View, step: int) -> str:
+    """Where to start again from before ``step``: a checkpoint the run saved before it, else the initial weights."""
+    freq = v.cfg("trainer.save_freq")
+    if isinstance(freq, int) and freq > 0 and step > freq:
+        return f"resume from the last checkpoint before step {step} (global_step_{(step - 1) // freq * freq})"
+    return f"restart from the initial weights (the run saved no checkpoint before step {step})" if isinstance(
+        freq, int) else f"restart from a checkpoint before step {step}, or from the initial weights"
+
+
+@signature("reward_plateau", "critic/score/mean",
+           reads="logs",
+           fires="the reward's rise from the first to the last {window} steps < {plateau_delta:g} (info)")
+def _plateau(v: View, t: Thresholds) -> Finding | None:
+    steps, r = v.series("critic/score/mean")
+    if len(r) < 2 * t.window:
+        return None
+    a, b = first_last(r, t.window)
+    if abs(b - a) >= t.plateau_delta:  # a fall is reward_collapse's (or nothing)
+        return None
+    ev = f"{v.name('critic/score/mean')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"
+    return Finding(
+        severity="info", step=None, confidence=0.5, title="Reward plateau", evidence=[ev],
+        explanation="The mean reward did not rise between the first and the last steps.",
+        action="See the other findings for why; a plateau at the reward's maximum is success.")
+
+
+def _reward_problem(v: View, pid: str, severity: str) -> Finding | None:
+    """The run's ``reward_problems`` of kind ``pid`` (the trainer prints the same ones live), as a finding."""
+    weights = v.cfg("reward.weights") or None  # empty: the task's defaults, unknown here
+    problems = [p for p in reward_problems(v.run.rows, dict(weights) if weights else None) if p.id == pid]
+    if not problems:
+        return None
+    p = problems[0]
+    title = (f"The reward cannot teach: '{p.component}' gives no group a signal" if pid == "unlearnable_reward"
+             else f"'{p.component}' is the same for every response")
+    return Finding(
+        severity=severity, step=p.step, confidence=0.9, title=title, evidence=p.evidence, explanation=p.cause,
+        action=p.advice)
+
+
+@signature("unlearnable_reward", "reward/{component}/mean",
+           reads="logs",
+           fires="every group with one correctness value on each of the first 3 steps (critical; names the likely "
+                 "cause: extraction, format, too hard, too easy)")
+def _unlearnable(v: View, t: Thresholds) -> Finding | None:
+    return _reward_problem(v, "unlearnable_reward", "critical")
+
+
+@signature("constant_component", "reward/{component}/std",
+           reads="logs",
+           fires="a weighted component constant over the batch on each of the first 3 steps (info)")
+def _constant_component(v: View, t: Thresholds) -> Finding | None:
+    return _reward_problem(v, "constant_component", "info")
+
+
+def reward_weights(v: View) -> dict[str, float]:
+    """The weight of each reward component: the run's config (reward.weights), else what its
+    reward_components.jsonl recorded (the task's defaults included); empty when neither says."""
+    w = v.cfg("reward.weights")
+    if isinstance(w, dict) and w:
+        return {str(k): float(x) for k, x in w.items() if isinstance(x, int | float)}
+    rows = D.reward_components(v.run)
+    first = rows[min(rows)] if rows else {}
+    got = first.get("weights") if isinstance(first, dict) else None
+    return {str(k): float(x) for k, x in got.items() if isinstance(x, int | float)} if isinstance(got, dict) else {}
+
+
+@signature("inverted_reward", "reward/{component}/mean",
+           reads="logs + config",
+           fires="the correctness-like component's weight is negative (reward.weights): the run is paid for wrong "
+                 "answers (critical)")
+def _inverted(v: View, t: Thresholds) -> Finding | None:
+    weights = reward_weights(v)
+    correct = correctness_component(weights)
+    if correct is None or weights[correct] >= 0:
+        return None
+    steps, c = train_series(v, f"reward/{correct}/mean")
+    _, total = train_series(v, "critic/score/mean")
+    lc = v.label(correct)
+    ev = [f"reward.weights.{correct} = {weights[correct]:g}"]
+    if len(c) >= 2:
+        a, b = first_last(c, t.window)
+        ev.append(f"{v.name(f'reward/{correct}/mean')} {fmt(a)} (first steps) → {fmt(b)} (last steps)")
+    if len(total) >= 2:
+        a, b = first_last(total, t.window)
+        ev.append(f"{v.name('critic/score/mean')} {fmt(a)} → {fmt(b)}: the total rises as '{lc}' falls"
+                  if len(c) >= 2 and b > a and c[-1] < c[0] else f"{v.name('critic/score/mean')} {fmt(a)} → {fmt(b)}")
+    return Finding(
+        severity="critical", step=steps[0] if steps else None, confidence=0.9,
+        title=f"The reward pays for wrong answers: '{lc}' has a negative weight", evidence=ev,
+        explanation=f"With a negative weight on '{lc}', a right answer lowers the total reward: GRPO's advantage "
+                    "favours wrong answers, so the better the run optimises its reward, the worse its accuracy. "
+                    "Every other sign of trouble (validation falling, another component taking over) follows.",
+        action=f"Make the weight of '{lc}' positive (reward.weights.{correct}); a penalty belongs on a separate "
+               "component, not on correctness.",
+        explains=["reward_collapse", "val_falls_train_rises", "format_over_correct", "component_dominates",
+                  "component_takes_over", "entropy_collapse", "unlearnable_reward", "zero_variance_groups",
+                  "reward_plateau", "length_collapse"])
+
+
+@signature("format_over_correct", "reward/{component}/mean",
+           reads="logs",
+           fires="a non-correctness reward rising by > {component_rise:g} while correctness rises < {correct_rise:g}")
+def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
+    comps = {k.split("/")[1] for k in v.keys("reward/") if k.endswith("/mean") and k.count("/") == 2}
+    correct = correctness_component(comps)
+    if correct is None:
+        return None
+    _, c = v.series(f"reward/{correct}/mean")
+    if len(c) < 4:
+        return None
+    ca, cb = first_last(c, t.window)
+    for other in sorted(comps - {correct}):
+        steps, o = v.series(f"reward/{other}/mean")
+        if len(o) < 4:
+            continue
+        oa, ob = first_last(o, t.window)
+        if ob - oa > t.component_rise and cb - ca < t.correct_rise:
+            o, c = v.label(other), v.label(correct)
+            return Finding(
+                severity="warn", step=steps[0], confidence=0.7,
+                title=f"'{o}' reward rises while '{c}' does not",
+                evidence=[f"{v.name(f'reward/{other}/mean')} {fmt(oa)} → {fmt(ob)}",
+                          f"{v.name(f'reward/{correct}/mean')} {fmt(ca)} → {fmt(cb)}"],
+                explanation=f"The policy optimises the easy '{o}' reward instead of the task: the weighted total "
+                            "rises, accuracy does not.",
+                action=f"Lower the weight of '{o}' (reward.weights) or make it conditional on correctness; "
+                       "rlgrad's reward-component analysis shows each component's share of the update.")
+    return None
+
+
+def _checkpoint_words(v: View, best_step: int) -> str:
+    """What to keep for the best validation step, in words that are true of the run: step 0 is the validation of
+    the initial weights (no checkpoint); a trained step is kept only where the run saved a checkpoint."""
+    if best_step == 0:
+        return ("No trained step beat the initial weights on validation (step 0 is the validation before training): "
+                "keep the initial model")
+    freq = v.cfg("trainer.save_freq")
+    last = max(v.steps)
+    if not isinstance(freq, int):
+        return f"Keep the weights of step {best_step} if a checkpoint holds them"
+    if (freq > 0 and best_step % freq == 0) or best_step == last:
+        return f"Keep the checkpoint of step {best_step} (global_step_{best_step})"
+    saved = (best_step // freq) * freq if freq > 0 else 0
+    nearest = f"; the nearest one before it is step {saved} (global_step_{saved})" if saved > 0 else ""
+    return (f"No checkpoint holds step {best_step} (trainer.save_freq={freq}){nearest}: rerun to step {best_step} "
+            "to keep it, with a trainer.save_freq that divides it")
+
+
+@signature("val_falls_train_rises", "val/accuracy",
+           reads="logs (+ config)",
+           fires="validation accuracy > {val_drop:g} below its best while the training reward rises")
+def _val(v: View, t: Thresholds) -> Finding | None:
+    steps, acc = v.series("val/accuracy")
+    if len(acc) < 3:
+        return None
+    best = max(acc)
+    best_step = steps[acc.index(best)]
+    flat, _ = flat_reward(v, t)
+    if acc[-1] < best - t.val_drop and not flat:
+        at = "before training (step 0: the initial weights)" if best_step == 0 else f"at step {best_step}"
+        fell = next(s for s, a in zip(steps, acc) if s > best_step and a < best - t.val_drop)
+        return Finding(
+            severity="warn", step=fell, confidence=0.7,
+            title="Validation accuracy falls while the training reward rises",
+            evidence=[f"val/accuracy best {fmt(best)} {at}, last {fmt(acc[-1])} (step {steps[-1]})"],
+            explanation="The training reward keeps improving but held-out accuracy does not: reward hacking (a "
+                        "component the validation does not pay for) or over-fitting to the training prompts.",
+            action=_checkpoint_words(v, best_step) + "; check which reward component drives the update "
+                   "(rlgrad report RUN: the reward-component gradients).")
+    return None
