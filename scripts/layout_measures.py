@@ -10,7 +10,8 @@ and blank lines left out), the most complex functions (ruff's C901 / PLR0912 / P
 source lines over 100 characters.
 
 Imports are read by tests/test_layers.py's parser (this checkout's, loaded by path and pointed at the measured
-source), so the measures and the layer test see the same edges. The layer rules (LAYERS, FORBIDDEN) are the
+source), so the measures and the layer test see the same edges, and lines of code are counted by its code_lines
+(the file budget's counter). The layer rules (LAYERS, FORBIDDEN) are the
 measured checkout's own tests/test_layers.py where it has one: an older checkout is judged by its own layers.
 """
 
@@ -19,12 +20,10 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
-import io
 import json
 import shutil
 import subprocess
 import sys
-import tokenize
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
@@ -194,28 +193,6 @@ def longest_chain(graph: dict[str, set[str]]) -> tuple[list[str], list[list[str]
 # ---------------------------------------------------------------- sizes, complexity, long lines
 
 
-def docstring_lines(tree: ast.AST) -> set[int]:
-    out: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
-            first = node.body[0]
-            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-                    and isinstance(first.value.value, str)):
-                out |= set(range(first.lineno, first.end_lineno + 1))
-    return out
-
-
-def code_lines(source: str) -> int:
-    """Lines holding code: not blank, not only a comment, not part of a docstring."""
-    skip = docstring_lines(ast.parse(source))
-    lines: set[int] = set()
-    ignore = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type not in ignore:
-            lines |= {n for n in range(tok.start[0], tok.end[0] + 1) if n not in skip}
-    return len(lines)
-
-
 def find_ruff() -> list[str] | None:
     for cand in (Path(sys.executable).parent / "ruff", ROOT / ".venv" / "bin" / "ruff"):
         if cand.exists():
@@ -321,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     for cyc in cycles:
         print("    " + " -> ".join(cyc))
 
-    sizes = sorted(((code_lines(s), len(s.splitlines()), rel(p, src)) for p, s in sources.items()), reverse=True)
+    sizes = sorted(((parser.code_lines(s), len(s.splitlines()), rel(p, src)) for p, s in sources.items()),
+                   reverse=True)
     print("\nlargest files (lines of code: no docstrings, comments or blank lines | all lines):")
     for loc, total, name in sizes[:TOP]:
         print(f"  {loc:5d} | {total:5d}  {name}")

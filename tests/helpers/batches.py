@@ -20,7 +20,9 @@ def built_hook(cfg, cls):
     return next(h for h in hooks_from_config(cfg) if isinstance(h, cls))
 
 
-def make_batch(model, tok, n_prompts=5, n=4, seed=0, zero_group=True) -> Batch:
+def make_batch(model, tok, n_prompts=5, n=4, seed=0, zero_group=True, old_noise=0.1) -> Batch:
+    """Sampled groups of ``n`` with random scores (group 0 constant when ``zero_group``); old and reference log-probs
+    a little off the model's, so ratios and KL are not trivially 1 and 0."""
     torch.manual_seed(seed)
     prompts = ["1+2=", "13+4=", "7*8=", "99-5=", "3+3="][:n_prompts]
     gen = generate(model, tok, prompts, n=n, max_new_tokens=5, do_sample=True)
@@ -33,7 +35,7 @@ def make_batch(model, tok, n_prompts=5, n=4, seed=0, zero_group=True) -> Batch:
         scores=scores, reward_std=group_reward_std(scores, g))
     b.old_log_probs, _ = compute_log_probs(model, b.input_ids, b.attention_mask, b.response_mask,
                                            temperature=1.0, micro_batch_size=64)
-    b.old_log_probs = b.old_log_probs + 0.1 * torch.randn_like(b.old_log_probs) * b.response_mask
+    b.old_log_probs = b.old_log_probs + old_noise * torch.randn_like(b.old_log_probs) * b.response_mask
     b.ref_log_probs = b.old_log_probs + 0.1 * torch.randn_like(b.old_log_probs) * b.response_mask
     b.advantages = grpo_advantages(scores, g, norm_by_std=True)[:, None] * b.response_mask
     return b

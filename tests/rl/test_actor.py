@@ -5,7 +5,6 @@ import copy
 import pytest
 import torch
 
-from rlgrad.algos.advantages import group_reward_std, grpo_advantages
 from rlgrad.algos.aggregation import Denominators
 from rlgrad.algos.objective import LossSettings, actor_objective
 from rlgrad.batch import Batch, position_ids_from_mask
@@ -13,6 +12,7 @@ from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.models import build_char_tokenizer, build_tiny_model
 from rlgrad.rl.actor import update_actor, update_size
 from rlgrad.rl.rollout import compute_log_probs, generate
+from tests.helpers import batches
 
 
 @pytest.fixture(scope="module")
@@ -25,20 +25,7 @@ def model_and_tok():
 
 
 def make_batch(model, tok, n_prompts=3, n=4, seed=0) -> Batch:
-    torch.manual_seed(seed)
-    gen = generate(model, tok, ["1+2=", "13+4=", "7*8="][:n_prompts], n=n, max_new_tokens=5, do_sample=True)
-    g = torch.arange(n_prompts).repeat_interleave(n)
-    scores = torch.rand(len(g))
-    b = Batch(
-        input_ids=gen.input_ids, attention_mask=gen.attention_mask, response_mask=gen.response_mask, group_ids=g,
-        scores=scores, reward_std=group_reward_std(scores, g))
-    b.old_log_probs, _ = compute_log_probs(model, b.input_ids, b.attention_mask, b.response_mask,
-                                           temperature=1.0, micro_batch_size=64)
-    # A slightly different reference and old policy so that ratios and KL are not trivially 1 / 0.
-    b.old_log_probs = b.old_log_probs + 0.05 * torch.randn_like(b.old_log_probs) * b.response_mask
-    b.ref_log_probs = b.old_log_probs + 0.1 * torch.randn_like(b.old_log_probs) * b.response_mask
-    b.advantages = grpo_advantages(scores, g, norm_by_std=True)[:, None] * b.response_mask
-    return b
+    return batches.make_batch(model, tok, n_prompts=n_prompts, n=n, seed=seed, zero_group=False, old_noise=0.05)
 
 
 def test_rollout_alignment(model_and_tok):
