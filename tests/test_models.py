@@ -352,3 +352,27 @@ def test_every_task_character_survives_a_save_and_autotokenizer_reload(tmp_path)
     assert len(ids) == len(text) and again(text, add_special_tokens=False)["input_ids"] == ids
     assert again.decode(ids) == text == tok.decode(ids)
     assert (again.eos_token_id, again.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
+
+
+def _warmstart_lrs(make_sched, steps):
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.AdamW([p], lr=1e-3)
+    sched = make_sched(opt)
+    lrs = []
+    for _ in range(steps):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return lrs
+
+
+def test_every_warmstart_length_has_a_schedule_and_the_working_ones_are_unchanged():
+    for steps in range(1, 31):
+        lrs = _warmstart_lrs(lambda opt, s=steps: models.warmstart_schedule(opt, 1e-3, s), steps)
+        assert len(lrs) == steps and all(0 < lr <= 1e-3 for lr in lrs)
+        if steps != 10:  # 10 crashed (ZeroDivisionError); every other length keeps its schedule exactly
+            old = _warmstart_lrs(lambda opt, s=steps: torch.optim.lr_scheduler.OneCycleLR(
+                opt, max_lr=1e-3, total_steps=max(s, 2), pct_start=0.1), steps)
+            assert lrs == old
+    ten = _warmstart_lrs(lambda opt: models.warmstart_schedule(opt, 1e-3, 10), 10)
+    assert ten[0] < ten[1] and ten[1:] == sorted(ten[1:], reverse=True)  # a warm-up step, then annealing

@@ -29,6 +29,46 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlgrad.errors import UserError
+
+_PER_TOKEN = ("attention_mask", "response_mask", "old_log_probs", "ref_log_probs", "advantages", "values",
+              "returns", "token_rewards")
+_PER_SAMPLE = ("group_ids", "scores", "reward_std", "global_index")
+_INTEGER = ("input_ids", "group_ids", "global_index")  # integer dtypes only
+_MASKS = ("attention_mask",)  # integer or bool
+
+
+def _integral(t: torch.Tensor, allow_bool: bool) -> bool:
+    if t.dtype == torch.bool:
+        return allow_bool
+    return not (t.dtype.is_floating_point or t.dtype.is_complex)
+
+
+def check_batch(b: Batch) -> None:
+    """Shapes and dtypes of ``b``'s tensors (the fields that are set), a one-line ``UserError`` naming the field:
+    per-token fields ``[N, L]`` as ``input_ids``, per-sample fields and reward components ``[N]``, ids integer,
+    ``attention_mask`` integer or bool. Shape comparisons only: no data is read."""
+    if not isinstance(b.input_ids, torch.Tensor) or b.input_ids.dim() != 2:
+        got = tuple(b.input_ids.shape) if isinstance(b.input_ids, torch.Tensor) else type(b.input_ids).__name__
+        raise UserError(f"Batch.input_ids must be a [N, L] tensor, got {got}")
+    n, shape = b.input_ids.shape[0], tuple(b.input_ids.shape)
+    fields = [(name, getattr(b, name), shape) for name in _PER_TOKEN]
+    fields += [(name, getattr(b, name), (n,)) for name in _PER_SAMPLE]
+    fields += [(f"components['{k}']", t, (n,)) for k, t in b.components.items()]
+    for name, t, want in fields:
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise UserError(f"Batch.{name} must be a tensor of shape {list(want)}, got {type(t).__name__}")
+        if tuple(t.shape) != want:
+            what = "input_ids' shape" if len(want) == 2 else "one per row of input_ids"
+            raise UserError(f"Batch.{name} must have shape {list(want)} ({what}), got {list(t.shape)}")
+    for name in _INTEGER + _MASKS:
+        t = getattr(b, name)
+        if t is not None and not _integral(t, allow_bool=name in _MASKS):
+            kind = "integer or bool" if name in _MASKS else "integer"
+            raise UserError(f"Batch.{name} must be an {kind} tensor, got {t.dtype}")
+
 
 def response_start(response_mask: torch.Tensor) -> int:
     """The first column of ``[N, L]`` holding a response token in any row; 1 if none.
@@ -61,6 +101,14 @@ class Batch:
     # agent.use_turn_scores: each turn's on its last token); None: the score on the last response token
     token_rewards: torch.Tensor | None = None
     global_index: torch.Tensor | None = None  # [N] long; None: the rows are in global order (ranks in order)
+
+    def __post_init__(self) -> None:
+        check_batch(self)
+
+    def check(self) -> Batch:
+        """``check_batch`` again (fields set after construction included); returns ``self``."""
+        check_batch(self)
+        return self
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

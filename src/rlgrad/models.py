@@ -392,6 +392,17 @@ def sft_batch(tokenizer, prompts: list[str], targets: list[str]) -> tuple[torch.
     return ids, att, lab
 
 
+def warmstart_schedule(opt: torch.optim.Optimizer, lr: float, steps: int) -> torch.optim.lr_scheduler.OneCycleLR:
+    """The warm start's one-cycle schedule over ``steps`` steps: 10% warm-up, then cosine annealing.
+
+    At 10 steps, 10% is exactly one step and torch's warm-up phase would end at step 0 (a division by zero on
+    the first step); there the warm-up takes 15% (it still ends between steps 0 and 1, as at 11 steps). Every
+    other number of steps keeps ``pct_start=0.1``: shipped warm starts are identified by their settings."""
+    total = max(steps, 2)
+    pct_start = 0.1 if float(0.1 * total) - 1 != 0 else 0.15
+    return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total, pct_start=pct_start)
+
+
 def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int, log=None,
                          stop_after: int | None = None) -> None:
     """A short SFT phase on the task's reference responses (AdamW, one-cycle schedule).
@@ -404,8 +415,7 @@ def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int, lo
     rng = random.Random(seed)
     teacher = getattr(task, "warmstart_target", None)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart_lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.warmstart_lr, total_steps=max(cfg.warmstart_steps, 2),
-                                                pct_start=0.1)
+    sched = warmstart_schedule(opt, cfg.warmstart_lr, cfg.warmstart_steps)
     model.train()
     t0, every = time.perf_counter(), max(1, cfg.warmstart_steps // 10)
     for k in range(cfg.warmstart_steps if stop_after is None else min(stop_after, cfg.warmstart_steps)):

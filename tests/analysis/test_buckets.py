@@ -5,6 +5,7 @@ against plain autograd.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -45,7 +46,8 @@ def test_quantile_buckets_sorted_with_remainder_to_last():
 
 def test_fewer_groups_than_buckets_and_all_zero():
     g, rs = _groups([0.0, 0.0])
-    b = make_buckets(g, rs, mode="quantile", num_buckets=6)
+    with pytest.warns(UserWarning, match="num_buckets=6 is more than the 2 bucket"):
+        b = make_buckets(g, rs, mode="quantile", num_buckets=6)
     assert b.names == ["all", "bucket_1", "bucket_2"]
     assert [sorted({int(x) for x in g[b.rows[n]]}) for n in ("bucket_1", "bucket_2")] == [[0], [1]]
 
@@ -64,6 +66,18 @@ def test_quantile_nonzero_puts_zero_variance_groups_in_bucket_1_and_keeps_ties_t
     b = make_buckets(g, rs, mode="quantile_nonzero", num_buckets=3)
     assert b.names == ["all", "bucket_2", "bucket_3"]
     assert sorted(torch.cat([b.rows["bucket_2"], b.rows["bucket_3"]]).tolist()) == list(range(len(g)))
+
+
+@pytest.mark.parametrize("mode, most", [("quantile", 6), ("quantile_nonzero", 7)])
+def test_more_buckets_than_groups_are_clamped_with_a_warning(mode, most):
+    g, rs = _groups([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])  # 6 groups
+    with pytest.warns(UserWarning, match=rf"num_buckets=10 is more than the {most} bucket.*using {most}"):
+        b = make_buckets(g, rs, mode=mode, num_buckets=10)
+    assert b.names == make_buckets(g, rs, mode=mode, num_buckets=most).names  # the same buckets as asking for it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_buckets(g, rs, mode=mode, num_buckets=most)  # as many as the groups fill: no warning
+        make_buckets(g, rs, mode="fixed_rv", num_buckets=10)  # fixed edges: num_buckets plays no part
 
 
 def test_fixed_rv_buckets_skip_empty():

@@ -89,6 +89,17 @@ def test_every_task_returns_correctness_and_format():
 
 
 # ----------------------------------------------------------------------------- advantages and the unit loss
+def test_a_mistyped_weight_is_named_with_the_components():
+    g = torch.tensor([0, 0, 1, 1])
+    comps = {"correctness": torch.tensor([1.0, 0.0, 1.0, 0.0]), "format": torch.tensor([1.0, 1.0, 0.0, 0.5])}
+    with pytest.raises(ValueError) as e:
+        component_advantages(comps, {"correctness": 1.0, "formt": 0.5}, comps["correctness"], g,
+                             mode="shared_std", estimator="grpo", norm_by_std=True)
+    msg = str(e.value)
+    assert "component(s) format" in msg and "unknown component(s) formt" in msg
+    assert "(the components: correctness, format)" in msg
+
+
 def test_component_advantages_hand_computed():
     g = torch.tensor([0, 0, 0, 1, 1, 2])  # group 2 is a singleton
     comps = {"correctness": torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0]),

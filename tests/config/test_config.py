@@ -180,3 +180,39 @@ def test_the_probe_mode_key_is_refused_by_train_and_implied_by_probe(tmp_path):
     f.write_text("trainer:\n  gradient_analysis_only: true\n")
     assert load_config(config_file=str(f), probe=True) is not None
     load_config(overrides=["trainer.gradient_analysis_only=false"])  # as a saved run config holds it: no-op
+
+
+@pytest.mark.parametrize("value", ["2", "1", "0", "0.5", "maybe", "'maybe'", "[true]"])
+def test_a_bool_setting_takes_only_true_or_false(value):
+    with pytest.raises(UserError, match=r"^override: 'actor.use_kl_loss' must be true or false, got ") as e:
+        load_config(overrides=[f"actor.use_kl_loss={value}"])
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match=r"must be true or false, got 2$"):
+        load_config(overrides=["actor.use_kl_loss=2"])
+
+
+@pytest.mark.parametrize("value, expect", [("true", True), ("false", False), ("True", True), ("no", False),
+                                           ("on", True), ("'yes'", True), ("'false'", False), ("'1'", True)])
+def test_yaml_and_omegaconf_spellings_of_a_bool_still_work(value, expect, tmp_path):
+    assert load_config(overrides=[f"actor.use_kl_loss={value}"]).actor.use_kl_loss is expect
+    f = tmp_path / "c.yaml"
+    f.write_text(f"actor:\n  use_kl_loss: {value}\n")
+    assert load_config(config_file=str(f)).actor.use_kl_loss is expect
+
+
+def test_a_config_file_bool_of_2_names_the_file_and_key(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("algorithm:\n  filter_groups:\n    enable: 2\n")
+    with pytest.raises(UserError, match=rf"^{re.escape(str(f))}: 'algorithm.filter_groups.enable' must be true or "
+                                        "false, got 2$"):
+        load_config(config_file=str(f))
+
+
+def test_a_config_built_in_python_is_checked_for_bools_too():
+    from rlgrad.config.schema import RLGradConfig
+    from rlgrad.config.validate import validate
+
+    cfg = RLGradConfig()
+    cfg.actor.use_kl_loss = 2
+    with pytest.raises(UserError, match=r"^'actor.use_kl_loss' must be true or false, got 2$"):
+        validate(cfg)

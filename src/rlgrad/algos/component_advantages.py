@@ -62,7 +62,10 @@ def component_advantages(components: dict[str, torch.Tensor], weights: dict[str,
         raise ValueError(f"unknown component mode '{mode}' ({' | '.join(COMPONENT_MODES)})")
     missing = [c for c in components if c not in weights]
     if missing:
-        raise ValueError(f"no reward weight for component(s) {', '.join(missing)}")
+        unknown = [w for w in weights if w not in components]
+        raise ValueError(f"no reward weight for component(s) {', '.join(missing)}"
+                         + (f"; weights were given for unknown component(s) {', '.join(unknown)}" if unknown else "")
+                         + f" (the components: {', '.join(components)})")
     if estimator == "rloo":  # linear in the reward: the baselines of w_c r_c add up to the total's
         return {c: rloo_advantages(weights[c] * r.float(), group_ids) for c, r in components.items()}
     if estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):

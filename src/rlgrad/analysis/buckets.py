@@ -41,7 +41,7 @@ from torch import nn
 from rlgrad.algos.aggregation import denominator
 from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_fn
 from rlgrad.analysis.engine import GradStats, fast_unsupported, slice_gradients
-from rlgrad.batch import Batch
+from rlgrad.batch import Batch, check_batch
 from rlgrad.collectives import all_gather_cat, all_gather_sizes, all_reduce_sum, rank
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
 from rlgrad.metrics import key, match, parse
@@ -84,9 +84,23 @@ def _first_occurrence(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return uniq, first
 
 
+def _clamped(num_buckets: int, most: int, mode: str) -> int:
+    """``num_buckets``, or ``most`` (with a warning naming both) when it asks for more buckets than there can be."""
+    if mode == "fixed_rv" or num_buckets <= most or most < 1:
+        return num_buckets
+    warnings.warn(f"analysis.buckets.num_buckets={num_buckets} is more than the {most} bucket(s) the batch's "
+                  f"prompt groups can fill (bucket_mode={mode}); using {most}", stacklevel=3)
+    return most
+
+
 def make_buckets(group_ids: torch.Tensor, reward_std: torch.Tensor, *, mode: str = "quantile",
                  num_buckets: int = 6) -> Buckets:
+    """The groups of ``group_ids`` in buckets by ``reward_std`` (module docstring). ``num_buckets`` beyond what the
+    groups can fill -- the number of groups; under ``quantile_nonzero`` one more, the zero-std bucket -- is clamped
+    to it with a warning that names both numbers (the buckets it would add are empty, and empty buckets are
+    skipped anyway)."""
     gids, stds = group_table(group_ids, reward_std)
+    num_buckets = _clamped(num_buckets, len(gids) + (mode == "quantile_nonzero"), mode)
     if mode == "quantile":
         order = sorted(range(len(gids)), key=lambda k: (float(stds[k]), int(gids[k])))
         b = min(num_buckets, len(gids))
@@ -178,8 +192,11 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
     rank's share (whole prompt groups, global group ids); buckets, counts, denominators and losses are
     global (``global_buckets`` + sums over ranks), the engine sums slice gradients over ranks, so every
     number equals the one-process number on the global batch. ``dp_trim > 1``: RAGEN's trimming of each
-    bucket to a multiple of ``dp_trim`` samples.
+    bucket to a multiple of ``dp_trim`` samples. ``num_buckets`` beyond the number of prompt groups is clamped to
+    it, with a warning (``make_buckets``). ``batch`` is checked first (``check_batch``: its fields set after
+    construction too), a ``UserError`` naming a field of the wrong shape.
     """
+    check_batch(batch)
     loss_fn = as_loss_fn(loss)
     if method == "fast" and (why := fast_unsupported(model)):  # decided first: reference probes `all` itself
         warnings.warn(f"{why}; falling back to analysis.method=reference", stacklevel=2)

@@ -5,6 +5,7 @@ and RAGEN's spellings mapped to ours (``aliases``), unknown keys answered with t
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlgrad.config.aliases import ALIASES, PROBE_ONLY_KEY, resolve_alias
-from rlgrad.config.schema import _DICT_KEYS, SCHEMA_KEYS, SECTIONS, RLGradConfig
-from rlgrad.config.validate import validate
+from rlgrad.config.schema import _DICT_KEYS, SCHEMA_KEYS, SECTIONS, RLGradConfig, _walk
+from rlgrad.config.validate import check_bool, is_bool_field, validate
 from rlgrad.errors import UserError
 
 CONFIG_DIRS = [Path.cwd() / "configs", Path(__file__).resolve().parents[3] / "configs"]
@@ -140,6 +141,12 @@ def _probe_only(origin: str, key: str, value: Any, probe: bool) -> bool:
     return True
 
 
+@functools.cache
+def _bool_keys() -> frozenset[str]:
+    """The keys of the settings that are bools."""
+    return frozenset(key for key, f, _ in _walk(RLGradConfig()) if is_bool_field(f))
+
+
 def _apply_layer(cfg: DictConfig, origin: str, flat: dict[str, Any], spelled: dict[str, str], probe: bool) -> None:
     """Set each of a layer's settings in ``cfg``; ``spelled`` keeps the alias the user wrote for each key."""
     for key, value in flat.items():
@@ -150,6 +157,11 @@ def _apply_layer(cfg: DictConfig, origin: str, flat: dict[str, Any], spelled: di
             spelled[ours] = key
         else:  # a later layer's own spelling wins: errors name it
             spelled.pop(ours, None)
+        if ours in _bool_keys():
+            try:
+                check_bool(key, value)
+            except UserError as e:
+                raise UserError(f"{origin}: {e}") from None
         try:
             OmegaConf.update(cfg, ours, value, merge=False)
         except OmegaConfBaseException as e:

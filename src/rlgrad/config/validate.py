@@ -20,10 +20,30 @@ _OPS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b), "le"
         "lt": ("<", lambda v, b: v < b)}
 
 
+# What OmegaConf turns into a bool besides true/false (a quoted YAML string): these keep working.
+_BOOL_WORDS = ("true", "false", "yes", "no", "y", "n", "on", "off", "1", "0")
+
+
+def is_bool_field(f: dataclasses.Field) -> bool:
+    return f.type in (bool, "bool", "bool | None", "Optional[bool]")
+
+
+def check_bool(key: str, v: Any) -> None:
+    """A bool setting as written (before OmegaConf, which takes any number for a bool): a bool, or one of the words
+    OmegaConf reads as one; ``2`` is refused rather than read as true."""
+    if v is None or isinstance(v, bool) or (isinstance(v, str) and v.strip().lower() in _BOOL_WORDS):
+        return
+    raise UserError(f"'{key}' must be true or false, got {v!r}" if isinstance(v, str) else
+                    f"'{key}' must be true or false, got {v}")
+
+
 def check_field(key: str, f: dataclasses.Field, v: Any) -> None:
-    """One setting against what its field declares (``_f``): choices, finiteness, bounds."""
+    """One setting against what its field declares (``_f``): type (a bool field holds a bool), choices,
+    finiteness, bounds."""
     if v is None:  # an Optional key left unset
         return
+    if is_bool_field(f) and not isinstance(v, bool):
+        raise UserError(f"'{key}' must be true or false, got {v!r}")
     choices = f.metadata.get("choices")
     if choices and v not in choices:
         hint = difflib.get_close_matches(str(v), choices, n=1)
