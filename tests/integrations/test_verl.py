@@ -83,8 +83,9 @@ def test_bucket_gradients_equal_verl_engine_autograd(model_dir, tmp_path, agg, k
     w.rlgrad_setup(ac, ["analysis.every=null", "analysis.buckets.enable=false"], tmp_path / "run")
     td, _ = verl_batch()
     batch = batch_from_verl(td)
-    model = w.rlgrad._model()
-    rep = analyse_buckets(model, batch, ActorLoss(w.rlgrad.settings), num_buckets=2, keep_grads=True)
+    with w.rlgrad.analysing() as model:  # verl's own FSDP2 module, no copy
+        assert model is w.engine.module
+        rep = analyse_buckets(model, batch, ActorLoss(w.rlgrad.settings), num_buckets=2, keep_grads=True)
     assert set(rep.stats.grads) == {"task", "kl", "entropy"}
     for k, name in enumerate(rep.stats.slices):
         rows = rep.buckets.rows[name]

@@ -127,6 +127,15 @@ class _SliceReducer:
                                   dtype=torch.float64)
         self.acc: dict[int, torch.Tensor] = {}
         self.names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
+        # FSDP2 swaps a module's registered (sharded) parameter for an unsharded one around its forward and
+        # backward: the hooks map whatever a module holds then to the registered parameter's id.
+        self.alias: dict[int, int] = {}
+        # Streaming (``flush``): a parameter's slice gradients leave as soon as every call of its modules has
+        # added to them (``calls``: per forward; ``remaining``: per backward), so at most the modules whose
+        # backward is in flight hold slice gradients, never the whole model's.
+        self.flush: Callable[[int, torch.Tensor], None] | None = None
+        self.calls: dict[int, int] = {}
+        self.remaining: dict[int, int] = {}
         self.handles = []
         self.embed_leaf: list[tuple[nn.Embedding, torch.Tensor, torch.Tensor]] = []
         for mod in model.modules():
@@ -138,27 +147,40 @@ class _SliceReducer:
                 self._watch(mod, self._norm, _norm_input)  # x̂ once per forward, not once per term
 
     def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None) -> None:
-        params = [p for p in mod.parameters(recurse=False) if id(p) in self.names]
-        if not params:
+        attrs = [(a, id(p)) for a, p in mod.named_parameters(recurse=False) if id(p) in self.names]
+        if not attrs:
             return
+
+        def on_grad(module, x, g):
+            for a, k in attrs:  # the parameters the module holds now (FSDP2: unsharded) are the registered ones
+                self.alias[id(getattr(module, a))] = k
+            fn(module, x, g)
 
         def fwd(module, inputs, output):
             x = inputs[0].detach() if prep is None else prep(module, inputs[0].detach())
-            if isinstance(module, nn.Embedding) and (output.is_leaf or not output.requires_grad):
-                # The input embedding (its output a leaf even when a hook such as transformers'
-                # enable_input_require_grads made it require grad): the leaf the backward stops at.
+            if isinstance(module, nn.Embedding):
+                # The input embedding: the leaf the backward stops at. Token ids carry no gradient, so its output
+                # depends on the parameters only through the weight, whose slice gradients the hook forms (its
+                # output may require grad: a hook such as transformers' enable_input_require_grads, or FSDP2's
+                # unsharded weight, which fast_gradients cannot freeze).
                 output = output.detach().requires_grad_(True)
                 self.embed_leaf.append((module, x, output))
-            output.register_hook(lambda g: fn(module, x, g))
+            for _, k in attrs:
+                self.calls[k] = self.calls.get(k, 0) + 1
+            output.register_hook(lambda g: on_grad(module, x, g))
             return output
 
         self.handles.append(mod.register_forward_hook(fwd))
 
     def _add(self, p: nn.Parameter, per_slice: torch.Tensor) -> None:
-        k = id(p)
+        k = self.alias.get(id(p), id(p))
         if k not in self.names:
             return
         self.acc[k] = self.acc[k] + per_slice if k in self.acc else per_slice
+        if self.flush is not None:
+            self.remaining[k] = self.remaining.get(k, self.calls.get(k, 1)) - 1
+            if self.remaining[k] <= 0:
+                self.flush(k, self.acc.pop(k))
 
     def _slices(self, g: torch.Tensor, x: torch.Tensor, reduce: Callable, rows: Callable | None = None,
                 combine: bool = False) -> torch.Tensor:
@@ -316,6 +338,12 @@ def _weighted_terms(loss_fn: LossFn, model: nn.Module, batch: Batch) -> dict[str
     return {k: v * omega.to(v.dtype) for k, v in terms.items()}
 
 
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model``'s parameters are FSDP2 shards (DTensors): the fast engine runs on it as it is, each
+    layer's slice gradients formed from its unsharded forward and backward and summed over ranks."""
+    return any(hasattr(p, "to_local") for p in model.parameters())
+
+
 def fast_unsupported(model: nn.Module) -> str | None:
     """Why the fast engine cannot run on ``model`` (None: it can), decided before any forward."""
     names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
@@ -365,23 +393,48 @@ def fast_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: tor
         leaves = [leaf for _, _, leaf in reducer.embed_leaf]
         names_in_order = [reducer.names[id(p)] for p in params]
         for i, (term, per_token) in enumerate(terms.items()):
-            reducer.acc = {}
-            total = per_token.sum()
-            if total.requires_grad:
-                torch.autograd.grad(total, leaves, retain_graph=i < len(terms) - 1, allow_unused=True)
-            grads = {}
-            for p, name in zip(params, names_in_order):
-                g = reducer.acc.get(id(p))
-                grads[name] = g if g is not None else torch.zeros(len(slices), *p.shape, device=p.device)
-            full, gram = _gram(grads, derived, slices, reducer.scale, keep_grads)
+            full, gram = _streamed_term(reducer, per_token.sum(), leaves, params, derived, slices, keep_grads,
+                                        retain_graph=i < len(terms) - 1)
             stats.gram[term] = gram
             if keep_grads:
-                stats.grads[term] = full
+                stats.grads[term] = {name: full[name] for name in names_in_order}
     finally:
         reducer.close()
         for p, f in zip(model.parameters(), flags):
             p.requires_grad_(f)
     return stats
+
+
+def _streamed_term(reducer: _SliceReducer, total: torch.Tensor, leaves: list[torch.Tensor], params: list,
+                   derived: dict[str, dict[str, float]], slices: list[str], keep_grads: bool, retain_graph: bool
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One term's backward, each parameter's slice gradients reduced over ranks and folded into the Gram as
+    soon as its modules' hooks have all run (``_SliceReducer.flush``): what is held at once is the slice
+    gradients of the modules in flight, one layer's at most, not the model's. Every rank flushes the
+    parameters in the same order (the backward's), then those the backward never reached, in ``params`` order.
+    """
+    full: dict[str, torch.Tensor] = {}
+    gram: dict[str, torch.Tensor] = {}
+    done: set[int] = set()
+
+    def flush(k: int, g: torch.Tensor) -> None:
+        done.add(k)
+        kept, part = _gram({reducer.names[k]: g}, derived, slices, reducer.scale, keep_grads)
+        full.update(kept)
+        for grp, m in part.items():
+            gram[grp] = gram[grp] + m if grp in gram else m
+
+    reducer.acc, reducer.remaining, reducer.flush = {}, {}, flush
+    try:
+        if total.requires_grad:
+            torch.autograd.grad(total, leaves, retain_graph=retain_graph, allow_unused=True)
+    finally:
+        reducer.flush = None
+    for p in params:
+        if id(p) not in done:
+            g = reducer.acc.pop(id(p), None)
+            flush(id(p), g if g is not None else torch.zeros(len(slices), *p.shape, device=p.device))
+    return full, gram
 
 
 def reference_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: torch.Tensor, slices: list[str],
@@ -433,9 +486,13 @@ def slice_gradients(method: str, model: nn.Module, batch: Batch, loss_fn: LossFn
         batch, weights = batch.blank_rows(1), weights.new_zeros(len(weights), 1)
     if method == "fast":
         why = fast_unsupported(model)
+        if why and is_sharded(model):
+            raise NotImplementedError(f"{why}, and analysis.method=reference needs a plain (unsharded) module")
         if why:
             warnings.warn(f"{why}; falling back to analysis.method=reference", stacklevel=2)
             method = "reference"
+    elif is_sharded(model):  # autograd of the sharded parameters would be zero: FSDP2 computes with unsharded ones
+        raise NotImplementedError("analysis.method=reference needs a plain (unsharded) module; use fast")
     engine = fast_gradients if method == "fast" else reference_gradients
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # nothing random should happen
