@@ -83,9 +83,11 @@ def test_bucket_gradients_equal_verl_engine_autograd(model_dir, tmp_path, agg, k
     w.rlgrad_setup(ac, ["analysis.every=null", "analysis.buckets.enable=false"], tmp_path / "run")
     td, _ = verl_batch()
     batch = batch_from_verl(td)
+    assert w.engine.module.is_gradient_checkpointing  # verl's default: the analysis forward turns it off
     with w.rlgrad.analysing() as model:  # verl's own FSDP2 module, no copy
-        assert model is w.engine.module
+        assert model is w.engine.module and not model.is_gradient_checkpointing
         rep = analyse_buckets(model, batch, ActorLoss(w.rlgrad.settings), num_buckets=2, keep_grads=True)
+    assert w.engine.module.is_gradient_checkpointing
     assert set(rep.stats.grads) == {"task", "kl", "entropy"}
     for k, name in enumerate(rep.stats.slices):
         rows = rep.buckets.rows[name]

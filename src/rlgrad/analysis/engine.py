@@ -47,6 +47,9 @@ from rlgrad.metrics import layer_group
 # elements per chunk (at least one row). At the bench's shapes (Linears of 64k-200k weights) 2M ran 2x
 # faster than 16M; a Linear with more weights than this goes one row at a time.
 ROW_CHUNK_ELEMENTS = 1 << 21
+# Streaming: a parameter of more elements than this (with one use) has its slice gradients formed, summed over
+# ranks and folded into the Gram a block of rows at a time (16 MB per slice in fp32), not whole.
+BLOCK_ELEMENTS = 1 << 22
 
 
 @dataclass
@@ -136,6 +139,7 @@ class _SliceReducer:
         self.flush: Callable[[int, torch.Tensor], None] | None = None
         self.calls: dict[int, int] = {}
         self.remaining: dict[int, int] = {}
+        self.block_elements: int | None = None  # streaming: form large parameters' slices by blocks (_blocks)
         self.handles = []
         self.embed_leaf: list[tuple[nn.Embedding, torch.Tensor, torch.Tensor]] = []
         for mod in model.modules():
@@ -172,9 +176,12 @@ class _SliceReducer:
 
         self.handles.append(mod.register_forward_hook(fwd))
 
-    def _add(self, p: nn.Parameter, per_slice: torch.Tensor) -> None:
+    def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True) -> None:
         k = self.alias.get(id(p), id(p))
         if k not in self.names:
+            return
+        if not whole:  # a block of rows (``_blocks``): flushed as it is, its Gram adds over blocks
+            self.flush(k, per_slice)
             return
         self.acc[k] = self.acc[k] + per_slice if k in self.acc else per_slice
         if self.flush is not None:
@@ -250,10 +257,26 @@ class _SliceReducer:
             return g.narrow(0, rng[0], rng[1]), x.narrow(0, rng[0], rng[1])
         return g.index_select(0, idx), x.index_select(0, idx)
 
+    def _blocks(self, p: nn.Parameter) -> list[tuple[int, int]]:
+        """``(first row, rows)`` blocks of ``p`` whose slice gradients are formed and flushed one at a time: the
+        whole parameter, except while streaming a parameter with one use (not tied) of more than
+        ``block_elements`` elements (an LM head, an embedding, a wide MLP projection): the Gram and the sum over
+        ranks add over disjoint blocks of rows, so only one block's slice gradients exist at once."""
+        rows = p.shape[0]
+        k = self.alias.get(id(p), id(p))
+        if self.flush is None or self.block_elements is None or self.calls.get(k, 1) > 1:
+            return [(0, rows)]
+        step = max(1, self.block_elements // max(p.numel() // max(rows, 1), 1))
+        return [(i, min(step, rows - i)) for i in range(0, rows, step)]
+
     def _linear(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
-        self._add(m.weight, self._slices(g, x, lambda gg, xx: gg.t().float() @ xx.float(),
-                                         lambda gg, xx: gg.float().transpose(1, 2) @ xx.float(), combine=True))
+        out = g.shape[-1]
+        for start, n in self._blocks(m.weight):
+            gb = g if n == out else g[..., start:start + n]
+            self._add(m.weight, self._slices(gb, x, lambda gg, xx: gg.t().float() @ xx.float(),
+                                             lambda gg, xx: gg.float().transpose(1, 2) @ xx.float(), combine=True),
+                      whole=n == out)
         if m.bias is not None:
             self._add(m.bias, self._slices(g, x, lambda gg, xx: gg.float().sum(0), lambda gg, xx: gg.float().sum(1)))
 
@@ -261,13 +284,19 @@ class _SliceReducer:
         g = g.detach()
         if m.padding_idx is not None:  # autograd never updates the padding row
             g = g * (ids != m.padding_idx).unsqueeze(-1).to(g.dtype)
-        V = m.weight.shape[0]
-        self._add(m.weight, self._slices(
-            g, ids, lambda gg, ii: torch.zeros(V, gg.shape[-1], dtype=torch.float32, device=gg.device)
-            .index_add_(0, ii.reshape(-1), gg.float()),
-            lambda gg, ii: torch.zeros(len(ii) * V, gg.shape[-1], dtype=torch.float32, device=gg.device)
-            .index_add_(0, (ii + V * torch.arange(len(ii), device=ii.device)[:, None]).reshape(-1),
-                        gg.reshape(-1, gg.shape[-1]).float()).view(len(ii), V, gg.shape[-1])))
+        vocab = m.weight.shape[0]
+        for start, V in self._blocks(m.weight):
+            gb, ib = g, ids
+            if V != vocab:  # rows start .. start + V - 1 only: other tokens add zeros to row 0 of the block
+                local = ids - start
+                inside = (local >= 0) & (local < V)
+                gb, ib = g * inside.unsqueeze(-1).to(g.dtype), local.clamp(0, V - 1)
+            self._add(m.weight, self._slices(
+                gb, ib, lambda gg, ii, V=V: torch.zeros(V, gg.shape[-1], dtype=torch.float32, device=gg.device)
+                .index_add_(0, ii.reshape(-1), gg.float()),
+                lambda gg, ii, V=V: torch.zeros(len(ii) * V, gg.shape[-1], dtype=torch.float32, device=gg.device)
+                .index_add_(0, (ii + V * torch.arange(len(ii), device=ii.device)[:, None]).reshape(-1),
+                            gg.reshape(-1, gg.shape[-1]).float()).view(len(ii), V, gg.shape[-1])), whole=V == vocab)
 
     def _norm(self, m: nn.Module, xh: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
@@ -425,6 +454,7 @@ def _streamed_term(reducer: _SliceReducer, total: torch.Tensor, leaves: list[tor
             gram[grp] = gram[grp] + m if grp in gram else m
 
     reducer.acc, reducer.remaining, reducer.flush = {}, {}, flush
+    reducer.block_elements = None if keep_grads else BLOCK_ELEMENTS
     try:
         if total.requires_grad:
             torch.autograd.grad(total, leaves, retain_graph=retain_graph, allow_unused=True)
