@@ -17,9 +17,12 @@ free lists of the one before. Per rank and kind of step (the most of its repeats
 
 Kinds: ``off`` (the instruments off: rlgrad's trainer's update alone / verl's ``TrainingWorker.train_mini_batch``),
 ``idle`` (verl: the instruments on, the step not analysed), ``analysed`` (the bucket x term analysis with 4
-buckets and neuron health with its nullspace sample, as ``analysis.every`` runs them; the trainer: on the plain
-replica it keeps for rollouts, ``analysed_shards``: on the FSDP2 module, as verl's worker runs them). The update:
-one mini-batch of 16 rows (8 per rank) of 8 prompt + 24 response tokens, micro-batches of 4, AdamW, fp32; verl's
+buckets and neuron health with a nullspace sample of 8, as ``analysis.every`` runs them; the trainer: on the plain
+replica it keeps for rollouts, ``analysed_shards``: on the FSDP2 module, as verl's worker runs them); and two
+phases alone: ``forward`` (one forward of the loss over the rank's rows on the FSDP2 module, its graph held: the
+activations the analysis keeps) and ``analysis`` (the bucket analysis alone, on the FSDP2 module; its overhead
+is against ``forward``: what the instruments hold beyond those activations). The update:
+one mini-batch of 16 rows (8 per rank) of 4 prompt + 12 response tokens, micro-batches of 4, AdamW, fp32; verl's
 engine with its default activation checkpointing (the analysis turns it off for its forward). Each step is also
 timed (``step_s``).
 """
@@ -42,8 +45,8 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import torch  # noqa: E402
 
-B, P, R, N = 16, 8, 24, 4  # global rows, prompt and response tokens, samples per prompt
-OVERRIDES = ["analysis.buckets.num_buckets=4"]
+B, P, R, N = 16, 4, 12, 4  # global rows, prompt and response tokens, samples per prompt
+OVERRIDES = ["analysis.buckets.num_buckets=4", "analysis.neurons.actor.nullspace_samples=8"]
 
 
 def _status(field: str) -> float:
@@ -121,6 +124,7 @@ def trainer_steps(model_dir: Path, run_dir: Path, rank: int, kinds: list[str], r
     from transformers import AutoModelForCausalLM
 
     from rlgrad import distributed
+    from rlgrad.algos.objective import ActorLoss
     from rlgrad.analysis import hooks_from_config, schedules
     from rlgrad.hooks import HookRunner, Schedule, StepContext
     from rlgrad.integrations import instrument_settings
@@ -143,9 +147,16 @@ def trainer_steps(model_dir: Path, run_dir: Path, rank: int, kinds: list[str], r
         nonlocal step
         step += 1
         batch = batch_from_verl(verl_batch(rank, step))
-        ctx = StepContext(step=step, batch=batch, actor=train if kind == "analysed_shards" else replica,
+        ctx = StepContext(step=step, batch=batch, actor=replica if kind == "analysed" else train,
                           optimizer=opt, loss_settings=settings, config=cfg, run_dir=run_dir, is_main=rank == 0,
                           sync_actor=lambda: distributed.sync_policy(train, replica))
+        if kind == "forward":  # the activations one forward over the rank's rows holds (the analysis keeps them)
+            ActorLoss(settings)(train, batch)
+            train.reshard()  # FSDP2 keeps the root's parameters unsharded after a forward: back to the shards
+            return
+        if kind == "analysis":  # the bucket analysis alone (the hooks' before_update), on the shards
+            hooks.before_update(ctx)
+            return
         on = kind != "off"
         if on:
             hooks.before_update(ctx)
@@ -170,7 +181,9 @@ def verl_steps(model_dir: Path, run_dir: Path, rank: int, kinds: list[str], repe
     from verl.workers.engine_workers import TrainingWorkerConfig
     from verl.workers.utils.losses import ppo_loss
 
+    from rlgrad.algos.objective import ActorLoss
     from rlgrad.integrations.verl import TrainingWorker
+    from rlgrad.integrations.verl_loss import batch_from_verl
 
     mc = HFModelConfig(path=str(model_dir), use_remove_padding=False, override_config={"attn_implementation": "eager"})
     fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
@@ -181,7 +194,7 @@ def verl_steps(model_dir: Path, run_dir: Path, rank: int, kinds: list[str], repe
     w.reset()
     ac = actor_config()
     w.set_loss_fn(partial(ppo_loss, config=ac))
-    w.rlgrad_setup(ac, ["analysis.every=2", *OVERRIDES], run_dir)  # due at the worker's even steps
+    w.rlgrad_setup(ac, ["analysis.every=2", *OVERRIDES], run_dir)  # due at the worker's steps 1, 3, ...
     out: dict[str, list[dict]] = {k: [] for k in kinds}
     seed = 0
 
@@ -189,7 +202,16 @@ def verl_steps(model_dir: Path, run_dir: Path, rank: int, kinds: list[str], repe
         nonlocal seed
         seed += 1
         td = verl_batch(rank, seed)
-        if kind == "off":
+        rl = w.rlgrad
+        if kind == "forward":  # the activations one forward over the rank's rows holds (the analysis keeps them)
+            with rl.analysing() as model:
+                ActorLoss(rl.settings)(model, batch_from_verl(td))
+                model.reshard()  # FSDP2 keeps the root's parameters unsharded after a forward: back to the shards
+        elif kind == "analysis":  # the bucket analysis alone (before_update at a due step), no update
+            step, rl.step = rl.step, 1
+            rl.before_update(td)
+            rl.step, rl.ctx = step, None
+        elif kind == "off":
             VerlTrainingWorker.train_mini_batch(w, td)  # verl's own update: rlgrad's override not called
         else:
             w.train_mini_batch(td)
@@ -218,21 +240,24 @@ def rank_main(rank: int, port: int, engine: str, kinds: list[str], repeats: int,
 
 
 def summary(engine: str, rank: int, steps: dict[str, list[dict]], copy_mb: float) -> list[str]:
+    """Table rows: steps against ``off``; ``analysis`` against ``forward`` (what the analysis holds beyond the
+    activations of its forward: slice gradients in flight, output gradients, Grams)."""
     worst = {k: {f: max(s[f] for s in v) for f in ("peak_mb", "kept_mb")} for k, v in steps.items()}
     secs = {k: sum(s["step_s"] for s in v) / len(v) for k, v in steps.items()}
     lines = []
     for kind, m in worst.items():
-        over = m["peak_mb"] - worst["off"]["peak_mb"]
+        base = "forward" if kind == "analysis" and "forward" in worst else "off"
+        over = m["peak_mb"] - worst[base]["peak_mb"] if kind != "forward" else float("nan")
         lines.append(f"| {engine} | {rank} | {kind} | {m['peak_mb']:.0f} | {m['kept_mb']:.0f} | "
-                     f"{over:+.0f} | {over / copy_mb:+.0%} | {secs[kind]:.1f} |")
+                     f"{over:+.0f} vs {base} | {over / copy_mb:+.0%} | {secs[kind]:.1f} |")
     return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engines", default="trainer,verl")
-    ap.add_argument("--trainer-steps", default="off,analysed,analysed_shards")
-    ap.add_argument("--verl-steps", default="off,idle,analysed")
+    ap.add_argument("--trainer-steps", default="off,analysed,analysed_shards,forward,analysis")
+    ap.add_argument("--verl-steps", default="off,analysed,idle,forward,analysis")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--hidden", type=int, default=384)
@@ -248,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         copy_mb = 4 * params / 2**20
         print(f"model: Qwen2 hidden {a.hidden}, {a.layers} layers, vocab {a.vocab}: {params / 1e6:.1f}M parameters, "
               f"one fp32 copy {copy_mb:.0f} MB")
-        print("| engine | rank | step | peak_mb | kept_mb | overhead_mb | of one fp32 copy | step_s |")
+        print("| engine | rank | step | peak_mb | kept_mb | overhead_mb | of one fp32 copy | s |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for engine in a.engines.split(","):
             with socket.socket() as s:

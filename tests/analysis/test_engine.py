@@ -61,7 +61,7 @@ def test_a_model_the_fast_engine_cannot_cover_falls_back_to_the_reference(model_
 @pytest.mark.parametrize("kind", ["disjoint", "one_row_each", "overlapping"])
 def test_large_parameters_streamed_by_blocks_of_rows_equal_the_reference(model_tok, monkeypatch, kind):
     """Streaming forms an untied parameter's slice gradients a block of rows at a time (the LM head, the embedding,
-    the MLP projections here, with blocks of 5 rows that do not divide them): the Gram per layer group is the
+    the MLP projections here, in blocks of a few rows that do not divide them): the Gram per layer group is the
     reference's, for every way the engine reduces a module (buckets, one row per slice, overlapping slices)."""
     from rlgrad.algos.objective import ActorLoss
     from rlgrad.analysis import engine
@@ -70,13 +70,13 @@ def test_large_parameters_streamed_by_blocks_of_rows_equal_the_reference(model_t
     m = copy.deepcopy(model)
     m.lm_head.weight = torch.nn.Parameter(m.lm_head.weight.detach().clone() * 1.1)  # untied: one use each
     b = make_batch(model, tok)
-    monkeypatch.setattr(engine, "BLOCK_ELEMENTS", 5 * m.config.hidden_size)
     g = torch.Generator().manual_seed(0)
     weights = {"disjoint": (b.group_ids[None, :] == torch.arange(3)[:, None]).float() * torch.tensor([[1.0], [0.5],
                                                                                                        [2.0]]),
                "one_row_each": torch.eye(len(b))[[3, 0, 7, 12]],
                "overlapping": torch.rand(3, len(b), generator=g)}[kind]
     slices = [f"s{i}" for i in range(len(weights))]
+    monkeypatch.setattr(engine, "BLOCK_ELEMENTS", 5 * len(weights) * m.config.hidden_size)  # 5 rows of hidden
     loss = ActorLoss(SETTINGS[0])
     blocks = []
     real = engine._SliceReducer._blocks

@@ -47,9 +47,9 @@ from rlgrad.metrics import layer_group
 # elements per chunk (at least one row). At the bench's shapes (Linears of 64k-200k weights) 2M ran 2x
 # faster than 16M; a Linear with more weights than this goes one row at a time.
 ROW_CHUNK_ELEMENTS = 1 << 21
-# Streaming: a parameter of more elements than this (with one use) has its slice gradients formed, summed over
-# ranks and folded into the Gram a block of rows at a time (16 MB per slice in fp32), not whole.
-BLOCK_ELEMENTS = 1 << 22
+# Streaming: a parameter (with one use) whose slice gradients, all slices together, have more elements than this
+# has them formed, summed over ranks and folded into the Gram a block of rows at a time (8 MB in fp32), not whole.
+BLOCK_ELEMENTS = 1 << 21
 
 
 @dataclass
@@ -259,14 +259,14 @@ class _SliceReducer:
 
     def _blocks(self, p: nn.Parameter) -> list[tuple[int, int]]:
         """``(first row, rows)`` blocks of ``p`` whose slice gradients are formed and flushed one at a time: the
-        whole parameter, except while streaming a parameter with one use (not tied) of more than
-        ``block_elements`` elements (an LM head, an embedding, a wide MLP projection): the Gram and the sum over
+        whole parameter, except while streaming a parameter with one use (not tied) whose slice gradients have more
+        than ``block_elements`` elements (an LM head, an embedding, an MLP projection): the Gram and the sum over
         ranks add over disjoint blocks of rows, so only one block's slice gradients exist at once."""
         rows = p.shape[0]
         k = self.alias.get(id(p), id(p))
         if self.flush is None or self.block_elements is None or self.calls.get(k, 1) > 1:
             return [(0, rows)]
-        step = max(1, self.block_elements // max(p.numel() // max(rows, 1), 1))
+        step = max(1, self.block_elements // max(len(self.weights) * (p.numel() // max(rows, 1)), 1))
         return [(i, min(step, rows - i)) for i in range(0, rows, step)]
 
     def _linear(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
