@@ -202,6 +202,14 @@ def test_settings_refused_in_one_line():
         batch_from_verl(td)
 
 
+def test_reference_engine_refused_on_verls_shards(model_dir, tmp_path):
+    """The instruments run on verl's FSDP2 shards, where only the fast engine forms the gradients (autograd of
+    the shards would be zero): analysis.method=reference is refused in one line at setup."""
+    w = worker(model_dir)
+    with pytest.raises(UserError, match="FSDP2 shards with analysis.method=fast only"):
+        w.rlgrad_setup(actor_config(), ["analysis.method=reference"], tmp_path / "run")
+
+
 def test_launcher_selects_rlgrad_trainer_and_worker(tmp_path):
     """``python -m rlgrad.integrations.verl_main``: verl's config, the rlgrad trainer registered through verl's
     registry, and rlgrad's worker in the actor role (the GPU launch itself cannot run here)."""
