@@ -20,7 +20,7 @@ from rlgrad.runfiles import checkpoint_dirs, holds_a_run
 # Settings that define a run: a resume that changes one is refused (a cadence or more steps may change).
 DEFINING = ("model.", "data.task", "data.train_files", "data.val_files", "data.reasoning_gym", "data.train_batch_size",
             "data.system_prompt", "data.apply_chat_template", "algorithm.", "reward.", "rollout.n",
-            "actor.policy_loss", "actor.loss_agg_mode", "critic.model", "trainer.seed", "env.", "agent.")
+            "actor.policy_loss", "actor.loss_agg_mode", "actor.lora.", "critic.model", "trainer.seed", "env.", "agent.")
 
 
 def resolve_run_dir(cfg: RLGradConfig) -> Path:
