@@ -13,8 +13,8 @@ hooks see each layer's input ``x`` and output gradient ``δ`` and reduce them pe
     Embedding   ∂L_s/∂E[v] = Σ_i W[s,i] Σ_{t: id_it = v} δ_it      (v ≠ padding_idx)
     RMSNorm     ∂L_s/∂w = Σ_i W[s,i] Σ_t δ_it ⊙ x̂_it      (x̂ the normalised input; LayerNorm: + bias)
 
-so a slice whose rows are disjoint from the others' costs only its
-share of one weight-gradient computation, and the full-batch weight gradient is never formed separately. Tied input/output
+so a slice whose rows are disjoint from the others' costs only its share of one weight-gradient
+computation, and the full-batch weight gradient is never formed separately. Tied input/output
 embeddings receive both contributions. Derived slices (e.g. ``all`` = Σ_b c_b · bucket_b) are
 linear combinations formed at the end. The result is, per term, the Gram matrix of the slices'
 gradients for every layer group (norms on the diagonal, dot products off it), and optionally the
