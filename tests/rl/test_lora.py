@@ -97,6 +97,8 @@ def test_lora_settings_verl_spellings_and_refusals(tiny):
     assert load_config().actor.lora.rank == 0 and load_config().actor.lora.target_modules == "all-linear"
     with pytest.raises(UserError, match="reset_every"):
         load_config(overrides=["actor.lora.rank=4", "analysis.neurons.actor.reset_every=2"])
+    with pytest.raises(UserError, match="save_model"):
+        load_config(overrides=["actor.lora.rank=4", "analysis.buckets.save_model=true"])
     with pytest.raises(UserError, match="target_modules"):
         load_config(overrides=["actor.lora.rank=4", "actor.lora.target_modules=[]"])
     with pytest.raises(UserError, match="target_modules.*no_such_proj"):

@@ -166,6 +166,9 @@ def _lora(cfg: RLGradConfig) -> None:
         raise UserError("'analysis.neurons.actor.reset_every' with actor.lora.rank > 0: the ReDo reset rewrites "
                         "frozen base weights the saved adapter does not hold; set it to 0 (the neuron-health "
                         "metrics work under LoRA)")
+    if lora.rank > 0 and cfg.analysis.buckets.save_model:
+        raise UserError("'analysis.buckets.save_model' with actor.lora.rank > 0 is not supported yet: the "
+                        "checkpoints (trainer.save_freq) hold the adapter")
 
 
 RELATIONS = (_optimizer_betas, _tiny_model_shape, _algorithm, _mini_batches, _trainer, _critic_model, _agent_and_data,
