@@ -126,6 +126,11 @@ def test_lora_bucket_gradients_are_verl_engine_autograd_of_the_adapters(model_di
         assert all(float(ref[n].abs().sum()) > 0 for n in ref if ".lora_A." in n)
         ours = {n: sum(rep.stats.grads[t][n][k] for t in rep.stats.grads) for n in ref}
         assert rel_err(ours, ref) < 1e-5, (name, rel_err(ours, ref))
+    # a training step through the worker: every instrument, neuron health on the sharded adapters' rows included
+    w.set_loss_fn(partial(ppo_loss, config=ac))
+    w.rlgrad_setup(ac, ["analysis.every=1", "analysis.buckets.num_buckets=2"], tmp_path / "run2")
+    m = tu.get(w.train_mini_batch(verl_batch(seed=1)[0]), "metrics")
+    assert {"grad_norm/all/task", "actor/neuron/dormant_ratio", "actor/param/zero_grad_ratio"} <= set(m)
 
 
 def test_batch_from_verl_matches_the_padded_batch(model_dir):
