@@ -104,3 +104,29 @@ def test_lora_settings_verl_spellings_and_refusals(tiny):
     with pytest.raises(UserError, match="target_modules.*no_such_proj"):
         make_trainer(load_config(overrides=tiny + ["actor.lora.rank=4", "actor.lora.target_modules=[no_such_proj]"]),
                      log=lambda *a: None)
+
+
+@pytest.mark.e2e
+def test_lora_under_torchrun_ddp_equals_one_process_and_fsdp2_is_refused(tiny, tmp_path):
+    from tests.test_distributed import E2E, _torchrun, close
+
+    # E2E's instruments and data, without its ReDo reset (refused under LoRA)
+    base = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + [
+        o for o in E2E if not o.startswith("actor.redo_reset")] + LORA[:3] + ["trainer.total_training_steps=2"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    one_process = base + ["rollout.group_seeded_sampling=true", f"trainer.default_local_dir={one}"]
+    make_trainer(load_config(overrides=one_process), log=lambda *a: None).fit()
+    res = _torchrun(base + [f"trainer.default_local_dir={two}"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    a, b = read_jsonl(one / "metrics.jsonl"), read_jsonl(two / "metrics.jsonl")
+    assert [x["step"] for x in b] == [0, 1, 2] and b[2]["data"]["grad_norm/all/task"] > 0
+    for x, y in zip(a, b, strict=True):  # the same numbers as one process, the instruments' included
+        assert set(x["data"]) == set(y["data"]), x["step"]
+        for k, v in x["data"].items():
+            assert k.startswith("timing_s/") or close(v, y["data"][k]), (x["step"], k, v, y["data"][k])
+    wa = load_file(one / "global_step_2" / "actor" / "adapter_model.safetensors")
+    wb = load_file(two / "global_step_2" / "actor" / "adapter_model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], rtol=1e-5, atol=1e-6) for k in wa)
+    res = _torchrun(base + ["trainer.strategy=fsdp2", f"trainer.default_local_dir={tmp_path / 'three'}"], timeout=120)
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("rlgrad: error")]
+    assert res.returncode != 0 and len(lines) == 1 and "trainer.strategy=ddp" in lines[0], res.stderr[-2000:]
