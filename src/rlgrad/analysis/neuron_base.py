@@ -83,7 +83,7 @@ def _incoming(name: str, mod: nn.Module, projections: tuple[str, ...]) -> list[t
     projection without an adapter: its rows carry no gradient to score)."""
     out = []
     for k in projections:
-        params = [(n, p) for n, p in _linear_params(f"{name}.{k}", getattr(mod, k)) if p.requires_grad]
+        params = _trainable(_linear_params(f"{name}.{k}", getattr(mod, k)))
         if not params:
             return None
         out += params
