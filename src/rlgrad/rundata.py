@@ -44,6 +44,9 @@ class RunData:
     nonfinite: dict[int, list[str]] = field(default_factory=dict)  # step -> metrics logged as NaN / inf
     kind: str = "rlgrad"  # rlgrad | trl | verl | wandb: whose trainer (and metric names) the run came from
     labels: dict[str, str] = field(default_factory=dict)  # component key -> its original name (another trainer's)
+    # the host trainer's own settings under its own names (TRL's args that rlgrad's TRL integration records in
+    # run_source.json: optim, learning_rate, max_grad_norm ...), read where the run's config lacks a key
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def metrics(self, step: int) -> dict[str, float]:
         return self.rows.get(step, {})
@@ -127,8 +130,9 @@ def load_run(run_dir: str | Path) -> RunData:
     src = _read_json(p / "run_source.json") or {}
     names = src.get("reward_names") if isinstance(src.get("reward_names"), dict) else {}
     kind = src.get("trainer") if src.get("trainer") in ("trl", "verl") else "rlgrad"
+    settings = src.get("settings") if isinstance(src.get("settings"), dict) else {}
     return RunData(name=p.resolve().name, source=str(p), rows=rows, config=config, config_text=text, run_dir=p,
-                   nonfinite=bad, kind=kind, labels={str(k): str(v) for k, v in names.items()})
+                   nonfinite=bad, kind=kind, labels={str(k): str(v) for k, v in names.items()}, settings=settings)
 
 
 def load_trl_output(out_dir: str | Path) -> RunData:

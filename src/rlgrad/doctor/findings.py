@@ -28,6 +28,7 @@ class Thresholds:
     window: int = 10  # steps in a "recent" window (median for spikes, the first / last stretch of a run)
     spike_factor: float = 10.0  # grad_norm_spike: a step's gradient norm above this × the previous window's median
     clip_steps_frac: float = 0.9  # clip_every_step: the gradient norm above max_grad_norm on this share of steps
+    clip_factor_cv: float = 0.5  # ... under Adam, a clip factor varying more than this (std / mean) reweights steps
     # actor/update_ratio, ‖Δθ‖/‖θ‖ of a step's update (the demo, measured: 4e-4 to 8e-4 at its preset lr 1e-4,
     # 7e-5 at 1e-5 which learns nothing in 40 steps, 1e-2 to 5e-2 at 3e-3 which destroys it in 2 steps)
     update_high: float = 0.01  # update_too_large: the median update of the first window above this
@@ -134,8 +135,12 @@ class View:
         return any(key in m for m in self.run.rows.values()) or any(key in b for b in self.run.nonfinite.values())
 
     def cfg(self, *keys: str):
+        """The first of ``keys`` the run sets: in its config (rlgrad's or verl's spelling), else among the host
+        trainer's own settings (TRL's args by TRL's names, ``RunData.settings``)."""
         for k in keys:
             v = D.config_get(self.run, k)
+            if v is None:
+                v = self.run.settings.get(k)
             if v is not None:
                 return v
         return None

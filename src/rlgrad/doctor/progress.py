@@ -253,18 +253,63 @@ def _reward_collapse(v: View, t: Thresholds) -> Finding | None:
         if all(a >= before * (1 - t.reward_drop / 2) for _, a in vals):
             severity = "warn"
             why += " Validation has held so far, so it may still be the training batches' prompts."
-    _, e = train_series(v, "actor/entropy")
-    if len(e) > i + k and mean(e[i:i + k]) > 2 * e[0]:
-        ev.append(f"{v.name('actor/entropy')} {fmt(e[0])} → {fmt(mean(e[i:i + k]))}")
-        why += " The entropy rose with it: the model drifts toward noise (too large steps)."
-    lr = config_lr(v)
+    cause, cause_ev, fix = collapse_cause(v, t, steps[i + k - 1])
     return Finding(
         severity=severity, step=steps[i], confidence=0.8 if severity == "critical" else 0.6,
-        title="The reward collapsed", evidence=ev, explanation=why,
-        action="Lower the learning rate" + (f" (now {fmt(lr)})" if lr else "") + " and keep gradient clipping on; "
-               + _restart_from(v, steps[i]) + ".",
+        title="The reward collapsed", evidence=ev + cause_ev, explanation=why + " " + cause,
+        action=fix + "; " + _restart_from(v, steps[i]) + ".",
         explains=["zero_variance_groups", "component_dominates", "component_takes_over", "format_over_correct",
                   "reward_plateau", "val_falls_train_rises", "length_runaway", "length_collapse"])
+
+
+def entropy_coef(v: View) -> float | None:
+    """The entropy term's coefficient (rlgrad's / verl's ``entropy_coeff``, TRL's ``entropy_coef``), None if unset."""
+    c = v.cfg("actor.entropy_coeff", "actor_rollout_ref.actor.entropy_coeff", "entropy_coef")
+    return float(c) if isinstance(c, int | float) and not isinstance(c, bool) else None
+
+
+def entropy_term_dominates(v: View, t: Thresholds, until: int) -> tuple[int, int]:
+    """On how many of the analysis steps up to ``until`` the entropy term's gradient outweighed the task's, of
+    how many (``grad_norm/all/entropy`` > ``reg_ratio`` × ``grad_norm/all/task``)."""
+    rows = [m for s, m in v.run.rows.items() if s <= until and "grad_norm/all/task" in m]
+    hits = [m for m in rows if m.get("grad_norm/all/entropy", 0.0) > t.reg_ratio * m["grad_norm/all/task"]]
+    return len(hits), len(rows)
+
+
+def collapse_cause(v: View, t: Thresholds, until: int) -> tuple[str, list[str], str]:
+    """What the run's own metrics say drove a collapse by step ``until``, of the causes they can rule in or out:
+    an entropy penalty (a negative coefficient with its gradient above the task's, or the entropy falling), an
+    entropy bonus (positive, its gradient above the task's, the entropy rising), or steps too large (the update
+    size, or the entropy rising with no bonus: drift toward noise). (why, evidence, what to do)."""
+    coef, lr = entropy_coef(v), config_lr(v)
+    dom, of = entropy_term_dominates(v, t, until)
+    _, e = train_series(v, "actor/entropy")
+    e = [x for s, x in zip(train_series(v, "actor/entropy")[0], e) if s <= until]
+    us, u = train_series(v, "actor/update_ratio")
+    u = [x for s, x in zip(us, u) if s <= until]
+    big = bool(u) and statistics.median(u) > t.update_high
+    ev = ([f"the entropy term's gradient above the task's on {dom} of {of} analysis steps"] if dom else []) + (
+        [f"{v.name('actor/entropy')} {fmt(e[0])} → {fmt(e[-1])}"] if len(e) >= 2 else []) + (
+        [f"actor/update_ratio {fmt(statistics.median(u))} (median)"] if u else [])
+    fell, rose = len(e) >= 2 and e[-1] < e[0] / 2, len(e) >= 2 and e[-1] > 2 * e[0]
+    lr_words = "the learning rate" + (f" (now {fmt(lr)})" if lr else "")
+    if coef is not None and coef < 0 and (2 * dom >= max(of, 1) or fell):
+        return (f"The entropy penalty (entropy_coeff {coef:g}) drove it: its gradient lowers the entropy, and the "
+                "groups' answers agree" + ("" if big else ", while the update size is not too large: the learning "
+                "rate is not the cause") + ".", ev,
+                "Set actor.entropy_coeff to 0 (or a small positive bonus): bring it toward 0, do not lower it")
+    if coef is not None and coef > 0 and 2 * dom >= max(of, 1) and not fell:
+        return (f"The entropy bonus (entropy_coeff {coef:g}) drove it: its gradient outweighs the task's and "
+                "pushes the policy toward randomness.", ev, "Lower actor.entropy_coeff toward 0")
+    if big or (rose and not (coef and coef > 0)):
+        return ("The steps are too large" + (" (the update size)" if big else " (the entropy rose with it: the "
+                "model drifts toward noise)") + ".", ev, f"Lower {lr_words} and keep gradient clipping on")
+    if u:
+        return ("Neither the update size nor an entropy term explains it: read what the model writes (rlgrad "
+                "samples RUN) and the reward function.", ev,
+                "Look for the cause in the samples and the reward before changing the learning rate")
+    return ("The run logs no update size (actor/update_ratio) and no entropy term that would explain it: too large "
+            "steps are the usual cause.", ev, f"Lower {lr_words} and keep gradient clipping on")
 
 
 def _restart_from(v: View, step: int) -> str:

@@ -88,6 +88,21 @@ def trl_metrics(logs: dict[str, float], components: dict[str, str] | None = None
             if isinstance(v, int | float) and (name := foreign_key(k, "trl", components)) is not None}
 
 
+SETTINGS = ("optim", "learning_rate", "max_grad_norm", "adam_epsilon", "beta", "max_completion_length",
+            "num_generations", "scale_rewards")  # TRL's args that rlgrad doctor reads (its advice depends on them)
+
+
+def trl_settings(args) -> dict:
+    """The TRL args ``rlgrad doctor`` reads, by TRL's names, as plain values (``optim`` is an enum)."""
+    out = {}
+    for name in SETTINGS:
+        val = getattr(args, name, None)
+        val = getattr(val, "value", val)
+        if isinstance(val, str | int | float | bool):
+            out[name] = val
+    return out
+
+
 def reward_keys(names: Sequence[str]) -> dict[str, str]:
     """TRL's reward function (and model) names -> their keys in rlgrad's metrics (``metrics.component_keys``:
     TRL names a reward model after its repo, ``tiny-Qwen2ForSequenceClassification-2.5``, which no metric key
@@ -175,7 +190,8 @@ class _Instruments:
             # The original names, for rlgrad report / doctor (the metric keys hold the escaped ones).
             atomic_write_json(self.run_dir / RUN_SOURCE, {
                 "trainer": "trl", "trl_version": importlib.metadata.version("trl"),
-                "reward_names": dict(zip(self.components, self.trainer.reward_func_names))})
+                "reward_names": dict(zip(self.components, self.trainer.reward_func_names)),
+                "settings": trl_settings(self.trainer.args)})
 
     # ---- the step ----------------------------------------------------------------------------------
     def before_update(self, out: dict) -> None:
