@@ -204,7 +204,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from rlgrad.doctor.command import doctor_command
 
-    return doctor_command(args.run, args.wandb_path, args.json, args.explain, args.thresholds)
+    if args.selftest is not None:
+        from rlgrad.doctor.selftest import selftest
+
+        return selftest(args.selftest or None)
+    return doctor_command(args.run, args.wandb_path, args.json, args.explain, args.thresholds, args.fail_on)
 
 
 def _steps_text(steps: list[int]) -> str:
@@ -406,6 +410,11 @@ def _doctor_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="the findings as JSON on stdout")
     p.add_argument("--explain", action="store_true", help="also list the checks the run lacks the metrics for")
     p.add_argument("--thresholds", help="a YAML file overriding thresholds (rlgrad.doctor.findings.Thresholds)")
+    p.add_argument("--fail-on", choices=("warn", "critical", "never"), default="critical",
+                   help="exit 1 when a finding is at or above this severity (default critical; never: exit 0)")
+    p.add_argument("--selftest", nargs="?", const="", metavar="DIR",
+                   help="run the doctor on its recorded runs with known faults (tests/data/doctor, or DIR) and "
+                        "print detected / missed for each; exit 1 if one is missed or a healthy run alarms")
     p.set_defaults(func=cmd_doctor)
 
 

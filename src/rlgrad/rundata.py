@@ -20,7 +20,7 @@ from typing import Any
 
 from rlgrad.config.aliases import ALIASES, resolve_alias
 from rlgrad.errors import UserError
-from rlgrad.metrics import component_keys, foreign_key, key, parse, trl_key, trl_reward_name
+from rlgrad.metrics import component_keys, foreign_key, key, own_key, parse, trl_reward_name
 
 PREFIX = "grad_norm"  # bucket metrics: grad_norm/{bucket}/... (rlgrad.metrics); layers.json's section
 GRAD_COMPONENTS = ("task", "entropy", "kl")
@@ -370,7 +370,7 @@ def pair_label(run: RunData, pair: str) -> str:
 def metric_name(run: RunData, k: str) -> str:
     """The name the run's own trainer logs rlgrad's metric ``k`` under (TRL: ``grad_norm``, ``rewards/<f>/mean``);
     rlgrad's name for a run of rlgrad's trainer or verl (whose names rlgrad's are)."""
-    return trl_key(k, run.labels) if run.kind == "trl" else k
+    return own_key(k, run.kind, run.labels)
 
 
 def component_geometry(run: RunData, step: int) -> dict | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import re
 
-import pytest
 import torch
 
 from rlgrad import rundata as D

@@ -193,7 +193,7 @@ def _concentrated(v: View, t: Thresholds) -> Finding | None:
                "freezing the embeddings steadies training.")
 
 
-@signature("dormant_growing", "actor/neuron/dormant_ratio",
+@signature("dormant_growing", "actor/neuron/dormant_ratio", trend="actor/neuron/dormant_ratio", min_points=2,
            reads="neurons",
            fires="the dormant ratio rising by > {dormant_rise:g} to ≥ {dormant_high:g}")
 def _dormant(v: View, t: Thresholds) -> Finding | None:

@@ -160,26 +160,46 @@ def _difficulty(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
             "groups with no variance (rollout filter, DAPO dynamic sampling).", ev)
 
 
-@signature("zero_variance_groups", "critic/advantages/max|critic/score/frac_zero_std|rollout/filter_zero_count",
-           reads="logs (+ config)",
-           fires="every advantage 0, or > 95% of the groups with one reward for all their samples (critical); > "
-                 "{zero_var_frac:.0%} of them (TRL's frac_reward_zero_std, rlgrad's filter count); says too easy "
-                 "(a [0, 1] reward ≥ {easy_level:g}) or too hard (≤ {hard_level:g})")
-def _zero_var(v: View, t: Thresholds) -> Finding | None:
+def _dead_steps(v: View) -> tuple[list[int], int, str]:
+    """The steps on which every advantage was 0, of how many steps say, and from what: the advantages' max = min =
+    0, else a reward std of exactly 0 over the batch (TRL's reward_std: every sample of every group alike), else a
+    task gradient of exactly 0 in every bucket the instruments measured (``grad_norm/{bucket}/task``)."""
     ss, amax = v.series("critic/advantages/max")
-    _, amin = v.series("critic/advantages/min")
-    dead = [s for s, a, b in zip(ss, amax, amin) if a == 0.0 and b == 0.0]
+    if ss:
+        _, amin = v.series("critic/advantages/min")
+        dead = [s for s, a, b in zip(ss, amax, amin) if a == 0.0 and b == 0.0]
+        return dead, len(ss), "critic/advantages max = min = 0"
+    ss, std = v.series("critic/score/std")
+    if ss and not v.has("critic/score/frac_zero_std"):  # the share of groups says more, where logged
+        return [s for s, x in zip(ss, std) if x == 0.0], len(ss), f"{v.name('critic/score/std')} 0 (every reward alike)"
+    rows = {s: [x for k, x in m.items() if k.startswith("grad_norm/") and k.endswith("/task")]
+            for s, m in v.run.rows.items()}
+    rows = {s: xs for s, xs in rows.items() if xs}
+    return ([s for s, xs in rows.items() if max(xs) == 0.0], len(rows),
+            "the task gradient 0 in every bucket (grad_norm/{bucket}/task)")
+
+
+@signature("zero_variance_groups",
+           "critic/advantages/max|critic/score/frac_zero_std|critic/score/std|rollout/filter_zero_count"
+           "|grad_norm/all/task",
+           reads="logs (+ config)",
+           fires="every advantage 0 (or the reward's std over the batch, or every bucket's task gradient), or > 95% of "
+                 "the groups with one reward for all their samples (critical); > {zero_var_frac:.0%} of them (TRL's "
+                 "frac_reward_zero_std, rlgrad's filter count); says too easy (a [0, 1] reward ≥ {easy_level:g}) or "
+                 "too hard (≤ {hard_level:g})")
+def _zero_var(v: View, t: Thresholds) -> Finding | None:
+    dead, of, how = _dead_steps(v)
     zs, frac, where = _zero_var_fraction(v)
     recent = first_last(frac, t.window)[1] if frac else 0.0
-    if dead and len(dead) >= max(1, len(ss) // 2):
-        ev, s0 = [f"critic/advantages max = min = 0 on {len(dead)} of {len(ss)} steps"], dead[0]
+    if dead and len(dead) >= max(1, of // 2):
+        ev, s0 = [f"{how} on {len(dead)} of {of} steps"], dead[0]
     elif recent > t.zero_var_frac:
         s0 = next(s for s, x in zip(zs, frac) if x > t.zero_var_frac)
         ev = [f"{fmt(100 * recent)}% of the prompt groups per step have one reward for all their samples ({where}; "
               "mean of the last steps)"]
     else:
         return None
-    severity = "critical" if dead and len(dead) >= max(1, len(ss) // 2) or recent > 0.95 else "warn"
+    severity = "critical" if dead and len(dead) >= max(1, of // 2) or recent > 0.95 else "warn"
     why, action, level_ev = _difficulty(v, t)
     _, g = v.series("actor/grad_norm")
     return Finding(
@@ -229,7 +249,8 @@ def _val_after(v: View, step: int) -> tuple[float | None, list[tuple[int, float]
     return before, [(s, a) for s, a in zip(steps, acc) if s >= step]
 
 
-@signature("reward_collapse", "critic/score/mean",
+@signature("reward_collapse", "critic/score/mean", trend="critic/score/mean",
+           min_points=lambda t: t.collapse_steps + 1,
            reads="logs",
            fires="the reward of {collapse_steps} steps in a row below its first step's (the policy before any update) "
                  "by > {reward_drop:.0%} of it and > {collapse_z:g}× its step-to-step noise (critical; a warning "
@@ -321,7 +342,7 @@ def _restart_from(v: View, step: int) -> str:
         freq, int) else f"restart from a checkpoint before step {step}, or from the initial weights"
 
 
-@signature("reward_plateau", "critic/score/mean",
+@signature("reward_plateau", "critic/score/mean", trend="critic/score/mean", min_points=lambda t: 2 * t.window,
            reads="logs",
            fires="the reward's rise from the first to the last {window} steps < {plateau_delta:g} (info)")
 def _plateau(v: View, t: Thresholds) -> Finding | None:
@@ -412,7 +433,7 @@ def _inverted(v: View, t: Thresholds) -> Finding | None:
                   "reward_plateau", "length_collapse"])
 
 
-@signature("format_over_correct", "reward/{component}/mean",
+@signature("format_over_correct", "reward/{component}/mean", trend="critic/score/mean", min_points=4,
            reads="logs",
            fires="a non-correctness reward rising by > {component_rise:g} while correctness rises < {correct_rise:g}")
 def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
@@ -461,7 +482,7 @@ def _checkpoint_words(v: View, best_step: int) -> str:
             "to keep it, with a trainer.save_freq that divides it")
 
 
-@signature("val_falls_train_rises", "val/accuracy",
+@signature("val_falls_train_rises", "val/accuracy", trend="val/accuracy", min_points=2,
            reads="logs (+ config)",
            fires="validation accuracy > {val_drop:g} below its best while the training reward rises")
 def _val(v: View, t: Thresholds) -> Finding | None:

@@ -46,7 +46,7 @@ def _nonfinite(v: View, t: Thresholds) -> Finding | None:
                "the reward function for NaN; resume from the last checkpoint before the first bad step.")
 
 
-@signature("grad_norm_spike", "actor/grad_norm",
+@signature("grad_norm_spike", "actor/grad_norm", trend="actor/grad_norm", min_points=lambda t: t.window + 1,
            reads="logs",
            fires="grad_norm > {spike_factor:g}× the median of the {window} steps before (critical when the reward "
                  "falls after)")
@@ -177,7 +177,7 @@ def _clip_every_step(v: View, t: Thresholds) -> Finding | None:
         explanation=why, action=action)
 
 
-@signature("kl_blowup", "actor/kl_loss|actor/ppo_kl",
+@signature("kl_blowup", "actor/kl_loss|actor/ppo_kl", trend="actor/kl_loss|actor/ppo_kl", min_points=2,
            reads="logs",
            fires="the recent KL loss > {kl_high:g} (critical) or > {kl_growth:g}× its start and > {kl_floor:g}")
 def _kl(v: View, t: Thresholds) -> Finding | None:
@@ -206,7 +206,7 @@ def _kl(v: View, t: Thresholds) -> Finding | None:
                "kl_loss_type=low_var_kl; check the run's samples for degenerate text.")
 
 
-@signature("entropy_collapse", "actor/entropy",
+@signature("entropy_collapse", "actor/entropy", trend="actor/entropy", min_points=4,
            reads="logs",
            fires="the recent entropy < {entropy_drop:.0%} of its start")
 def _entropy(v: View, t: Thresholds) -> Finding | None:
@@ -265,7 +265,7 @@ def _clipfrac_zero(v: View, t: Thresholds) -> Finding | None:
     return None
 
 
-@signature("length_runaway", "response_length/mean",
+@signature("length_runaway", "response_length/mean", trend="response_length/clip_ratio", min_points=2,
            reads="logs",
            fires="the share of responses cut at the length limit rising from < {length_clip_high:.0%} (its first "
                  "steps) to > {length_clip_high:.0%} (its last)")
@@ -345,7 +345,7 @@ def _length_truncated(v: View, t: Thresholds) -> Finding | None:
         explains=explains)
 
 
-@signature("length_collapse", "response_length/mean",
+@signature("length_collapse", "response_length/mean", trend="response_length/mean", min_points=4,
            reads="logs",
            fires="the recent mean length < {length_drop:.0%} of its start")
 def _length_collapse(v: View, t: Thresholds) -> Finding | None:
