@@ -25,7 +25,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     from rlgrad import distributed
     from rlgrad.recipes import make_trainer
-    from rlgrad.rl.resume import Interrupted, RunStopped
+    from rlgrad.rl.resume import HALTED_STATUS, Halted, Interrupted, RunStopped
 
     distributed.setup(cfg)  # torchrun: join the process group (a no-op in one process)
     try:
@@ -36,6 +36,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             if trainer.is_main:
                 print(f"rlgrad: {e}", file=sys.stderr)
             return 128 + e.signum  # the shell's convention for a signal
+        except Halted as e:
+            if trainer.is_main:
+                print(f"rlgrad: {e}", file=sys.stderr)
+            return HALTED_STATUS  # stopped by the doctor (doctor.halt_on): neither success nor failure
         except RunStopped as e:
             if trainer.is_main:
                 print(f"rlgrad: run stopped: {e}", file=sys.stderr)

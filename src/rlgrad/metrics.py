@@ -406,6 +406,8 @@ CATALOGUE: tuple[Metric, ...] = (
         ("timing_s/update_critic", "Seconds in the critic update, its on_grads hooks included (gae only)."),
         ("timing_s/update_actor", "Seconds in the actor update, its on_grads hooks included."),
         ("timing_s/filter", "Seconds in the rollout filter (its entropy forward included, for entropy metrics)."),
+        ("timing_s/doctor", "Seconds the live doctor took at the end of this step (doctor.live; 0 on a step it "
+         "skipped to keep its cost under 1% of the step time)."),
         ("timing_s/val", "Seconds of the validation after this training step (not logged for the validation "
                          "before training, step 0)."),
         ("timing_s/step",

@@ -171,7 +171,8 @@ def _dead_steps(v: View) -> tuple[list[int], int, str]:
         return dead, len(ss), "critic/advantages max = min = 0"
     ss, std = v.series("critic/score/std")
     if ss and not v.has("critic/score/frac_zero_std"):  # the share of groups says more, where logged
-        return [s for s, x in zip(ss, std) if x == 0.0], len(ss), f"{v.name('critic/score/std')} 0 (every reward alike)"
+        # 0 up to float rounding (TRL's weighted sum of constant rewards has a std of ~1e-8)
+        return [s for s, x in zip(ss, std) if x < 1e-6], len(ss), f"{v.name('critic/score/std')} 0 (every reward alike)"
     rows = {s: [x for k, x in m.items() if k.startswith("grad_norm/") and k.endswith("/task")]
             for s, m in v.run.rows.items()}
     rows = {s: xs for s, xs in rows.items() if xs}

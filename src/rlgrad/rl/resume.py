@@ -93,6 +93,13 @@ class RunStopped(Exception):
     """The run ended early for a reason the user must see (not bad input)."""
 
 
+HALTED_STATUS = 3  # rlgrad train's exit status when a hook (the live doctor) stopped the run: not 0, 1, 2 or 128+n
+
+
+class Halted(RunStopped):
+    """A hook (the live doctor, ``doctor.halt_on``) stopped the run after a whole step and its checkpoint."""
+
+
 class Interrupted(RunStopped):
     """SIGTERM / SIGINT: the run stopped after a whole step and its checkpoint (``signum``: which signal)."""
 

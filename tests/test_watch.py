@@ -1,0 +1,84 @@
+"""The live doctor (``rlgrad.doctor.live`` through the hook ``rlgrad.watch.DoctorHook``): findings said once as the
+run goes, doctor.jsonl, its cost budget, and ``doctor.halt_on`` stopping rlgrad's trainer after a whole step with a
+checkpoint and a distinct exit status, resumable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlgrad import rundata as D
+from rlgrad.config import load_config
+from rlgrad.doctor.live import DOCTOR_LOG, LiveDoctor
+from rlgrad.doctor.selftest import prefixes
+from rlgrad.recipes import make_trainer
+from rlgrad.rl.resume import HALTED_STATUS, Halted
+from tests.conftest import run_cli
+from tests.doctor.test_doctor import fixture
+
+
+def replay(name: str, run_dir, budget: float = 1.0, step_seconds: float = 1.0):
+    """A recorded run fed to a live doctor step by step, as its trainer would: (doctor, lines it said, by step)."""
+    run = D.load_any(fixture(name))
+    said: list[str] = []
+    doctor = LiveDoctor(run_dir, run.config, say=said.append, budget=budget)
+    by_step = {}
+    for step in sorted(run.rows):
+        by_step[step] = doctor.observe(step, run.rows[step], step_seconds)
+    return doctor, said, by_step
+
+
+def test_each_finding_is_said_once_when_it_first_shows_and_logged(tmp_path):
+    doctor, said, by_step = replay("lr_fast_collapse", tmp_path)
+    assert len(said) == len({(f.id, f.severity) for fs in by_step.values() for f in fs})  # once each
+    assert all(line.startswith("[doctor] step ") and "\n" not in line for line in said)
+    # the first critical finding is said at the step a diagnosis of the run so far first holds one
+    first_critical = next(n for n, d in prefixes(D.load_any(fixture("lr_fast_collapse"))) if d.critical)
+    assert min(s for s, fs in by_step.items() if any(f.severity == "critical" for f in fs)) == first_critical
+    rows = [json.loads(x) for x in (tmp_path / DOCTOR_LOG).read_text().splitlines()]
+    assert [(r["step"], r["finding"], r["severity"]) for r in rows] == \
+        [(s, f.id, f.severity) for s, fs in sorted(by_step.items()) for f in fs]
+    assert all(r["evidence"] and r["action"] for r in rows)
+
+
+def test_a_healthy_run_read_live_says_nothing_serious(tmp_path):
+    _, said, _ = replay("healthy_issue37", tmp_path)
+    assert not [line for line in said if " WARN " in line or " CRITICAL " in line], said
+
+
+def test_the_cost_stays_within_its_budget_by_skipping_steps(tmp_path):
+    """Steps of 0.1 s: a diagnosis costs more than 1% of that, so some steps are skipped, and the time spent before
+    the last diagnosis (the one that may overdraw the budget) stays within 1% of the steps' time."""
+    doctor, _, _ = replay("healthy_issue37", tmp_path, budget=0.01, step_seconds=0.1)
+    steps = len(D.load_any(fixture("healthy_issue37")).rows)
+    assert 0 < doctor.skipped < steps - 1
+    assert doctor.cost - doctor.last_spent <= 0.01 * 0.1 * steps
+    free, _, _ = replay("healthy_issue37", None, budget=1.0, step_seconds=1.0)
+    assert free.skipped == 0  # with time to spare, every step is diagnosed
+
+
+def test_halt_on_stops_after_the_step_with_a_checkpoint_exit_3_and_resumes(tiny, tmp_path):
+    """The tiny model gets every answer wrong at first: every group agrees, a critical zero_variance_groups at
+    step 1, which halts the run there."""
+    run = tmp_path / "run"
+    over = [*tiny, "trainer.total_training_steps=3", "trainer.save_freq=-1", "trainer.test_freq=-1",
+            "trainer.val_before_train=false"]
+    res = run_cli(["train", *over, "doctor.halt_on=critical"])
+    assert res.returncode == HALTED_STATUS, res.stderr[-2000:]
+    assert "stopped after step 1" in res.stderr and "critical finding zero_variance_groups at step 1" in res.stderr
+    assert f"rlgrad doctor {run}" in res.stderr and "the same rlgrad train command resumes" in res.stderr
+    assert "[doctor] step 1: CRITICAL zero_variance_groups" in res.stdout
+    assert (run / "global_step_1" / "COMPLETE").exists()  # a checkpoint although save_freq=-1
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+    # resumed past it (doctor.halt_on=never, as the message says): the finding was said and is not said again
+    summary = make_trainer(load_config(overrides=[*over, "doctor.halt_on=never"]), log=lambda *a: None).fit()
+    assert "stopped_at_step" not in summary
+    logged = [json.loads(x) for x in (run / DOCTOR_LOG).read_text().splitlines()]
+    assert [(r["finding"], r["severity"]) for r in logged].count(("zero_variance_groups", "critical")) == 1
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and all("timing_s/doctor" in r["data"] for r in rows)
+    # in-process, the same stop is rl.resume.Halted
+    again = [o for o in over if "default_local_dir" not in o] + [f"trainer.default_local_dir={tmp_path / 'again'}"]
+    with pytest.raises(Halted, match="zero_variance_groups"):
+        make_trainer(load_config(overrides=[*again, "doctor.halt_on=critical"]), log=lambda *a: None).fit()
