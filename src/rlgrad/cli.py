@@ -25,25 +25,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     from rlgrad import distributed
     from rlgrad.recipes import make_trainer
-    from rlgrad.rl.resume import HALTED_STATUS, Halted, Interrupted, RunStopped
+    from rlgrad.rl.resume import RunStopped
 
     distributed.setup(cfg)  # torchrun: join the process group (a no-op in one process)
     try:
         trainer = make_trainer(cfg)
         try:
             summary = trainer.fit()
-        except Interrupted as e:
+        except RunStopped as e:  # a signal (128 + its number), the doctor (doctor.halt_on: 3), another stop (1)
             if trainer.is_main:
-                print(f"rlgrad: {e}", file=sys.stderr)
-            return 128 + e.signum  # the shell's convention for a signal
-        except Halted as e:
-            if trainer.is_main:
-                print(f"rlgrad: {e}", file=sys.stderr)
-            return HALTED_STATUS  # stopped by the doctor (doctor.halt_on): neither success nor failure
-        except RunStopped as e:
-            if trainer.is_main:
-                print(f"rlgrad: run stopped: {e}", file=sys.stderr)
-            return 1
+                print(f"rlgrad: {e.label}{e}", file=sys.stderr)
+            return e.status
     finally:
         distributed.teardown()
     if not trainer.is_main:

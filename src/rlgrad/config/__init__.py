@@ -40,6 +40,7 @@ from rlgrad.config.analysis import (
     NeuronsConfig,
 )
 from rlgrad.config.data import DataConfig, ReasoningGymConfig
+from rlgrad.config.doctor import HALT_ON, DoctorConfig
 from rlgrad.config.load import (
     CONFIG_DIRS,
     check_key,
@@ -54,7 +55,6 @@ from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.config.rollout import RolloutConfig
 from rlgrad.config.schedule import Schedule, schedules
 from rlgrad.config.schema import SCHEMA_KEYS, SECTIONS, RLGradConfig, documented_yaml, flat_settings, to_yaml
-from rlgrad.config.doctor import HALT_ON, DoctorConfig
 from rlgrad.config.trainer import TrainerConfig
 from rlgrad.config.validate import check_field, validate
 
@@ -62,7 +62,8 @@ __all__ = [
     "AGG_MODES", "ALIASES", "COMPONENT_MODES", "CONFIG_DIRS", "ESTIMATORS", "KL_TYPES", "OUTCOME_ESTIMATORS",
     "PER_TOKEN", "PROBE_ONLY_KEY", "SCHEMA_KEYS", "SECTIONS", "VERL_KL_TYPES", "ActorConfig", "AgentConfig",
     "AlgorithmConfig", "AnalysisConfig", "BucketAnalysisConfig", "ComponentAnalysisConfig", "CriticConfig",
-    "CriticModelConfig", "DataConfig", "DoctorConfig", "HALT_ON", "EnvConfig", "FilterGroupsConfig", "FrozenLakeConfig", "KLControlConfig",
+    "CriticModelConfig", "DataConfig",
+    "DoctorConfig", "HALT_ON", "EnvConfig", "FilterGroupsConfig", "FrozenLakeConfig", "KLControlConfig",
     "ModelConfig", "NeuronHealthConfig", "NeuronsConfig", "OptimConfig", "OverlongBufferConfig", "RLGradConfig",
     "ReasoningGymConfig", "RewardConfig", "RolloutConfig", "Schedule", "SokobanConfig", "TinyModelConfig",
     "TrainerConfig", "check_field", "check_key", "documented_yaml", "find_preset", "flat_settings", "from_yaml_file",

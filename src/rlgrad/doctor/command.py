@@ -41,7 +41,7 @@ def _needs_met(v: View, need: str) -> bool:
         if "{" in alt:
             head = alt.split("{")[0]
             tail = alt.split("}")[-1]
-            if any(k.startswith(head) and k.endswith(tail) for m in v.run.rows.values() for k in m):
+            if any(k.startswith(head) and k.endswith(tail) for k in v.all_keys()):
                 return True
         elif v.has(alt):
             return True

@@ -128,23 +128,30 @@ class View:
     def __init__(self, run: D.RunData):
         self.run = run
         self.steps = sorted(run.rows)
+        # what every signature asks again, read once per diagnosis (a view lives for one diagnosis)
+        self._series: dict[str, tuple[list[int], list[float]]] = {}
+        self._keys = {k for m in run.rows.values() for k in m}
+        self._nonfinite = {k for b in run.nonfinite.values() for k in b}
+        self._cfg: dict[str, object] = {}
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
-        return D.series(self.run, key)
+        if key not in self._series:
+            self._series[key] = D.series(self.run, key) if key in self._keys else ([], [])
+        return self._series[key]
 
     def has(self, key: str) -> bool:
         """Logged at some step (a value logged only as NaN / inf counts: that is what some signatures look for)."""
-        return any(key in m for m in self.run.rows.values()) or any(key in b for b in self.run.nonfinite.values())
+        return key in self._keys or key in self._nonfinite
 
     def cfg(self, *keys: str):
         """The first of ``keys`` the run sets: in its config (rlgrad's or verl's spelling), else among the host
         trainer's own settings (TRL's args by TRL's names, ``RunData.settings``)."""
         for k in keys:
-            v = D.config_get(self.run, k)
-            if v is None:
-                v = self.run.settings.get(k)
-            if v is not None:
-                return v
+            if k not in self._cfg:
+                v = D.config_get(self.run, k)
+                self._cfg[k] = self.run.settings.get(k) if v is None else v
+            if self._cfg[k] is not None:
+                return self._cfg[k]
         return None
 
     def name(self, key: str) -> str:
@@ -157,7 +164,10 @@ class View:
         return D.label(self.run, component)
 
     def keys(self, prefix: str) -> set[str]:
-        return {k for m in self.run.rows.values() for k in m if k.startswith(prefix)}
+        return {k for k in self._keys if k.startswith(prefix)}
+
+    def all_keys(self) -> set[str]:
+        return self._keys
 
 
 def mean(xs: list[float]) -> float:

@@ -3,9 +3,9 @@ said once (one console line) and appended to ``RUN/doctor.jsonl``, and whether t
 (``doctor.halt_on``). The loops call it through one hook (``rlgrad.watch.DoctorHook``); this module reads and
 writes run files only.
 
-Its cost stays under ``budget`` (1%) of the training time: a diagnosis of the whole history costs more as the
-history grows, so when the last one cost more than ``budget`` × the step time, the next steps are skipped until the
-budget is paid back (a finding then shows a step or a few later; the steps skipped are counted in doctor.jsonl).
+Its cost stays under ``budget`` (1%) of the training time: each step earns ``budget`` × its time, and a diagnosis
+of the whole history (whose cost grows with the history) runs only when the steps earned what the last one cost;
+otherwise the step is skipped (a finding then shows a few steps later; doctor.jsonl counts the steps skipped).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class LiveDoctor:
         self.is_main, self.say, self.budget = is_main, say, budget
         self.said: set[tuple[str, str]] = set()  # (finding, severity) already said: a worse severity is new
         self.cost = 0.0  # seconds the diagnoses took
-        self.owed = 0.0  # seconds of diagnosis not yet paid back by step time under the budget
+        self.credit = 0.0  # seconds of diagnosis the steps so far paid for (budget × their time) and not spent
         self.skipped = 0
         self.last_spent = 0.0  # the last diagnosis's cost: the one that may overdraw the budget
         self.started = False
@@ -85,15 +85,15 @@ class LiveDoctor:
         if not self.started:
             self._resume(step)
         self.record(step, metrics)
-        self.owed = max(0.0, self.owed - self.budget * step_seconds)
-        if self.owed > 0:
+        self.credit += self.budget * step_seconds
+        if self.credit < self.last_spent:  # the next diagnosis would cost about the last one: not yet paid for
             self.skipped += 1
             return []
         t0 = time.perf_counter()
         found = diagnose(self.run, self.thresholds).findings
         spent = time.perf_counter() - t0
         self.cost += spent
-        self.owed += spent
+        self.credit -= spent
         self.last_spent = spent
         new = [f for f in found if f.id != "healthy" and (f.id, f.severity) not in self.said]
         for f in new:

@@ -21,7 +21,7 @@ from rlgrad.doctor.findings import (
     signature,
     train_series,
 )
-from rlgrad.logging.reward_signal import correctness_component, reward_problems
+from rlgrad.logging.reward_signal import MIN_STEPS, correctness_component, reward_problems
 
 
 def _largest_layer(v: View, step: int) -> str:
@@ -363,7 +363,10 @@ def _plateau(v: View, t: Thresholds) -> Finding | None:
 def _reward_problem(v: View, pid: str, severity: str) -> Finding | None:
     """The run's ``reward_problems`` of kind ``pid`` (the trainer prints the same ones live), as a finding."""
     weights = v.cfg("reward.weights") or None  # empty: the task's defaults, unknown here
-    problems = [p for p in reward_problems(v.run.rows, dict(weights) if weights else None) if p.id == pid]
+    # reward_problems reads step 0 and the first MIN_STEPS steps with rewards: only those, not a long history
+    first = sorted({s for k in v.keys("reward/") for s in v.series(k)[0] if s >= 1})[:MIN_STEPS]
+    rows = {s: v.run.rows[s] for s in [0, *first] if s in v.run.rows}
+    problems = [p for p in reward_problems(rows, dict(weights) if weights else None) if p.id == pid]
     if not problems:
         return None
     p = problems[0]
