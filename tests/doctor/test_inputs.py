@@ -9,6 +9,7 @@ import pytest
 
 from rlgrad import rundata as D
 from rlgrad.doctor.command import diagnose, doctor_command, render_text
+from rlgrad.errors import UserError
 from rlgrad.metrics import FOREIGN_NAMES, TRL_NAMES, foreign_key, match, own_key
 
 # What TRL 1.16's GRPOTrainer logs at a step of a run whose every reward is 0 (rewards/<f>/std and reward_std
@@ -75,3 +76,33 @@ def test_explain_names_the_missing_metrics_in_the_sources_own_spelling(tmp_path)
     # a metric TRL does not log is rlgrad's: named as rlgrad's instruments log it
     reg = next(x for x in text.splitlines() if x.strip().startswith("regularizer_dominates:"))
     assert "grad_norm/all/task (rlgrad's instruments" in reg
+
+
+def test_a_csv_log_with_a_step_column(tmp_path):
+    lines = ["step,actor/kl_loss,critic/score/mean,actor/grad_norm"]
+    lines += [f"{s},{0.001 if s <= 20 else 2.0},0.5,{'nan' if s == 30 else 0.3}" for s in range(1, 41)]
+    (tmp_path / "log.csv").write_text("\n".join(lines) + "\n")
+    run = D.load_any(tmp_path / "log.csv")
+    assert run.kind == "rlgrad" and run.rows[25]["actor/kl_loss"] == 2.0 and run.nonfinite[30] == ["actor/grad_norm"]
+    ids = {f.id: f.severity for f in diagnose(run).findings}
+    assert ids["kl_blowup"] == "critical" and ids["nonfinite_steps"] == "critical"
+    (tmp_path / "bad.csv").write_text("iteration,reward\n1,0.5\n")
+    with pytest.raises(UserError, match="no 'step' column"):
+        D.load_any(tmp_path / "bad.csv")
+
+
+def test_tensorboard_event_files_read_through_tensorboards_reader(tmp_path):
+    """A TRL run logged to TensorBoard (report_to=tensorboard: ``train/<name>``), groups all agreeing."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "runs" / "Nov26"))
+    for s in range(1, 11):
+        for k, v in {"reward": 1.0, "frac_reward_zero_std": 1.0, "reward_std": 0.0, "grad_norm": 0.0,
+                     "learning_rate": 1e-6, "entropy": 2.0}.items():
+            writer.add_scalar(f"train/{k}", v, s)
+    writer.close()
+    run = D.load_any(tmp_path)
+    assert run.kind == "trl" and run.rows[3]["critic/score/frac_zero_std"] == 1.0
+    assert run.rows[3]["actor/lr"] == pytest.approx(1e-6)  # TensorBoard stores float32
+    f = diagnose(run).findings[0]
+    assert (f.id, f.severity) == ("zero_variance_groups", "critical") and "frac_reward_zero_std" in f.evidence[0]
