@@ -82,3 +82,51 @@ def test_halt_on_stops_after_the_step_with_a_checkpoint_exit_3_and_resumes(tiny,
     again = [o for o in over if "default_local_dir" not in o] + [f"trainer.default_local_dir={tmp_path / 'again'}"]
     with pytest.raises(Halted, match="zero_variance_groups"):
         make_trainer(load_config(overrides=[*again, "doctor.halt_on=critical"]), log=lambda *a: None).fit()
+
+
+def test_follow_prints_findings_as_a_run_is_written_and_ends_with_it(tmp_path):
+    """A writer (here a thread holding RUN/.lock, as rlgrad train does) appends a recorded collapse's rows one by
+    one; --follow says each finding once, soon after the step it shows at, and returns when the writer lets go."""
+    import threading
+    import time
+
+    from rlgrad.doctor.follow import follow
+    from rlgrad.runfiles import lock_run_dir
+
+    src = fixture("lr_fast_collapse")
+    lines = (src / "metrics.jsonl").read_text().splitlines()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text((src / "config.yaml").read_text())
+    (run / "metrics.jsonl").write_text(lines[0] + "\n")
+    written: list[int] = []
+    lock = lock_run_dir(run)
+
+    def writer():
+        for line in lines[1:]:
+            time.sleep(0.05)
+            with open(run / "metrics.jsonl", "a") as f:
+                f.write(line + "\n")
+            written.append(json.loads(line)["step"])
+        time.sleep(0.2)
+        lock.close()  # the run ends
+
+    said: list[tuple[list[int], str]] = []
+    thread = threading.Thread(target=writer)
+    thread.start()
+    worst = follow(str(run), interval=0.02, say=lambda line: said.append((list(written), line)))
+    thread.join()
+    assert worst == "critical" and said[-1][1].endswith(f"the run ended at step {written[-1]}")
+    collapse = next((w, line) for w, line in said if "CRITICAL reward_collapse" in line)
+    assert collapse[0][-1] < written[-1]  # said while the run was still being written
+    assert len([line for _, line in said if "reward_collapse" in line]) == 1
+
+
+def test_follow_on_a_finished_run_reads_it_once_and_exits_by_fail_on(capsys):
+    from rlgrad.doctor.command import follow_command
+
+    assert follow_command(str(fixture("lr_fast_collapse")), interval=0.01) == 1
+    assert follow_command(str(fixture("lr_slow")), interval=0.01) == 0  # a warning only
+    assert follow_command(str(fixture("lr_slow")), fail_on="warn", interval=0.01) == 1
+    out = capsys.readouterr().out
+    assert "CRITICAL reward_collapse" in out and "the run ended at step" in out

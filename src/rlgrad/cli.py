@@ -204,6 +204,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         from rlgrad.doctor.selftest import selftest
 
         return selftest(args.selftest or None)
+    if args.follow:
+        from rlgrad.doctor.command import follow_command
+
+        return follow_command(args.run, args.thresholds, args.fail_on, args.interval)
     return doctor_command(args.run, args.wandb_path, args.json, args.explain, args.thresholds, args.fail_on)
 
 
@@ -408,6 +412,10 @@ def _doctor_parser(sub) -> None:
     p.add_argument("--thresholds", help="a YAML file overriding thresholds (rlgrad.doctor.findings.Thresholds)")
     p.add_argument("--fail-on", choices=("warn", "critical", "never"), default="critical",
                    help="exit 1 when a finding is at or above this severity (default critical; never: exit 0)")
+    p.add_argument("--follow", action="store_true",
+                   help="follow a run being written: print each finding once as it appears, until the run ends "
+                        "(an rlgrad run: its writer exits; otherwise 10 minutes without a new step) or Ctrl-C")
+    p.add_argument("--interval", type=float, default=2.0, help="--follow: seconds between reads of the run")
     p.add_argument("--selftest", nargs="?", const="", metavar="DIR",
                    help="run the doctor on its recorded runs with known faults (tests/data/doctor, or DIR) and "
                         "print detected / missed for each; exit 1 if one is missed or a healthy run alarms")

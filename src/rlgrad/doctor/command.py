@@ -29,6 +29,7 @@ from rlgrad.doctor.findings import (
     fmt,
     too_early,
 )
+from rlgrad.errors import UserError
 
 __all__ = ["SIGNATURES", "Diagnosis", "Finding", "Thresholds", "diagnose", "doctor_command", "render_text"]
 
@@ -207,3 +208,21 @@ def doctor_command(run: str | None, wandb_path: str | None = None, as_json: bool
     d = diagnose(D.load_any(run, wandb_path), t)
     print(json.dumps(d.to_json(), indent=2) if as_json else render_text(d, explain), end="\n" if as_json else "")
     return 1 if fails(d, fail_on) else 0
+
+
+def follow_command(run: str | None, thresholds: str | None = None, fail_on: str = "critical",
+                   interval: float = 2.0) -> int:
+    """``--follow``: the findings of a run being written, as they appear (``rlgrad.doctor.follow``); the exit
+    status as without it, from the most serious finding said; Ctrl-C ends it (status 130)."""
+    from rlgrad.doctor.follow import follow
+
+    if run is None:
+        raise UserError("--follow needs a run: a run directory, a TRL output directory or a log file")
+    if not interval > 0:
+        raise UserError(f"--interval must be a positive number of seconds, got {interval}")
+    t = Thresholds.from_file(thresholds) if thresholds else Thresholds()
+    try:
+        worst = follow(run, t, interval)
+    except KeyboardInterrupt:
+        return 130
+    return 1 if worst and fail_on in SEVERITY and SEVERITY[worst] <= SEVERITY[fail_on] else 0
