@@ -61,6 +61,9 @@ class Thresholds:
     layer_top2: float = 0.8  # update_concentrated: the two largest layer groups hold this share of the squared norm
     dormant_rise: float = 0.05  # dormant_growing: the dormant ratio rising by this much ...
     dormant_high: float = 0.1  # ... to at least this
+    forecast_points: int = 10  # forecasts: fitted to the last this many steps (and never from fewer) ...
+    forecast_r2: float = 0.8  # ... given only when the fit explains at least this share of their variance ...
+    forecast_horizon: int = 200  # ... and the bound is crossed within this many steps
 
     @classmethod
     def from_file(cls, path: str | Path) -> Thresholds:
