@@ -27,9 +27,9 @@ def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
 def crossing(steps: list[int], vals: list[float], bound: float, log: bool) -> tuple[float, float, float] | None:
     """Where a line fitted to (steps, vals) (to log vals with ``log``) meets ``bound``: (that step, the slope per
     step, R²); None when the line runs away from the bound or is flat."""
-    ys = [math.log(v) for v in vals] if log else vals
-    if log and (bound <= 0 or min(vals) <= 0):
+    if log and (bound <= 0 or min(vals) <= 0):  # a logarithm needs positive values
         return None
+    ys = [math.log(v) for v in vals] if log else vals
     a, b, r2 = line_fit([float(s) for s in steps], ys)
     target = math.log(bound) if log else bound
     if b == 0 or (target - ys[-1]) / b <= 0:  # flat, or moving away from the bound
