@@ -4,6 +4,7 @@ checkpoint and a distinct exit status, resumable."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -58,19 +59,20 @@ def test_the_cost_stays_within_its_budget_by_skipping_steps(tmp_path):
     assert free.skipped == 0  # with time to spare, every step is diagnosed
 
 
-def test_halt_on_stops_after_the_step_with_a_checkpoint_exit_3_and_resumes(tiny, tmp_path):
+def test_halt_on_stops_after_the_step_with_a_checkpoint_and_resumes(tiny, tmp_path):
     """The tiny model gets every answer wrong at first: every group agrees, a critical zero_variance_groups at
-    step 1, which halts the run there."""
+    step 1, which halts the run there (rl.resume.Halted: rlgrad train's exit status 3)."""
     run = tmp_path / "run"
     over = [*tiny, "trainer.total_training_steps=3", "trainer.save_freq=-1", "trainer.test_freq=-1",
             "trainer.val_before_train=false"]
-    res = run_cli(["train", *over, "doctor.halt_on=critical"])
-    assert res.returncode == HALTED_STATUS, res.stderr[-2000:]
-    assert "stopped after step 1" in res.stderr and "critical finding zero_variance_groups at step 1" in res.stderr
-    assert f"rlgrad doctor {run}" in res.stderr and "the same rlgrad train command resumes" in res.stderr
-    assert "[doctor] step 1: CRITICAL zero_variance_groups" in res.stdout
+    with pytest.raises(Halted, match="critical finding zero_variance_groups at step 1") as stop:
+        make_trainer(load_config(overrides=[*over, "doctor.halt_on=critical"]), log=lambda *a: None).fit()
+    assert stop.value.status == HALTED_STATUS == 3
+    assert f"rlgrad doctor {run}" in str(stop.value) and "the same rlgrad train command resumes" in str(stop.value)
     assert (run / "global_step_1" / "COMPLETE").exists()  # a checkpoint although save_freq=-1
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+    del stop  # its traceback holds the stopped trainer, and with it the run's lock (a new process has none)
+    gc.collect()
     # resumed past it (doctor.halt_on=never, as the message says): the finding was said and is not said again
     summary = make_trainer(load_config(overrides=[*over, "doctor.halt_on=never"]), log=lambda *a: None).fit()
     assert "stopped_at_step" not in summary
@@ -78,10 +80,15 @@ def test_halt_on_stops_after_the_step_with_a_checkpoint_exit_3_and_resumes(tiny,
     assert [(r["finding"], r["severity"]) for r in logged].count(("zero_variance_groups", "critical")) == 1
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and all("timing_s/doctor" in r["data"] for r in rows)
-    # in-process, the same stop is rl.resume.Halted
-    again = [o for o in over if "default_local_dir" not in o] + [f"trainer.default_local_dir={tmp_path / 'again'}"]
-    with pytest.raises(Halted, match="zero_variance_groups"):
-        make_trainer(load_config(overrides=[*again, "doctor.halt_on=critical"]), log=lambda *a: None).fit()
+
+
+@pytest.mark.e2e
+def test_rlgrad_train_stopped_by_the_doctor_exits_3(tiny, tmp_path):
+    over = [*tiny, "trainer.total_training_steps=3", "trainer.val_before_train=false", "doctor.halt_on=critical"]
+    res = run_cli(["train", *over])
+    assert res.returncode == HALTED_STATUS, res.stderr[-2000:]
+    assert "stopped after step 1" in res.stderr and "critical finding zero_variance_groups" in res.stderr
+    assert "[doctor] step 1: CRITICAL zero_variance_groups" in res.stdout
 
 
 def test_follow_prints_findings_as_a_run_is_written_and_ends_with_it(tmp_path):
