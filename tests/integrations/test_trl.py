@@ -510,3 +510,27 @@ def test_a_reward_model_and_look_alike_names_pass_through(setup, tmp_path):
         [sum(w * x["components"][k] for w, k in zip((1.0, 0.7, 0.3), keys)) for x in lines])
     _assert_report_and_doctor_name_trl(run, names, keys)
     _assert_trl_log_escaped_alike(t, tmp_path, names, keys, trl_logged)
+
+
+def always_one(prompts, completions, **kw):  # with always_zero: every group agrees (frac_reward_zero_std 1)
+    return [1.0 for _ in completions]
+
+
+def always_zero(prompts, completions, **kw):
+    return [0.0 for _ in completions]
+
+
+def test_the_live_doctor_halts_trl_after_the_step_with_a_checkpoint(setup, tmp_path):
+    """doctor.halt_on=critical: every group agrees at step 1 (zero_variance_groups, critical), so TRL ends training
+    after that step (TrainerControl.should_training_stop) and saves a checkpoint (should_save), as the live doctor
+    in rlgrad's trainer does."""
+    t = make(setup, tmp_path, steps=3, funcs=(always_one, always_zero),
+             rlgrad=["analysis.every=null", "doctor.halt_on=critical"])
+    t.train()
+    assert t.state.global_step == 1 and "zero_variance_groups" in t.rlgrad.halted
+    assert (tmp_path / "out" / "checkpoint-1" / "trainer_state.json").is_file()
+    said = [json.loads(x) for x in (tmp_path / "out" / "doctor.jsonl").read_text().splitlines()]
+    assert ("zero_variance_groups", "critical", 1) in [(r["finding"], r["severity"], r["step"]) for r in said]
+    row = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["step"] == 1 and "timing_s/doctor" in row["data"] and row["data"]["critic/score/std"] < 1e-6
+    assert "resume_from_checkpoint=True" in t.rlgrad.halted

@@ -640,9 +640,14 @@ class Trainer:
             self.summary.setdefault("val/accuracy_before", math.nan)
             self.summary["val/accuracy_after"] = metrics["val/accuracy"]
         self.step = step
+        halt = self.hooks.after_step(step, metrics)  # the live doctor reads the whole row
+        metrics.update(halt.metrics)
         logger.log(step, metrics)
-        if last or interrupted or _due(trainer_cfg.save_freq, step):
+        if last or interrupted or halt.stop or _due(trainer_cfg.save_freq, step):
             self._save_checkpoint(step)
+        if halt.stop and not last:
+            self.summary["stopped_at_step"] = step
+            raise runs.Halted(f"stopped after step {step} by a hook, its metrics and checkpoint written: {halt.reason}")
         if interrupted and not last:
             raise runs.Interrupted(f"{signal.Signals(interrupted).name} after step {step}: its metrics and "
                                    "checkpoint are written; the same command resumes", interrupted)
