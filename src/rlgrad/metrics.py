@@ -97,6 +97,11 @@ GROUPS: dict[str, tuple[str, str]] = {
     "prefilter": ("Bucket analysis before the filter (`grad_norm_prefilter/`)",
                   "The same measurements on the step's whole rollout batch before the rollout filter "
                   "(advantages recomputed over it); analysis.buckets.log_prefilter=true only."),
+    "per_sample": ("Per-sample gradients and the noise scale (`grad_norm_sample/`, `noise_*/`, `coherence/`)",
+                   "At analysis.per_sample.every steps, on the kept batch before the actor update, with the bucket "
+                   "analysis' buckets (analysis.buckets.bucket_mode, num_buckets); no optimizer step. g_i is sample "
+                   "i's contribution to the bucket's own term gradient (grad_norm/{bucket}/{term} = ||Σ_i g_i||), "
+                   "h_i = n·g_i over the bucket's n samples; formulas and references below the tables."),
     "components": ("Reward-component gradient geometry (`grad_comp/`, `grad_sim/`)",
                    "At analysis.components.every steps, on the kept batch before the actor update "
                    "(grpo / rloo): policy-loss gradients, before clipping, no optimizer step."),
@@ -326,6 +331,28 @@ CATALOGUE: tuple[Metric, ...] = (
         ("grad_norm/{bucket}/reward_std_max", "Largest reward std of the bucket's prompt groups."),
     ),
     *_group(
+        "per_sample",
+        ("grad_norm_sample/{bucket}/{term}",
+         "Mean over the bucket's samples of the exact norm ||g_i|| of the sample's own gradient (compare "
+         "grad_norm/{bucket}/per_sample/{term} = ||Σ_i g_i|| / n, which cancellation between samples lowers)."),
+        ("noise_trace/{bucket}/{term}",
+         "Unbiased tr(Σ) of the per-sample gradients h_i: Σ_i ||h_i − h̄||² / (n − 1) (McCandlish et al. 2018)."),
+        ("noise_signal/{bucket}/{term}",
+         "Unbiased |G|² of the true gradient: ||h̄||² − tr(Σ)/n, where ||h̄|| = grad_norm/{bucket}/{term}."),
+        ("noise_scale/{bucket}/{term}",
+         "The simple noise scale B_simple = tr(Σ) / |G|² (McCandlish et al. 2018): the batch size (in samples) "
+         "beyond which a larger batch stops saving steps; NaN when the |G|² estimate is <= 0."),
+        ("noise_intra/{bucket}/{term}",
+         "Intra-prompt part of tr(Σ): the pooled spread of h_i around their prompt group's mean, "
+         "Σ_k Σ_{i∈k} ||h_i − m_k||² / (n − P) (one-way random-effects ANOVA)."),
+        ("noise_inter/{bucket}/{term}",
+         "Inter-prompt part of tr(Σ): the spread of the prompt groups' mean gradients m_k less the intra-prompt "
+         "noise they carry, (MS_between − noise_intra) / n₀ (one-way random-effects ANOVA)."),
+        ("coherence/{bucket}/{term}",
+         "||Σ_i g_i||² / (n · Σ_i ||g_i||²): 1 when the samples' gradients are aligned, 1/n when uncorrelated, "
+         "0 when they cancel."),
+    ),
+    *_group(
         "prefilter",
         ("grad_norm_prefilter/{bucket}/{term}",
          "grad_norm/{bucket}/{term} of the batch before the rollout filter."),
@@ -411,6 +438,7 @@ CATALOGUE: tuple[Metric, ...] = (
         ("timing_s/neuron/{role}",
          "Seconds spent in the neuron-health measurement of the role at this step."),
         ("timing_s/analysis/buckets", "Seconds spent in the bucket analysis at this step."),
+        ("timing_s/analysis/per_sample", "Seconds spent in the per-sample gradient analysis at this step."),
         ("timing_s/analysis/components",
          "Seconds spent in the reward-component gradient analysis at this step."),
     ),

@@ -333,6 +333,34 @@ def fast_unsupported(model: nn.Module) -> str | None:
     return None
 
 
+def run_terms(model: nn.Module, batch: Batch, loss_fn: LossFn, reducer: _SliceReducer,
+              on_term: Callable[[str], None]) -> None:
+    """The fast engine's passes: ONE forward of ``loss_fn`` (parameters frozen, so weight gradients come only from
+    ``reducer``'s module hooks), then per term ONE backward of ``Σ ω·term`` down to the input embeddings, after
+    which ``on_term(term)`` reads what the hooks left in ``reducer`` (``reducer.acc`` is emptied before each). The
+    hooks are removed and the parameters' ``requires_grad`` restored afterwards, whatever happens."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    flags = [p.requires_grad for p in model.parameters()]
+    try:
+        for p in params:
+            p.requires_grad_(False)  # weight gradients come from the hooks, never from autograd
+        terms = _weighted_terms(loss_fn, model, batch)
+        if not reducer.embed_leaf:
+            raise NotImplementedError("the fast gradient engine needs an nn.Embedding input layer; "
+                                      "use analysis.method=reference")
+        leaves = [leaf for _, _, leaf in reducer.embed_leaf]
+        for i, (term, per_token) in enumerate(terms.items()):
+            reducer.acc = {}
+            total = per_token.sum()
+            if total.requires_grad:
+                torch.autograd.grad(total, leaves, retain_graph=i < len(terms) - 1, allow_unused=True)
+            on_term(term)
+    finally:
+        reducer.close()
+        for p, f in zip(model.parameters(), flags):
+            p.requires_grad_(f)
+
+
 def fast_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: torch.Tensor, slices: list[str],
                    derived: dict[str, dict[str, float]] | None = None, keep_grads: bool = False) -> GradStats:
     """One forward, one backward per term; per-slice gradients reduced in module hooks.
@@ -351,36 +379,22 @@ def fast_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: tor
     why = fast_unsupported(model)
     if why:
         raise NotImplementedError(f"{why}; use analysis.method=reference")
-    params = [p for p in model.parameters() if p.requires_grad]
-    flags = [p.requires_grad for p in model.parameters()]
     reducer = _SliceReducer(model, weights.to(next(model.parameters()).device))
     stats = GradStats(slices + list(derived), {}, {}, row_order=perm)
-    try:
-        for p in params:
-            p.requires_grad_(False)  # weight gradients come from the hooks, never from autograd
-        terms = _weighted_terms(loss_fn, model, batch)
-        if not reducer.embed_leaf:
-            raise NotImplementedError("the fast gradient engine needs an nn.Embedding input layer; "
-                                      "use analysis.method=reference")
-        leaves = [leaf for _, _, leaf in reducer.embed_leaf]
-        names_in_order = [reducer.names[id(p)] for p in params]
-        for i, (term, per_token) in enumerate(terms.items()):
-            reducer.acc = {}
-            total = per_token.sum()
-            if total.requires_grad:
-                torch.autograd.grad(total, leaves, retain_graph=i < len(terms) - 1, allow_unused=True)
-            grads = {}
-            for p, name in zip(params, names_in_order):
-                g = reducer.acc.get(id(p))
-                grads[name] = g if g is not None else torch.zeros(len(slices), *p.shape, device=p.device)
-            full, gram = _gram(grads, derived, slices, reducer.scale, keep_grads)
-            stats.gram[term] = gram
-            if keep_grads:
-                stats.grads[term] = full
-    finally:
-        reducer.close()
-        for p, f in zip(model.parameters(), flags):
-            p.requires_grad_(f)
+    params = [p for p in model.parameters() if p.requires_grad]
+    names_in_order = [reducer.names[id(p)] for p in params]
+
+    def on_term(term: str) -> None:
+        grads = {}
+        for p, name in zip(params, names_in_order):
+            g = reducer.acc.get(id(p))
+            grads[name] = g if g is not None else torch.zeros(len(slices), *p.shape, device=p.device)
+        full, gram = _gram(grads, derived, slices, reducer.scale, keep_grads)
+        stats.gram[term] = gram
+        if keep_grads:
+            stats.grads[term] = full
+
+    run_terms(model, batch, loss_fn, reducer, on_term)
     return stats
 
 
