@@ -17,9 +17,9 @@ def per_row_gradients(model: torch.nn.Module, batch: Batch, loss_fn: LossFn) -> 
     denom = denominator(float(share.sum()))
     out: dict[str, list[torch.Tensor]] = {}
     for i in range(len(batch)):
-        terms = loss_fn(model, batch)
+        terms = loss_fn(model, batch.select(torch.tensor([i])))  # rows never interact in a forward
         for j, (term, per_token) in enumerate(terms.items()):
-            loss = (per_token[i] * omega[i].to(per_token.dtype)).sum() / denom
+            loss = (per_token[0] * omega[i].to(per_token.dtype)).sum() / denom
             grads = torch.autograd.grad(loss, params, retain_graph=j < len(terms) - 1, allow_unused=True)
             flat = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double()
                               for p, g in zip(params, grads)])
