@@ -16,7 +16,7 @@ aggregated over the bucket alone).
 
 from __future__ import annotations
 
-import math
+import json
 import time
 import warnings
 from dataclasses import dataclass
@@ -33,7 +33,7 @@ from rlgrad.analysis.rows import RowNormReducer
 from rlgrad.batch import Batch, check_batch
 from rlgrad.collectives import world_size
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
-from rlgrad.metrics import key, layer_group
+from rlgrad.metrics import key
 from rlgrad.runfiles import atomic_write_text
 
 if TYPE_CHECKING:
@@ -152,3 +152,68 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
             for name, value in got.items():
                 metrics[key(NOISE_KEYS[name], bucket=b, term=term)] = value
     return PerSampleReport(norms, layer_norms, metrics, buckets, group_ids, group_gram)
+
+
+def rollout_indices(batch: Batch, full: Batch | None) -> list[int]:
+    """Each row's index in the step's whole rollout (``index`` in ``rollouts/step_N.jsonl``): the rollout filter
+    keeps or drops whole prompt groups and keeps their order, so the k-th row of group g here is the k-th row of
+    g there. Without the whole rollout, the row's own index."""
+    if full is None:
+        return list(range(len(batch)))
+    where: dict[int, list[int]] = {}
+    for i, g in enumerate(full.group_ids.tolist()):
+        where.setdefault(g, []).append(i)
+    seen: dict[int, int] = {}
+    out = []
+    for g in batch.group_ids.tolist():
+        out.append(where[g][seen.get(g, 0)])
+        seen[g] = seen.get(g, 0) + 1
+    return out
+
+
+def sample_rows(rep: PerSampleReport, batch: Batch, indices: list[int], advantages: list[float]) -> list[dict]:
+    """The lines of ``analysis/step_N/samples.jsonl``: one per sample of the analysed batch."""
+    bucket = [""] * len(batch)
+    for name, idx in rep.buckets.rows.items():
+        if name != "all":
+            for i in idx.tolist():
+                bucket[i] = name
+    scores = batch.scores.tolist() if batch.scores is not None else [None] * len(batch)
+    return [{"sample": indices[i], "group": int(batch.group_ids[i]), "bucket": bucket[i], "reward": scores[i],
+             "advantage": advantages[i], **{f"grad_norm/{term}": float(v[i]) for term, v in rep.norms.items()}}
+            for i in range(len(batch))]
+
+
+class PerSampleHook(Hook):
+    """Per-sample gradient norms and the noise scale at the trainer's hook point (``analysis.per_sample``), with
+    the bucket analysis' buckets. Skipped, with one warning, where it cannot run: under data parallel, or on a
+    model the fast engine does not cover."""
+
+    def __init__(self, settings: PerSampleConfig, schedule: Schedule, *, bucket_mode: str, num_buckets: int,
+                 mean_advantage: bool = False):
+        self.settings, self.schedule = settings, schedule
+        self.bucket_mode, self.num_buckets, self.mean_advantage = bucket_mode, num_buckets, mean_advantage
+        self.warned = False
+
+    def before_update(self, ctx: StepContext) -> HookResult | None:
+        if not self.schedule.due(ctx.step) or len(ctx.batch) == 0:
+            return None
+        why = "it runs in one process only" if world_size() > 1 else fast_unsupported(ctx.actor)
+        if why:
+            if not self.warned:
+                warnings.warn(f"analysis.per_sample skipped: {why}", stacklevel=2)
+                self.warned = True
+            return None
+        t0 = time.perf_counter()
+        rep = analyse_per_sample(ctx.actor, ctx.batch, ctx.actor_loss(), bucket_mode=self.bucket_mode,
+                                 num_buckets=self.num_buckets)
+        result = HookResult(metrics=dict(rep.metrics))
+        if ctx.is_main and self.settings.write_samples:
+            from rlgrad.logging.rollouts import sequence_advantages
+
+            advantages = sequence_advantages(ctx.batch.advantages, ctx.batch.response_mask, self.mean_advantage)
+            rows = sample_rows(rep, ctx.batch, rollout_indices(ctx.batch, ctx.unfiltered_batch), advantages)
+            atomic_write_text(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "samples.jsonl",
+                              "".join(json.dumps(r) + "\n" for r in rows))
+        result.metrics[key("timing_s/analysis/per_sample")] = time.perf_counter() - t0
+        return result

@@ -38,6 +38,7 @@ from rlgrad.config.analysis import (
     ComponentAnalysisConfig,
     NeuronHealthConfig,
     NeuronsConfig,
+    PerSampleConfig,
 )
 from rlgrad.config.data import DataConfig, ReasoningGymConfig
 from rlgrad.config.load import (
@@ -62,9 +63,9 @@ __all__ = [
     "PER_TOKEN", "PROBE_ONLY_KEY", "SCHEMA_KEYS", "SECTIONS", "VERL_KL_TYPES", "ActorConfig", "AgentConfig",
     "AlgorithmConfig", "AnalysisConfig", "BucketAnalysisConfig", "ComponentAnalysisConfig", "CriticConfig",
     "CriticModelConfig", "DataConfig", "EnvConfig", "FilterGroupsConfig", "FrozenLakeConfig", "KLControlConfig",
-    "ModelConfig", "NeuronHealthConfig", "NeuronsConfig", "OptimConfig", "OverlongBufferConfig", "RLGradConfig",
-    "ReasoningGymConfig", "RewardConfig", "RolloutConfig", "Schedule", "SokobanConfig", "TinyModelConfig",
-    "TrainerConfig", "check_field", "check_key", "documented_yaml", "find_preset", "flat_settings", "from_yaml_file",
-    "load_config", "parse_override", "per_response_advantage", "presets", "resolve_alias", "schedules",
-    "suggest_keys", "to_yaml", "validate",
+    "ModelConfig", "NeuronHealthConfig", "NeuronsConfig", "OptimConfig", "OverlongBufferConfig", "PerSampleConfig",
+    "RLGradConfig", "ReasoningGymConfig", "RewardConfig", "RolloutConfig", "Schedule", "SokobanConfig",
+    "TinyModelConfig", "TrainerConfig", "check_field", "check_key", "documented_yaml", "find_preset",
+    "flat_settings", "from_yaml_file", "load_config", "parse_override", "per_response_advantage", "presets",
+    "resolve_alias", "schedules", "suggest_keys", "to_yaml", "validate",
 ]
