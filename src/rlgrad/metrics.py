@@ -101,7 +101,8 @@ GROUPS: dict[str, tuple[str, str]] = {
                    "At analysis.per_sample.every steps, on the kept batch before the actor update, with the bucket "
                    "analysis' buckets (analysis.buckets.bucket_mode, num_buckets); no optimizer step. g_i is sample "
                    "i's contribution to the bucket's own term gradient (grad_norm/{bucket}/{term} = ||Σ_i g_i||), "
-                   "h_i = n·g_i over the bucket's n samples; formulas and references below the tables."),
+                   "h_i = n·g_i over the bucket's n samples; formulas, references and how they differ from the papers' setting: "
+                   "docs/noise_scale.md."),
     "components": ("Reward-component gradient geometry (`grad_comp/`, `grad_sim/`)",
                    "At analysis.components.every steps, on the kept batch before the actor update "
                    "(grpo / rloo): policy-loss gradients, before clipping, no optimizer step."),
@@ -158,33 +159,6 @@ class Metric:
 def _group(group: str, *entries: tuple[str, str]) -> tuple[Metric, ...]:
     return tuple(Metric(template, meaning, group) for template, meaning in entries)
 
-
-# Longer notes printed under a group's table in docs/metrics.md (formulas, references).
-GROUP_NOTES: dict[str, str] = {
-    "per_sample": """\
-**Formulas.** The engine gives, per loss term and layer group, each sample's exact ||g_i||² and the Gram matrix of the
-prompt groups' sums (ghost norms, `analysis/rows.py`; Goodfellow 2015, Li et al. 2022 "Large Language Models Can Be
-Strong Differentially Private Learners"). For a bucket of n samples in P prompt groups (group k: K_k samples, mean m_k)
-with per-sample gradients h_i = n·g_i (their mean h̄ is the bucket's gradient, grad_norm/{bucket}/{term}):
-
-* `noise_trace` S = Σ_i ||h_i − h̄||² / (n − 1), unbiased for tr(Σ) when the h_i are i.i.d.;
-* `noise_signal` |G|² = ||h̄||² − S/n, unbiased for the true gradient's |G|², since E||h̄||² = |G|² + tr(Σ)/n;
-* `noise_scale` B_simple = S / |G|² (McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch
-  Training", arXiv:1812.06162, §2.2 and Appendix A: their two-batch estimator with B_small = 1, B_big = n). The paper
-  averages S and |G|² over steps before dividing; a single step's ratio is noisy, and NaN where its |G|² estimate is
-  <= 0 (noise dominates);
-* `noise_intra` = Σ_k Σ_{i∈k} ||h_i − m_k||² / (n − P) and `noise_inter` = (MS_b − noise_intra) / n₀ with
-  MS_b = Σ_k K_k ||m_k − h̄||² / (P − 1) and n₀ = (n − Σ_k K_k² / n) / (P − 1): the one-way random-effects ANOVA
-  estimators of the within-prompt and between-prompt variance (Searle, Casella & McCulloch, "Variance Components",
-  1992, §3.5); with equal K, noise_inter = Σ_k ||m_k − h̄||² / (P − 1) − noise_intra / K. For B prompts of K samples
-  the batch gradient's noise is noise_inter / B + noise_intra / (B·K), the split of "Critical Batch Size for LLM
-  Policy Optimization" (ICML 2026 HiLD workshop): raising K only shrinks the intra term;
-* `coherence` = ||Σ_i g_i||² / (n Σ_i ||g_i||²).
-
-Differences from the i.i.d. setting of the references: GRPO's samples are not independent (a group shares its prompt,
-and group-normalised advantages tie its samples together), and token-mean aggregation weighs a sample by its length
-relative to the batch's tokens. The estimators are the standard ones applied as they stand.""",
-}
 
 CATALOGUE: tuple[Metric, ...] = (
     *_group(
@@ -651,8 +625,6 @@ def markdown() -> str:
             continue
         out += ["", f"## {title}", "", note, "", "| key | meaning |", "|---|---|"]
         out += [f"| `{m.template}` | {_cell(m.meaning)} |" for m in rows]
-        if group in GROUP_NOTES:
-            out += ["", GROUP_NOTES[group]]
     return "\n".join(out) + "\n"
 
 
