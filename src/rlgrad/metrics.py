@@ -101,8 +101,8 @@ GROUPS: dict[str, tuple[str, str]] = {
                    "At analysis.per_sample.every steps, on the kept batch before the actor update, with the bucket "
                    "analysis' buckets (analysis.buckets.bucket_mode, num_buckets); no optimizer step. g_i is sample "
                    "i's contribution to the bucket's own term gradient (grad_norm/{bucket}/{term} = ||Σ_i g_i||), "
-                   "h_i = n·g_i over the bucket's n samples; formulas, references and how they differ from the papers' setting: "
-                   "docs/noise_scale.md."),
+                   "h_i = n·g_i over the bucket's n samples; formulas, references and how they differ from the "
+                   "papers' setting: docs/noise_scale.md."),
     "components": ("Reward-component gradient geometry (`grad_comp/`, `grad_sim/`)",
                    "At analysis.components.every steps, on the kept batch before the actor update "
                    "(grpo / rloo): policy-loss gradients, before clipping, no optimizer step."),
@@ -349,6 +349,10 @@ CATALOGUE: tuple[Metric, ...] = (
         ("noise_inter/{bucket}/{term}",
          "Inter-prompt part of tr(Σ): the spread of the prompt groups' mean gradients m_k less the intra-prompt "
          "noise they carry, (MS_between − noise_intra) / n₀ (one-way random-effects ANOVA)."),
+        ("proxy_corr/spearman",
+         "Rank correlation over the batch's samples of verl's logit-space variance proxy A_i²·Σ_t(1 − 2π(y_t) + Σπ²) "
+         "with the true squared per-sample task gradient norm ||g_i||² (analysis.per_sample.proxy_corr)."),
+        ("proxy_corr/pearson", "Linear (Pearson) correlation of the same two."),
         ("coherence/{bucket}/{term}",
          "||Σ_i g_i||² / (n · Σ_i ||g_i||²): 1 when the samples' gradients are aligned, 1/n when uncorrelated, "
          "0 when they cancel."),

@@ -11,9 +11,9 @@ import torch
 from rlgrad.algos.aggregation import denominator
 from rlgrad.algos.objective import LossSettings, as_loss_fn
 from rlgrad.analysis.buckets import analyse_buckets
-from rlgrad.analysis.per_sample import analyse_per_sample, noise_metrics
+from rlgrad.analysis.per_sample import analyse_per_sample, noise_metrics, proxy_correlation, verl_variance_proxy
 from rlgrad.analysis.rows import embedding_row_sq, ghost_is_cheaper, linear_row_sq
-from rlgrad.batch import Batch
+from rlgrad.batch import Batch, position_ids_from_mask
 from tests.helpers.batches import SETTINGS, make_batch
 from tests.helpers.per_row import per_row_gradients
 
@@ -201,3 +201,32 @@ def test_unsupported_model_names_the_reason(model_tok):
             analyse_per_sample(model, batch, SETTINGS[0])
     finally:
         emb.weight.requires_grad_(True)
+
+
+def test_verl_proxy_is_advantage_squared_times_the_logit_score_norm(model_tok):
+    """W_i = Σ_t ||∂ log π(y_t) / ∂ logits_t||² by autograd on the logits (column t's logits predict token t + 1)."""
+    model, tok = model_tok
+    batch = make_batch(model, tok, n_prompts=2)
+    got = verl_variance_proxy(model, batch, rows_per_chunk=3)
+    mask = batch.response_mask.float()
+    for i in range(len(batch)):
+        ids, att = batch.input_ids[i:i + 1], batch.attention_mask[i:i + 1]
+        logits = model(input_ids=ids, attention_mask=att, position_ids=position_ids_from_mask(att)).logits[0, :-1]
+        logits = logits.detach().requires_grad_(True)
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+        (grad,) = torch.autograd.grad((logp * mask[i, 1:]).sum(), logits)
+        advantage = float((batch.advantages[i] * mask[i]).sum() / mask[i].sum())
+        assert float(got[i]) == pytest.approx(advantage ** 2 * float(grad.pow(2).sum()), rel=1e-5, abs=1e-12)
+
+
+def test_proxy_correlation():
+    x = torch.tensor([1.0, 2.0, 2.0, 5.0, 9.0])
+    got = proxy_correlation(x, x.pow(3))  # monotone, not linear
+    assert got["proxy_corr/spearman"] == pytest.approx(1.0)
+    assert got["proxy_corr/pearson"] < 0.99
+    assert proxy_correlation(x, 2 * x + 1)["proxy_corr/pearson"] == pytest.approx(1.0)
+    # ties take their mean rank
+    y = torch.tensor([0.0, 3.0, 3.0, 3.0, 1.0])
+    ranks_x, ranks_y = torch.tensor([0, 1.5, 1.5, 3, 4]), torch.tensor([0, 3, 3, 3, 1.0])
+    want = torch.corrcoef(torch.stack([ranks_x, ranks_y]))[0, 1]
+    assert proxy_correlation(x, y)["proxy_corr/spearman"] == pytest.approx(float(want))

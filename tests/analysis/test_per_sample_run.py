@@ -21,6 +21,7 @@ def test_per_sample_hook_in_a_run(tiny, tmp_path):
         # the per-sample gradients' mean is the bucket analysis' gradient of the same step, before the update
         signal, trace = d[f"noise_signal/all/{term}"], d[f"noise_trace/all/{term}"]
         assert signal + trace / n == pytest.approx(d[f"grad_norm/all/{term}"] ** 2, rel=1e-5)
+    assert -1 <= d["proxy_corr/spearman"] <= 1 and -1 <= d["proxy_corr/pearson"] <= 1
     samples = read_jsonl(tmp_path / "run" / "analysis" / "step_1" / "samples.jsonl")
     rollouts = {r["index"]: r for r in read_jsonl(tmp_path / "run" / "rollouts" / "step_1.jsonl")}
     assert len(samples) == n

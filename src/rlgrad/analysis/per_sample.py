@@ -30,7 +30,7 @@ from rlgrad.algos.objective import LossFn, LossSettings, as_loss_fn
 from rlgrad.analysis.buckets import Buckets, global_buckets
 from rlgrad.analysis.engine import fast_unsupported, run_terms
 from rlgrad.analysis.rows import RowNormReducer
-from rlgrad.batch import Batch, check_batch
+from rlgrad.batch import Batch, check_batch, position_ids_from_mask
 from rlgrad.collectives import world_size
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
 from rlgrad.metrics import key
@@ -88,6 +88,48 @@ def noise_metrics(row_sq: torch.Tensor, gram: torch.Tensor, sizes: torch.Tensor)
     return out
 
 
+@torch.no_grad()
+def verl_variance_proxy(model: nn.Module, batch: Batch, rows_per_chunk: int = 8) -> torch.Tensor:
+    """``[N]``: verl's per-sample variance proxy ``A_i² · W_i`` (verl's ``compute_variance_proxy_metrics``, on-policy,
+    no rollout importance weights), ``W_i = Σ_t (1 − 2π_t(y_t) + Σ_v π_t(v)²)`` over the response tokens (the
+    squared norm of ∂log π(y_t)/∂logits, summed over t) and ``A_i`` the mean advantage over them. π is the
+    current policy at temperature 1, from one no-grad forward (verl takes π(y_t) from old_log_probs: on-policy the
+    same)."""
+    mask = batch.response_mask.float()
+    per_token = torch.zeros_like(mask)
+    for i in range(0, len(batch), rows_per_chunk):  # the [rows, L, V] softmax a few rows at a time
+        ids, att = batch.input_ids[i:i + rows_per_chunk], batch.attention_mask[i:i + rows_per_chunk]
+        logits = model(input_ids=ids, attention_mask=att, position_ids=position_ids_from_mask(att),
+                       use_cache=False).logits[:, :-1].float()
+        probs = torch.softmax(logits, dim=-1)
+        picked = probs.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        per_token[i:i + rows_per_chunk, 1:] = (1 - 2 * picked + probs.pow(2).sum(-1)).cpu()
+    w = (per_token * mask).sum(-1)
+    advantage = (batch.advantages.float().cpu() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+    return advantage.pow(2) * w
+
+
+def _ranks(x: torch.Tensor) -> torch.Tensor:
+    """Ranks 0..n-1 of ``x``, ties given their mean rank (Spearman's convention)."""
+    ranks = torch.empty(len(x), dtype=torch.float64)
+    ranks[torch.argsort(x)] = torch.arange(len(x), dtype=torch.float64)
+    _, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
+    sums = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inverse, ranks)
+    return sums[inverse] / counts[inverse]
+
+
+def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double() - a.double().mean(), b.double() - b.double().mean()
+    den = float(a.norm() * b.norm())
+    return float(a @ b) / den if den > 0 else NAN
+
+
+def proxy_correlation(proxy: torch.Tensor, sq_norms: torch.Tensor) -> dict[str, float]:
+    """Spearman and Pearson correlation of verl's proxy with the true squared per-sample norms (``proxy_corr/*``)."""
+    return {key("proxy_corr/spearman"): _pearson(_ranks(proxy.double()), _ranks(sq_norms.double())),
+            key("proxy_corr/pearson"): _pearson(proxy, sq_norms)}
+
+
 def _term_passes(model: nn.Module, batch: Batch, loss_fn: LossFn, inverse: torch.Tensor, groups: int
                  ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, torch.Tensor]]]:
     """Per term: ``{layer group: [N] ||raw_i||²}`` (batch order) and ``{layer group: [P, P]}`` of the unnormalised
@@ -115,7 +157,8 @@ def _term_passes(model: nn.Module, batch: Batch, loss_fn: LossFn, inverse: torch
 
 
 def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettings | None = None, *,
-                       bucket_mode: str = "quantile", num_buckets: int = 6) -> PerSampleReport:
+                       bucket_mode: str = "quantile", num_buckets: int = 6, proxy: bool = False
+                       ) -> PerSampleReport:
     """Every sample's exact gradient norm per loss term and layer group, and the step's noise metrics per
     reward-variance bucket (the bucket analysis' buckets: ``bucket_mode``, ``num_buckets``), from one forward
     and one backward per term. ``loss``: any ``LossFn``, or the ``LossSettings`` of rlgrad's actor loss.
@@ -151,6 +194,8 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
                 row_sq[idx].clamp_min(0).sqrt().mean()) / denom[b]
             for name, value in got.items():
                 metrics[key(NOISE_KEYS[name], bucket=b, term=term)] = value
+    if proxy and "task" in norms:
+        metrics.update(proxy_correlation(verl_variance_proxy(model, batch), norms["task"] ** 2))
     return PerSampleReport(norms, layer_norms, metrics, buckets, group_ids, group_gram)
 
 
@@ -206,7 +251,7 @@ class PerSampleHook(Hook):
             return None
         t0 = time.perf_counter()
         rep = analyse_per_sample(ctx.actor, ctx.batch, ctx.actor_loss(), bucket_mode=self.bucket_mode,
-                                 num_buckets=self.num_buckets)
+                                 num_buckets=self.num_buckets, proxy=self.settings.proxy_corr)
         result = HookResult(metrics=dict(rep.metrics))
         if ctx.is_main and self.settings.write_samples:
             from rlgrad.logging.rollouts import sequence_advantages
