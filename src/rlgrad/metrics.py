@@ -336,6 +336,7 @@ CATALOGUE: tuple[Metric, ...] = (
         ("grad_norm_sample/{bucket}/{term}",
          "Mean over the bucket's samples of the exact norm ||g_i|| of the sample's own gradient (compare "
          "grad_norm/{bucket}/per_sample/{term} = ||Σ_i g_i|| / n, which cancellation between samples lowers)."),
+        ("noise_samples/{bucket}", "Number of samples n the bucket's per-sample metrics are over."),
         ("noise_trace/{bucket}/{term}",
          "Unbiased tr(Σ) of the per-sample gradients h_i: Σ_i ||h_i − h̄||² / (n − 1) (McCandlish et al. 2018)."),
         ("noise_signal/{bucket}/{term}",

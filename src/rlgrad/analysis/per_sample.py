@@ -186,6 +186,7 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
         layer_norms[term] = {g: v.clamp_min(0).sqrt() / denom["all"] for g, v in rows[term].items()}
         group_gram[term] = {g: k / denom["all"] ** 2 for g, k in grams[term].items()}
         for b, idx in buckets.rows.items():
+            metrics[key("noise_samples/{bucket}", bucket=b)] = float(len(idx))
             in_bucket = torch.unique(inverse[idx])
             scale = len(idx) / denom[b]  # h_i = n_b · g_i^b = n_b · raw_i / denom_b
             got = noise_metrics(row_sq[idx] * scale ** 2, gram[in_bucket][:, in_bucket] * scale ** 2,

@@ -17,7 +17,7 @@ import math
 import statistics
 
 from rlgrad import rundata as D
-from rlgrad.doctor import gradient, progress, signatures  # noqa: F401  (importing them registers every signature)
+from rlgrad.doctor import gradient, noise, progress, signatures  # noqa: F401  (importing them registers every signature)
 from rlgrad.doctor.findings import SEVERITY, SIGNATURES, Diagnosis, Finding, Thresholds, View, flat_reward, fmt
 
 __all__ = ["SIGNATURES", "Diagnosis", "Finding", "Thresholds", "diagnose", "doctor_command", "render_text"]
