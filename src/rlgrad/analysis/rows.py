@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from rlgrad.analysis.engine import ROW_CHUNK_ELEMENTS, _gram_f64, _SliceReducer
+from rlgrad.analysis.engine import ROW_CHUNK_ELEMENTS, _SliceReducer
 from rlgrad.metrics import layer_group
 
 
@@ -45,7 +45,8 @@ def linear_row_sq(g3: torch.Tensor, x3: torch.Tensor) -> torch.Tensor:
     """``[N]``: each row's ``||Σ_t δ_t x_tᵀ||²`` from ``δ [N, T, out]`` and ``x [N, T, in]``."""
     g3, x3 = g3.float(), x3.float()
     if ghost_is_cheaper(g3.shape[1], x3.shape[-1], g3.shape[-1]):
-        return (torch.bmm(g3, g3.transpose(1, 2)).double() * torch.bmm(x3, x3.transpose(1, 2)).double()).sum((1, 2))
+        # float32 products, summed per row in float64 (the T² terms may cancel)
+        return (torch.bmm(g3, g3.transpose(1, 2)) * torch.bmm(x3, x3.transpose(1, 2))).flatten(1).double().sum(1)
     step = max(1, ROW_CHUNK_ELEMENTS // (g3.shape[-1] * x3.shape[-1]))
     return torch.cat([torch.bmm(g3[i:i + step].transpose(1, 2), x3[i:i + step]).double().pow(2).sum((1, 2))
                       for i in range(0, g3.shape[0], step)])
@@ -106,8 +107,10 @@ class RowNormReducer(_SliceReducer):
                                       "the forward (a module called twice); its per-row norm is not a sum of parts")
         super()._add(p, per_slice)
         if self.seen[k] == len(self.owners[k]):
-            grads = self.acc.pop(k)
-            self._into(self.gram, self.group_names[k], _gram_f64(grads.reshape(grads.shape[0], -1)))
+            flat = self.acc.pop(k).reshape(len(self.weights), -1)
+            # float32 products (summed by BLAS in blocks): a float64 copy of every group gradient cost more than the
+            # weight gradients themselves at the bench's shapes
+            self._into(self.gram, self.group_names[k], (flat @ flat.t()).double())
 
     @staticmethod
     def _into(store: dict[str, torch.Tensor], group: str, value: torch.Tensor) -> None:
@@ -132,7 +135,7 @@ class RowNormReducer(_SliceReducer):
         super()._linear(m, x, g)
         g3, x3 = _rows3(g.detach()), _rows3(x)
         self._row(m.weight, linear_row_sq(g3, x3))
-        self._row(m.bias, g3.double().sum(1).pow(2).sum(-1))
+        self._row(m.bias, g3.float().sum(1).double().pow(2).sum(-1))
         emb = self._tied_embedding(m.weight) if id(m.weight) in self.names else None
         if emb is not None:  # δᴸ at the input's token ids, for the cross term at the embedding's backward
             ids = _rows3(self.ids[id(emb)])
@@ -153,6 +156,6 @@ class RowNormReducer(_SliceReducer):
 
     def _norm(self, m: nn.Module, xh: torch.Tensor, g: torch.Tensor) -> None:
         super()._norm(m, xh, g)
-        g3, x3 = _rows3(g.detach()).double(), _rows3(xh).double()
-        self._row(m.weight, (g3 * x3).sum(1).pow(2).sum(-1))
-        self._row(getattr(m, "bias", None), g3.sum(1).pow(2).sum(-1))
+        g3, x3 = _rows3(g.detach()).float(), _rows3(xh).float()
+        self._row(m.weight, (g3 * x3).sum(1).double().pow(2).sum(-1))
+        self._row(getattr(m, "bias", None), g3.sum(1).double().pow(2).sum(-1))
