@@ -113,7 +113,7 @@ def _formulas(h: torch.Tensor, groups: torch.Tensor) -> dict[str, float]:
 @pytest.mark.parametrize("settings", [SETTINGS[0], SETTINGS[1]], ids=["token-mean", "seq-mean-token-mean"])
 def test_noise_metrics_equal_the_formulas_on_oracle_gradients(model_tok, settings):
     model, tok = model_tok
-    batch = make_batch(model, tok, zero_group=False)
+    batch = make_batch(model, tok, n_prompts=4, zero_group=False)  # two buckets of two groups
     rep = analyse_per_sample(model, batch, settings, num_buckets=2)
     loss_fn = as_loss_fn(settings)
     oracle = per_row_gradients(model, batch, loss_fn)
