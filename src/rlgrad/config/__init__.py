@@ -26,6 +26,7 @@ from rlgrad.config.algorithm import (
     CriticModelConfig,
     FilterGroupsConfig,
     KLControlConfig,
+    LoRAConfig,
     OptimConfig,
     OverlongBufferConfig,
     RewardConfig,
@@ -41,6 +42,7 @@ from rlgrad.config.analysis import (
     PerSampleConfig,
 )
 from rlgrad.config.data import DataConfig, ReasoningGymConfig
+from rlgrad.config.doctor import HALT_ON, DoctorConfig
 from rlgrad.config.load import (
     CONFIG_DIRS,
     check_key,
@@ -62,10 +64,11 @@ __all__ = [
     "AGG_MODES", "ALIASES", "COMPONENT_MODES", "CONFIG_DIRS", "ESTIMATORS", "KL_TYPES", "OUTCOME_ESTIMATORS",
     "PER_TOKEN", "PROBE_ONLY_KEY", "SCHEMA_KEYS", "SECTIONS", "VERL_KL_TYPES", "ActorConfig", "AgentConfig",
     "AlgorithmConfig", "AnalysisConfig", "BucketAnalysisConfig", "ComponentAnalysisConfig", "CriticConfig",
-    "CriticModelConfig", "DataConfig", "EnvConfig", "FilterGroupsConfig", "FrozenLakeConfig", "KLControlConfig",
-    "ModelConfig", "NeuronHealthConfig", "NeuronsConfig", "OptimConfig", "OverlongBufferConfig", "PerSampleConfig",
-    "RLGradConfig", "ReasoningGymConfig", "RewardConfig", "RolloutConfig", "Schedule", "SokobanConfig",
-    "TinyModelConfig", "TrainerConfig", "check_field", "check_key", "documented_yaml", "find_preset",
-    "flat_settings", "from_yaml_file", "load_config", "parse_override", "per_response_advantage", "presets",
-    "resolve_alias", "schedules", "suggest_keys", "to_yaml", "validate",
+    "CriticModelConfig", "DataConfig", "DoctorConfig", "EnvConfig", "FilterGroupsConfig", "FrozenLakeConfig",
+    "HALT_ON", "KLControlConfig", "LoRAConfig", "ModelConfig", "NeuronHealthConfig", "NeuronsConfig", "OptimConfig",
+    "OverlongBufferConfig", "PerSampleConfig", "RLGradConfig",
+    "ReasoningGymConfig", "RewardConfig", "RolloutConfig", "Schedule", "SokobanConfig", "TinyModelConfig",
+    "TrainerConfig", "check_field", "check_key", "documented_yaml", "find_preset", "flat_settings", "from_yaml_file",
+    "load_config", "parse_override", "per_response_advantage", "presets", "resolve_alias", "schedules",
+    "suggest_keys", "to_yaml", "validate",
 ]
