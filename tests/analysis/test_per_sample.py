@@ -194,13 +194,29 @@ def test_ghost_and_per_row_linear_norms_agree():
 def test_unsupported_model_names_the_reason(model_tok):
     model, tok = model_tok
     batch = make_batch(model, tok)
-    emb = model.get_input_embeddings()
-    emb.weight.requires_grad_(False)
+    model.extra = torch.nn.Parameter(torch.zeros(3))  # a parameter no engine hook covers
     try:
-        with pytest.raises(NotImplementedError, match="trainable nn.Embedding"):
+        with pytest.raises(NotImplementedError, match="does not cover parameter.*extra"):
             analyse_per_sample(model, batch, SETTINGS[0])
     finally:
-        emb.weight.requires_grad_(True)
+        del model.extra
+
+
+def test_frozen_embedding_lora_style(model_tok):
+    """A frozen input embedding (LoRA's case) still gives the backward its leaf and gets no gradient itself."""
+    model, tok = model_tok
+    batch = make_batch(model, tok, n_prompts=2)
+    frozen = [p for n, p in model.named_parameters() if "embed" in n]
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        rep = analyse_per_sample(model, batch, SETTINGS[0], num_buckets=1)
+        oracle = per_row_gradients(model, batch, as_loss_fn(SETTINGS[0]))
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+    assert "embed" not in rep.layer_norms["task"]
+    assert _relative(rep.norms["task"], oracle["task"].norm(dim=1)) <= TOL
 
 
 def test_verl_proxy_is_advantage_squared_times_the_logit_score_norm(model_tok):

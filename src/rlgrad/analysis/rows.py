@@ -84,13 +84,13 @@ class RowNormReducer(_SliceReducer):
         self.tied: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.acc = {}
 
-    def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None) -> None:
+    def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None, leaf_only: bool = False) -> None:
         for p in mod.parameters(recurse=False):
             if id(p) in self.names:
                 self.owners[id(p)].append(mod)
         if isinstance(mod, nn.Embedding):
             prep = self._record_ids
-        super()._watch(mod, fn, prep)
+        super()._watch(mod, fn, prep, leaf_only=leaf_only)
 
     def _record_ids(self, mod: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         self.ids[id(mod)] = ids
