@@ -396,6 +396,37 @@ def fast_unsupported(model: nn.Module) -> str | None:
     return None
 
 
+def run_terms(model: nn.Module, batch: Batch, loss_fn: LossFn, reducer: _SliceReducer,
+              on_term: Callable[[str, torch.Tensor, list[torch.Tensor], bool], None]) -> None:
+    """The fast engine's passes: ONE forward of ``loss_fn`` (parameters frozen, so weight gradients come only from
+    ``reducer``'s module hooks), then per term ``on_term(term, total, leaves, retain_graph)``, which runs ONE
+    backward of ``total = Σ ω·term`` down to the input embeddings ``leaves`` (``backward``) and reads what the
+    hooks left in ``reducer``. The hooks are removed and the parameters' ``requires_grad`` restored afterwards,
+    whatever happens."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    flags = [p.requires_grad for p in model.parameters()]
+    try:
+        for p in params:
+            p.requires_grad_(False)  # weight gradients come from the hooks, never from autograd
+        terms = _weighted_terms(loss_fn, model, batch)
+        if not reducer.embed_leaf:
+            raise NotImplementedError("the fast gradient engine needs an nn.Embedding input layer; "
+                                      "use analysis.method=reference")
+        leaves = [leaf for _, _, leaf in reducer.embed_leaf]
+        for i, (term, per_token) in enumerate(terms.items()):
+            on_term(term, per_token.sum(), leaves, i < len(terms) - 1)
+    finally:
+        reducer.close()
+        for p, f in zip(model.parameters(), flags):
+            p.requires_grad_(f)
+
+
+def backward(total: torch.Tensor, leaves: list[torch.Tensor], retain_graph: bool) -> None:
+    """One term's backward to the input embeddings: the module hooks see every layer's gradient on the way."""
+    if total.requires_grad:
+        torch.autograd.grad(total, leaves, retain_graph=retain_graph, allow_unused=True)
+
+
 def fast_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: torch.Tensor, slices: list[str],
                    derived: dict[str, dict[str, float]] | None = None, keep_grads: bool = False) -> GradStats:
     """One forward, one backward per term; per-slice gradients reduced in module hooks.
@@ -414,29 +445,18 @@ def fast_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: tor
     why = fast_unsupported(model)
     if why:
         raise NotImplementedError(f"{why}; use analysis.method=reference")
-    params = [p for p in model.parameters() if p.requires_grad]
-    flags = [p.requires_grad for p in model.parameters()]
     reducer = _SliceReducer(model, weights.to(next(model.parameters()).device))
     stats = GradStats(slices + list(derived), {}, {}, row_order=perm)
-    try:
-        for p in params:
-            p.requires_grad_(False)  # weight gradients come from the hooks, never from autograd
-        terms = _weighted_terms(loss_fn, model, batch)
-        if not reducer.embed_leaf:
-            raise NotImplementedError("the fast gradient engine needs an nn.Embedding input layer; "
-                                      "use analysis.method=reference")
-        leaves = [leaf for _, _, leaf in reducer.embed_leaf]
-        names_in_order = [reducer.names[id(p)] for p in params]
-        for i, (term, per_token) in enumerate(terms.items()):
-            full, gram = _streamed_term(reducer, per_token.sum(), leaves, params, derived, slices, keep_grads,
-                                        retain_graph=i < len(terms) - 1)
-            stats.gram[term] = gram
-            if keep_grads:
-                stats.grads[term] = {name: full[name] for name in names_in_order}
-    finally:
-        reducer.close()
-        for p, f in zip(model.parameters(), flags):
-            p.requires_grad_(f)
+    params = [p for p in model.parameters() if p.requires_grad]
+    names_in_order = [reducer.names[id(p)] for p in params]
+
+    def on_term(term: str, total: torch.Tensor, leaves: list[torch.Tensor], retain_graph: bool) -> None:
+        full, gram = _streamed_term(reducer, total, leaves, params, derived, slices, keep_grads, retain_graph)
+        stats.gram[term] = gram
+        if keep_grads:
+            stats.grads[term] = {name: full[name] for name in names_in_order}
+
+    run_terms(model, batch, loss_fn, reducer, on_term)
     return stats
 
 
@@ -462,8 +482,7 @@ def _streamed_term(reducer: _SliceReducer, total: torch.Tensor, leaves: list[tor
     reducer.acc, reducer.remaining, reducer.flush = {}, {}, flush
     reducer.block_elements = None if keep_grads else BLOCK_ELEMENTS
     try:
-        if total.requires_grad:
-            torch.autograd.grad(total, leaves, retain_graph=retain_graph, allow_unused=True)
+        backward(total, leaves, retain_graph)
     finally:
         reducer.flush = None
     for p in params:
