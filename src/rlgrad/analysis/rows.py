@@ -96,8 +96,9 @@ class RowNormReducer(_SliceReducer):
         self.ids[id(mod)] = ids
         return ids
 
-    def _add(self, p: nn.Parameter, per_slice: torch.Tensor) -> None:
-        """A contribution to ``p``'s group gradients; the Gram once all its modules have contributed."""
+    def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True) -> None:
+        """A contribution to ``p``'s group gradients; the Gram once all its modules have contributed. (Always the
+        whole parameter: blocks of rows are the slice engine's streaming, which this reducer does not turn on.)"""
         k = id(p)
         if k not in self.names:
             return
