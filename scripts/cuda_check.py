@@ -77,6 +77,21 @@ def lora_engine_checks() -> None:
     check(f"LoRA engine {DEVICE} == cpu", max_rel(fast, cpu) < 1e-3, f"max rel {max_rel(fast, cpu):.2e}")
 
 
+def per_sample_checks() -> None:
+    from rlgrad.analysis.per_sample import analyse_per_sample
+
+    model, tok = tiny_model_and_tokenizer()
+    batch = make_batch(model, tok)  # stays on the CPU, as the trainer's batch does
+    cpu = analyse_per_sample(model, batch, SETTINGS[0], num_buckets=3, proxy=True)
+    gpu = analyse_per_sample(model.to(DEVICE), batch, SETTINGS[0], num_buckets=3, proxy=True)
+    model.to("cpu")
+    worst = max(float(((gpu.norms[t].cpu() - cpu.norms[t]).abs() / cpu.norms[t].abs().clamp_min(1e-12)).max())
+                for t in cpu.norms)
+    check(f"per-sample norms {DEVICE} == cpu", worst < 1e-3, f"max rel {worst:.2e}")
+    check(f"noise metrics {DEVICE} == cpu", max_rel(gpu.metrics, cpu.metrics) < 1e-2,
+          f"max rel {max_rel(gpu.metrics, cpu.metrics):.2e}")
+
+
 def train_cmd(run_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "rlgrad", "train", "--config-name", "demo", f"trainer.device={DEVICE}",
             f"trainer.default_local_dir={run_dir}", "trainer.total_training_steps=6", "trainer.save_freq=3",
@@ -84,7 +99,10 @@ def train_cmd(run_dir: Path, *extra: str) -> list[str]:
 
 
 def last_line(text: str) -> str:
+    """The error's line, and the traceback above it when there is one (to fix it without a second GPU run)."""
     lines = text.strip().splitlines()
+    if any(line.startswith("Traceback") for line in lines):
+        return "\n".join(lines[-30:])
     return lines[-1] if lines else ""
 
 
@@ -135,6 +153,7 @@ def main() -> int:
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu'}")
     engine_checks()
     lora_engine_checks()
+    per_sample_checks()
     with tempfile.TemporaryDirectory() as tmp:
         trainer_checks(Path(args.out) if args.out else Path(tmp))
     print(f"{len(FAILED)} failed" if FAILED else "all checks passed")

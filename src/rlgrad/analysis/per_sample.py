@@ -95,10 +95,12 @@ def verl_variance_proxy(model: nn.Module, batch: Batch, rows_per_chunk: int = 8)
     squared norm of ∂log π(y_t)/∂logits, summed over t) and ``A_i`` the mean advantage over them. π is the
     current policy at temperature 1, from one no-grad forward (verl takes π(y_t) from old_log_probs: on-policy the
     same)."""
-    mask = batch.response_mask.float()
+    device = next(model.parameters()).device  # the batch may sit on the CPU, as the trainer's does
+    mask = batch.response_mask.float().cpu()
     per_token = torch.zeros_like(mask)
     for i in range(0, len(batch), rows_per_chunk):  # the [rows, L, V] softmax a few rows at a time
-        ids, att = batch.input_ids[i:i + rows_per_chunk], batch.attention_mask[i:i + rows_per_chunk]
+        ids = batch.input_ids[i:i + rows_per_chunk].to(device)
+        att = batch.attention_mask[i:i + rows_per_chunk].to(device)
         logits = model(input_ids=ids, attention_mask=att, position_ids=position_ids_from_mask(att),
                        use_cache=False).logits[:, :-1].float()
         probs = torch.softmax(logits, dim=-1)
