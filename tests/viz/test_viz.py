@@ -471,6 +471,16 @@ def test_rule_zero_variance_buckets_at_the_last_step():
     assert R.rule_zero_variance_buckets(_run({3: m, 5: varied})) == []  # only the last step counts
     assert R.rule_zero_variance_buckets(_run({3: _bucket_metrics(rv=[0.0, 0.0], task=[0.0, 0.0])})) == []
     assert R.rule_zero_variance_buckets(_run({1: {"val/accuracy": 0.5}})) == []
+    # counted group by group, as the console and group_rv_table.csv count them: 3 of the 4 groups of a bucket
+    # that also holds one group with variance are still zero-variance groups
+    mixed = _bucket_metrics(rv=[0.3, 0.4], task=[0.5, 1.0])
+    mixed.update({"grad_norm/all/group_rv_count": 8.0, "grad_norm/all/group_rv_zero_count": 3.0})
+    assert R.rule_zero_variance_buckets(_run({2: mixed})) == [
+        "At step 2, 3 of 8 prompt groups (38%) have zero reward std: every sample of such a prompt got the same "
+        "reward, so its task gradient is zero and nothing moves them."]
+    counted = {**m, "grad_norm/all/group_rv_count": 5.0, "grad_norm/all/group_rv_zero_count": 2.0}
+    assert R.rule_zero_variance_buckets(_run({3: counted}))[0].endswith(
+        "only the regularisers move them. 2 of 4 buckets (40% of samples) hold only groups with zero reward std.")
 
 
 def test_rule_monotonicity_at_the_last_step():
