@@ -27,6 +27,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlgrad.recipes import make_trainer
     from rlgrad.rl.resume import Interrupted, RunStopped
 
+    distributed.check_process_count(cfg.trainer)
     distributed.setup(cfg)  # torchrun: join the process group (a no-op in one process)
     try:
         trainer = make_trainer(cfg)
