@@ -233,3 +233,14 @@ def test_a_config_built_in_python_is_checked_for_bools_too():
     cfg.actor.use_kl_loss = 2
     with pytest.raises(UserError, match=r"^'actor.use_kl_loss' must be true or false, got 2$"):
         validate(cfg)
+
+
+def test_the_demo_runs_every_instrument():
+    """The demo shows the bucket analysis, the reward components' gradients and neuron health, each at least once
+    (and few times: the demo stays fast)."""
+    from rlgrad.analysis import schedules
+
+    cfg = load_config("demo")
+    due = {name: [s for s in range(1, cfg.trainer.total_training_steps + 1) if sch.due(s)]
+           for name, sch in schedules(cfg).items()}
+    assert due["buckets"] == due["components"] == due["neurons/actor"] == [1, 51]
