@@ -68,7 +68,9 @@ def test_the_console_tells_each_step_and_what_an_analysis_found(tmp_path):
                 "grad_norm/bucket_1/group_rv_count": 3.0, "grad_norm/bucket_1/reward_std_max": 0.0,
                 "grad_norm/bucket_1/task": 0.0, "grad_norm/bucket_2/group_rv_count": 1.0,
                 "grad_norm/bucket_2/reward_std_max": 0.5, "grad_norm/bucket_2/reward_std_mean": 0.5,
-                "grad_norm/bucket_2/task": 2.0, "grad_comp/correctness/share": 0.8, "grad_comp/format/share": 0.2,
+                "grad_norm/bucket_2/task": 2.0, "grad_norm/all/group_rv_count": 4.0,
+                "grad_norm/all/group_rv_zero_count": 3.0, "grad_comp/correctness/share": 0.8,
+                "grad_comp/format/share": 0.2,
                 "grad_sim/correctness__format": -0.25, "actor/neuron/dormant_ratio": 0.031}
     sink.log(1, analysed)
     sink.log(2, {"timing_s/step": 1.0, "timing_s/gen": 0.5, "rollout/accuracy": 0.75, "rollout/score/mean": 0.7})
@@ -76,7 +78,7 @@ def test_the_console_tells_each_step_and_what_an_analysis_found(tmp_path):
     assert "\r" not in out.getvalue()
     assert out.getvalue().splitlines() == [
         "step 1/3  acc 0.500  reward 0.450  (4.0 s)",
-        "step 1 analysis: 75% of groups have zero reward variance; largest task gradient: bucket_2 (reward std "
+        "step 1 analysis: 3 of 4 groups (75%) have zero reward variance; largest task gradient: bucket_2 (reward std "
         "0.50); largest reward component: correctness (80% of the gradient); correctness vs format pull apart "
         f"(cosine -0.25); 3.1% of actor neurons dormant (files: {tmp_path / 'analysis' / 'step_1'})",
         "step 1: 4.00 s (gen 1.50, analysis/buckets 2.25, update_actor 0.25)",

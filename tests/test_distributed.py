@@ -456,3 +456,26 @@ def _assert_neurons_equal(got, want, what):
         others = torch.tensor([i for i in range(m.shape[dim]) if i not in set(rows.tolist())])
         assert bool((m.index_select(dim, rows) == 0).all()), (what, name)
         assert bool((m.index_select(dim, others) != 0).all(dim=1 - dim).all()), (what, name)  # not vacuous
+
+
+def test_more_processes_than_run_is_an_error_naming_torchrun(tmp_path, monkeypatch, capsys):
+    """verl's trainer.n_gpus_per_node starts verl's workers; rlgrad's only describes torchrun's processes, so a
+    plain `rlgrad train` asking for 8 stops (one line, exit 2) instead of training in one process."""
+    from types import SimpleNamespace
+
+    from rlgrad.cli import main
+    from rlgrad.distributed import check_process_count
+    from rlgrad.errors import UserError
+
+    for var in ("WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["train", "trainer.n_gpus_per_node=8", f"trainer.default_local_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "trainer.n_gpus_per_node=8 asks for 8 processes" in err
+    assert "use torchrun --nproc_per_node 8 -m rlgrad train" in err and not (tmp_path / "run").exists()
+    with pytest.raises(UserError, match=r"trainer.nnodes=2 and trainer.n_gpus_per_node=4 ask for 8 processes.*"
+                                        r"torchrun --nproc_per_node 4 --nnodes 2 "):
+        check_process_count(SimpleNamespace(nnodes=2, n_gpus_per_node=4))
+    check_process_count(SimpleNamespace(nnodes=1, n_gpus_per_node=1))  # one process asked, one run
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")  # under torchrun the environment wins: no error
+    check_process_count(SimpleNamespace(nnodes=1, n_gpus_per_node=8))

@@ -199,6 +199,19 @@ def test_bad_model_path_is_a_one_line_user_error(tmp_path, setup):
     assert "\n" not in str(e.value) and str(path) in str(e.value) and "model.path" in str(e.value)
 
 
+@pytest.mark.parametrize("hub_id", ["Qwen/Qwen2.5-0.5B", "HuggingFaceTB/SmolLM2-135M-Instruct"])
+def test_a_hub_id_as_model_path_says_how_to_download_it(hub_id, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no such folder here
+    with pytest.raises(UserError) as e:
+        load_pretrained(hub_id, cache_dir=tmp_path / "cache", log=_quiet)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"model.path '{hub_id}' is no local folder")
+    assert f"hf download {hub_id} --local-dir DIR" in msg and msg.endswith("then set model.path=DIR")
+    (tmp_path / hub_id).mkdir(parents=True)  # the same name as a local folder: it is one, read as such
+    with pytest.raises(UserError, match="has no config.json"):
+        load_pretrained(hub_id, cache_dir=tmp_path / "cache", log=_quiet)
+
+
 def test_missing_gguf_package_names_the_extra(tmp_path, monkeypatch):
     import importlib.util
 

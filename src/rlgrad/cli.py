@@ -27,6 +27,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlgrad.recipes import make_trainer
     from rlgrad.rl.resume import RunStopped
 
+    distributed.check_process_count(cfg.trainer)
     distributed.setup(cfg)  # torchrun: join the process group (a no-op in one process)
     try:
         trainer = make_trainer(cfg)
@@ -409,7 +410,7 @@ def _probe_parser(sub) -> None:
 
 def _plot_parser(sub) -> None:
     p = sub.add_parser("plot", help="figures, metrics JSON and group table for each gradient-analysis step of a run")
-    p.add_argument("run_dir", nargs="?", help="a local run directory (offline; the default)")
+    p.add_argument("run_dir", nargs="?", help="a local run directory or its metrics.jsonl (offline; the default)")
     p.add_argument("--wandb-path", help="read a W&B run instead: ENTITY/PROJECT/RUN_ID (needs network)")
     p.add_argument("--list-steps", action="store_true",
                    help="print the analysis steps (bucket analysis, reward components, neuron health) and exit")
@@ -432,7 +433,7 @@ def _plot_steps_parser(sub) -> None:
 
 def _report_parser(sub) -> None:
     p = sub.add_parser("report", help="one self-contained HTML report of a run (figures inlined)")
-    p.add_argument("run_dir", help="a local run directory")
+    p.add_argument("run_dir", help="a local run directory (or its metrics.jsonl)")
     p.add_argument("--output", help="default: RUN_DIR/report.html")
     p.add_argument("--dpi", type=int, default=90, help="resolution of the inlined figures (default 90)")
     p.add_argument("--max-steps", type=int, default=6,
@@ -444,8 +445,8 @@ def _report_parser(sub) -> None:
 def _doctor_parser(sub) -> None:
     p = sub.add_parser("doctor", help="is the run healthy, and why did the gradient do that? "
                                       "(findings, most serious first; exit 1 when one is critical)")
-    p.add_argument("run", nargs="?", help="an rlgrad run directory, a TRL output directory (trainer_state.json) "
-                                          "or verl's file-logger JSONL")
+    p.add_argument("run", nargs="?", help="an rlgrad run directory (or its metrics.jsonl), a TRL output directory "
+                                          "(trainer_state.json) or verl's file-logger JSONL")
     p.add_argument("--wandb-path", help="read a W&B run instead: ENTITY/PROJECT/RUN_ID (needs network)")
     p.add_argument("--json", action="store_true", help="the findings as JSON on stdout")
     p.add_argument("--explain", action="store_true", help="also list the checks the run lacks the metrics for")
@@ -464,7 +465,7 @@ def _doctor_parser(sub) -> None:
 
 def _samples_parser(sub) -> None:
     p = sub.add_parser("samples", help="a step's prompt groups and what the model wrote (RUN/rollouts/step_N.jsonl)")
-    p.add_argument("run_dir", help="a local run directory")
+    p.add_argument("run_dir", help="a local run directory (or its metrics.jsonl)")
     p.add_argument("--step", type=int, help="default: the last step with a rollout file")
     p.add_argument("--bucket", help="only groups of this reward-variance bucket (bucket_1 or 1: the lowest; "
                                     "a step the bucket analysis ran at)")

@@ -49,6 +49,22 @@ def was_setup() -> bool:
     return _SETUP
 
 
+def check_process_count(trainer) -> None:
+    """``rlgrad train`` outside torchrun with ``trainer.nnodes x trainer.n_gpus_per_node > 1``: a one-line error
+    naming the launch. In verl these keys start the workers; here torchrun starts the processes and the keys
+    only describe them, so running on would silently train in one process."""
+    want = trainer.nnodes * trainer.n_gpus_per_node
+    if want <= 1 or under_torchrun():
+        return
+    asked = [f"trainer.{k}={v}" for k, v in (("nnodes", trainer.nnodes), ("n_gpus_per_node", trainer.n_gpus_per_node))
+             if v > 1]
+    nodes = (f" --nnodes {trainer.nnodes} --rdzv_backend c10d --rdzv_endpoint HOST:PORT --rdzv_id RUN"
+             if trainer.nnodes > 1 else "")
+    raise UserError(f"{' and '.join(asked)} {'ask' if len(asked) > 1 else 'asks'} for {want} processes, but this "
+                    "command is one process (the settings start none): use torchrun --nproc_per_node "
+                    f"{trainer.n_gpus_per_node}{nodes} -m rlgrad train ... (docs/scaling.md)")
+
+
 def setup(cfg) -> None:
     """Join the process group torchrun describes (no-op in one process); call before building a Trainer."""
     global _SETUP

@@ -329,6 +329,10 @@ CATALOGUE: tuple[Metric, ...] = (
         ("grad_norm/{bucket}/sample_count", "Number of samples (responses) in the bucket."),
         ("grad_norm/{bucket}/sample_pct", "100 × the bucket's samples / the analysed batch's samples."),
         ("grad_norm/{bucket}/group_rv_count", "Number of prompt groups in the bucket."),
+        ("grad_norm/{bucket}/group_rv_zero_count",
+         "Number of the bucket's prompt groups whose reward std is 0 (every sample got the same score): the rows "
+         "of analysis/step_N/group_rv_table.csv with reward_std 0. The console's zero-variance share is "
+         "grad_norm/all/group_rv_zero_count / grad_norm/all/group_rv_count."),
         ("grad_norm/{bucket}/reward_std_mean",
          "Mean over the bucket's prompt groups of the group's reward std (unbiased std of its scores)."),
         ("grad_norm/{bucket}/reward_std_min", "Smallest reward std of the bucket's prompt groups."),
@@ -369,6 +373,8 @@ CATALOGUE: tuple[Metric, ...] = (
          "grad_norm/{bucket}/sample_pct of the batch before the rollout filter."),
         ("grad_norm_prefilter/{bucket}/group_rv_count",
          "grad_norm/{bucket}/group_rv_count of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/group_rv_zero_count",
+         "grad_norm/{bucket}/group_rv_zero_count of the batch before the rollout filter."),
         ("grad_norm_prefilter/{bucket}/reward_std_mean",
          "grad_norm/{bucket}/reward_std_mean of the batch before the rollout filter."),
         ("grad_norm_prefilter/{bucket}/reward_std_min",

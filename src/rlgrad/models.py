@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from rlgrad.config.model import ModelConfig
+from rlgrad.config.model import ModelConfig, not_local_hint
 from rlgrad.errors import UserError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub, whatever a config says
@@ -125,7 +125,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 def _check_model_dir(path: str | os.PathLike, key: str) -> Path:
     p = Path(path)
     if not p.is_dir():
-        raise UserError(f"{key} '{path}' is not a directory or a .gguf file (rlgrad only loads local models)")
+        raise UserError(not_local_hint(str(path), key)
+                        or f"{key} '{path}' is not a directory or a .gguf file (rlgrad only loads local models)")
     if not (p / "config.json").is_file():
         raise UserError(f"{key} '{path}' has no config.json: not a Hugging Face model directory")
     try:

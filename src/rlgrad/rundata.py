@@ -116,9 +116,16 @@ def _read_config(path: Path) -> tuple[dict | None, str | None]:
         return None, text
 
 
+def run_dir_of(path: str | Path) -> Path:
+    """The run directory ``path`` names: itself, or the directory holding it when it is a run's metrics.jsonl (the
+    file named rather than its folder, as a shell's tab completion gives it)."""
+    p = Path(path)
+    return p.parent if p.name == "metrics.jsonl" and p.is_file() else p
+
+
 def load_run(run_dir: str | Path) -> RunData:
-    """A local run directory; one-line error if it is not one."""
-    p = Path(run_dir)
+    """A local run directory (or its metrics.jsonl: ``run_dir_of``); one-line error if it is not one."""
+    p = run_dir_of(run_dir)
     if not p.is_dir():
         raise UserError(f"run directory '{p}' does not exist")
     mfile = p / "metrics.jsonl"
@@ -287,6 +294,8 @@ def load_any(path: str | Path | None, wandb_path: str | None = None) -> RunData:
     if path is None:
         raise UserError("name a run: a run directory, a TRL output directory, a verl JSONL log, or --wandb-path")
     p = Path(path)
+    if p.is_file() and p.name == "metrics.jsonl":  # rlgrad's, as the directory holding it would be read
+        return load_run(p.parent)
     if p.is_file():
         if p.suffix.lower() == ".csv":
             return load_csv(p)
@@ -702,6 +711,21 @@ def config_get(run: RunData, dotted: str, default: Any = None) -> Any:
         else:
             return node
     return default
+
+
+def unfinished(run: RunData) -> tuple[int, int] | None:
+    """(last logged step, trainer.total_training_steps) of an rlgrad run short of its last step: still training,
+    or stopped (a crash, a signal, a run the filter emptied); a resume continues it. None for a finished run, one
+    that ended where it was told to (``analysis.buckets.exit_after``, ``rlgrad probe``), another trainer's run
+    (TRL's and verl's own step counts are not in rlgrad's config), or one without a config."""
+    total = config_get(run, "trainer.total_training_steps")
+    steps = set(run.rows) | set(run.nonfinite)
+    if run.kind != "rlgrad" or not isinstance(total, int) or not steps:
+        return None
+    last = max(steps)
+    if last >= total or any("trainer/exited_after_gradient_analysis" in m for m in run.rows.values()):
+        return None
+    return last, total
 
 
 def read_step_metrics(path: str | Path) -> dict[str, float]:

@@ -105,6 +105,23 @@ def test_unsupported_seed_key_says_so():
         load_config(overrides=["actor_rollout_ref.rollout.gpu_memory_utilization=0.3"])
 
 
+@pytest.mark.parametrize("spelling", ["rollout.name=vllm", "actor_rollout_ref.rollout.name=sglang"])
+def test_verls_rollout_engine_gets_the_supported_path_not_a_spelling_hint(spelling):
+    with pytest.raises(UserError) as e:
+        load_config(overrides=[spelling])
+    msg = str(e.value)
+    assert "\n" not in msg and spelling.split("=")[0] in msg and "did you mean" not in msg
+    assert "its own engine" in msg and "rollout.engine" in msg and "rlgrad.integrations.verl_main" in msg
+
+
+def test_a_hub_id_as_critic_path_says_how_to_download(tmp_path):
+    with pytest.raises(UserError, match=r"critic.model.path 'Qwen/Qwen2.5-0.5B'.*hf download Qwen/Qwen2.5-0.5B "
+                                        r"--local-dir DIR.*then set critic.model.path=DIR$"):
+        load_config(overrides=["algorithm.adv_estimator=gae", "critic.model.path=Qwen/Qwen2.5-0.5B"])
+    with pytest.raises(UserError, match="not a local Hugging Face model directory"):  # a folder: no hub hint
+        load_config(overrides=["algorithm.adv_estimator=gae", f"critic.model.path={tmp_path}"])
+
+
 @pytest.mark.parametrize("item,pattern", [
     ("rollout.n=abc", "rollout.n"),
     ("noequals", "key=value"),
@@ -216,3 +233,14 @@ def test_a_config_built_in_python_is_checked_for_bools_too():
     cfg.actor.use_kl_loss = 2
     with pytest.raises(UserError, match=r"^'actor.use_kl_loss' must be true or false, got 2$"):
         validate(cfg)
+
+
+def test_the_demo_runs_every_instrument():
+    """The demo shows the bucket analysis, the reward components' gradients and neuron health, each at least once
+    (and few times: the demo stays fast)."""
+    from rlgrad.analysis import schedules
+
+    cfg = load_config("demo")
+    due = {name: [s for s in range(1, cfg.trainer.total_training_steps + 1) if sch.due(s)]
+           for name, sch in schedules(cfg).items()}
+    assert due["buckets"] == due["components"] == due["neurons/actor"] == [1, 51]

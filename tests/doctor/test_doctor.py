@@ -473,3 +473,27 @@ def test_trl_zero_variance_from_its_own_fraction(tmp_path, level, words):
     state["log_history"] = [{"step": i, "reward": level, "grad_norm": 0.01} for i in range(1, 21)]
     (tmp_path / "trainer_state.json").write_text(json.dumps(state))
     assert "zero_variance_groups" in diagnose(D.load_any(tmp_path)).missing  # listed as not checked
+
+
+def test_a_default_kept_against_advice_says_so_and_explain_says_why_and_what_logs_a_missing_metric(capsys):
+    """algorithm.norm_adv_by_std_in_grpo=true is verl's and TRL's default, kept by rlgrad: the finding still warns
+    and names it as the kept default; --explain gives the reason (doctor/settings.py) and, for each unchecked
+    signature, the setting that would log its metrics."""
+    from rlgrad.doctor.command import render_text
+    from rlgrad.doctor.settings import KEPT_DEFAULTS, producing_settings
+
+    s = healthy_series()
+    s.update({"critic/score/max": [1.0] * 40, "critic/score/min": [0.0] * 40, "critic/advantages/max": [2.47] * 40})
+    d = diagnose(run_of(s, {"algorithm": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True}}))
+    f = next(f for f in d.findings if f.id == "std_normalisation_amplifies")
+    assert f.severity == "warn" and f.evidence[-1].startswith(
+        "algorithm.norm_adv_by_std_in_grpo=true is rlgrad's default, kept against this advice: rlgrad keeps GRPO's "
+        "std normalisation on by default, as verl") and f.evidence[-1].endswith("(--explain says why)")
+    text = render_text(d, explain=True)
+    assert f"algorithm.norm_adv_by_std_in_grpo=true (std_normalisation_amplifies): {KEPT_DEFAULTS[0].reason}" in text
+    assert "    dormant_growing: needs actor/neuron/dormant_ratio; logged with analysis.neurons.actor.metric_every=N " \
+           "or analysis.every=N" in text
+    assert "Defaults kept" not in render_text(d)  # without --explain: only the evidence line
+    assert producing_settings(["grad_comp/{component}/share", "grad_sim/{pair}", "no/such"]) == [
+        "analysis.components.every=N or analysis.every=N (outcome advantages: adv_estimator=grpo or rloo)"]
+    assert producing_settings(["grad_norm/all/task"])[0].startswith("analysis.buckets.enable=true")

@@ -63,9 +63,9 @@ def make(setup, tmp_path, cls=GRPOTrainer, steps=1, rlgrad=("analysis.every=1", 
          funcs=(shorter, digits), rlgrad_hooks=(), peft_config=None, **cfg):
     root, tok, data = setup
     args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, max_completion_length=8, max_steps=steps,
-                      logging_steps=1, report_to=[], save_strategy="no", learning_rate=1e-3, disable_tqdm=True, seed=1,
+                      logging_steps=1, report_to=[], save_strategy="no", learning_rate=1e-3, seed=1,
                       reward_weights=[0.7, 0.3], **{"per_device_train_batch_size": 16, "num_generations": 4,
-                                                    "beta": 0.04, "loss_type": "dapo", **cfg})
+                                                    "beta": 0.04, "loss_type": "dapo", "disable_tqdm": True, **cfg})
     kw = {} if cls is trl.GRPOTrainer else {"rlgrad": list(rlgrad), "rlgrad_hooks": list(rlgrad_hooks)}
     if peft_config is not None:
         kw["peft_config"] = peft_config
@@ -510,6 +510,35 @@ def test_a_reward_model_and_look_alike_names_pass_through(setup, tmp_path):
         [sum(w * x["components"][k] for w, k in zip((1.0, 0.7, 0.3), keys)) for x in lines])
     _assert_report_and_doctor_name_trl(run, names, keys)
     _assert_trl_log_escaped_alike(t, tmp_path, names, keys, trl_logged)
+
+
+@pytest.mark.parametrize("tqdm", [False, True])
+def test_trls_console_prints_one_analysis_line_and_the_loggers_get_every_key(setup, tmp_path, capsys, tqdm):
+    """transformers' console callback (PrinterCallback; ProgressCallback with a bar) prints TRL's own log dict and
+    rlgrad's one-line summary, not rlgrad's hundred-odd keys; log_history and the other callbacks (what report_to's
+    loggers are) still get every key."""
+    from transformers import TrainerCallback
+
+    from rlgrad.logging.sinks import analysis_summary
+
+    seen: list[dict] = []
+
+    class Logger(TrainerCallback):  # as a report_to logger sees the logs
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            seen.append(dict(logs))
+
+    trainer = make(setup, tmp_path, disable_tqdm=not tqdm)
+    trainer.add_callback(Logger())
+    capsys.readouterr()
+    trainer.train()
+    printed = "".join(capsys.readouterr())
+    logged = trainer.state.log_history[0]
+    ours = [k for k in logged if k.startswith(("grad_norm/", "grad_comp/", "actor/neuron/", "timing_s/"))]
+    assert len(ours) > 50 and all(k in seen[0] for k in ours)  # the loggers get rlgrad's keys
+    assert "'loss':" in printed and "'rewards/shorter/mean':" in printed  # TRL's own line as TRL prints it
+    assert not any(k in printed for k in ours)
+    line = analysis_summary(1, logged)
+    assert line.startswith("step 1 analysis: ") and "groups" in line and printed.count(line) == 1
 
 
 def always_one(prompts, completions, **kw):  # with always_zero: every group agrees (frac_reward_zero_std 1)

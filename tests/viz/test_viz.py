@@ -471,6 +471,16 @@ def test_rule_zero_variance_buckets_at_the_last_step():
     assert R.rule_zero_variance_buckets(_run({3: m, 5: varied})) == []  # only the last step counts
     assert R.rule_zero_variance_buckets(_run({3: _bucket_metrics(rv=[0.0, 0.0], task=[0.0, 0.0])})) == []
     assert R.rule_zero_variance_buckets(_run({1: {"val/accuracy": 0.5}})) == []
+    # counted group by group, as the console and group_rv_table.csv count them: 3 of the 4 groups of a bucket
+    # that also holds one group with variance are still zero-variance groups
+    mixed = _bucket_metrics(rv=[0.3, 0.4], task=[0.5, 1.0])
+    mixed.update({"grad_norm/all/group_rv_count": 8.0, "grad_norm/all/group_rv_zero_count": 3.0})
+    assert R.rule_zero_variance_buckets(_run({2: mixed})) == [
+        "At step 2, 3 of 8 prompt groups (38%) have zero reward std: every sample of such a prompt got the same "
+        "reward, so its task gradient is zero and nothing moves them."]
+    counted = {**m, "grad_norm/all/group_rv_count": 5.0, "grad_norm/all/group_rv_zero_count": 2.0}
+    assert R.rule_zero_variance_buckets(_run({3: counted}))[0].endswith(
+        "only the regularisers move them. 2 of 4 buckets (40% of samples) hold only groups with zero reward std.")
 
 
 def test_rule_monotonicity_at_the_last_step():
@@ -881,3 +891,30 @@ def test_a_reset_only_step_draws_its_neurons_with_nothing_measured_said_so():
     assert "dormant 8.0%" in ax.get_title() and "null space" not in ax.get_title()
     assert [t.get_text() for t in ax.texts] == ["0 (none)"]  # the attention row: measured, all zero
     assert math.isnan(RF._layer_ratio(health["actor"]["layers"]["model.layers.0.mlp"], "act_dormant_ratio"))
+
+
+def test_commands_take_a_runs_metrics_jsonl_and_the_report_marks_an_unfinished_run(recorded_run, tmp_path, capsys):
+    """report, plot, samples and doctor read RUN/metrics.jsonl as RUN; a run short of
+    trainer.total_training_steps (here: its last row gone, as at step 1 of 2 while training) is marked at the top
+    of its report, and a finished run is not."""
+    run = tmp_path / "run"
+    shutil.copytree(recorded_run, run, ignore=shutil.ignore_patterns("global_step_*"))
+    rows = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("".join(r + "\n" for r in rows if json.loads(r)["step"] < 2))
+    mfile = str(run / "metrics.jsonl")
+    capsys.readouterr()
+    assert main(["report", mfile, "--dpi", DPI, "--max-steps", "1"]) == 0
+    assert capsys.readouterr().out.strip() == f"report written to {(run / 'report.html').resolve()} " \
+                                              "(in progress: step 1 of 2)"
+    page = (run / "report.html").read_text()
+    assert page.index("in progress: step 1 of 2") < page.index("<nav>")
+    assert main(["plot", mfile, "--list-steps"]) == 0 and f"analysis steps in {run} " in capsys.readouterr().out
+    assert main(["samples", mfile, "--max", "1"]) == 0 and capsys.readouterr().out.startswith(f"{run} · step ")
+    assert main(["doctor", mfile]) in (0, 1) and f"rlgrad doctor: run ({run})" in capsys.readouterr().out
+    assert main(["report", str(recorded_run / "metrics.jsonl"), "--output", str(tmp_path / "done.html"),
+                 "--dpi", DPI, "--max-steps", "1"]) == 0
+    assert "in progress" not in capsys.readouterr().out + (tmp_path / "done.html").read_text()
+    assert D.unfinished(D.load_run(run)) == (1, 2) and D.unfinished(D.load_run(recorded_run)) is None
+    exited = {1: {"trainer/exited_after_gradient_analysis": 1.0}}  # it ended where it was told to
+    assert D.unfinished(_run(exited, config={"trainer": {"total_training_steps": 5}})) is None
+    assert D.unfinished(_run({1: {}}, config={"trainer": {"total_training_steps": 5}}, kind="trl")) is None

@@ -236,6 +236,8 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
         metrics[key("grad_norm/{bucket}/sample_count", bucket=b)] = count[b]
         metrics[key("grad_norm/{bucket}/sample_pct", bucket=b)] = 100.0 * count[b] / max(n_total, 1)
         metrics[key("grad_norm/{bucket}/group_rv_count", bucket=b)] = float(len(stds))
+        # the same stds group_rv_table.csv lists: the console's zero-variance share is read from these two counts
+        metrics[key("grad_norm/{bucket}/group_rv_zero_count", bucket=b)] = float((stds == 0).sum())
         metrics[key("grad_norm/{bucket}/reward_std_mean", bucket=b)] = float(stds.mean())
         metrics[key("grad_norm/{bucket}/reward_std_min", bucket=b)] = float(stds.min())
         metrics[key("grad_norm/{bucket}/reward_std_max", bucket=b)] = float(stds.max())

@@ -63,6 +63,13 @@ ALIASES: dict[str, str] = {
     "actor_rollout_ref.rollout.": "rollout.",
     "actor_rollout_ref.model.": "model.",
 }
+# verl's settings for what rlgrad does another way: the key (as it resolves) -> the one-line answer pointing to
+# the supported path, instead of "unknown key, did you mean ...".
+NOT_HERE: dict[str, str] = {
+    "rollout.name": "rlgrad generates with its own engine (rollout.engine: native, its decode loop, or hf, "
+                    "transformers' generate), not vLLM or SGLang: drop rollout.name; for vLLM or SGLang rollouts run "
+                    "rlgrad inside verl (python -m rlgrad.integrations.verl_main, README \"Inside verl\")",
+}
 # RAGEN's checkpoint-probe mode, which `rlgrad probe` is: no key of `rlgrad train`.
 PROBE_ONLY_KEY = "trainer.gradient_analysis_only"
 

@@ -14,7 +14,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlgrad.config.aliases import ALIASES, PROBE_ONLY_KEY, resolve_alias
+from rlgrad.config.aliases import ALIASES, NOT_HERE, PROBE_ONLY_KEY, resolve_alias
 from rlgrad.config.schema import _DICT_KEYS, SCHEMA_KEYS, SECTIONS, RLGradConfig, _walk
 from rlgrad.config.validate import check_bool, is_bool_field, validate
 from rlgrad.errors import UserError
@@ -49,6 +49,8 @@ def suggest_keys(key: str, n: int = 3) -> list[str]:
 def check_key(key: str, origin: str) -> str:
     """Map an alias to our key and fail with suggestions if the key does not exist."""
     ours = resolve_alias(key)
+    if ours in NOT_HERE:
+        raise UserError(f"{origin}: '{key}': {NOT_HERE[ours]}")
     if ours in SCHEMA_KEYS or any(ours.startswith(d + ".") for d in _DICT_KEYS):
         return ours
     hints = suggest_keys(ours)

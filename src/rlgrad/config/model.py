@@ -4,9 +4,25 @@ warm start). Part of the config schema; the field docs are the user documentatio
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rlgrad.config.fields import setting as _f
+
+# A Hugging Face hub id: owner/name (no leading '/', '.', '~'; one slash).
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+")
+
+
+def not_local_hint(path: str, key: str = "model.path") -> str | None:
+    """The one-line answer for a model path that names nothing on this machine but reads as a Hugging Face hub
+    id (``Qwen/Qwen2.5-0.5B``): rlgrad never downloads, so say how to. None for a path that exists or could not
+    be a hub id."""
+    if Path(path).exists() or not _HUB_ID.fullmatch(str(path)):
+        return None
+    return (f"{key} '{path}' is no local folder, and rlgrad loads local files only: if it names a Hugging Face hub "
+            f"model, download it first (`hf download {path} --local-dir DIR`, or `huggingface-cli download {path} "
+            f"--local-dir DIR`), then set {key}=DIR")
 
 
 @dataclass

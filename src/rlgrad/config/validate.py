@@ -13,6 +13,7 @@ from typing import Any
 from rlgrad.config.algorithm import (
     per_response_advantage,
 )
+from rlgrad.config.model import not_local_hint
 from rlgrad.config.schema import RLGradConfig, _walk
 from rlgrad.errors import UserError
 
@@ -133,6 +134,8 @@ def _trainer(cfg: RLGradConfig) -> None:
 def _critic_model(cfg: RLGradConfig) -> None:
     path = cfg.critic.model.path
     if cfg.algorithm.adv_estimator == "gae" and path is not None and not (Path(path) / "config.json").is_file():
+        if hint := not_local_hint(path, "critic.model.path"):
+            raise UserError(hint)
         raise UserError(f"'critic.model.path' '{path}' is not a local Hugging Face model directory (no config.json)")
 
 

@@ -29,6 +29,7 @@ from rlgrad.doctor.findings import (
     fmt,
     too_early,
 )
+from rlgrad.doctor.settings import KEPT_DEFAULTS, kept_default, producing_settings, yaml_value
 from rlgrad.errors import UserError
 
 __all__ = ["SIGNATURES", "Diagnosis", "Finding", "Thresholds", "diagnose", "doctor_command", "render_text"]
@@ -96,6 +97,7 @@ def diagnose(run: D.RunData, thresholds: Thresholds | None = None) -> Diagnosis:
             continue
         finding = rule(view, thresholds)
         if finding is not None:
+            _note_kept_default(view, finding)
             findings.append(finding)
     if not any(f.severity in ("warn", "critical") for f in findings):
         checked = len(SIGNATURES) - len(missing) - len(early)
@@ -111,6 +113,14 @@ def diagnose(run: D.RunData, thresholds: Thresholds | None = None) -> Diagnosis:
     findings = rank(findings)
     return Diagnosis(run=run.name, source=run.source, findings=findings, missing=missing, scale=_scale(view),
                      too_early=early)
+
+
+def _note_kept_default(v: View, f: Finding) -> None:
+    """A finding against a default rlgrad keeps on purpose (``doctor/settings.py``) says so; its severity stays:
+    the run shows what it shows, and the reason to keep the default is the user's to weigh (``--explain``)."""
+    if (kept := kept_default(f.id, v.cfg)) is not None:
+        f.evidence.append(f"{kept.setting}={yaml_value(kept.default)} is rlgrad's default, kept against this advice: "
+                          f"{kept.reason.split('. ')[0]} (--explain says why)")
 
 
 def _order(f: Finding) -> tuple:
@@ -189,7 +199,12 @@ def render_text(d: Diagnosis, explain: bool = False) -> str:
     out.append(f"Gradient scale: {d.scale}")
     if explain and d.missing:
         out += ["", "Not checked (the run lacks the metrics):"]
-        out += [f"    {sid}: needs {' or '.join(keys)}" for sid, keys in d.missing.items()]
+        out += [f"    {sid}: needs {' or '.join(keys)}"
+                + (f"; logged with {' | '.join(made)}" if (made := producing_settings(keys)) else "")
+                for sid, keys in d.missing.items()]
+    if explain:
+        out += ["", "Defaults kept against the doctor's advice:"]
+        out += [f"    {k.setting}={yaml_value(k.default)} ({k.finding}): {k.reason}" for k in KEPT_DEFAULTS]
     elif d.missing:
         out.append(f"({len(d.missing)} signatures not checked for lack of metrics: --explain lists them)")
     return "\n".join(out) + "\n"

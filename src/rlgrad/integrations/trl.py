@@ -14,7 +14,8 @@ TRL's own logs (so every ``report_to`` sink shows them next to TRL's metrics, at
 to an rlgrad run directory, ``args.output_dir`` unless ``rlgrad_dir`` says otherwise: ``metrics.jsonl`` (the
 analysis at its own step, TRL's scalars under rlgrad's names, ``rlgrad.metrics.TRL_NAMES``), ``analysis/step_N/``,
 ``reward_components.jsonl`` and ``rollouts/step_N.jsonl``, which ``rlgrad plot``, ``report`` and ``samples`` read,
-and the hooks' tables (the bucket analysis's group table), ``tables.jsonl``.
+and the hooks' tables (the bucket analysis's group table), ``tables.jsonl``. TRL's console prints rlgrad's keys
+as the one line ``rlgrad train`` prints (``rlgrad.integrations.trl_console``).
 A reward function's (or model's) name is escaped in metric keys (``rlgrad.metrics.component_keys``: TRL names a
 reward model after its repo, dashes and dots included); ``run_source.json`` keeps the original names, which the
 report and ``rlgrad doctor`` show.
@@ -50,6 +51,7 @@ from rlgrad.analysis import hooks_from_config
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult, HookRunner, StepContext
 from rlgrad.integrations import TABLES, activation_checkpointing_off, instrument_settings, open_metrics
+from rlgrad.integrations.trl_console import use_summary_console
 from rlgrad.integrations.trl_loss import TRLLoss, TRLLossSettings, batch_from_trl, trl_reward_view
 from rlgrad.logging.rewards import RewardComponentLog, step_record
 from rlgrad.logging.rollouts import RolloutLog, gather_samples, prompt_texts, rollout_dir, step_samples
@@ -135,6 +137,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
         super().__init__(*args, **kwargs)
         self.rlgrad = _Instruments(self, list(rlgrad), Path(rlgrad_dir or self.args.output_dir), rlgrad_hooks)
         self.add_callback(_Callback(self.rlgrad))
+        use_summary_console(self, lambda: self.rlgrad.on_console)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -148,8 +151,12 @@ class GRPOTrainer(_TRLGRPOTrainer):
         return out
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        self.rlgrad.on_console = ()
         if not any(k.startswith("eval_") for k in logs):  # a training log
-            logs.update(self.rlgrad.take_unlogged())
+            step, ours = self.rlgrad.take_unlogged()
+            logs.update(ours)
+            if ours:  # the console prints them as one line (integrations.trl_console); the loggers get them all
+                self.rlgrad.on_console = (step, ours)
         super().log(logs, start_time)
 
 
@@ -175,6 +182,8 @@ class _Instruments:
         self.ctx: StepContext | None = None
         self.pending: dict[str, float] = {}  # the analysed step's metrics, until the step ends
         self.unlogged: dict[str, float] = {}  # analysis metrics TRL's loggers have not seen yet
+        self.unlogged_step = 0  # the step they were measured at
+        self.on_console: tuple[int, dict[str, float]] | tuple[()] = ()  # rlgrad's keys in the log being printed
         self.stop_at: int | None = None  # the step a hook asked to end training after
         self.metrics_log: JsonlSink | None = None
         self.table_log: JsonlTableSink | None = None
@@ -272,6 +281,7 @@ class _Instruments:
             if self.metrics_log is not None:
                 self.metrics_log.log(ctx.step, self.pending)
             self.unlogged.update(self.pending)
+            self.unlogged_step = ctx.step
             self.analysed[ctx.step] = self.pending
             self.pending = {}
 
@@ -285,9 +295,10 @@ class _Instruments:
         with activation_checkpointing_off(model, kwargs):
             yield
 
-    def take_unlogged(self) -> dict[str, float]:
+    def take_unlogged(self) -> tuple[int, dict[str, float]]:
+        """(the step they were measured at, the metrics TRL's loggers have not seen), which they then have."""
         out, self.unlogged = self.unlogged, {}
-        return out
+        return self.unlogged_step, out
 
     def log_trl(self, step: int, logs: dict[str, float]) -> bool:
         """TRL's log of ``step`` to metrics.jsonl, and to the hooks' ``after_step`` (the live doctor) with the step's

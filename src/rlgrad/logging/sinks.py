@@ -129,9 +129,10 @@ def analysis_summary(step: int, m: dict[str, float]) -> str | None:
     parts = []
     buckets = {k.split("/")[1] for k in m if k.startswith("grad_norm/bucket_") and k.endswith("/group_rv_count")}
     if buckets:
-        groups = {b: m[f"grad_norm/{b}/group_rv_count"] for b in buckets}
-        zero = sum(n for b, n in groups.items() if m.get(f"grad_norm/{b}/reward_std_max", 1.0) == 0.0)
-        parts.append(f"{100 * zero / max(sum(groups.values()), 1):.0f}% of groups have zero reward variance")
+        # counted per group, as group_rv_table.csv lists them (a bucket may mix zero- and nonzero-std groups)
+        groups, zero = m.get("grad_norm/all/group_rv_count"), m.get("grad_norm/all/group_rv_zero_count")
+        if groups and zero is not None:
+            parts.append(f"{zero:.0f} of {groups:.0f} groups ({100 * zero / groups:.0f}%) have zero reward variance")
         task = {b: m[f"grad_norm/{b}/task"] for b in buckets if f"grad_norm/{b}/task" in m}
         if task:
             top = max(task, key=task.get)

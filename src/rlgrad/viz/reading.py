@@ -133,20 +133,38 @@ def rule_top_bucket_moved(run: D.RunData) -> list[str]:
             f"task gradient norm went from {a:.3g} to {b:.3g} ({_change(a, b)})."]
 
 
+def _zero_std_groups(run: D.RunData, st: int, m: dict[str, float]) -> tuple[int, int] | None:
+    """(groups of zero reward std, groups) at step ``st``: the rows of group_rv_table.csv, else the logged counts
+    (grad_norm/all/group_rv_zero_count, the same rows counted by the analysis); None when neither is there."""
+    table = D.rv_table(run, st)
+    if table:
+        return sum(sd == 0 for *_, sd in table), len(table)
+    zero, groups = (D.bucket_value(m, "all", n) for n in ("group_rv_zero_count", "group_rv_count"))
+    return (int(zero), int(groups)) if math.isfinite(zero) and math.isfinite(groups) else None
+
+
 def rule_zero_variance_buckets(run: D.RunData) -> list[str]:
-    """At the last analysis step: buckets holding only zero-reward-std groups (when not every bucket)."""
+    """At the last analysis step: the prompt groups of zero reward std (counted group by group, as the console
+    and group_rv_table.csv count them) and the buckets holding only such groups; nothing when none or all are."""
     last = _last_analysis(run)
     if last is None:
         return []
     st, m, names = last
     zero = [b for b in names if D.bucket_value(m, b, "reward_std_max", 1.0) == 0]
-    if not zero or len(zero) == len(names):
+    counted = _zero_std_groups(run, st, m)
+    if (counted is not None and not 0 < counted[0] < counted[1]) or (
+            counted is None and (not zero or len(zero) == len(names))):
         return []
     share = sum(D.bucket_value(m, b, "sample_pct", 0.0) for b in zero)
-    reg = any(D.has_component(m, c) for c in ("kl", "entropy"))
-    return [f"At step {st}, {len(zero)} of {len(names)} buckets ({share:.0f}% of samples) hold only groups "
-            "with zero reward std: every sample of a prompt got the same reward, so their task gradient "
-            + ("is zero and only the regularisers move them." if reg else "is zero and nothing moves them.")]
+    moves = ("is zero and only the regularisers move them." if any(D.has_component(m, c) for c in ("kl", "entropy"))
+             else "is zero and nothing moves them.")
+    buckets = f"{len(zero)} of {len(names)} buckets ({share:.0f}% of samples) hold only groups with zero reward std"
+    if counted is None:
+        return [f"At step {st}, {buckets}: every sample of a prompt got the same reward, so their task gradient "
+                + moves]
+    return [f"At step {st}, {counted[0]} of {counted[1]} prompt groups ({100 * counted[0] / counted[1]:.0f}%) have "
+            "zero reward std: every sample of such a prompt got the same reward, so its task gradient " + moves
+            + (f" {buckets}." if zero else "")]
 
 
 def rule_monotonicity(run: D.RunData) -> list[str]:

@@ -12,7 +12,6 @@ import base64
 import html
 import math
 import time
-from pathlib import Path
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -346,12 +345,21 @@ def build_report(run: D.RunData, dpi: int = 90, max_steps: int = 6) -> str:
 <p class="muted">{html.escape(run.source)} · {len(steps)} training step{'s' * (len(steps) != 1)} · \
 {len(D.analysis_steps(run))} analysis step{'s' * (len(D.analysis_steps(run)) != 1)} · \
 generated {time.strftime('%Y-%m-%d %H:%M')}</p>
-<nav>{nav}</nav>
+{_progress_note(run)}<nav>{nav}</nav>
 {diagnosis}
 <section id="reading"><h2>What changed</h2><ul class="reading">{reading}</ul></section>
 {''.join(sections)}
 </main></body></html>
 """
+
+
+def _progress_note(run: D.RunData) -> str:
+    """At the top of the page of a run short of its last step: that the page shows part of a run."""
+    if (at := D.unfinished(run)) is None:
+        return ""
+    return (f'<p class="finding warn"><b>in progress: step {at[0]} of {at[1]}</b> — the run has not reached '
+            "trainer.total_training_steps (still training, or stopped: the same command resumes it); this page "
+            f"shows its first {at[0]} steps.</p>\n")
 
 
 def _diagnosis_section(run: D.RunData) -> str:
@@ -384,9 +392,10 @@ def _section(sid: str, title: str, body: str) -> str:
 
 def report_command(run_dir: str, output: str | None, dpi: int = 90, max_steps: int = 6) -> int:
     run = D.load_run(run_dir)
-    out = check_output(output, run_dir) if output else Path(run_dir) / "report.html"
+    out = check_output(output, run.run_dir) if output else run.run_dir / "report.html"
     if out.is_dir():
         raise UserError(f"--output '{out}' is a directory; give a file name")
     atomic_write_text(out, build_report(run, dpi, max_steps))
-    print(f"report written to {out.resolve()}")
+    at = D.unfinished(run)
+    print(f"report written to {out.resolve()}" + (f" (in progress: step {at[0]} of {at[1]})" if at else ""))
     return 0
