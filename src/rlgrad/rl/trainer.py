@@ -89,7 +89,7 @@ class Trainer:
         self._set_up_process(log)
         distributed.agree(lambda: distributed.check_config(cfg))
         self.task = distributed.agree(lambda: task_from_config(cfg))
-        self.resume_from = distributed.decide(lambda: runs.find_resume_point(cfg, self.run_dir))
+        self.resume_from = distributed.decide(lambda: runs.find_resume_point(cfg, self.run_dir, log=self.log))
         torch.manual_seed(cfg.trainer.seed)
         self._load_policy()
         self._build_models()
@@ -574,7 +574,8 @@ class Trainer:
         """Train from the restored step (0 for a new run) to ``trainer.total_training_steps``; returns the run's
         summary. A hook's stop ends it early; a signal (SIGTERM/SIGINT) ends it after the running step, with a
         checkpoint (``runs.Interrupted``)."""
-        self._refuse_finished_run()
+        if self._finished_already():
+            return self.summary
         logger = distributed.agree(self._open_run_dir)
         start = self.step
         with runs.stop_requests() as signals:
@@ -594,11 +595,17 @@ class Trainer:
                 self.hooks.close()
         return self.summary
 
-    def _refuse_finished_run(self) -> None:
-        """Nothing to train: refuse settings this run never had rather than ignore them."""
+    def _finished_already(self) -> bool:
+        """True (and one line) when the run already finished these very steps with these very settings: the same
+        command again, as after a kill past the last checkpoint, has nothing to train and is no error. Settings the
+        run never had, fewer steps than it ran, or another run's checkpoint are refused rather than ignored."""
         if self.step < self.cfg.trainer.total_training_steps:
-            return
+            return False
         changes = distributed.decide(lambda: runs.finished_run_changes(self.run_dir, self.cfg))
+        if changes == "" and self.step == self.cfg.trainer.total_training_steps:
+            self.log(f"the run in {self.run_dir} already finished step {self.step} with these settings: nothing "
+                     "to train (raise trainer.total_training_steps to continue it)")
+            return True
         raise UserError(f"the run in {self.run_dir} already finished step {self.step}"
                         + (f" with other settings ({changes})" if changes else "")
                         + "; raise trainer.total_training_steps to continue it, or start a new run "
