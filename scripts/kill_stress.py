@@ -6,9 +6,12 @@ uninterrupted one does: the final actor weights bitwise, every metrics.jsonl row
     python scripts/kill_stress.py --attempts 10 --load     # the figures in docs/benchmarks.md
 
 ``--load`` starts a second training run that loads the CPU for the whole test (and is killed at the end). Each
-attempt kills its run ``--kills`` times, each launch (the first, then the resumes) killed in turn: at a random
-moment after its first new checkpoint; while a checkpoint is being written (a ``.global_step_N.tmp-*`` directory
-exists) after that; at a random moment of a resume's start-up. A last launch then finishes the run.
+attempt kills its run ``--kills`` times (its first launch, then each resume), the kinds of kill taken in turn
+across attempts: "random", a random moment after the launch's first new checkpoint; "mid-write", while a
+checkpoint is being written (a ``.global_step_N.tmp-*`` directory exists) after that; "startup", a random moment
+of a resume before its first new checkpoint (a first launch gets "random" instead). A last launch then finishes
+the run, also when a kill came after the last checkpoint (the same command must then exit 0). Also checked: the
+rollout files, and that no killed save's leftovers remain.
 Exit status 0 when every attempt passes, else 1. The run directories stay under ``--workdir`` for a look.
 """
 
@@ -72,11 +75,11 @@ def kill_once(proc: subprocess.Popen, run_dir: Path, mode: str, spans: tuple[flo
     had = max(complete_checkpoints(run_dir), default=0)
     if mode == "startup" and had:
         time.sleep(rng.uniform(0, spans[0]))
-    elif not wait_for(proc, lambda: max(complete_checkpoints(run_dir), default=0) > had):
-        return "finished before a new checkpoint"
+    elif not wait_for(proc, lambda: max(complete_checkpoints(run_dir), default=0) > had, poll_s=0.02):
+        return f"{mode}: finished before a new checkpoint"
     if mode == "mid-write":
         if not wait_for(proc, lambda: writing_checkpoint(run_dir)):
-            return "finished before another checkpoint was written"
+            return f"{mode}: finished before another checkpoint was written"
         time.sleep(rng.uniform(0, 0.05))
     elif mode == "random":
         time.sleep(rng.uniform(0, spans[1]))
@@ -107,10 +110,16 @@ def metric_rows(run_dir: Path) -> list[dict]:
 
 
 def reward_rows(run_dir: Path) -> list[dict]:
+    """reward_components.jsonl as readers see it (the last line of each step), less its wall-clock timestamps."""
     sys.path.insert(0, str(REPO / "src"))
     from rlgrad.logging.rewards import read_reward_components
 
-    return read_reward_components(run_dir / "reward_components.jsonl")
+    return [{k: v for k, v in row.items() if k != "timestamp"}
+            for row in read_reward_components(run_dir / "reward_components.jsonl")]
+
+
+def rollout_files(run_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in (run_dir / "rollouts").glob("step_*.jsonl")}
 
 
 def without_timings(row: dict) -> dict:
@@ -138,6 +147,11 @@ def compare(ref: Path, run: Path, steps: int) -> list[str]:
         faults.append(f"metrics.jsonl rows differ from the uninterrupted run's at steps {differ}")
     if reward_rows(run) != reward_rows(ref):
         faults.append("reward_components.jsonl (last line of each step) differs from the uninterrupted run's")
+    if rollout_files(run) != rollout_files(ref):
+        faults.append("rollouts/step_N.jsonl differ from the uninterrupted run's")
+    left = [p.name for p in run.glob("*global_step_*") if not p.name.split("_")[-1].isdigit()]
+    if left:
+        faults.append(f"a killed save's leftovers remain: {left}")
     return faults
 
 
@@ -150,8 +164,9 @@ def attempt(index: int, args, ref: Path, spans: tuple[float, float], rng: random
     cmd = train_command(run_dir, args.steps)
     notes = []
     for k in range(args.kills):
+        mode = MODES[(index + k) % len(MODES)]  # each mode in turn; a first launch has no resume to start up
         proc = launch(cmd, log)
-        notes.append(kill_once(proc, run_dir, MODES[k % len(MODES)], spans, rng))
+        notes.append(kill_once(proc, run_dir, "random" if mode == "startup" and k == 0 else mode, spans, rng))
         if proc.returncode not in (-signal.SIGKILL, None):
             if proc.returncode != 0:
                 return False, [*notes, f"a launch exited {proc.returncode} (see {log})"]
@@ -177,7 +192,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--attempts", type=int, default=10)
     p.add_argument("--steps", type=int, default=8, help="training steps of each run (a checkpoint every step)")
-    p.add_argument("--kills", type=int, default=3, help="SIGKILLs per attempt before the final resume")
+    p.add_argument("--kills", type=int, default=2, help="SIGKILLs per attempt before the final resume")
     p.add_argument("--load", action="store_true", help="load the CPU with a second training run meanwhile")
     p.add_argument("--seed", type=int, default=0, help="seeds the kill moments")
     p.add_argument("--workdir", type=Path, default=None, help="where the runs go (default: a new temp dir)")

@@ -74,6 +74,24 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_last_sound_one(tiny, tmp
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2, 3, 4]
 
 
+def test_a_resume_removes_what_a_killed_save_left(tiny, tmp_path):
+    """A SIGKILL mid-save leaves ``.global_step_N.tmp-*`` (or ``global_step_N.old`` while replacing one), as
+    large as a checkpoint; kill-stress runs piled them up. The resumed run, holding the lock, removes them."""
+    run = tmp_path / "run"
+    quiet(tiny + ["trainer.total_training_steps=1", "trainer.save_freq=1"]).fit()
+    for name in (".global_step_2.tmp-k1ll3d", "global_step_1.old"):
+        (run / name / "actor").mkdir(parents=True)
+        (run / name / "trainer_state.pt").write_bytes(b"half")
+    (run / ".global_step_2.tmp-file").write_text("not a directory: not ours to remove")
+    lines = []
+    make_trainer(load_config(overrides=tiny + ["trainer.total_training_steps=2", "trainer.save_freq=1"]),
+                 log=lines.append).fit()
+    assert sorted(p.name for p in run.iterdir() if "global_step" in p.name) == [
+        ".global_step_2.tmp-file", "global_step_1", "global_step_2"]
+    assert ("removed 2 unfinished checkpoint(s) of a save that was killed: .global_step_2.tmp-k1ll3d, "
+            "global_step_1.old") in lines
+
+
 def test_keep_minus_one_keeps_every_checkpoint(tiny, tmp_path):
     quiet(tiny + ["trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.max_ckpt_to_keep=-1"]).fit()
     assert sorted(p.name for p in (tmp_path / "run").glob("global_step_*")) == [f"global_step_{i}" for i in (1, 2, 3)]

@@ -220,6 +220,10 @@ class Trainer:
         self.created_run_dir = not (run_dir.exists() and any(run_dir.iterdir()))
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_lock = lock_run_dir(run_dir)
+        unfinished = ckpt.remove_unfinished(run_dir)
+        if unfinished:
+            self.log(f"removed {len(unfinished)} unfinished checkpoint(s) of a save that was killed: "
+                     + ", ".join(unfinished))
         if changes or not (run_dir / "config.yaml").exists():
             atomic_write_text(run_dir / "config.yaml", to_yaml(self.cfg))
         if changes:
