@@ -138,7 +138,10 @@ def compare(ref: Path, run: Path, steps: int) -> list[str]:
                                        or not torch.equal(raw_bytes(a[k]), raw_bytes(b[k])))]
     if bad:
         faults.append(f"{len(bad)} tensor(s) differ bitwise, e.g. {bad[0]}")
-    got, want = metric_rows(run), metric_rows(ref)
+    try:
+        got, want = metric_rows(run), metric_rows(ref)
+    except json.JSONDecodeError as e:
+        return [*faults, f"metrics.jsonl holds a line that does not parse ({e})"]
     steps_got = [r["step"] for r in got]
     if steps_got != list(range(steps + 1)):
         faults.append(f"metrics.jsonl steps are {steps_got}, not 0..{steps} once each")
@@ -214,21 +217,23 @@ def main() -> int:
             return 1
         spans = (t_first - t_ref, time.monotonic() - t_first)  # where the kill moments spread
         print(f"uninterrupted run: {sum(spans):.1f} s ({spans[1]:.1f} s after its first checkpoint)", flush=True)
-        passed = 0
+        passed, loads = 0, []
         for i in range(1, args.attempts + 1):
             shutil.rmtree(args.workdir / f"attempt_{i}", ignore_errors=True)
             t_a = time.monotonic()
             ok, notes = attempt(i, args, ref, spans, rng)
             passed += ok
-            print(f"attempt {i}: {'PASS' if ok else 'FAIL'} ({time.monotonic() - t_a:.0f} s) " + "; ".join(notes),
-                  flush=True)
+            loads.append(os.getloadavg()[0])
+            print(f"attempt {i}: {'PASS' if ok else 'FAIL'} ({time.monotonic() - t_a:.0f} s, load {loads[-1]:.1f}) "
+                  + "; ".join(notes), flush=True)
     finally:
         if load is not None:
             os.kill(load.pid, signal.SIGKILL)
             load.wait()
-    load_avg = os.getloadavg()
-    print(f"{passed}/{args.attempts} passed in {time.monotonic() - t0:.0f} s; load average at the end "
-          f"{load_avg[0]:.1f} {load_avg[1]:.1f} {load_avg[2]:.1f}; runs in {args.workdir}")
+    print(f"{passed}/{args.attempts} passed in {time.monotonic() - t0:.0f} s on {os.cpu_count()} cores"
+          + (" with a second training run loading them" if args.load else "")
+          + (f"; 1-min load average after each attempt {min(loads):.1f} to {max(loads):.1f}" if loads else "")
+          + f"; runs in {args.workdir}")
     return 0 if passed == args.attempts else 1
 
 
