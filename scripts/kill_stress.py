@@ -53,8 +53,8 @@ def complete_checkpoints(run_dir: Path) -> list[int]:
                   if p.name.split("_")[-1].isdigit() and (p / "COMPLETE").is_file())
 
 
-def writing_checkpoint(run_dir: Path) -> bool:
-    return any(run_dir.glob(".global_step_*.tmp-*"))
+def partial_saves(run_dir: Path) -> set[str]:
+    return {p.name for p in run_dir.glob(".global_step_*.tmp-*")}
 
 
 def wait_for(proc: subprocess.Popen, ready, poll_s: float = 0.002) -> bool:
@@ -73,19 +73,24 @@ def kill_once(proc: subprocess.Popen, run_dir: Path, mode: str, spans: tuple[flo
     random: a moment after the launch's first new checkpoint; mid-write: while a checkpoint is being written
     after that; startup: a moment before the launch's first new checkpoint (a resume's own start-up)."""
     had = max(complete_checkpoints(run_dir), default=0)
+    stale = partial_saves(run_dir)  # an earlier kill's, until the resume removes them
+
+    def writing_checkpoint() -> bool:
+        return bool(partial_saves(run_dir) - stale)
+
     if mode == "startup" and had:
         time.sleep(rng.uniform(0, spans[0]))
     elif not wait_for(proc, lambda: max(complete_checkpoints(run_dir), default=0) > had, poll_s=0.02):
         return f"{mode}: finished before a new checkpoint"
     if mode == "mid-write":
-        if not wait_for(proc, lambda: writing_checkpoint(run_dir)):
+        if not wait_for(proc, writing_checkpoint):
             return f"{mode}: finished before another checkpoint was written"
         time.sleep(rng.uniform(0, 0.05))
     elif mode == "random":
         time.sleep(rng.uniform(0, spans[1]))
     if proc.poll() is not None:
         return f"{mode}: finished before the kill"
-    during = writing_checkpoint(run_dir)
+    during = writing_checkpoint()
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     return (f"{mode}: killed with checkpoints {complete_checkpoints(run_dir)}"
