@@ -80,15 +80,23 @@ def config_changes(run_dir: Path, cfg: RLGradConfig) -> dict[str, list]:
     return diff
 
 
-def finished_run_changes(run_dir: Path, cfg: RLGradConfig) -> str | None:
-    """The settings of ``cfg`` that differ from a finished run's (``a: old -> new, ...``; empty when none; None
-    when ``run_dir`` has no config.yaml, as when resuming another directory's checkpoint): what a command that
-    would train nothing must not silently ignore."""
-    if not (run_dir / "config.yaml").is_file():
-        return None
-    diff = config_changes(run_dir, cfg)
-    diff.pop("trainer.total_training_steps", None)
-    return ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in diff.items())
+def check_finished_run(run_dir: Path, cfg: RLGradConfig, step: int, log: Callable[[str], None] = print) -> None:
+    """A run resumed at ``step`` >= trainer.total_training_steps has nothing to train. The very command that
+    finished it (as after a kill past the last checkpoint) says so in one line through ``log``; settings the run
+    never had, fewer steps than it ran, or another directory's checkpoint are refused (UserError naming the
+    settings) rather than silently ignored."""
+    diff = config_changes(run_dir, cfg) if (run_dir / "config.yaml").is_file() else None
+    if diff is not None:
+        diff.pop("trainer.total_training_steps", None)
+    changes = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in (diff or {}).items())
+    if diff == {} and step == cfg.trainer.total_training_steps:
+        log(f"the run in {run_dir} already finished step {step} with these settings: nothing to train (raise "
+            "trainer.total_training_steps to continue it)")
+        return
+    raise UserError(f"the run in {run_dir} already finished step {step}"
+                    + (f" with other settings ({changes})" if changes else "")
+                    + "; raise trainer.total_training_steps to continue it, or start a new run "
+                      "(trainer.experiment_name=NAME)")
 
 
 class RunStopped(Exception):

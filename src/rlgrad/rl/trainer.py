@@ -586,7 +586,8 @@ class Trainer:
         """Train from the restored step (0 for a new run) to ``trainer.total_training_steps``; returns the run's
         summary. A hook's stop ends it early; a signal (SIGTERM/SIGINT) ends it after the running step, with a
         checkpoint (``runs.Interrupted``)."""
-        if self._finished_already():
+        if self.step >= self.cfg.trainer.total_training_steps:  # nothing to train: one line, or refused
+            distributed.decide(lambda: runs.check_finished_run(self.run_dir, self.cfg, self.step, self.log))
             return self.summary
         logger = distributed.agree(self._open_run_dir)
         start = self.step
@@ -606,22 +607,6 @@ class Trainer:
                 logger.close()
                 self.hooks.close()
         return self.summary
-
-    def _finished_already(self) -> bool:
-        """True (and one line) when the run already finished these very steps with these very settings: the same
-        command again, as after a kill past the last checkpoint, has nothing to train and is no error. Settings the
-        run never had, fewer steps than it ran, or another run's checkpoint are refused rather than ignored."""
-        if self.step < self.cfg.trainer.total_training_steps:
-            return False
-        changes = distributed.decide(lambda: runs.finished_run_changes(self.run_dir, self.cfg))
-        if changes == "" and self.step == self.cfg.trainer.total_training_steps:
-            self.log(f"the run in {self.run_dir} already finished step {self.step} with these settings: nothing "
-                     "to train (raise trainer.total_training_steps to continue it)")
-            return True
-        raise UserError(f"the run in {self.run_dir} already finished step {self.step}"
-                        + (f" with other settings ({changes})" if changes else "")
-                        + "; raise trainer.total_training_steps to continue it, or start a new run "
-                          "(trainer.experiment_name=NAME)")
 
     def _validate_before_training(self, logger: MetricLogger) -> None:
         """``trainer.val_before_train``: a step-0 (or resumed-step) validation row, unless the run has that row."""
