@@ -62,14 +62,47 @@ def engine_checks() -> None:
         check(f"engine settings[{i}] {DEVICE} == cpu", max_rel(fast, cpu) < 1e-3, f"max rel {max_rel(fast, cpu):.2e}")
 
 
-def train_cmd(run_dir: Path) -> list[str]:
+def lora_engine_checks() -> None:
+    from tests.helpers.lora import lora_model
+
+    model, tok = tiny_model_and_tokenizer()
+    adapted = lora_model(model)
+    batch = make_batch(adapted, tok)
+    cpu = analyse_buckets(adapted, batch, SETTINGS[0], num_buckets=3, method="fast").metrics
+    adapted.to(DEVICE)
+    fast = analyse_buckets(adapted, batch.to(DEVICE), SETTINGS[0], num_buckets=3, method="fast").metrics
+    ref = analyse_buckets(adapted, batch.to(DEVICE), SETTINGS[0], num_buckets=3, method="reference").metrics
+    check(f"LoRA engine {DEVICE} fast == {DEVICE} reference", max_rel(fast, ref) < 1e-4,
+          f"max rel {max_rel(fast, ref):.2e}")
+    check(f"LoRA engine {DEVICE} == cpu", max_rel(fast, cpu) < 1e-3, f"max rel {max_rel(fast, cpu):.2e}")
+
+
+def per_sample_checks() -> None:
+    from rlgrad.analysis.per_sample import analyse_per_sample
+
+    model, tok = tiny_model_and_tokenizer()
+    batch = make_batch(model, tok)  # stays on the CPU, as the trainer's batch does
+    cpu = analyse_per_sample(model, batch, SETTINGS[0], num_buckets=3, proxy=True)
+    gpu = analyse_per_sample(model.to(DEVICE), batch, SETTINGS[0], num_buckets=3, proxy=True)
+    model.to("cpu")
+    worst = max(float(((gpu.norms[t].cpu() - cpu.norms[t]).abs() / cpu.norms[t].abs().clamp_min(1e-12)).max())
+                for t in cpu.norms)
+    check(f"per-sample norms {DEVICE} == cpu", worst < 1e-3, f"max rel {worst:.2e}")
+    check(f"noise metrics {DEVICE} == cpu", max_rel(gpu.metrics, cpu.metrics) < 1e-2,
+          f"max rel {max_rel(gpu.metrics, cpu.metrics):.2e}")
+
+
+def train_cmd(run_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "rlgrad", "train", "--config-name", "demo", f"trainer.device={DEVICE}",
             f"trainer.default_local_dir={run_dir}", "trainer.total_training_steps=6", "trainer.save_freq=3",
-            "trainer.test_freq=3", "analysis.every=3"]
+            "trainer.test_freq=3", "analysis.every=3", *extra]
 
 
 def last_line(text: str) -> str:
+    """The error's line, and the traceback above it when there is one (to fix it without a second GPU run)."""
     lines = text.strip().splitlines()
+    if any(line.startswith("Traceback") for line in lines):
+        return "\n".join(lines[-30:])
     return lines[-1] if lines else ""
 
 
@@ -98,6 +131,11 @@ def trainer_checks(tmp: Path) -> None:
     a, b = final(tmp / "whole"), final(killed)
     same = bool(a) and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     check("resumed weights equal uninterrupted (bitwise)", same, f"{len(a)} tensors")
+    lora = subprocess.run(train_cmd(tmp / "lora", "actor.lora.rank=4", "trainer.total_training_steps=3"),
+                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    adapter = tmp / "lora" / "global_step_3" / "actor" / "adapter_model.safetensors"
+    check(f"LoRA run on {DEVICE} (actor.lora.rank=4), adapter saved", lora.returncode == 0 and adapter.exists(),
+          last_line(lora.stderr))
     metrics = [json.loads(x)["step"] for x in (killed / "metrics.jsonl").read_text().splitlines() if x.strip()]
     check("metric rows once each after the resume", metrics == sorted(set(metrics)), str(metrics))
 
@@ -114,6 +152,8 @@ def main() -> int:
         return 2
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu'}")
     engine_checks()
+    lora_engine_checks()
+    per_sample_checks()
     with tempfile.TemporaryDirectory() as tmp:
         trainer_checks(Path(args.out) if args.out else Path(tmp))
     print(f"{len(FAILED)} failed" if FAILED else "all checks passed")

@@ -81,9 +81,9 @@ CASES = [("uneven", "fast", 0), ("empty", "fast", 0), ("uneven", "reference", 0)
          ("uneven", "fast", 3)]  # (split, engine, dp_trim)
 
 
-def _analyses(model, batch_of):
+def _analyses(model, batch_of, cases=CASES):
     return {case: analyse_buckets(model, batch_of(case[0]), S, num_buckets=3, method=case[1], dp_trim=case[2]).metrics
-            for case in CASES}
+            for case in cases}
 
 
 # Neuron health on the first mini-batch of a shuffled update (ranks interleave in it), a 5-of-8 nullspace
@@ -190,6 +190,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         results[strategy] = (stats, {k: v.detach().clone() for k, v in full.items()})
         train, plain = wrap(copy.deepcopy(model), strategy)
         results[f"neurons/{strategy}"] = _neuron_update(train, plain, _share(batch, SPLITS["uneven"][rank]))
+    # the instruments on the FSDP2 shards themselves, no replica (verl's worker): the fast engine only
+    train, _ = wrap(copy.deepcopy(model), "fsdp2")
+    results["analysis/shards"] = _analyses(train, lambda split: _share(batch, SPLITS[split][rank]),
+                                           [c for c in CASES if c[1] == "fast"])
+    results["neurons/shards"] = _neuron_update(train, None, _share(batch, SPLITS["uneven"][rank]))
     from rlgrad.collectives import all_reduce_sum
 
     torch.save(_whitened(lambda split: _share(batch, SPLITS[split][rank]), all_reduce_sum),
@@ -258,8 +263,9 @@ def test_two_ranks_equal_one_process_update_and_analysis(tmp_path):
 
     one = _model_batch()[0]
     want_n = _neuron_update(one, one, batch)
-    for strategy in ("ddp", "fsdp2"):
+    for strategy in ("ddp", "fsdp2", "shards"):
         _assert_neurons_equal(got[f"neurons/{strategy}"], want_n, strategy)
+    _assert_analyses_equal({"analysis": got["analysis/shards"]}, {c: want[c] for c in got["analysis/shards"]})
 
     _assert_whitened_over_the_whole_batch(tmp_path, batch)
 

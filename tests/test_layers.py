@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlgrad"
 # Lowest first. A unit (a top-level module or subpackage of rlgrad) may import only units of LOWER layers
 # (and itself): siblings of one layer never import each other.
 LAYERS = [
-    {"errors"},
+    {"errors", "foreign_names"},  # the lowest: stdlib only (foreign_names: other trainers' metric names, data)
     {"config"},  # the settings, every list of allowed values, the instruments' step rule
     {"envs", "batch", "collectives", "metrics", "runfiles"},  # leaves: torch / numpy / stdlib (+ errors, config)
     {"algos"},  # the RL math: aggregation, advantages, KL, log-probs, the clipped losses, the actor objective

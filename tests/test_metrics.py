@@ -153,10 +153,12 @@ def test_every_key_of_a_full_instrument_run_is_declared(model_cache, tmp_path):
                  "trainer.test_freq=1", "trainer.gradient_analysis_every=1",
                  "trainer.gradient_analysis_log_prefilter=true", "analysis.components_every=1",
                  "analysis.save_component_gradients=true", "actor.redo_metric_freq=1",
-                 "actor.redo_reset_freq=1", "actor.entropy_coeff=0.01", "actor.use_kl_loss=true"]) == 0
+                 "actor.redo_reset_freq=1", "actor.entropy_coeff=0.01", "actor.use_kl_loss=true",
+                 "analysis.per_sample.every=1"]) == 0
     assert main(["train", *tiny_overrides(model_cache, gae), "trainer.total_training_steps=2",
                  "algorithm.adv_estimator=gae", "trainer.gradient_analysis_every=1",
-                 "critic.redo_metric_freq=1", "critic.redo_reset_freq=1", "actor.redo_metric_freq=1"]) == 0
+                 "critic.redo_metric_freq=1", "critic.redo_reset_freq=1", "actor.redo_metric_freq=1",
+                 "analysis.per_sample.every=1"]) == 0
     keys = {"grpo": logged_keys(grpo), "gae": logged_keys(gae)}
     unmatched = sorted(f"{run}: {k}" for run, ks in keys.items() for k, t in templates_matching(ks).items()
                        if t is None)

@@ -245,6 +245,43 @@ def _sample_line(s: dict) -> str:
             f"{s.get('finish_reason', '?')}, {s.get('response_length', '?')} tokens")
 
 
+def _by_grad_norm(args: argparse.Namespace, run, step: int) -> list[str]:
+    """``rlgrad samples --by grad-norm``: the step's samples by their per-sample gradient norm (``--term``), largest
+    first, each with its share ||g_i||² / Σ_j ||g_j||² of the step's summed squared per-sample norms."""
+    from rlgrad import rundata
+
+    rows = rundata.per_sample_rows(run, step)
+    if not rows:
+        have = rundata.per_sample_steps(run)
+        raise UserError(f"step {step} has no per-sample gradient norms (analysis/step_{step}/samples.jsonl; "
+                        "analysis.per_sample.every); " + (f"steps with them: {_steps_text(have)}" if have
+                                                          else "the run has none"))
+    field = f"grad_norm/{args.term}"
+    if field not in rows[0]:
+        terms = sorted(k.split("/", 1)[1] for k in rows[0] if k.startswith("grad_norm/"))
+        raise UserError(f"step {step} has no per-sample norms of term '{args.term}' (terms: {', '.join(terms)})")
+    total = sum(float(r[field]) ** 2 for r in rows) or 1.0
+    rows.sort(key=lambda r: -float(r[field]))
+    limit = 0 if args.full else 400
+    lines = [f"{run.source} · step {step}: {len(rows)} analysed samples by per-sample {args.term} gradient norm "
+             f"(share: of Σ_i ||g_i||²)"]
+    if len(rows) > args.max:
+        lines.append(f"showing {args.max} of {len(rows)} samples (--max)")
+    for rank, r in enumerate(rows[:args.max], start=1):
+        rollout = r.get("rollout") or {}
+        reward, advantage = r.get("reward"), r.get("advantage")
+        lines += ["", f"{rank}. #{r.get('sample')} · group {r.get('group')} · {r.get('bucket') or '–'} · "
+                      f"||g|| {float(r[field]):.4g} · share {float(r[field]) ** 2 / total:.1%} · "
+                      f"reward {_num(reward)} · adv {_num(advantage)}",
+                  f"  prompt: {_clip(str(rollout.get('prompt', '(no rollout line)')), limit)}",
+                  _indented(_clip(str(rollout.get("response", "")), limit) or "(empty response)", "      ")]
+    return lines
+
+
+def _num(x) -> str:
+    return f"{x:+.3f}" if isinstance(x, int | float) else "–"
+
+
 def _samples_step(args: argparse.Namespace, steps: list[int], where) -> int:
     """The step ``rlgrad samples`` shows: ``--step`` (which must have a rollout file) or the last one."""
     if not steps:
@@ -318,6 +355,9 @@ def cmd_samples(args: argparse.Namespace) -> int:
     run = rundata.load_run(args.run_dir)
     steps = rundata.rollout_steps(run)
     step = _samples_step(args, steps, rundata.rollout_dir(run))
+    if args.by == "grad-norm":
+        _print_to_pipe("\n".join(_by_grad_norm(args, run, step)))
+        return 0
     groups = rundata.rollout_groups(run, step)
     buckets = rundata.sort_buckets(g.bucket for g in groups if g.bucket)
     shown = groups
@@ -429,7 +469,12 @@ def _samples_parser(sub) -> None:
     p.add_argument("--bucket", help="only groups of this reward-variance bucket (bucket_1 or 1: the lowest; "
                                     "a step the bucket analysis ran at)")
     p.add_argument("--group", type=int, help="only this prompt group (its id)")
-    p.add_argument("--max", type=int, default=8, help="at most this many groups (default 8)")
+    p.add_argument("--max", type=int, default=8, help="at most this many groups (or samples, --by grad-norm; "
+                                                         "default 8)")
+    p.add_argument("--by", choices=("group", "grad-norm"), default="group",
+                   help="group: the prompt groups in order (default); grad-norm: the samples of an analysis.per_sample "
+                        "step by their per-sample gradient norm, largest first, with their share of the step's")
+    p.add_argument("--term", default="task", help="--by grad-norm: the loss term (default task)")
     p.add_argument("--full", action="store_true",
                    help="whole prompts and responses (default: about 400 characters of each response, "
                         "head and tail)")

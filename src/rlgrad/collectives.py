@@ -58,8 +58,9 @@ def all_reduce_sum_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     dtype = tensors[next(iter(tensors))].dtype
     for t in tensors.values():
         dtype = torch.promote_types(dtype, t.dtype)
-    flat = torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors.values()])
-    flat = all_reduce_sum(flat)
+    parts = [t.detach().reshape(-1).to(dtype) for t in tensors.values()]
+    # one tensor (the gradient engine sums one parameter's slice gradients at a time): no concatenated copy
+    flat = all_reduce_sum(parts[0] if len(parts) == 1 else torch.cat(parts))
     out, k = {}, 0
     for name, t in tensors.items():
         out[name] = flat[k:k + t.numel()].view(t.shape).to(t.dtype)

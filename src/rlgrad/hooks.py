@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 @dataclass
 class StepContext:
     """What a hook sees of one training step. Under torchrun ``batch`` is this rank's share and ``actor`` /
-    ``critic`` are plain modules with the current weights (FSDP2: full replicas)."""
+    ``critic`` are plain modules with the current weights (FSDP2: full replicas; in verl's worker ``actor`` is
+    verl's FSDP2 module itself, which the fast gradient engine runs on as it is)."""
 
     step: int
     batch: Batch  # the filtered batch with advantages: exactly what the actor update will see

@@ -20,6 +20,9 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+# other trainers' names: data of their own module, re-exported here (rlgrad.metrics.TRL_NAMES, ...)
+from rlgrad.foreign_names import FOREIGN_NAMES, FOREIGN_NOTES, OPENRLHF_NAMES, TRL_NAMES  # noqa: F401
+
 # The regex each placeholder matches (whole field values; never a "/").
 FIELDS: dict[str, str] = {
     "bucket": r"all|bucket_\d+",
@@ -97,6 +100,9 @@ GROUPS: dict[str, tuple[str, str]] = {
     "prefilter": ("Bucket analysis before the filter (`grad_norm_prefilter/`)",
                   "The same measurements on the step's whole rollout batch before the rollout filter "
                   "(advantages recomputed over it); analysis.buckets.log_prefilter=true only."),
+    "per_sample": ("Per-sample gradients and the noise scale (`grad_norm_sample/`, `noise_*/`, `coherence/`)",
+                   "At analysis.per_sample.every steps, before the update, per bucket of the bucket analysis; g_i: "
+                   "sample i's part of the bucket's gradient, h_i = n·g_i. Formulas, references: docs/noise_scale.md."),
     "components": ("Reward-component gradient geometry (`grad_comp/`, `grad_sim/`)",
                    "At analysis.components.every steps, on the kept batch before the actor update "
                    "(grpo / rloo): policy-loss gradients, before clipping, no optimizer step."),
@@ -329,6 +335,25 @@ CATALOGUE: tuple[Metric, ...] = (
         ("grad_norm/{bucket}/reward_std_max", "Largest reward std of the bucket's prompt groups."),
     ),
     *_group(
+        "per_sample",
+        ("grad_norm_sample/{bucket}/{term}", "Mean over the bucket's samples of the exact norm ||g_i|| (RAGEN's "
+         "grad_norm/{bucket}/per_sample/{term} is ||Σ_i g_i|| / n: lower by the samples' cancellation)."),
+        ("noise_samples/{bucket}", "Number of samples n the bucket's per-sample metrics are over."),
+        ("noise_trace/{bucket}/{term}", "Unbiased tr(Σ) of the per-sample gradients h_i: Σ_i ||h_i − h̄||² / (n − 1)."),
+        ("noise_signal/{bucket}/{term}", "Unbiased |G|²: ||h̄||² − tr(Σ)/n, ||h̄|| being grad_norm/{bucket}/{term}."),
+        ("noise_scale/{bucket}/{term}", "B_simple = tr(Σ) / |G|² (McCandlish et al. 2018), in samples; NaN when the "
+         "|G|² estimate is <= 0."),
+        ("noise_intra/{bucket}/{term}", "Intra-prompt part of tr(Σ): the pooled spread of h_i around their prompt "
+         "group's mean."),
+        ("noise_inter/{bucket}/{term}", "Inter-prompt part of tr(Σ): the spread of the prompt groups' mean gradients, "
+         "less the intra-prompt noise they carry."),
+        ("coherence/{bucket}/{term}",
+         "||Σ_i g_i||² / (n Σ_i ||g_i||²): 1 aligned, 1/n uncorrelated, 0 cancelling samples."),
+        ("proxy_corr/spearman", "Rank correlation of verl's logit-space variance proxy A_i²·Σ_t(1 − 2π(y_t) + Σπ²) "
+         "with the true ||g_i||² of the task term, over the batch's samples."),
+        ("proxy_corr/pearson", "Linear (Pearson) correlation of the same two."),
+    ),
+    *_group(
         "prefilter",
         ("grad_norm_prefilter/{bucket}/{term}",
          "grad_norm/{bucket}/{term} of the batch before the rollout filter."),
@@ -416,6 +441,7 @@ CATALOGUE: tuple[Metric, ...] = (
         ("timing_s/neuron/{role}",
          "Seconds spent in the neuron-health measurement of the role at this step."),
         ("timing_s/analysis/buckets", "Seconds spent in the bucket analysis at this step."),
+        ("timing_s/analysis/per_sample", "Seconds spent in the per-sample gradient analysis at this step."),
         ("timing_s/analysis/components",
          "Seconds spent in the reward-component gradient analysis at this step."),
     ),
@@ -493,38 +519,6 @@ def parse(template: str, key: str) -> dict[str, str] | None:
     if match(key) is not m:
         return None
     return m.regex.fullmatch(key).groupdict()
-
-
-# Other trainers' names of quantities rlgrad logs, read by rlgrad's TRL integration and by ``rlgrad doctor``: one
-# table per trainer, their differences in ``FOREIGN_NOTES`` (docs/metrics.md shows both, ``foreign_markdown``).
-# TRL 1.16's GRPOTrainer.log: every scalar a doctor signature can use. ``rewards/<f>/mean`` and ``/std`` map to
-# ``reward/<f>/mean`` and ``/std``. Not mapped: clip_ratio/low_mean, high_mean, low_min, high_max (one-sided clips
-# rlgrad does not log), completions/*_terminated_length, num_tokens, sampling/*, entropy_coef (a setting).
-TRL_NAMES = {
-    "reward": "critic/score/mean", "reward_std": "critic/score/std",
-    "frac_reward_zero_std": "critic/score/frac_zero_std", "completions/mean_length": "response_length/mean",
-    "completions/max_length": "response_length/max", "completions/min_length": "response_length/min",
-    "completions/clipped_ratio": "response_length/clip_ratio", "entropy": "actor/entropy", "kl": "actor/kl_loss",
-    "policy_loss": "actor/pg_loss", "clip_ratio/region_mean": "actor/pg_clipfrac",
-    "cispo_clip_ratio": "actor/pg_clipfrac", "grad_norm": "actor/grad_norm", "learning_rate": "actor/lr",
-    "step_time": "timing_s/step",
-}
-# OpenRLHF's PPO / GRPO actor status (``ActorPPOTrainer.training_step``; W&B: ``train/<name>``).
-OPENRLHF_NAMES = {
-    "reward": "critic/score/mean", "policy_loss": "actor/pg_loss", "actor_lr": "actor/lr",
-    "entropy_loss": "actor/entropy", "kl": "actor/kl_loss", "ppo_kl": "actor/ppo_kl",
-    "ppo_clip_ratio": "actor/pg_clipfrac", "response_length": "response_length/mean", "grad_norm": "actor/grad_norm",
-}
-FOREIGN_NAMES = {"trl": TRL_NAMES, "openrlhf": OPENRLHF_NAMES}
-FOREIGN_NOTES = {
-    "trl": "TRL's entropy is a token mean (rlgrad's actor/entropy follows loss_agg_mode); its kl is the k3 estimate; "
-           "reward_std and rewards/<f>/std are the unbiased std over the whole batch (rlgrad's: population std); "
-           "cispo_clip_ratio is its clip fraction under loss_type=cispo. W&B and TensorBoard prefix them `train/`.",
-    "openrlhf": "entropy_loss is the entropy itself (H, not a loss); kl the KL loss estimate (args.kl_estimator); "
-                "reward the mean reward of the batch. W&B prefixes them `train/`.",
-    "verl": "rlgrad's names are verl's; only validation differs: `val-core/<data source>/acc/mean@N` is "
-            "val/accuracy, `val-core/<data source>/reward/mean@N` is val/score/mean.",
-}
 
 
 def trl_reward_name(name: str) -> str | None:

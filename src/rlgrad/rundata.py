@@ -21,6 +21,7 @@ from typing import Any
 from rlgrad.config.aliases import ALIASES, resolve_alias
 from rlgrad.errors import UserError
 from rlgrad.metrics import FOREIGN_NAMES, component_keys, foreign_key, key, match, own_key, parse, trl_reward_name
+from rlgrad.runfiles import read_jsonl
 
 PREFIX = "grad_norm"  # bucket metrics: grad_norm/{bucket}/... (rlgrad.metrics); layers.json's section
 GRAD_COMPONENTS = ("task", "entropy", "kl")
@@ -626,6 +627,25 @@ def rollout_samples(run: RunData, step: int) -> list[dict]:
     buckets = group_buckets(run, step)
     for r in rows:
         r["bucket"] = buckets.get(r.get("group_id"))
+    return rows
+
+
+def per_sample_steps(run: RunData) -> list[int]:
+    """Steps with an ``analysis/step_N/samples.jsonl`` (``analysis.per_sample``), ascending."""
+    return sorted(_steps_with_file(run, "samples.jsonl"))
+
+
+def per_sample_rows(run: RunData, step: int) -> list[dict]:
+    """``analysis/step_N/samples.jsonl`` (``analysis/per_sample.py``): one line per sample of the analysed batch,
+    each with the rollout line it joins (``rollout``: the line of ``rollouts/step_N.jsonl`` whose ``index`` is its
+    ``sample``; None when the run has no such line)."""
+    d = run.analysis_dir(step)
+    if d is None or not (d / "samples.jsonl").is_file():
+        return []
+    rollouts = {r.get("index"): r for r in rollout_samples(run, step)}
+    rows = [r for r in read_jsonl(d / "samples.jsonl") if isinstance(r, dict)]
+    for r in rows:
+        r["rollout"] = rollouts.get(r.get("sample"))
     return rows
 
 

@@ -59,6 +59,37 @@ def test_a_model_the_fast_engine_cannot_cover_falls_back_to_the_reference(model_
     assert got.metrics == ref.metrics
 
 
+@pytest.mark.parametrize("kind", ["disjoint", "one_row_each", "overlapping"])
+def test_large_parameters_streamed_by_blocks_of_rows_equal_the_reference(model_tok, monkeypatch, kind):
+    """Streaming forms an untied parameter's slice gradients a block of rows at a time (the LM head, the embedding,
+    the MLP projections here, in blocks of a few rows that do not divide them): the Gram per layer group is the
+    reference's, for every way the engine reduces a module (buckets, one row per slice, overlapping slices)."""
+    from rlgrad.algos.objective import ActorLoss
+    from rlgrad.analysis import engine
+
+    model, tok = model_tok
+    m = copy.deepcopy(model)
+    m.lm_head.weight = torch.nn.Parameter(m.lm_head.weight.detach().clone() * 1.1)  # untied: one use each
+    b = make_batch(model, tok)
+    g = torch.Generator().manual_seed(0)
+    weights = {"disjoint": (b.group_ids[None, :] == torch.arange(3)[:, None]).float() * torch.tensor([[1.0], [0.5],
+                                                                                                       [2.0]]),
+               "one_row_each": torch.eye(len(b))[[3, 0, 7, 12]],
+               "overlapping": torch.rand(3, len(b), generator=g)}[kind]
+    slices = [f"s{i}" for i in range(len(weights))]
+    monkeypatch.setattr(engine, "BLOCK_ELEMENTS", 5 * len(weights) * m.config.hidden_size)  # 5 rows of hidden
+    loss = ActorLoss(SETTINGS[0])
+    blocks = []
+    real = engine._SliceReducer._blocks
+    monkeypatch.setattr(engine._SliceReducer, "_blocks", lambda self, p: blocks.append(real(self, p)) or blocks[-1])
+    fast = engine.slice_gradients("fast", m, b, loss, weights, slices, {"sum": {s: 1.0 for s in slices}})
+    ref = engine.slice_gradients("reference", m, b, loss, weights, slices, {"sum": {s: 1.0 for s in slices}})
+    assert max(len(x) for x in blocks) > 1  # some parameter was split
+    for term in ref.gram:
+        for grp, k in ref.gram[term].items():
+            torch.testing.assert_close(fast.gram[term][grp], k, rtol=1e-5, atol=1e-9 * float(k.abs().max()) + 1e-12)
+
+
 def test_a_frozen_input_embedding_still_runs_the_fast_engine(model_tok):
     """Its output is the leaf the backward stops at (LoRA: every base weight frozen); it gets no gradient itself."""
     model, tok = model_tok

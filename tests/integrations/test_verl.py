@@ -84,8 +84,11 @@ def test_bucket_gradients_equal_verl_engine_autograd(model_dir, tmp_path, agg, k
     w.rlgrad_setup(ac, ["analysis.every=null", "analysis.buckets.enable=false"], tmp_path / "run")
     td, _ = verl_batch()
     batch = batch_from_verl(td)
-    model = w.rlgrad._model()
-    rep = analyse_buckets(model, batch, ActorLoss(w.rlgrad.settings), num_buckets=2, keep_grads=True)
+    assert w.engine.module.is_gradient_checkpointing  # verl's default: the analysis forward turns it off
+    with w.rlgrad.analysing() as model:  # verl's own FSDP2 module, no copy
+        assert model is w.engine.module and not model.is_gradient_checkpointing
+        rep = analyse_buckets(model, batch, ActorLoss(w.rlgrad.settings), num_buckets=2, keep_grads=True)
+    assert w.engine.module.is_gradient_checkpointing
     assert set(rep.stats.grads) == {"task", "kl", "entropy"}
     for k, name in enumerate(rep.stats.slices):
         ref = verl_bucket_grads(w, ac, rep.buckets.rows[name])
@@ -117,8 +120,9 @@ def test_lora_bucket_gradients_are_verl_engine_autograd_of_the_adapters(model_di
     ac = actor_config()
     w.rlgrad_setup(ac, ["analysis.every=null", "analysis.buckets.enable=false"], tmp_path / "run")
     batch = batch_from_verl(verl_batch()[0])
-    model = w.rlgrad._model()
-    rep = analyse_buckets(model, batch, ActorLoss(w.rlgrad.settings), num_buckets=2, keep_grads=True)
+    with w.rlgrad.analysing() as model:  # verl's PEFT module under FSDP2 itself, no copy
+        assert model is w.engine.module
+        rep = analyse_buckets(model, batch, ActorLoss(w.rlgrad.settings), num_buckets=2, keep_grads=True)
     assert sorted(rep.stats.gram["task"]) == ["layer_0", "layer_1"]
     for k, name in enumerate(rep.stats.slices):
         ref = verl_bucket_grads(w, ac, rep.buckets.rows[name])
@@ -230,6 +234,14 @@ def test_settings_refused_in_one_line():
     del td["uid"]
     with pytest.raises(UserError, match="'uid'"):
         batch_from_verl(td)
+
+
+def test_reference_engine_refused_on_verls_shards(model_dir, tmp_path):
+    """The instruments run on verl's FSDP2 shards, where only the fast engine forms the gradients (autograd of
+    the shards would be zero): analysis.method=reference is refused in one line at setup."""
+    w = worker(model_dir)
+    with pytest.raises(UserError, match="FSDP2 shards with analysis.method=fast only"):
+        w.rlgrad_setup(actor_config(), ["analysis.method=reference"], tmp_path / "run")
 
 
 def test_launcher_selects_rlgrad_trainer_and_worker(tmp_path):

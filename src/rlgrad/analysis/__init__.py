@@ -1,7 +1,7 @@
 """Pure-torch instruments. They see a Batch, a model and a loss, never the trainer.
 
-``analyse_buckets``, ``analyse_components`` and ``neurons.measure`` run from any training loop with
-any loss (``rlgrad.loss.LossFn``); the hooks below put them at rlgrad's trainer's hook points.
+``analyse_buckets``, ``analyse_components``, ``analyse_per_sample`` and ``neurons.measure`` run from any training
+loop with any loss (``rlgrad.loss.LossFn``); the hooks below put them at rlgrad's trainer's hook points.
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING
 from rlgrad.analysis.buckets import GradientAnalysisHook, analyse_buckets
 from rlgrad.analysis.components import ComponentGeometryHook, analyse_components
 from rlgrad.analysis.neurons import NeuronHealthHook
+from rlgrad.analysis.per_sample import PerSampleHook, analyse_per_sample
 from rlgrad.config.schedule import schedules
 from rlgrad.hooks import Hook, Schedule
 
 if TYPE_CHECKING:
     from rlgrad.config.schema import RLGradConfig
 
-__all__ = ["analyse_buckets", "analyse_components", "hooks_from_config", "schedules"]
+__all__ = ["analyse_buckets", "analyse_components", "analyse_per_sample", "hooks_from_config", "schedules"]
 
 
 def hooks_from_config(cfg: RLGradConfig, at: dict[str, Schedule] | None = None) -> list[Hook]:
@@ -35,6 +36,10 @@ def hooks_from_config(cfg: RLGradConfig, at: dict[str, Schedule] | None = None) 
         hooks.append(GradientAnalysisHook(analysis.buckets, at["buckets"], method=analysis.method,
                                           train_batch_size=cfg.data.train_batch_size, rollout_n=cfg.rollout.n,
                                           dp_size=trainer.nnodes * trainer.n_gpus_per_node))
+    if at["per_sample"].every > 0:
+        hooks.append(PerSampleHook(analysis.per_sample, at["per_sample"], bucket_mode=analysis.buckets.bucket_mode,
+                                   num_buckets=analysis.buckets.num_buckets,
+                                   mean_advantage=algorithm.adv_estimator == "gae"))
     roles = ("actor", "critic")
     if any(at[f"neurons/{role}"].every > 0 or at[f"reset/{role}"].every > 0 for role in roles):
         hooks.append(NeuronHealthHook(analysis.neurons, {role: at[f"neurons/{role}"] for role in roles},

@@ -51,6 +51,9 @@ from rlgrad.metrics import layer_group
 # elements per chunk (at least one row). At the bench's shapes (Linears of 64k-200k weights) 2M ran 2x
 # faster than 16M; a Linear with more weights than this goes one row at a time.
 ROW_CHUNK_ELEMENTS = 1 << 21
+# Streaming: a parameter (with one use) whose slice gradients, all slices together, have more elements than this
+# has them formed, summed over ranks and folded into the Gram a block of rows at a time (8 MB in fp32), not whole.
+BLOCK_ELEMENTS = 1 << 21
 
 
 @dataclass
@@ -131,6 +134,16 @@ class _SliceReducer:
                                   dtype=torch.float64)
         self.acc: dict[int, torch.Tensor] = {}
         self.names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
+        # FSDP2 swaps a module's registered (sharded) parameter for an unsharded one around its forward and
+        # backward: the hooks map whatever a module holds then to the registered parameter's id.
+        self.alias: dict[int, int] = {}
+        # Streaming (``flush``): a parameter's slice gradients leave as soon as every call of its modules has
+        # added to them (``calls``: per forward; ``remaining``: per backward), so at most the modules whose
+        # backward is in flight hold slice gradients, never the whole model's.
+        self.flush: Callable[[int, torch.Tensor], None] | None = None
+        self.calls: dict[int, int] = {}
+        self.remaining: dict[int, int] = {}
+        self.block_elements: int | None = None  # streaming: form large parameters' slices by blocks (_blocks)
         self.handles = []
         self.embed_leaf: list[tuple[nn.Embedding, torch.Tensor, torch.Tensor]] = []
         for mod in model.modules():
@@ -143,28 +156,44 @@ class _SliceReducer:
                 self._watch(mod, self._norm, _norm_input)  # x̂ once per forward, not once per term
 
     def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None, leaf_only: bool = False) -> None:
-        params = [p for p in mod.parameters(recurse=False) if id(p) in self.names]
-        if not params and not leaf_only:
+        attrs = [(a, id(p)) for a, p in mod.named_parameters(recurse=False) if id(p) in self.names]
+        if not attrs and not leaf_only:
             return
+
+        def on_grad(module, x, g):
+            for a, k in attrs:  # the parameters the module holds now (FSDP2: unsharded) are the registered ones
+                self.alias[id(getattr(module, a))] = k
+            fn(module, x, g)
 
         def fwd(module, inputs, output):
             x = inputs[0].detach() if prep is None else prep(module, inputs[0].detach())
-            if isinstance(module, nn.Embedding) and (output.is_leaf or not output.requires_grad):
-                # The input embedding (its output a leaf even when a hook such as transformers'
-                # enable_input_require_grads made it require grad): the leaf the backward stops at.
+            if isinstance(module, nn.Embedding):
+                # The input embedding: the leaf the backward stops at. Token ids carry no gradient, so its output
+                # depends on the parameters only through the weight, whose slice gradients the hook forms (its
+                # output may require grad: a hook such as transformers' enable_input_require_grads, or FSDP2's
+                # unsharded weight, which fast_gradients cannot freeze).
                 output = output.detach().requires_grad_(True)
                 self.embed_leaf.append((module, x, output))
             if not leaf_only:
-                output.register_hook(lambda g: fn(module, x, g))
+                for _, k in attrs:
+                    self.calls[k] = self.calls.get(k, 0) + 1
+                output.register_hook(lambda g: on_grad(module, x, g))
             return output
 
         self.handles.append(mod.register_forward_hook(fwd))
 
-    def _add(self, p: nn.Parameter, per_slice: torch.Tensor) -> None:
-        k = id(p)
+    def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True) -> None:
+        k = self.alias.get(id(p), id(p))
         if k not in self.names:
             return
+        if not whole:  # a block of rows (``_blocks``): flushed as it is, its Gram adds over blocks
+            self.flush(k, per_slice)
+            return
         self.acc[k] = self.acc[k] + per_slice if k in self.acc else per_slice
+        if self.flush is not None:
+            self.remaining[k] = self.remaining.get(k, self.calls.get(k, 1)) - 1
+            if self.remaining[k] <= 0:
+                self.flush(k, self.acc.pop(k))
 
     def _slices(self, g: torch.Tensor, x: torch.Tensor, reduce: Callable, rows: Callable | None = None,
                 combine: bool = False) -> torch.Tensor:
@@ -234,10 +263,26 @@ class _SliceReducer:
             return g.narrow(0, rng[0], rng[1]), x.narrow(0, rng[0], rng[1])
         return g.index_select(0, idx), x.index_select(0, idx)
 
+    def _blocks(self, p: nn.Parameter) -> list[tuple[int, int]]:
+        """``(first row, rows)`` blocks of ``p`` whose slice gradients are formed and flushed one at a time: the
+        whole parameter, except while streaming a parameter with one use (not tied) whose slice gradients have more
+        than ``block_elements`` elements (an LM head, an embedding, an MLP projection): the Gram and the sum over
+        ranks add over disjoint blocks of rows, so only one block's slice gradients exist at once."""
+        rows = p.shape[0]
+        k = self.alias.get(id(p), id(p))
+        if self.flush is None or self.block_elements is None or self.calls.get(k, 1) > 1:
+            return [(0, rows)]
+        step = max(1, self.block_elements // max(len(self.weights) * (p.numel() // max(rows, 1)), 1))
+        return [(i, min(step, rows - i)) for i in range(0, rows, step)]
+
     def _linear(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
-        self._add(m.weight, self._slices(g, x, lambda gg, xx: gg.t().float() @ xx.float(),
-                                         lambda gg, xx: gg.float().transpose(1, 2) @ xx.float(), combine=True))
+        out = g.shape[-1]
+        for start, n in self._blocks(m.weight):
+            gb = g if n == out else g[..., start:start + n]
+            self._add(m.weight, self._slices(gb, x, lambda gg, xx: gg.t().float() @ xx.float(),
+                                             lambda gg, xx: gg.float().transpose(1, 2) @ xx.float(), combine=True),
+                      whole=n == out)
         if m.bias is not None:
             self._add(m.bias, self._slices(g, x, lambda gg, xx: gg.float().sum(0), lambda gg, xx: gg.float().sum(1)))
 
@@ -245,13 +290,19 @@ class _SliceReducer:
         g = g.detach()
         if m.padding_idx is not None:  # autograd never updates the padding row
             g = g * (ids != m.padding_idx).unsqueeze(-1).to(g.dtype)
-        V = m.weight.shape[0]
-        self._add(m.weight, self._slices(
-            g, ids, lambda gg, ii: torch.zeros(V, gg.shape[-1], dtype=torch.float32, device=gg.device)
-            .index_add_(0, ii.reshape(-1), gg.float()),
-            lambda gg, ii: torch.zeros(len(ii) * V, gg.shape[-1], dtype=torch.float32, device=gg.device)
-            .index_add_(0, (ii + V * torch.arange(len(ii), device=ii.device)[:, None]).reshape(-1),
-                        gg.reshape(-1, gg.shape[-1]).float()).view(len(ii), V, gg.shape[-1])))
+        vocab = m.weight.shape[0]
+        for start, V in self._blocks(m.weight):
+            gb, ib = g, ids
+            if V != vocab:  # rows start .. start + V - 1 only: other tokens add zeros to row 0 of the block
+                local = ids - start
+                inside = (local >= 0) & (local < V)
+                gb, ib = g * inside.unsqueeze(-1).to(g.dtype), local.clamp(0, V - 1)
+            self._add(m.weight, self._slices(
+                gb, ib, lambda gg, ii, V=V: torch.zeros(V, gg.shape[-1], dtype=torch.float32, device=gg.device)
+                .index_add_(0, ii.reshape(-1), gg.float()),
+                lambda gg, ii, V=V: torch.zeros(len(ii) * V, gg.shape[-1], dtype=torch.float32, device=gg.device)
+                .index_add_(0, (ii + V * torch.arange(len(ii), device=ii.device)[:, None]).reshape(-1),
+                            gg.reshape(-1, gg.shape[-1]).float()).view(len(ii), V, gg.shape[-1])), whole=V == vocab)
 
     def _norm(self, m: nn.Module, xh: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
@@ -322,6 +373,12 @@ def _weighted_terms(loss_fn: LossFn, model: nn.Module, batch: Batch) -> dict[str
     return {k: v * omega.to(v.dtype) for k, v in terms.items()}
 
 
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model``'s parameters are FSDP2 shards (DTensors): the fast engine runs on it as it is, each
+    layer's slice gradients formed from its unsharded forward and backward and summed over ranks."""
+    return any(hasattr(p, "to_local") for p in model.parameters())
+
+
 def fast_unsupported(model: nn.Module) -> str | None:
     """Why the fast engine cannot run on ``model`` (None: it can), decided before any forward."""
     names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
@@ -337,6 +394,37 @@ def fast_unsupported(model: nn.Module) -> str | None:
     if not embedding:
         return "the fast gradient engine needs an nn.Embedding input layer"
     return None
+
+
+def run_terms(model: nn.Module, batch: Batch, loss_fn: LossFn, reducer: _SliceReducer,
+              on_term: Callable[[str, torch.Tensor, list[torch.Tensor], bool], None]) -> None:
+    """The fast engine's passes: ONE forward of ``loss_fn`` (parameters frozen, so weight gradients come only from
+    ``reducer``'s module hooks), then per term ``on_term(term, total, leaves, retain_graph)``, which runs ONE
+    backward of ``total = Σ ω·term`` down to the input embeddings ``leaves`` (``backward``) and reads what the
+    hooks left in ``reducer``. The hooks are removed and the parameters' ``requires_grad`` restored afterwards,
+    whatever happens."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    flags = [p.requires_grad for p in model.parameters()]
+    try:
+        for p in params:
+            p.requires_grad_(False)  # weight gradients come from the hooks, never from autograd
+        terms = _weighted_terms(loss_fn, model, batch)
+        if not reducer.embed_leaf:
+            raise NotImplementedError("the fast gradient engine needs an nn.Embedding input layer; "
+                                      "use analysis.method=reference")
+        leaves = [leaf for _, _, leaf in reducer.embed_leaf]
+        for i, (term, per_token) in enumerate(terms.items()):
+            on_term(term, per_token.sum(), leaves, i < len(terms) - 1)
+    finally:
+        reducer.close()
+        for p, f in zip(model.parameters(), flags):
+            p.requires_grad_(f)
+
+
+def backward(total: torch.Tensor, leaves: list[torch.Tensor], retain_graph: bool) -> None:
+    """One term's backward to the input embeddings: the module hooks see every layer's gradient on the way."""
+    if total.requires_grad:
+        torch.autograd.grad(total, leaves, retain_graph=retain_graph, allow_unused=True)
 
 
 def fast_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: torch.Tensor, slices: list[str],
@@ -357,37 +445,51 @@ def fast_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: tor
     why = fast_unsupported(model)
     if why:
         raise NotImplementedError(f"{why}; use analysis.method=reference")
-    params = [p for p in model.parameters() if p.requires_grad]
-    flags = [p.requires_grad for p in model.parameters()]
     reducer = _SliceReducer(model, weights.to(next(model.parameters()).device))
     stats = GradStats(slices + list(derived), {}, {}, row_order=perm)
-    try:
-        for p in params:
-            p.requires_grad_(False)  # weight gradients come from the hooks, never from autograd
-        terms = _weighted_terms(loss_fn, model, batch)
-        if not reducer.embed_leaf:
-            raise NotImplementedError("the fast gradient engine needs an nn.Embedding input layer; "
-                                      "use analysis.method=reference")
-        leaves = [leaf for _, _, leaf in reducer.embed_leaf]
-        names_in_order = [reducer.names[id(p)] for p in params]
-        for i, (term, per_token) in enumerate(terms.items()):
-            reducer.acc = {}
-            total = per_token.sum()
-            if total.requires_grad:
-                torch.autograd.grad(total, leaves, retain_graph=i < len(terms) - 1, allow_unused=True)
-            grads = {}
-            for p, name in zip(params, names_in_order):
-                g = reducer.acc.get(id(p))
-                grads[name] = g if g is not None else torch.zeros(len(slices), *p.shape, device=p.device)
-            full, gram = _gram(grads, derived, slices, reducer.scale, keep_grads)
-            stats.gram[term] = gram
-            if keep_grads:
-                stats.grads[term] = full
-    finally:
-        reducer.close()
-        for p, f in zip(model.parameters(), flags):
-            p.requires_grad_(f)
+    params = [p for p in model.parameters() if p.requires_grad]
+    names_in_order = [reducer.names[id(p)] for p in params]
+
+    def on_term(term: str, total: torch.Tensor, leaves: list[torch.Tensor], retain_graph: bool) -> None:
+        full, gram = _streamed_term(reducer, total, leaves, params, derived, slices, keep_grads, retain_graph)
+        stats.gram[term] = gram
+        if keep_grads:
+            stats.grads[term] = {name: full[name] for name in names_in_order}
+
+    run_terms(model, batch, loss_fn, reducer, on_term)
     return stats
+
+
+def _streamed_term(reducer: _SliceReducer, total: torch.Tensor, leaves: list[torch.Tensor], params: list,
+                   derived: dict[str, dict[str, float]], slices: list[str], keep_grads: bool, retain_graph: bool
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One term's backward, each parameter's slice gradients reduced over ranks and folded into the Gram as
+    soon as its modules' hooks have all run (``_SliceReducer.flush``): what is held at once is the slice
+    gradients of the modules in flight, one layer's at most, not the model's. Every rank flushes the
+    parameters in the same order (the backward's), then those the backward never reached, in ``params`` order.
+    """
+    full: dict[str, torch.Tensor] = {}
+    gram: dict[str, torch.Tensor] = {}
+    done: set[int] = set()
+
+    def flush(k: int, g: torch.Tensor) -> None:
+        done.add(k)
+        kept, part = _gram({reducer.names[k]: g}, derived, slices, reducer.scale, keep_grads)
+        full.update(kept)
+        for grp, m in part.items():
+            gram[grp] = gram[grp] + m if grp in gram else m
+
+    reducer.acc, reducer.remaining, reducer.flush = {}, {}, flush
+    reducer.block_elements = None if keep_grads else BLOCK_ELEMENTS
+    try:
+        backward(total, leaves, retain_graph)
+    finally:
+        reducer.flush = None
+    for p in params:
+        if id(p) not in done:
+            g = reducer.acc.pop(id(p), None)
+            flush(id(p), g if g is not None else torch.zeros(len(slices), *p.shape, device=p.device))
+    return full, gram
 
 
 def reference_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: torch.Tensor, slices: list[str],
@@ -439,9 +541,13 @@ def slice_gradients(method: str, model: nn.Module, batch: Batch, loss_fn: LossFn
         batch, weights = batch.blank_rows(1), weights.new_zeros(len(weights), 1)
     if method == "fast":
         why = fast_unsupported(model)
+        if why and is_sharded(model):
+            raise NotImplementedError(f"{why}, and analysis.method=reference needs a plain (unsharded) module")
         if why:
             warnings.warn(f"{why}; falling back to analysis.method=reference", stacklevel=2)
             method = "reference"
+    elif is_sharded(model):  # autograd of the sharded parameters would be zero: FSDP2 computes with unsharded ones
+        raise NotImplementedError("analysis.method=reference needs a plain (unsharded) module; use fast")
     engine = fast_gradients if method == "fast" else reference_gradients
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # nothing random should happen

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from rlgrad.analysis.engine import is_sharded
 from rlgrad.metrics import key
 
 
@@ -269,4 +270,4 @@ def seed_of(*parts) -> int:
 
 
 def _is_sharded(model: nn.Module) -> bool:
-    return any(hasattr(p, "to_local") for p in model.parameters())
+    return is_sharded(model)

@@ -187,7 +187,7 @@ def sample_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, stats: list[Lay
     engine gets a partial one-hot weight matrix ``[num_samples, len(local)]`` and sums the slices over ranks,
     so slice j is sequence j's gradient wherever it lives. The loss's terms are summed, so K is the Gram
     of the gradients of the one loss the update optimises (each sequence's un-normalised aggregated loss).
-    ``model`` must be a plain module (FSDP2: the replica); its neuron layers are matched to ``stats`` by name.
+    ``model``: a plain module or FSDP2 shards (the fast engine); its neuron layers are matched to ``stats`` by name.
     """
     S = num_samples
     weights = torch.zeros(S, len(local))
@@ -219,8 +219,8 @@ def measure(model: nn.Module, batch: Batch | None, nc: NeuronHealthConfig, *, ro
     ``nc``: the role's settings (tau, mode, nullspace_samples). Without ``loss_fn`` or with
     ``nullspace_samples=0`` only the gradient statistics are computed. Weights, gradients and the
     global RNG are left as they were. Data parallel: ``batch`` is this rank's share of the mini-batch and
-    every rank calls this; under FSDP2 ``model`` is the sharded module and ``replica`` a plain module with
-    the same weights, which the per-sequence pass runs on.
+    every rank calls this; under FSDP2 ``model`` is the sharded module and ``replica`` (optional) a plain module
+    with the same weights, which the per-sequence pass then runs on (without it, on the shards: the fast engine).
     """
     layers = find_neurons(model)
     stats, zero, numel = gradient_stats(model, layers)
@@ -228,9 +228,7 @@ def measure(model: nn.Module, batch: Batch | None, nc: NeuronHealthConfig, *, ro
     rep = NeuronReport(role, float(nc.tau), nc.mode, stats, float(zero), numel, grad_total,
                        sharded=_is_sharded(model))
     if loss_fn is not None and nc.nullspace_samples > 0 and batch is not None:
-        runner = replica if replica is not None else model
-        if _is_sharded(runner):
-            raise ValueError("the nullspace pass needs a plain module: pass measure(..., replica=) under FSDP2")
+        runner = replica if replica is not None else model  # FSDP2 shards: the fast engine runs on them as well
         rows, local, slot = global_sample(batch, nc.nullspace_samples, seed_of(seed, step, role, "nullspace"))
         if len(rows):  # the global mini-batch is not empty (the same answer on every rank)
             K = sample_pass(runner, batch, loss_fn, stats, local, slot, len(rows), method)

@@ -39,6 +39,7 @@ from rlgrad.config.analysis import (
     ComponentAnalysisConfig,
     NeuronHealthConfig,
     NeuronsConfig,
+    PerSampleConfig,
 )
 from rlgrad.config.data import DataConfig, ReasoningGymConfig
 from rlgrad.config.doctor import HALT_ON, DoctorConfig
@@ -65,7 +66,7 @@ __all__ = [
     "AlgorithmConfig", "AnalysisConfig", "BucketAnalysisConfig", "ComponentAnalysisConfig", "CriticConfig",
     "CriticModelConfig", "DataConfig", "DoctorConfig", "EnvConfig", "FilterGroupsConfig", "FrozenLakeConfig",
     "HALT_ON", "KLControlConfig", "LoRAConfig", "ModelConfig", "NeuronHealthConfig", "NeuronsConfig", "OptimConfig",
-    "OverlongBufferConfig", "RLGradConfig",
+    "OverlongBufferConfig", "PerSampleConfig", "RLGradConfig",
     "ReasoningGymConfig", "RewardConfig", "RolloutConfig", "Schedule", "SokobanConfig", "TinyModelConfig",
     "TrainerConfig", "check_field", "check_key", "documented_yaml", "find_preset", "flat_settings", "from_yaml_file",
     "load_config", "parse_override", "per_response_advantage", "presets", "resolve_alias", "schedules",

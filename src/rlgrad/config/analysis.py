@@ -54,6 +54,21 @@ class ComponentAnalysisConfig:
 
 
 @dataclass
+class PerSampleConfig:
+    """Per-sample gradient norms and the noise scale (``grad_norm_sample/...``, ``noise_*/...``, ``coherence/...``)."""
+
+    every: int = _f(0, "Exact per-sample gradient norms per loss term and layer group, the noise scale B_simple "
+                    "with its inter/intra-prompt split and the coherence, per bucket of the bucket analysis "
+                    "(analysis.buckets.bucket_mode, num_buckets), at steps 1, 1+every, ...; 0: off. Writes "
+                    "analysis/step_N/samples.jsonl. One process, analysis.method=fast models only.", ge=0)
+    write_samples: bool = _f(True, "Write analysis/step_N/samples.jsonl: one line per sample (sample, group, "
+                             "bucket, reward, advantage, grad_norm/<term>), joinable with rollouts/step_N.jsonl.")
+    proxy_corr: bool = _f(True, "Also compute verl's logit-space variance proxy (A² x W, W = Σ_t 1 - 2π(y_t) + Σπ²; "
+                          "one more no-grad forward) and its rank and linear correlation with the true squared "
+                          "per-sample task norms: proxy_corr/spearman, proxy_corr/pearson.")
+
+
+@dataclass
 class NeuronHealthConfig:
     """Neuron health of one model (gradient / activation dormancy, zero-gradient and nullspace ratios) and
     its ReDo-style reset. verl/RAGEN spellings: ``<role>.redo_metric_freq`` etc. (``actor_rollout_ref.actor.redo_*``).
@@ -90,7 +105,8 @@ class AnalysisConfig:
     """Every instrument's settings. The instruments run at the trainer's hook points and never change training."""
 
     every: int | None = _f(None, "Run EVERY instrument at steps 1, 1+every, ...: the bucket analysis, the "
-                           "reward-component geometry (outcome advantages only) and neuron-health metrics "
+                           "reward-component geometry (outcome advantages only), per-sample gradients and "
+                           "neuron-health metrics "
                            "of the actor (and of the critic with gae). Overrides each instrument's own "
                            "cadence and switch; resets keep theirs. null: each instrument's own setting.", ge=1)
     method: str = _f("fast", "Gradient engine: fast (one forward, one backward per term, "
@@ -98,4 +114,5 @@ class AnalysisConfig:
                      "sub-batch, a forward and a backward per bucket and term).", choices=("fast", "reference"))
     buckets: BucketAnalysisConfig = field(default_factory=BucketAnalysisConfig)
     components: ComponentAnalysisConfig = field(default_factory=ComponentAnalysisConfig)
+    per_sample: PerSampleConfig = field(default_factory=PerSampleConfig)
     neurons: NeuronsConfig = field(default_factory=NeuronsConfig)

@@ -28,7 +28,7 @@ class Schedule:
 
 
 def schedules(cfg: RLGradConfig) -> dict[str, Schedule]:
-    """``buckets``, ``components``, ``neurons/<role>`` (metrics) and ``reset/<role>``.
+    """``buckets``, ``components``, ``per_sample``, ``neurons/<role>`` (metrics) and ``reset/<role>``.
 
     Each instrument's own cadence keeps its convention (RAGEN's ``(step - 1) % every`` for the buckets and
     components, ReDo's ``step % every`` for neuron health); ``analysis.every`` puts every instrument that
@@ -37,7 +37,8 @@ def schedules(cfg: RLGradConfig) -> dict[str, Schedule]:
     analysis = cfg.analysis
     outcome = per_response_advantage(cfg.algorithm, cfg.agent.use_turn_scores) is None
     out = {"buckets": Schedule(analysis.buckets.every if analysis.buckets.enable else 0),
-           "components": Schedule(analysis.components.every if outcome else 0)}
+           "components": Schedule(analysis.components.every if outcome else 0),
+           "per_sample": Schedule(analysis.per_sample.every)}
     for role in ("actor", "critic"):
         neurons = getattr(analysis.neurons, role)
         out[f"neurons/{role}"] = Schedule(neurons.metric_every, neurons.metric_every)
@@ -45,6 +46,7 @@ def schedules(cfg: RLGradConfig) -> dict[str, Schedule]:
     if analysis.every is not None:
         out["buckets"] = Schedule(analysis.every)
         out["components"] = Schedule(analysis.every if outcome else 0)
+        out["per_sample"] = Schedule(analysis.every)
         out["neurons/actor"] = Schedule(analysis.every)
         out["neurons/critic"] = Schedule(analysis.every if cfg.algorithm.adv_estimator == "gae" else 0)
     return out

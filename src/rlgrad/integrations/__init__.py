@@ -9,7 +9,11 @@ writing the same run files, plus the hooks' tables in ``tables.jsonl`` (rlgrad's
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import torch
 
 from rlgrad.config.load import load_config
 from rlgrad.config.schema import RLGradConfig, flat_settings
@@ -43,3 +47,21 @@ def open_metrics(run_dir: Path, resumed_step: int, new_dir: str, also: tuple[Pat
             truncate_jsonl_after(f, resumed_step)
     return JsonlSink(path)
 
+
+
+@contextmanager
+def activation_checkpointing_off(model: torch.nn.Module, enable_kwargs: dict | None) -> Iterator[None]:
+    """Grad mode on and the Hugging Face model's activation checkpointing off for the instruments' forwards
+    (as TRL turns it off for its own extra forwards): the fast engine's hooks must see each forward once.
+    The analysis then holds a whole batch's activations. ``enable_kwargs``: what the host trainer turns it
+    back on with (TRL's ``gradient_checkpointing_kwargs``; verl's engine passes ``use_reentrant=False``)."""
+    new = hasattr(model, "activation_checkpointing_disable")  # transformers 5 (earlier: gradient_checkpointing_*)
+    on = bool(getattr(model, "is_activation_checkpointing" if new else "is_gradient_checkpointing", False))
+    if on:
+        (model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable)()
+    try:
+        with torch.enable_grad():
+            yield
+    finally:
+        if on:
+            (model.activation_checkpointing_enable if new else model.gradient_checkpointing_enable)(enable_kwargs)

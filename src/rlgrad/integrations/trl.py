@@ -49,7 +49,7 @@ from rlgrad.algos.objective import LossSettings
 from rlgrad.analysis import hooks_from_config
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult, HookRunner, StepContext
-from rlgrad.integrations import TABLES, instrument_settings, open_metrics
+from rlgrad.integrations import TABLES, activation_checkpointing_off, instrument_settings, open_metrics
 from rlgrad.integrations.trl_loss import TRLLoss, TRLLossSettings, batch_from_trl, trl_reward_view
 from rlgrad.logging.rewards import RewardComponentLog, step_record
 from rlgrad.logging.rollouts import RolloutLog, gather_samples, prompt_texts, rollout_dir, step_samples
@@ -277,23 +277,13 @@ class _Instruments:
 
     @contextmanager
     def _running(self):
-        """Grad mode on, activation checkpointing off (as TRL turns it off for its own extra forwards): the fast
-        engine's hooks must see each forward once. The analysis then holds a whole batch's activations."""
+        """Grad mode on, activation checkpointing off (``activation_checkpointing_off``), TRL's settings restored."""
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-        new = hasattr(model, "activation_checkpointing_disable")  # transformers 5 (earlier: gradient_checkpointing_*)
-        on = bool(getattr(model, "is_activation_checkpointing" if new else "is_gradient_checkpointing", False))
-        if on:
-            (model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable)()
-        try:
-            with torch.enable_grad():
-                yield
-        finally:
-            if on:
-                a = self.trainer.args
-                if new:
-                    model.activation_checkpointing_enable(getattr(a, "activation_checkpointing_kwargs", None))
-                else:
-                    model.gradient_checkpointing_enable(a.gradient_checkpointing_kwargs)
+        a = self.trainer.args
+        kwargs = (getattr(a, "activation_checkpointing_kwargs", None)
+                  if hasattr(model, "activation_checkpointing_disable") else a.gradient_checkpointing_kwargs)
+        with activation_checkpointing_off(model, kwargs):
+            yield
 
     def take_unlogged(self) -> dict[str, float]:
         out, self.unlogged = self.unlogged, {}

@@ -15,8 +15,13 @@ health on the first mini-batch's gradient. The metrics come back through verl's 
 the actor's metrics with ``actor/``) and go to an rlgrad run directory (``actor_rollout_ref.rlgrad.dir``,
 default ``<trainer.default_local_dir>/rlgrad``) that ``rlgrad plot`` and ``rlgrad report`` read.
 
-The analysis runs on a plain (unsharded) replica of the policy that each rank refreshes from verl's FSDP
-shards at an analysed step: one more copy of the weights per GPU during the analysis.
+The analysis runs on verl's own engine module (``strategy=fsdp2``): its FSDP2 shards, mixed precision and
+offload (inside verl's ``train_mode``), activation checkpointing turned off for the analysis forward. The fast
+gradient engine's hooks see each layer's input and output gradient while FSDP2 holds that layer unsharded and
+reduce each parameter's slice gradients over the data-parallel group as soon as its layer's backward is done, so
+no more than one layer's slice gradients exist at once and nothing stays between analysed steps
+(``docs/scaling.md``). With verl's FSDP1 (``strategy=fsdp``) the analysis runs on a plain replica built for the
+analysed step and dropped after it: one more copy of the weights per GPU during that step.
 
 The hooks run through ``rlgrad.hooks.HookRunner``, as in rlgrad's trainer; their tables go to ``tables.jsonl`` in
 the run directory (verl's trackers live in the trainer's process, which the worker cannot reach). A hook that asks
@@ -32,18 +37,20 @@ import copy
 import importlib.metadata
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from packaging.version import Version
 
 from rlgrad.analysis import hooks_from_config, schedules
+from rlgrad.analysis.engine import fast_unsupported
 from rlgrad.collectives import all_reduce_sum, is_main
 from rlgrad.distributed import sync_policy
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookRunner, Schedule, StepContext
-from rlgrad.integrations import TABLES, instrument_settings, open_metrics
+from rlgrad.integrations import TABLES, activation_checkpointing_off, instrument_settings, open_metrics
 from rlgrad.integrations.verl_loss import batch_from_verl, verl_loss_settings
 from rlgrad.logging.sinks import JsonlSink, JsonlTableSink
 
@@ -67,6 +74,9 @@ VERL_METRICS = {"actor/pg_loss": "actor/pg_loss", "actor/pg_clipfrac": "actor/pg
 # In the worker's metrics (verl's trainer reads it as actor/rlgrad_stop): a hook asked to end the run after this
 # step. rlgrad's verl trainer takes it out before verl logs the step; it never reaches metrics.jsonl.
 STOP_METRIC = "rlgrad_stop"
+# What verl's FSDP engine turns activation checkpointing on with (enable_gradient_checkpointing): the instruments
+# turn it off for their forwards and back on with these.
+CHECKPOINTING_KWARGS = {"use_reentrant": False}
 
 
 def stop_requested(step_metrics: dict) -> bool:
@@ -177,7 +187,12 @@ class _Instruments:
         self.pending: dict[str, float] = {}
         self.stop_reason: str | None = None  # a hook asked, at this step, to end the run after it
         self.neurons_step = 0  # the step whose first mini-batch gradient neuron health has measured
-        self.replica: torch.nn.Module | None = None
+        self.sharded = getattr(engine_cfg, "strategy", "fsdp2") == "fsdp2"  # FSDP1: ``_replica``
+        if self.sharded:
+            why = fast_unsupported(worker.engine.module)
+            if why or self.cfg.analysis.method != "fast":
+                raise UserError(f"rlgrad's instruments run on verl's FSDP2 shards with analysis.method=fast only"
+                                f"{f' ({why})' if why else ''}")
         self.metrics_log: JsonlSink | None = None
         self.table_log: JsonlTableSink | None = None
         self._opened = False
@@ -201,28 +216,42 @@ class _Instruments:
     def _due(self) -> bool:
         return self.own_hooks or any(s.due(self.step) for s in self.at.values())
 
-    def _model(self) -> torch.nn.Module:
-        """A plain module with the current weights (verl's engine holds FSDP shards): built once, refreshed."""
+    def _replica(self) -> torch.nn.Module:
+        """verl's FSDP1 (``strategy=fsdp``): a plain module with the current weights, built for one analysed
+        step and dropped after it (FSDP1's flat parameters hide the layers' own weights from the hooks)."""
+        from transformers import AutoModelForCausalLM
+        from verl.utils.device import get_device_name
+
         module = self.worker.engine.module
-        if self.replica is None:
-            from transformers import AutoModelForCausalLM
-            from verl.utils.device import get_device_name
+        dtype = next(module.parameters()).dtype  # verl's actor keeps fp32 master weights
+        with torch.device("meta"):
+            replica = AutoModelForCausalLM.from_config(self.worker.model_config.hf_config, dtype=dtype)
+            if hasattr(module, "peft_config"):  # lora_rank > 0: verl's PeftModel, its adapters the trainable part
+                from peft import get_peft_model
 
-            dtype = next(module.parameters()).dtype  # verl's actor keeps fp32 master weights
-            with torch.device("meta"):
-                replica = AutoModelForCausalLM.from_config(self.worker.model_config.hf_config, dtype=dtype)
-                if hasattr(module, "peft_config"):  # lora_rank > 0: verl's PeftModel, its adapters the trainable part
-                    from peft import get_peft_model
+                replica = get_peft_model(replica, copy.deepcopy(module.peft_config["default"]))
+        replica = replica.to_empty(device=get_device_name())
+        replica.tie_weights()
+        buffers = dict(module.named_buffers())  # not sharded by FSDP (rotary frequencies)
+        with torch.no_grad():
+            for name, b in replica.named_buffers():
+                b.copy_(buffers[name])
+        sync_policy(module, replica)
+        return replica
 
-                    replica = get_peft_model(replica, copy.deepcopy(module.peft_config["default"]))
-            self.replica = replica.to_empty(device=get_device_name())
-            self.replica.tie_weights()
-            buffers = dict(module.named_buffers())  # not sharded by FSDP (rotary frequencies): copied once
-            with torch.no_grad():
-                for name, b in self.replica.named_buffers():
-                    b.copy_(buffers[name])
-        sync_policy(module, self.replica)
-        return self.replica
+    @contextmanager
+    def analysing(self) -> Iterator[torch.nn.Module]:
+        """The module the instruments run on: verl's own FSDP2 module (its shards and mixed precision; the
+        fast engine sums each layer's slice gradients over ranks), its activation checkpointing off, as verl's
+        ``train_mode`` holds it (param/optimizer offload brought back). FSDP1: a replica for this step only."""
+        engine = self.worker.engine
+        with engine.train_mode(zero_grad_on_exit=False):
+            if self.sharded:
+                with activation_checkpointing_off(engine.module, CHECKPOINTING_KWARGS):
+                    yield engine.module
+            else:
+                with torch.enable_grad():
+                    yield self._replica()
 
     def before_update(self, data) -> dict[str, float]:
         self._open()
@@ -233,11 +262,12 @@ class _Instruments:
         if not self._due():
             self.ctx = None
             return out
-        model = self._model()
-        self.ctx = StepContext(step=self.step, batch=batch, actor=model, optimizer=self.worker.engine.optimizer,
-                               loss_settings=self.settings, config=self.cfg, run_dir=self.run_dir,
-                               is_main=is_main(), sync_actor=lambda: sync_policy(self.worker.engine.module, model))
-        with torch.enable_grad():
+        with self.analysing() as model:
+            module = self.worker.engine.module
+            sync = (lambda: None) if model is module else (lambda: sync_policy(module, model))
+            self.ctx = StepContext(step=self.step, batch=batch, actor=model, optimizer=self.worker.engine.optimizer,
+                                   loss_settings=self.settings, config=self.cfg, run_dir=self.run_dir,
+                                   is_main=is_main(), sync_actor=sync)
             res = self.hooks.before_update(self.ctx)
         out.update(res.metrics)
         if self.table_log is not None:
@@ -255,13 +285,15 @@ class _Instruments:
         if ctx is None or self.neurons_step == ctx.step:
             return
         self.neurons_step = ctx.step
-        with torch.enable_grad():
-            self.pending.update(self.hooks.on_grads(ctx, self.worker.engine.module, ctx.batch, "actor"))
+        module = self.worker.engine.module
+        with activation_checkpointing_off(module, CHECKPOINTING_KWARGS):  # inside verl's train_mode already
+            self.pending.update(self.hooks.on_grads(ctx, module, ctx.batch, "actor"))
 
     def after_update(self) -> dict[str, float]:
         out, self.pending = self.pending, {}
         if self.ctx is not None:
             out.update(self.hooks.after_update(self.ctx))
+            self.ctx = None  # nothing of the step (its batch, an FSDP1 replica) stays until the next one
         return out
 
     def log(self, verl_metrics: dict, ours: dict[str, float]) -> None:

@@ -1,0 +1,269 @@
+"""Per-sample gradient norms and the noise scale of a step (``analysis.per_sample``).
+
+For every row i of the analysed batch and every loss term, ``g_i`` is row i's contribution to the gradient
+of the batch loss, with the loss's own aggregation (``Σ_i g_i`` is the batch gradient, ``grad_norm/all/{term}``).
+Its exact norm, per layer group and in total, comes from the gradient engine's one forward and one backward per
+term (``rows.py``: ghost norms or a row's own layer gradient, whichever is cheaper), never a backward per row
+and never an ``N × |θ|`` tensor. The same pass gives the prompt groups' gradient sums, hence every bucket's.
+
+The noise metrics (docs/metrics.md, "Per-sample gradients and the noise scale", has the formulas and the
+references: McCandlish et al. 2018, "An Empirical Model of Large-Batch Training"; one-way random-effects
+ANOVA for the inter/intra-prompt split) are computed per reward-variance bucket (the bucket analysis'
+buckets, ``buckets.py``) from ``h_i = n_b · g_i^b``: the per-sample gradients whose mean over the bucket
+is the bucket's own gradient ``grad_norm/{bucket}/{term}`` (``g_i^b``: row i's contribution to the loss
+aggregated over the bucket alone).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from rlgrad.algos.aggregation import denominator
+from rlgrad.algos.objective import LossFn, LossSettings, as_loss_fn
+from rlgrad.analysis.buckets import Buckets, global_buckets
+from rlgrad.analysis.engine import backward, fast_unsupported, run_terms
+from rlgrad.analysis.rows import RowNormReducer
+from rlgrad.batch import Batch, check_batch, position_ids_from_mask
+from rlgrad.collectives import world_size
+from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
+from rlgrad.metrics import key
+from rlgrad.runfiles import atomic_write_text
+
+if TYPE_CHECKING:
+    from rlgrad.config.analysis import PerSampleConfig
+
+NAN = float("nan")
+# noise_metrics' names -> their catalogue keys
+NOISE_KEYS = {"trace": "noise_trace/{bucket}/{term}", "signal": "noise_signal/{bucket}/{term}",
+              "scale": "noise_scale/{bucket}/{term}", "intra": "noise_intra/{bucket}/{term}",
+              "inter": "noise_inter/{bucket}/{term}", "coherence": "coherence/{bucket}/{term}"}
+
+
+@dataclass
+class PerSampleReport:
+    """``norms[term]`` ``[N]``: ``||g_i||`` in batch order; ``layer_norms[term][layer group]`` ``[N]``; ``metrics``:
+    ``grad_norm_sample/...``, ``noise_*/...``, ``coherence/...``; ``group_ids`` ``[P]`` and ``group_gram[term][layer
+    group]`` ``[P, P]``: the Gram matrix of the prompt groups' gradient sums ``Σ_{i∈group} g_i``."""
+
+    norms: dict[str, torch.Tensor]
+    layer_norms: dict[str, dict[str, torch.Tensor]]
+    metrics: dict[str, float]
+    buckets: Buckets
+    group_ids: torch.Tensor
+    group_gram: dict[str, dict[str, torch.Tensor]]
+
+
+def noise_metrics(row_sq: torch.Tensor, gram: torch.Tensor, sizes: torch.Tensor) -> dict[str, float]:
+    """The noise estimates of ``n = Σ sizes`` per-sample gradients ``h_i`` in ``P`` prompt groups.
+
+    ``row_sq`` ``[n]``: ``||h_i||²``; ``gram`` ``[P, P]``: ``<S_k, S_l>`` of the groups' sums ``S_k = Σ_{i∈k} h_i``;
+    ``sizes`` ``[P]``: the groups' sample counts. Returns ``trace`` (unbiased tr Σ), ``signal`` (unbiased |G|²),
+    ``scale`` (B_simple = trace / signal), ``intra`` and ``inter`` (the within- and between-prompt parts of tr Σ)
+    and ``coherence`` (``||Σ h_i||² / (n Σ ||h_i||²)``); NaN where the batch cannot tell (too few samples or
+    groups, a signal estimate <= 0, all gradients zero).
+    """
+    row_sq, gram, sizes = row_sq.double(), gram.double(), sizes.double()
+    n, groups = float(sizes.sum()), len(sizes)
+    sum_sq, total = float(row_sq.sum()), float(gram.sum())
+    group_sq = float((gram.diagonal() / sizes).sum())  # Σ_k K_k ||m_k||², m_k the group mean
+    out = {"trace": NAN, "signal": NAN, "scale": NAN, "intra": NAN, "inter": NAN,
+           "coherence": total / (n * sum_sq) if sum_sq > 0 else NAN}
+    if n > 1:
+        out["trace"] = (sum_sq - total / n) / (n - 1)
+        out["signal"] = total / n ** 2 - out["trace"] / n
+        out["scale"] = out["trace"] / out["signal"] if out["signal"] > 0 else NAN
+    if n > groups:
+        out["intra"] = (sum_sq - group_sq) / (n - groups)
+    if groups > 1 and n > groups:
+        between = (group_sq - total / n) / (groups - 1)
+        n0 = (n - float((sizes ** 2).sum()) / n) / (groups - 1)
+        out["inter"] = (between - out["intra"]) / n0
+    return out
+
+
+@torch.no_grad()
+def verl_variance_proxy(model: nn.Module, batch: Batch, rows_per_chunk: int = 8) -> torch.Tensor:
+    """``[N]``: verl's per-sample variance proxy ``A_i² · W_i`` (verl's ``compute_variance_proxy_metrics``, on-policy,
+    no rollout importance weights), ``W_i = Σ_t (1 − 2π_t(y_t) + Σ_v π_t(v)²)`` over the response tokens (the
+    squared norm of ∂log π(y_t)/∂logits, summed over t) and ``A_i`` the mean advantage over them. π is the
+    current policy at temperature 1, from one no-grad forward (verl takes π(y_t) from old_log_probs: on-policy the
+    same)."""
+    device = next(model.parameters()).device  # the batch may sit on the CPU, as the trainer's does
+    mask = batch.response_mask.float().cpu()
+    per_token = torch.zeros_like(mask)
+    for i in range(0, len(batch), rows_per_chunk):  # the [rows, L, V] softmax a few rows at a time
+        ids = batch.input_ids[i:i + rows_per_chunk].to(device)
+        att = batch.attention_mask[i:i + rows_per_chunk].to(device)
+        logits = model(input_ids=ids, attention_mask=att, position_ids=position_ids_from_mask(att),
+                       use_cache=False).logits[:, :-1].float()
+        probs = torch.softmax(logits, dim=-1)
+        picked = probs.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        per_token[i:i + rows_per_chunk, 1:] = (1 - 2 * picked + probs.pow(2).sum(-1)).cpu()
+    w = (per_token * mask).sum(-1)
+    advantage = (batch.advantages.float().cpu() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+    return advantage.pow(2) * w
+
+
+def _ranks(x: torch.Tensor) -> torch.Tensor:
+    """Ranks 0..n-1 of ``x``, ties given their mean rank (Spearman's convention)."""
+    ranks = torch.empty(len(x), dtype=torch.float64)
+    ranks[torch.argsort(x)] = torch.arange(len(x), dtype=torch.float64)
+    _, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
+    sums = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inverse, ranks)
+    return sums[inverse] / counts[inverse]
+
+
+def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double() - a.double().mean(), b.double() - b.double().mean()
+    den = float(a.norm() * b.norm())
+    return float(a @ b) / den if den > 0 else NAN
+
+
+def proxy_correlation(proxy: torch.Tensor, sq_norms: torch.Tensor) -> dict[str, float]:
+    """Spearman and Pearson correlation of verl's proxy with the true squared per-sample norms (``proxy_corr/*``)."""
+    return {key("proxy_corr/spearman"): _pearson(_ranks(proxy.double()), _ranks(sq_norms.double())),
+            key("proxy_corr/pearson"): _pearson(proxy, sq_norms)}
+
+
+def _term_passes(model: nn.Module, batch: Batch, loss_fn: LossFn, inverse: torch.Tensor, groups: int
+                 ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, torch.Tensor]]]:
+    """Per term: ``{layer group: [N] ||raw_i||²}`` (batch order) and ``{layer group: [P, P]}`` of the unnormalised
+    loss ``Σ_i Σ_t ω ℓ``: the engine's passes with the prompt groups as slices."""
+    perm = torch.sort(inverse, stable=True).indices  # rows grouped: each group a contiguous range
+    device = next(model.parameters()).device
+    weights = torch.nn.functional.one_hot(inverse[perm], groups).t().to(device, torch.float32)
+    reducer = RowNormReducer(model, weights)
+    layer_groups = sorted(set(reducer.group_names.values()))
+    rows: dict[str, dict[str, torch.Tensor]] = {}
+    grams: dict[str, dict[str, torch.Tensor]] = {}
+    back = torch.argsort(perm)
+
+    def on_term(term: str, total: torch.Tensor, leaves: list[torch.Tensor], retain_graph: bool) -> None:
+        key("grad_norm_sample/{bucket}/{term}", bucket="all", term=term)  # a name no key can hold fails here
+        reducer.acc = {}
+        backward(total, leaves, retain_graph)
+        zeros_rows, zeros_gram = torch.zeros(len(perm), dtype=torch.float64), torch.zeros(groups, groups,
+                                                                                           dtype=torch.float64)
+        rows[term] = {g: reducer.row_sq[g].cpu()[back] if g in reducer.row_sq else zeros_rows for g in layer_groups}
+        grams[term] = {g: reducer.gram[g].cpu() if g in reducer.gram else zeros_gram for g in layer_groups}
+        reducer.reset()
+
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # nothing random should happen
+        run_terms(model, batch.select(perm), loss_fn, reducer, on_term)
+    return rows, grams
+
+
+def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettings | None = None, *,
+                       bucket_mode: str = "quantile", num_buckets: int = 6, proxy: bool = False
+                       ) -> PerSampleReport:
+    """Every sample's exact gradient norm per loss term and layer group, and the step's noise metrics per
+    reward-variance bucket (the bucket analysis' buckets: ``bucket_mode``, ``num_buckets``), from one forward
+    and one backward per term. ``loss``: any ``LossFn``, or the ``LossSettings`` of rlgrad's actor loss.
+
+    One process only, and a model the fast engine covers (``engine.fast_unsupported``): otherwise
+    ``NotImplementedError`` saying why.
+    """
+    check_batch(batch)
+    loss_fn = as_loss_fn(loss)
+    if world_size() > 1:
+        raise NotImplementedError("per-sample gradient norms run in one process (data parallel is not supported yet)")
+    if why := fast_unsupported(model):
+        raise NotImplementedError(f"per-sample gradient norms need the fast engine: {why}")
+    buckets = global_buckets(batch.group_ids, batch.reward_std, mode=bucket_mode, num_buckets=num_buckets)
+    group_ids, inverse = torch.unique(batch.group_ids, return_inverse=True)
+    rows, grams = _term_passes(model, batch, loss_fn, inverse, len(group_ids))
+    _, share = loss_fn.agg.weights(batch.response_mask)
+    denom = {b: denominator(float(share[idx].sum())) for b, idx in buckets.rows.items()}
+    sizes = torch.bincount(inverse, minlength=len(group_ids))
+    metrics: dict[str, float] = {}
+    norms, layer_norms, group_gram = {}, {}, {}
+    for term in rows:
+        row_sq, gram = sum(rows[term].values()), sum(grams[term].values())
+        norms[term] = row_sq.clamp_min(0).sqrt() / denom["all"]
+        layer_norms[term] = {g: v.clamp_min(0).sqrt() / denom["all"] for g, v in rows[term].items()}
+        group_gram[term] = {g: k / denom["all"] ** 2 for g, k in grams[term].items()}
+        for b, idx in buckets.rows.items():
+            metrics[key("noise_samples/{bucket}", bucket=b)] = float(len(idx))
+            in_bucket = torch.unique(inverse[idx])
+            scale = len(idx) / denom[b]  # h_i = n_b · g_i^b = n_b · raw_i / denom_b
+            got = noise_metrics(row_sq[idx] * scale ** 2, gram[in_bucket][:, in_bucket] * scale ** 2,
+                                sizes[in_bucket])
+            metrics[key("grad_norm_sample/{bucket}/{term}", bucket=b, term=term)] = float(
+                row_sq[idx].clamp_min(0).sqrt().mean()) / denom[b]
+            for name, value in got.items():
+                metrics[key(NOISE_KEYS[name], bucket=b, term=term)] = value
+    if proxy and "task" in norms:
+        metrics.update(proxy_correlation(verl_variance_proxy(model, batch), norms["task"] ** 2))
+    return PerSampleReport(norms, layer_norms, metrics, buckets, group_ids, group_gram)
+
+
+def rollout_indices(batch: Batch, full: Batch | None) -> list[int]:
+    """Each row's index in the step's whole rollout (``index`` in ``rollouts/step_N.jsonl``): the rollout filter
+    keeps or drops whole prompt groups and keeps their order, so the k-th row of group g here is the k-th row of
+    g there. Without the whole rollout, the row's own index."""
+    if full is None:
+        return list(range(len(batch)))
+    where: dict[int, list[int]] = {}
+    for i, g in enumerate(full.group_ids.tolist()):
+        where.setdefault(g, []).append(i)
+    seen: dict[int, int] = {}
+    out = []
+    for g in batch.group_ids.tolist():
+        out.append(where[g][seen.get(g, 0)])
+        seen[g] = seen.get(g, 0) + 1
+    return out
+
+
+def sample_rows(rep: PerSampleReport, batch: Batch, indices: list[int], advantages: list[float]) -> list[dict]:
+    """The lines of ``analysis/step_N/samples.jsonl``: one per sample of the analysed batch."""
+    bucket = [""] * len(batch)
+    for name, idx in rep.buckets.rows.items():
+        if name != "all":
+            for i in idx.tolist():
+                bucket[i] = name
+    scores = batch.scores.tolist() if batch.scores is not None else [None] * len(batch)
+    return [{"sample": indices[i], "group": int(batch.group_ids[i]), "bucket": bucket[i], "reward": scores[i],
+             "advantage": advantages[i], **{f"grad_norm/{term}": float(v[i]) for term, v in rep.norms.items()}}
+            for i in range(len(batch))]
+
+
+class PerSampleHook(Hook):
+    """Per-sample gradient norms and the noise scale at the trainer's hook point (``analysis.per_sample``), with
+    the bucket analysis' buckets. Skipped, with one warning, where it cannot run: under data parallel, or on a
+    model the fast engine does not cover."""
+
+    def __init__(self, settings: PerSampleConfig, schedule: Schedule, *, bucket_mode: str, num_buckets: int,
+                 mean_advantage: bool = False):
+        self.settings, self.schedule = settings, schedule
+        self.bucket_mode, self.num_buckets, self.mean_advantage = bucket_mode, num_buckets, mean_advantage
+        self.warned = False
+
+    def before_update(self, ctx: StepContext) -> HookResult | None:
+        if not self.schedule.due(ctx.step) or len(ctx.batch) == 0:
+            return None
+        why = "it runs in one process only" if world_size() > 1 else fast_unsupported(ctx.actor)
+        if why:
+            if not self.warned:
+                warnings.warn(f"analysis.per_sample skipped: {why}", stacklevel=2)
+                self.warned = True
+            return None
+        t0 = time.perf_counter()
+        rep = analyse_per_sample(ctx.actor, ctx.batch, ctx.actor_loss(), bucket_mode=self.bucket_mode,
+                                 num_buckets=self.num_buckets, proxy=self.settings.proxy_corr)
+        result = HookResult(metrics=dict(rep.metrics))
+        if ctx.is_main and self.settings.write_samples:
+            from rlgrad.logging.rollouts import sequence_advantages
+
+            advantages = sequence_advantages(ctx.batch.advantages, ctx.batch.response_mask, self.mean_advantage)
+            rows = sample_rows(rep, ctx.batch, rollout_indices(ctx.batch, ctx.unfiltered_batch), advantages)
+            atomic_write_text(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "samples.jsonl",
+                              "".join(json.dumps(r) + "\n" for r in rows))
+        result.metrics[key("timing_s/analysis/per_sample")] = time.perf_counter() - t0
+        return result

@@ -1,0 +1,162 @@
+"""Per-row gradient norms from the gradient engine's hooks (``engine.py``), never a backward per row.
+
+With the loss ``Σ_i Σ_t ω_it ℓ_it`` (rows never interact in a forward), row i's gradient is
+``g_i = Σ_t ∂(ω_it ℓ_it)/∂θ``. The engine's module hooks see each layer's input ``x_it`` and output
+gradient ``δ_it`` for every row at once, which is all a per-row norm needs:
+
+    Linear     ||Σ_t δ_t x_tᵀ||² = Σ_{t,t'} (δ_t·δ_t')(x_t·x_t')     (ghost norm: Goodfellow 2015, Li et al. 2022)
+               or the row's own weight gradient, a chunk of rows at a time, whichever costs less:
+               T²·(in + out) against T·in·out multiply-adds per row;
+    bias       ||Σ_t δ_t||²;
+    Embedding  ||Σ_v (Σ_{t: id_t = v} δ_t)²||: δ summed per (row, token id), padding_idx left out;
+    norms      ||Σ_t δ_t ⊙ x̂_t||² (and the bias's);
+    tied input/output embeddings: ||E_i + L_i||² = ||E_i||² + ||L_i||² + 2<E_i, L_i> with
+               <E_i, L_i> = Σ_{s,t} δᴸ_{s, id_t} (x_s·δᴱ_t) (s: the output layer's positions, t: the input's).
+
+The reducer also keeps the engine's slice gradients for the prompt groups (disjoint slices: together one weight
+gradient per layer) and folds each parameter's into a group Gram matrix as soon as all of its contributions have
+arrived, so no more than one layer's group gradients (and never a per-row gradient of more than one layer, a
+chunk of rows) exist at a time. Sums of rows over any union of groups (a bucket, the batch) follow from it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from rlgrad.analysis.engine import ROW_CHUNK_ELEMENTS, _SliceReducer
+from rlgrad.metrics import layer_group
+
+
+def _rows3(t: torch.Tensor) -> torch.Tensor:
+    """``[N, ..., d]`` as ``[N, T, d]`` (float tensors) or ``[N, T]`` (token ids)."""
+    return t.reshape(t.shape[0], -1, t.shape[-1]) if t.is_floating_point() else t.reshape(t.shape[0], -1)
+
+
+def ghost_is_cheaper(tokens: int, fan_in: int, fan_out: int) -> bool:
+    """Per row, the ghost norm costs T²·(in + out) multiply-adds, the row's own weight gradient T·in·out."""
+    return tokens * (fan_in + fan_out) < fan_in * fan_out
+
+
+def linear_row_sq(g3: torch.Tensor, x3: torch.Tensor) -> torch.Tensor:
+    """``[N]``: each row's ``||Σ_t δ_t x_tᵀ||²`` from ``δ [N, T, out]`` and ``x [N, T, in]``."""
+    g3, x3 = g3.float(), x3.float()
+    if ghost_is_cheaper(g3.shape[1], x3.shape[-1], g3.shape[-1]):
+        # float32 products, summed per row in float64 (the T² terms may cancel)
+        return (torch.bmm(g3, g3.transpose(1, 2)) * torch.bmm(x3, x3.transpose(1, 2))).flatten(1).double().sum(1)
+    step = max(1, ROW_CHUNK_ELEMENTS // (g3.shape[-1] * x3.shape[-1]))
+    return torch.cat([torch.bmm(g3[i:i + step].transpose(1, 2), x3[i:i + step]).double().pow(2).sum((1, 2))
+                      for i in range(0, g3.shape[0], step)])
+
+
+def embedding_row_sq(g3: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[N]``: each row's squared embedding-gradient norm, δ ``[N, T, d]`` summed per (row, token id)."""
+    n = g3.shape[0]
+    pair = (ids + vocab * torch.arange(n, device=ids.device)[:, None]).reshape(-1)
+    uniq, inverse = torch.unique(pair, return_inverse=True)
+    sums = torch.zeros(len(uniq), g3.shape[-1], dtype=torch.float64, device=g3.device)
+    sums.index_add_(0, inverse, g3.reshape(-1, g3.shape[-1]).double())
+    return torch.zeros(n, dtype=torch.float64, device=g3.device).index_add_(0, uniq // vocab, sums.pow(2).sum(-1))
+
+
+class RowNormReducer(_SliceReducer):
+    """The engine's reducer, slices = the prompt groups (``weights [P, N]``, 0/1, rows sorted by group), that
+    also takes every row's squared gradient norm per layer group.
+
+    After a backward: ``row_sq[layer group]`` ``[N]`` and ``gram[layer group]`` ``[P, P]`` (float64), both of
+    the unnormalised loss ``Σ_i Σ_t ω ℓ``; ``reset()`` empties them for the next term.
+    """
+
+    def __init__(self, model: nn.Module, weights: torch.Tensor):
+        self.owners: dict[int, list[nn.Module]] = defaultdict(list)
+        self.ids: dict[int, torch.Tensor] = {}  # id(embedding) -> this forward's token ids
+        super().__init__(model, weights)
+        self.group_names = {k: layer_group(n) for k, n in self.names.items()}
+        self.reset()
+
+    def reset(self) -> None:
+        self.row_sq: dict[str, torch.Tensor] = {}
+        self.gram: dict[str, torch.Tensor] = {}
+        self.seen: dict[int, int] = defaultdict(int)
+        self.tied: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.acc = {}
+
+    def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None, leaf_only: bool = False) -> None:
+        for p in mod.parameters(recurse=False):
+            if id(p) in self.names:
+                self.owners[id(p)].append(mod)
+        if isinstance(mod, nn.Embedding):
+            prep = self._record_ids
+        super()._watch(mod, fn, prep, leaf_only=leaf_only)
+
+    def _record_ids(self, mod: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        self.ids[id(mod)] = ids
+        return ids
+
+    def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True) -> None:
+        """A contribution to ``p``'s group gradients; the Gram once all its modules have contributed. (Always the
+        whole parameter: blocks of rows are the slice engine's streaming, which this reducer does not turn on.)"""
+        k = id(p)
+        if k not in self.names:
+            return
+        self.seen[k] += 1
+        if self.seen[k] > len(self.owners[k]):
+            raise NotImplementedError(f"per-sample norms: parameter {self.names[k]} was used more than once in "
+                                      "the forward (a module called twice); its per-row norm is not a sum of parts")
+        super()._add(p, per_slice)
+        if self.seen[k] == len(self.owners[k]):
+            flat = self.acc.pop(k).reshape(len(self.weights), -1)
+            # float32 products (summed by BLAS in blocks): a float64 copy of every group gradient cost more than the
+            # weight gradients themselves at the bench's shapes
+            self._into(self.gram, self.group_names[k], (flat @ flat.t()).double())
+
+    @staticmethod
+    def _into(store: dict[str, torch.Tensor], group: str, value: torch.Tensor) -> None:
+        store[group] = store[group] + value if group in store else value
+
+    def _row(self, p: nn.Parameter | None, sq: torch.Tensor) -> None:
+        if p is not None and id(p) in self.names:
+            self._into(self.row_sq, self.group_names[id(p)], sq.double())
+
+    def _tied_embedding(self, p: nn.Parameter) -> nn.Embedding | None:
+        """The input embedding that shares ``p`` with a Linear (tied input/output embeddings), if any."""
+        owners = self.owners.get(id(p), [])
+        if len(owners) == 1:
+            return None
+        emb = [m for m in owners if isinstance(m, nn.Embedding)]
+        if len(owners) != 2 or len(emb) != 1:
+            raise NotImplementedError(f"per-sample norms: parameter {self.names[id(p)]} is shared by "
+                                      f"{len(owners)} modules; only a tied Embedding + Linear pair is supported")
+        return emb[0]
+
+    def _linear(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
+        super()._linear(m, x, g)
+        g3, x3 = _rows3(g.detach()), _rows3(x)
+        self._row(m.weight, linear_row_sq(g3, x3))
+        self._row(m.bias, g3.float().sum(1).double().pow(2).sum(-1))
+        emb = self._tied_embedding(m.weight) if id(m.weight) in self.names else None
+        if emb is not None:  # δᴸ at the input's token ids, for the cross term at the embedding's backward
+            ids = _rows3(self.ids[id(emb)])
+            picked = g3.gather(2, ids[:, None, :].expand(-1, g3.shape[1], -1))  # [N, T_out, T_in]
+            self.tied[id(m.weight)] = (picked, x3)
+
+    def _embedding(self, m: nn.Embedding, ids: torch.Tensor, g: torch.Tensor) -> None:
+        super()._embedding(m, ids, g)
+        g3, ids3 = _rows3(g.detach()), _rows3(ids)
+        if m.padding_idx is not None:  # autograd never updates the padding row
+            g3 = g3 * (ids3 != m.padding_idx).unsqueeze(-1).to(g3.dtype)
+        sq = embedding_row_sq(g3, ids3, m.weight.shape[0])
+        if id(m.weight) in self.tied:
+            picked, x_out = self.tied.pop(id(m.weight))
+            cross = torch.bmm(x_out.float(), g3.float().transpose(1, 2)).double() * picked.double()
+            sq = sq + 2 * cross.sum((1, 2))
+        self._row(m.weight, sq)
+
+    def _norm(self, m: nn.Module, xh: torch.Tensor, g: torch.Tensor) -> None:
+        super()._norm(m, xh, g)
+        g3, x3 = _rows3(g.detach()).float(), _rows3(xh).float()
+        self._row(m.weight, (g3 * x3).sum(1).double().pow(2).sum(-1))
+        self._row(getattr(m, "bias", None), g3.sum(1).double().pow(2).sum(-1))

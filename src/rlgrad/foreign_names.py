@@ -1,0 +1,36 @@
+"""Other trainers' names of the quantities rlgrad logs: one table per trainer (TRL, OpenRLHF) and their
+differences. Data only, below ``rlgrad.metrics``, which re-exports them and maps keys with them (``foreign_key``,
+``own_key``); docs/metrics.md shows both (``metrics.foreign_markdown``)."""
+
+from __future__ import annotations
+
+# Other trainers' names of quantities rlgrad logs, read by rlgrad's TRL integration and by ``rlgrad doctor``: one
+# table per trainer, their differences in ``FOREIGN_NOTES`` (docs/metrics.md shows both, ``foreign_markdown``).
+# TRL 1.16's GRPOTrainer.log: every scalar a doctor signature can use. ``rewards/<f>/mean`` and ``/std`` map to
+# ``reward/<f>/mean`` and ``/std``. Not mapped: clip_ratio/low_mean, high_mean, low_min, high_max (one-sided clips
+# rlgrad does not log), completions/*_terminated_length, num_tokens, sampling/*, entropy_coef (a setting).
+TRL_NAMES = {
+    "reward": "critic/score/mean", "reward_std": "critic/score/std",
+    "frac_reward_zero_std": "critic/score/frac_zero_std", "completions/mean_length": "response_length/mean",
+    "completions/max_length": "response_length/max", "completions/min_length": "response_length/min",
+    "completions/clipped_ratio": "response_length/clip_ratio", "entropy": "actor/entropy", "kl": "actor/kl_loss",
+    "policy_loss": "actor/pg_loss", "clip_ratio/region_mean": "actor/pg_clipfrac",
+    "cispo_clip_ratio": "actor/pg_clipfrac", "grad_norm": "actor/grad_norm", "learning_rate": "actor/lr",
+    "step_time": "timing_s/step",
+}
+# OpenRLHF's PPO / GRPO actor status (``ActorPPOTrainer.training_step``; W&B: ``train/<name>``).
+OPENRLHF_NAMES = {
+    "reward": "critic/score/mean", "policy_loss": "actor/pg_loss", "actor_lr": "actor/lr",
+    "entropy_loss": "actor/entropy", "kl": "actor/kl_loss", "ppo_kl": "actor/ppo_kl",
+    "ppo_clip_ratio": "actor/pg_clipfrac", "response_length": "response_length/mean", "grad_norm": "actor/grad_norm",
+}
+FOREIGN_NAMES = {"trl": TRL_NAMES, "openrlhf": OPENRLHF_NAMES}
+FOREIGN_NOTES = {
+    "trl": "TRL's entropy is a token mean (rlgrad's actor/entropy follows loss_agg_mode); its kl is the k3 estimate; "
+           "reward_std and rewards/<f>/std are the unbiased std over the whole batch (rlgrad's: population std); "
+           "cispo_clip_ratio is its clip fraction under loss_type=cispo. W&B and TensorBoard prefix them `train/`.",
+    "openrlhf": "entropy_loss is the entropy itself (H, not a loss); kl the KL loss estimate (args.kl_estimator); "
+                "reward the mean reward of the batch. W&B prefixes them `train/`.",
+    "verl": "rlgrad's names are verl's; only validation differs: `val-core/<data source>/acc/mean@N` is "
+            "val/accuracy, `val-core/<data source>/reward/mean@N` is val/score/mean.",
+}
