@@ -53,6 +53,18 @@ def save_checkpoint(run_dir: Path, step: int, models: dict[str, Any], tokenizer,
     return final
 
 
+def remove_unfinished(run_dir: Path) -> list[str]:
+    """Remove what a save killed midway left (``save_checkpoint``'s ``.global_step_N.tmp-*`` being written,
+    ``global_step_N.old`` being replaced): never resumed from, as large as a checkpoint. Call it only while
+    holding the run's lock, when no other process can be saving. Returns the names removed."""
+    gone = []
+    for p in sorted([*Path(run_dir).glob(".global_step_*.tmp-*"), *Path(run_dir).glob("global_step_*.old")]):
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+            gone.append(p.name)
+    return gone
+
+
 def checkpoint_step(path: Path) -> int:
     path = Path(path)
     name = path.name

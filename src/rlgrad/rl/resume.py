@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,8 +37,9 @@ def resolve_run_dir(cfg: RLGradConfig) -> Path:
     return run_dir
 
 
-def find_resume_point(cfg: RLGradConfig, run_dir: Path) -> Path | None:
-    """Which checkpoint to resume from, or None for a fresh run. Refuses to reuse another run's directory."""
+def find_resume_point(cfg: RLGradConfig, run_dir: Path, log: Callable[[str], None] = print) -> Path | None:
+    """Which checkpoint to resume from, or None for a fresh run. Refuses to reuse another run's directory. A
+    damaged checkpoint is passed over with one line through ``log`` (the trainer's console)."""
     trainer = cfg.trainer
     if trainer.resume_mode == "resume_path":
         src = Path(trainer.resume_from_path)
@@ -55,7 +56,7 @@ def find_resume_point(cfg: RLGradConfig, run_dir: Path) -> Path | None:
             why = ckpt.damage(path)
             if why is None:
                 return path
-            warnings.warn(f"skipping damaged checkpoint '{path}': {why}", stacklevel=2)
+            log(f"skipping damaged checkpoint '{path}': {why}")
         raise UserError(f"run directory '{run_dir}': every checkpoint is damaged (newest: {found[-1][1]}: "
                         f"{ckpt.damage(found[-1][1])})")
     if holds_a_run(run_dir):
@@ -79,14 +80,23 @@ def config_changes(run_dir: Path, cfg: RLGradConfig) -> dict[str, list]:
     return diff
 
 
-def finished_run_changes(run_dir: Path, cfg: RLGradConfig) -> str:
-    """The settings of ``cfg`` that differ from a finished run's (``a: old -> new, ...``; empty when none, or when
-    the run has no config.yaml): what a command that would train nothing must not silently ignore."""
-    if not (run_dir / "config.yaml").is_file():
-        return ""
-    diff = config_changes(run_dir, cfg)
-    diff.pop("trainer.total_training_steps", None)
-    return ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in diff.items())
+def check_finished_run(run_dir: Path, cfg: RLGradConfig, step: int, log: Callable[[str], None] = print) -> None:
+    """A run resumed at ``step`` >= trainer.total_training_steps has nothing to train. The very command that
+    finished it (as after a kill past the last checkpoint) says so in one line through ``log``; settings the run
+    never had, fewer steps than it ran, or another directory's checkpoint are refused (UserError naming the
+    settings) rather than silently ignored."""
+    diff = config_changes(run_dir, cfg) if (run_dir / "config.yaml").is_file() else None
+    if diff is not None:
+        diff.pop("trainer.total_training_steps", None)
+    changes = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in (diff or {}).items())
+    if diff == {} and step == cfg.trainer.total_training_steps:
+        log(f"the run in {run_dir} already finished step {step} with these settings: nothing to train (raise "
+            "trainer.total_training_steps to continue it)")
+        return
+    raise UserError(f"the run in {run_dir} already finished step {step}"
+                    + (f" with other settings ({changes})" if changes else "")
+                    + "; raise trainer.total_training_steps to continue it, or start a new run "
+                      "(trainer.experiment_name=NAME)")
 
 
 class RunStopped(Exception):

@@ -90,7 +90,7 @@ class Trainer:
         self._set_up_process(log)
         distributed.agree(lambda: distributed.check_config(cfg))
         self.task = distributed.agree(lambda: task_from_config(cfg))
-        self.resume_from = distributed.decide(lambda: runs.find_resume_point(cfg, self.run_dir))
+        self.resume_from = distributed.decide(lambda: runs.find_resume_point(cfg, self.run_dir, log=self.log))
         torch.manual_seed(cfg.trainer.seed)
         self._load_policy()
         self._build_models()
@@ -228,6 +228,10 @@ class Trainer:
         self.created_run_dir = not (run_dir.exists() and any(run_dir.iterdir()))
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_lock = lock_run_dir(run_dir)
+        unfinished = ckpt.remove_unfinished(run_dir)
+        if unfinished:
+            self.log(f"removed {len(unfinished)} unfinished checkpoint(s) of a save that was killed: "
+                     + ", ".join(unfinished))
         if changes or not (run_dir / "config.yaml").exists():
             atomic_write_text(run_dir / "config.yaml", to_yaml(self.cfg))
         if changes:
@@ -582,7 +586,9 @@ class Trainer:
         """Train from the restored step (0 for a new run) to ``trainer.total_training_steps``; returns the run's
         summary. A hook's stop ends it early; a signal (SIGTERM/SIGINT) ends it after the running step, with a
         checkpoint (``runs.Interrupted``)."""
-        self._refuse_finished_run()
+        if self.step >= self.cfg.trainer.total_training_steps:  # nothing to train: one line, or refused
+            distributed.decide(lambda: runs.check_finished_run(self.run_dir, self.cfg, self.step, self.log))
+            return self.summary
         logger = distributed.agree(self._open_run_dir)
         start = self.step
         with runs.stop_requests() as signals:
@@ -601,16 +607,6 @@ class Trainer:
                 logger.close()
                 self.hooks.close()
         return self.summary
-
-    def _refuse_finished_run(self) -> None:
-        """Nothing to train: refuse settings this run never had rather than ignore them."""
-        if self.step < self.cfg.trainer.total_training_steps:
-            return
-        changes = distributed.decide(lambda: runs.finished_run_changes(self.run_dir, self.cfg))
-        raise UserError(f"the run in {self.run_dir} already finished step {self.step}"
-                        + (f" with other settings ({changes})" if changes else "")
-                        + "; raise trainer.total_training_steps to continue it, or start a new run "
-                          "(trainer.experiment_name=NAME)")
 
     def _validate_before_training(self, logger: MetricLogger) -> None:
         """``trainer.val_before_train``: a step-0 (or resumed-step) validation row, unless the run has that row."""
