@@ -51,6 +51,8 @@ def bad_values(key: str, f: dataclasses.Field) -> list[str]:
         return ["5", "{correctness: .nan}"]
     if base is str:
         return ["[1, 2]"]
+    if key == "actor.lora.target_modules":  # a word or a list of module names
+        return ["5", "[1, 2]", "[]", "''"]
     raise AssertionError(f"no bad values for {key} of type {tp}")
 
 
