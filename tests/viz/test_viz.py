@@ -25,7 +25,7 @@ from rlgrad.viz.figbase import png_bytes
 from rlgrad.viz.plot import step_figures
 from rlgrad.viz.reading import narrative
 from tests.conftest import REPO, tiny_overrides
-from tests.helpers.chromium import find_chromium, open_page
+from tests.helpers.chromium import chromium_or_skip, open_page
 
 DATA = REPO / "tests" / "data"
 RAGEN_FILES = ["summary", "plots", "loss_plots", "reward_std", "normed_grads"]
@@ -690,10 +690,7 @@ def test_report_is_self_contained(rich_run, rich_report):
 
 
 def test_report_renders_in_chromium_without_errors(rich_report, tmp_path):
-    chromium = find_chromium()
-    if chromium is None:
-        pytest.skip("chromium is not installed and could not be installed here (scripts/setup.sh installs it "
-                    "with apt-get when run as root)")
+    chromium = chromium_or_skip()
     shot = tmp_path / "shot.png"
     errors = open_page(chromium, rich_report.as_uri(), shot)
     assert errors == []
