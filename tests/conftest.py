@@ -69,3 +69,23 @@ def model_tok():
     from tests.helpers.batches import tiny_model_and_tokenizer
 
     return tiny_model_and_tokenizer()
+
+
+# The quick subset for contributors, `pytest -m "not slow"`: every test but those that train a model, load the real
+# one, launch processes of rlgrad or of its hosts (TRL, verl, torchrun), or walk the README's commands. A test is
+# slow by what it needs (the fixtures below, also when a fixture it uses needs them) or by its module.
+SLOW_FIXTURES = frozenset({"model_cache", "smollm2_gguf"})
+SLOW_MODULES = frozenset({"test_distributed.py", "test_fuzz.py", "test_readme.py", "integrations/test_trl.py",
+                          "integrations/test_verl.py"})
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: trains a model, loads the real one or launches processes "
+                                       "(deselect with -m 'not slow': the quick subset)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = Path(str(item.fspath)).relative_to(REPO / "tests").as_posix()
+        if module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
