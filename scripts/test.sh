@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The test command: set up .venv if needed, lint, run the whole suite, then the verl integration's tests
-# in their own environment (scripts/test_verl.sh; verl pins an older transformers).
+# The test command: set up .venv if needed, lint, run the test suite (under 10 minutes on 2 cores; one
+# environment). The end-to-end checks (whole CLI runs, several processes, the real model, verl in its own
+# environment) are scripts/test_e2e.sh; CI (.ci/run) runs both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check src tests bench examples
 .venv/bin/python -m pytest "$@"
-bash scripts/test_verl.sh

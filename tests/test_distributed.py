@@ -328,6 +328,7 @@ def _assert_step_2_weights_equal(one: Path, two: Path) -> None:
             assert torch.allclose(wa[k], wb[k], rtol=1e-5, atol=1e-6), k
 
 
+@pytest.mark.e2e
 def test_torchrun_ddp_then_fsdp2_resume_equal_one_process(tiny, tmp_path):
     base = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + E2E
     one, two = tmp_path / "one", tmp_path / "two"
@@ -386,6 +387,7 @@ KILL = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_killed_rank_ends_the_run_naming_it(tiny, tmp_path):
     script = tmp_path / "kill.py"
     script.write_text(KILL)

@@ -54,6 +54,7 @@ def _chat_ids(tokenizer, text: str) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- real model
+@pytest.mark.e2e
 def test_gguf_logits_match_the_cached_directory(smol):
     """What rlgrad loads (from the cache) is what transformers dequantised, and so is the saved directory."""
     from transformers import AutoModelForCausalLM
@@ -73,6 +74,7 @@ def test_gguf_logits_match_the_cached_directory(smol):
     assert "quantization_config" not in (smol.dir / "config.json").read_text()
 
 
+@pytest.mark.e2e
 def test_it_is_a_working_instruct_model(smol):
     """A sanity check of the dequantisation itself: greedy decoding answers a chat question."""
     ids = _chat_ids(smol.tokenizer, "What is 2+2?")
@@ -84,6 +86,7 @@ def test_it_is_a_working_instruct_model(smol):
     assert "4" in reply, reply
 
 
+@pytest.mark.e2e
 def test_second_load_hits_the_cache(smol, monkeypatch):
     """load_actor (the actor and the reference model) reads the cached directory: no second dequantisation,
     nothing rewritten, and model.dtype applies to it."""
@@ -107,6 +110,7 @@ def test_second_load_hits_the_cache(smol, monkeypatch):
     assert seconds < 30, f"a cached load took {seconds:.1f}s"
 
 
+@pytest.mark.e2e
 def test_critic_starts_from_the_gguf_weights(smol):
     """critic.model.path unset: the value model starts from model.path's (dequantised) weights, head at zero."""
     cfg = ModelConfig(path=str(smol.path), cache_dir=str(smol.cache))
@@ -116,6 +120,7 @@ def test_critic_starts_from_the_gguf_weights(smol):
     assert len(smol.made) == 1
 
 
+@pytest.mark.e2e
 def test_tokenizer_and_tied_embeddings(smol):
     tok, model = smol.tokenizer, smol.model
     assert tok.pad_token is not None and tok.pad_token_id == tok.eos_token_id  # the file names EOS as its pad
@@ -130,6 +135,7 @@ def test_tokenizer_and_tied_embeddings(smol):
     assert torch.equal(model.lm_head.weight, smol.dequantised.model.embed_tokens.weight)
 
 
+@pytest.mark.e2e
 def test_left_padded_batch_matches_single_prompts(smol):
     """rlgrad's prompt batches (left padding with the pad token, positions from the mask) see what a
     single unpadded prompt sees."""
@@ -224,6 +230,7 @@ def test_cli_missing_gguf_exits_2_with_one_line(tmp_path):
     assert not run.exists()
 
 
+@pytest.mark.e2e
 def test_two_grpo_steps_on_smollm2_with_its_chat_template(smol, tmp_path):
     """The real instruct model end to end: prompts through its chat template, the bucket analysis on, the
     completions written with the rendered prompts, a checkpoint that transformers loads."""

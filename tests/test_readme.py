@@ -23,6 +23,7 @@ from tests.helpers.readme import pages_text
 NOT_HERE = {
     "bash scripts/demo.sh": "the demo (minutes; scripts/demo.sh sets up .venv): its preset runs below",
     "bash scripts/test.sh": "the test suite itself (CI's entry point)",
+    "bash scripts/test_e2e.sh": "the end-to-end checks, this test among them (CI runs them after the suite)",
     "pip install": "installs packages",
     "source .venv/bin/activate": "activates the Quickstart's venv in the user's shell (the tests run in one)",
     "python -m rlgrad train ...": "placeholder overrides ('same thing' as rlgrad train)",
@@ -93,6 +94,7 @@ def test_the_tests_named_for_commands_not_run_here_exist():
         assert re.search(rf"^def {name}\(", (REPO / path).read_text(), flags=re.M), f"{path}::{name}"
 
 
+@pytest.mark.e2e
 def test_every_readme_command_works_in_order(model_cache, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     # a newcomer runs the README from a clone's root: the shipped examples are there (the custom reward preset's)

@@ -348,6 +348,7 @@ def test_versions_and_settings_refused_in_one_line(setup, tmp_path):
     assert all(match(k) is not None for k in TRL_NAMES.values())  # every name it writes is in the catalogue
 
 
+@pytest.mark.e2e
 def test_example_under_torchrun_two_processes_then_report(setup, tmp_path):
     """examples/trl_grpo.py on 2 CPU processes: global metrics, one writer, and ``rlgrad report`` reads the run."""
     import os

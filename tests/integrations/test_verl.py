@@ -1,7 +1,7 @@
 """rlgrad's instruments inside verl's actor worker (``rlgrad.integrations.verl``), on CPU.
 
 verl pins transformers below the version rlgrad's main environment has, so these tests run in their own
-environment: ``bash scripts/test_verl.sh`` (``scripts/test.sh`` runs it after the main suite). In the main
+environment: ``bash scripts/test_verl.sh`` (``scripts/test_e2e.sh`` runs it after the e2e tests). In the main
 environment they are skipped. verl's FSDP2 engine runs here on CPU processes (gloo), built the way verl's
 trainer builds it (``tests/helpers/verl_cpu.py``).
 """

@@ -343,6 +343,7 @@ def test_the_report_shows_samples_of_the_extreme_buckets(run, tmp_path, capsys):
 # ----------------------------------------------------------------------------- torchrun
 
 
+@pytest.mark.e2e
 def test_two_processes_write_the_one_process_file(model_cache, tmp_path):
     """Under torchrun each rank holds a share of the groups: rank 0 gathers every rank's lines and alone writes the
     file, which is the one-process file (group-seeded sampling). The filter keeps one group, so one rank keeps

@@ -92,6 +92,7 @@ def weights(path):
     return load_file(str(path / "actor" / "model.safetensors"))
 
 
+@pytest.mark.e2e
 def test_a_resumed_multi_turn_run_equals_the_uninterrupted_one(tiny, tmp_path):
     base = [o for o in agent(tiny, "frozen_lake", "algorithm.adv_estimator=gae", "agent.use_turn_scores=true",
                              "trainer.save_freq=2", "trainer.test_freq=-1")
@@ -110,6 +111,7 @@ def test_a_resumed_multi_turn_run_equals_the_uninterrupted_one(tiny, tmp_path):
     assert (straight / "rollouts" / "step_3.jsonl").read_text() == (resumed / "rollouts" / "step_3.jsonl").read_text()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("preset", ["sokoban_ppo_filter_grad_analysis", "sokoban_grpo_filter_grad_analysis",
                                     "sokoban_demo"])
 def test_the_sokoban_presets_run_and_the_probe_reads_them(tiny, tmp_path, preset):
