@@ -53,9 +53,9 @@ def _write_run(run_dir, rows: dict[int, dict], neurons: bool = True):
     return D.load_run(run_dir)
 
 
-@pytest.fixture
-def healthy_page(tmp_path):
-    run = _write_run(tmp_path / "run", {1: _bucket_row([0.0, 0.4, 0.9], [0.0, 0.3, 0.5], kl=0.01),
+@pytest.fixture(scope="module")
+def healthy_page(tmp_path_factory):
+    run = _write_run(tmp_path_factory.mktemp("report") / "run", {1: _bucket_row([0.0, 0.4, 0.9], [0.0, 0.3, 0.5], kl=0.01),
                                         11: _bucket_row([0.0, 0.2, 0.5], [0.0, 0.2, 0.4], kl=0.01)})
     return build_report(run, dpi=40)
 
@@ -174,3 +174,18 @@ def test_a_zero_gradient_row_of_the_layer_shares_is_grey_n_a_never_0_percent(tmp
     texts = [t.get_text() for t in share_ax.texts]
     assert texts.count("n/a\n(zero gradient)") == 2 and "0%" not in texts
     assert "n/a (grey): bucket 1, zero gradient" in share_ax.get_title()
+
+
+def test_a_missing_bar_value_is_labelled_n_a_not_0():
+    """A bucket whose policy loss was not logged (NaN) is a bar labelled n/a; a logged 0 stays 0."""
+    from rlgrad.viz import bucket_figures as B
+
+    row = _bucket_row([0.0, 0.5], [0.0, 0.4])
+    row.update({"grad_norm/bucket_1/loss/policy": 0.0, "grad_norm/bucket_2/per_sample/task": 0.1,
+                "grad_norm/bucket_1/per_token/task": 0.01, "grad_norm/bucket_2/per_token/task": 0.02})
+    sv = B.StepView(D.RunData("t", "t", {1: row}), 1)
+    losses = B.fig_losses(sv).axes[0]
+    assert [t.get_text() for t in losses.texts][:2] == ["0", "n/a"]  # bucket_2's loss/policy is missing
+    normed = B.fig_normed(sv).axes[0]
+    # missing: bucket_1 per sample, and both of the whole batch (row has only its task norm)
+    assert [t.get_text() for t in normed.texts if t.get_text()] == ["n/a"] * 3

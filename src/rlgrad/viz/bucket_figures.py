@@ -31,6 +31,7 @@ from rlgrad.viz.figbase import (
     line_through_means,
     new_fig,
     note,
+    value_labels,
 )
 
 
@@ -70,7 +71,7 @@ def _bucket_bars(ax, sv: StepView, name: str, color: str, fmt: str = "%.3g") -> 
     x = np.arange(len(vals))
     bars = ax.bar(x, np.nan_to_num(vals), color=color, alpha=0.85, edgecolor="black", linewidth=0.8,
                   label="bucket")
-    ax.bar_label(bars, fmt=fmt, fontsize=7, padding=2)
+    ax.bar_label(bars, labels=value_labels(vals, fmt), fontsize=7, padding=2)
     ticks, labels = list(x), sv.tick_labels()
     shown = list(vals)
     if sv.has_all:
@@ -78,7 +79,7 @@ def _bucket_bars(ax, sv: StepView, name: str, color: str, fmt: str = "%.3g") -> 
         xa = len(vals) + 0.6
         b = ax.bar([xa], [np.nan_to_num(a)], color=COLORS["all"], alpha=0.7, hatch="//", edgecolor="black",
                    linewidth=0.8, label="all (whole batch)")
-        ax.bar_label(b, fmt=fmt, fontsize=7, padding=2)
+        ax.bar_label(b, labels=value_labels([a], fmt), fontsize=7, padding=2)
         ax.axvline(len(vals) - 0.2, color="#999", linestyle=":", linewidth=1)
         ticks.append(xa)
         labels.append("all")
@@ -206,8 +207,10 @@ def fig_normed(sv: StepView) -> Figure:
         ps, pt = sv.values(f"per_sample/{comp}", names), sv.values(f"per_token/{comp}", names)
         x, w = np.arange(len(names)), 0.38
         # values: the metrics JSON
-        ax.bar(x - w / 2, np.nan_to_num(ps), w, color="#16a085", label="per sample")
-        ax.bar(x + w / 2, np.nan_to_num(pt), w, color="#f39c12", label="per token")
+        for shift, vals, color, label in ((-w / 2, ps, "#16a085", "per sample"), (w / 2, pt, "#f39c12", "per token")):
+            bars = ax.bar(x + shift, np.nan_to_num(vals), w, color=color, label=label)
+            # a missing value says so; a present one needs no label (the axis reads it)
+            ax.bar_label(bars, labels=["" if lab != "n/a" else lab for lab in value_labels(vals)], fontsize=7)
         labels = [n.replace("_", " ") for n in names]
         ax.set_xticks(x, labels, fontsize=8)
         ax.set_xlabel("reward-variance bucket (1 = lowest); last: all")

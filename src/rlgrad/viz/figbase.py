@@ -61,6 +61,11 @@ def points_by_x(ax, xs: Sequence[float], ys: Sequence[float], color, **line_kw) 
             ax.annotate(f"×{len(g)}", (x, y), textcoords="offset points", xytext=(5, -10), fontsize=7, color=color)
 
 
+def value_labels(values: Sequence[float], fmt: str = "%.3g") -> list[str]:
+    """Bar labels: each value in ``fmt``, a missing one (NaN: not logged for this bar) "n/a", never a 0."""
+    return [fmt % v if v is not None and math.isfinite(v) else "n/a" for v in values]
+
+
 def left_out(terms: Sequence[str]) -> str:
     """A title's second line naming the panels a figure leaves out because the run never computed them."""
     return ("\nnot drawn, not computed in this run: " + ", ".join(WHY_ABSENT.get(t, t) for t in terms)

@@ -29,6 +29,7 @@ from rlgrad.viz.figbase import (
     new_fig,
     note,
     points_by_x,
+    value_labels,
 )
 
 # ---------------------------------------------------------------- one step's components.json / neurons.json
@@ -88,7 +89,7 @@ def _component_norms(ax, comps: list[str], g: dict, lab) -> None:
         v = share.get(c)
         return float(v) if isinstance(v, int | float) else math.nan
 
-    labels = [f"{v:.3g}" + (f"\n{D.share_label(share_of(c))}" if math.isfinite(share_of(c))
+    labels = [value_labels([v])[0] + (f"\n{D.share_label(share_of(c))}" if math.isfinite(share_of(c))
                             else ("\nshare n/a" if c != "total" else "")) for v, c in zip(vals, names)]
     ax.bar_label(bars, labels=labels, fontsize=8, padding=2)
     ax.tick_params(axis="x", labelrotation=30)
