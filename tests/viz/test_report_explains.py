@@ -55,8 +55,9 @@ def _write_run(run_dir, rows: dict[int, dict], neurons: bool = True):
 
 @pytest.fixture(scope="module")
 def healthy_page(tmp_path_factory):
-    run = _write_run(tmp_path_factory.mktemp("report") / "run", {1: _bucket_row([0.0, 0.4, 0.9], [0.0, 0.3, 0.5], kl=0.01),
-                                        11: _bucket_row([0.0, 0.2, 0.5], [0.0, 0.2, 0.4], kl=0.01)})
+    rows = {1: _bucket_row([0.0, 0.4, 0.9], [0.0, 0.3, 0.5], kl=0.01),
+            11: _bucket_row([0.0, 0.2, 0.5], [0.0, 0.2, 0.4], kl=0.01)}
+    run = _write_run(tmp_path_factory.mktemp("report") / "run", rows)
     return build_report(run, dpi=40)
 
 
