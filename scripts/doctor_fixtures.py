@@ -41,6 +41,9 @@ RUNS |= {
     # the demo as it is (healthy) and on a weakly warm-started model (a low, noisy start): no finding at any step
     "healthy_issue37": ([*ISSUE37, "trainer.total_training_steps=30"], None),
     "weak_start": ([*ISSUE37, "trainer.total_training_steps=30", "model.warmstart_steps=200"], None),
+    # the demo under two more seeds (issue 33: no critical finding at any step of 3 healthy seeds)
+    "healthy_seed2": ([*ISSUE37, "trainer.total_training_steps=30", "trainer.seed=2"], None),
+    "healthy_seed3": ([*ISSUE37, "trainer.total_training_steps=30", "trainer.seed=3"], None),
     # destroyed in 2 steps: the learning rate 30x the preset's, no warm-up
     "lr_fast_collapse": ([*ISSUE37, "trainer.total_training_steps=12", "actor.optim.lr=3e-3",
                           "actor.optim.lr_warmup_steps=0"], "reward_collapse"),

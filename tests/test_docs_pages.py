@@ -14,7 +14,7 @@ from tests.conftest import REPO
 from tests.helpers.readme import PAGES
 
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>\S*)\n(?P<body>.*?)^(?P=indent)```$", re.S | re.M)
-LANGS = {"bash", "python", "text"}
+LANGS = {"bash", "python", "text", "yaml"}
 EXCERPT = re.compile(r"[Ee]xcerpt of \[`?(?P<label>[^\]`]+)`?\]\((?P<target>[^)#]+)\)")
 
 

@@ -20,7 +20,7 @@ LAYERS = [
     {"tasks", "logging", "models", "distributed"},  # data and rewards, sinks, models, processes
     {"hooks", "rundata"},  # the hook contract | the one reader of run files
     {"analysis", "rl", "doctor"},  # the instruments | the trainer | the doctor: independent of each other
-    {"viz"},  # figures and the report (the doctor's findings head it)
+    {"viz", "watch"},  # figures and the report (the doctor's findings head it) | the live doctor as a hook
     {"recipes", "integrations", "loss", "core"},  # trainer + instruments composed | inside TRL and verl | old paths
     {"cli"},
     {"__main__", "__init__"},

@@ -78,7 +78,7 @@ def test_match_finds_the_most_specific_entry():
 
 
 @pytest.mark.parametrize("k", ["grad_norm/bucket_x/task", "grad_norm/all", "grad_norm/all/loss/a/b",
-                               "ref/neuron/dormant_ratio", "critic/score/std", "timing_s/unknown", "", "val",
+                               "ref/neuron/dormant_ratio", "critic/score/median", "timing_s/unknown", "", "val",
                                "rollout/accuracy/", "grad_norm/all/task/extra", "grad_sim/format"])
 def test_a_key_matching_no_template_gives_none(k):
     assert match(k) is None

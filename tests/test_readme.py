@@ -35,6 +35,8 @@ NOT_HERE = {
                                  "runs)",
     "rlgrad doctor ~/verl_logs/": "the user's verl log (tests/doctor/test_doctor.py reads a recorded verl "
                                   "JSONL)",
+    "rlgrad doctor RUN --fail-on": "a placeholder run (tests/doctor/test_selftest.py checks --fail-on's exit status)",
+    "rlgrad doctor --selftest": "the recorded runs of a source checkout (tests/doctor/test_selftest.py runs it)",
     "rlgrad doctor RUN --thresholds my_thresholds.yaml": "placeholders (tests/doctor/test_doctor.py overrides "
                                                          "thresholds)",
     "python -m rlgrad.integrations.verl_main": "verl's full launch needs Ray and GPUs "

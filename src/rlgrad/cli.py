@@ -27,21 +27,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     from rlgrad import distributed
     from rlgrad.recipes import make_trainer
-    from rlgrad.rl.resume import Interrupted, RunStopped
+    from rlgrad.rl.resume import RunStopped
 
     distributed.setup(cfg)  # torchrun: join the process group (a no-op in one process)
     try:
         trainer = make_trainer(cfg)
         try:
             summary = trainer.fit()
-        except Interrupted as e:
+        except RunStopped as e:  # a signal (128 + its number), the doctor (doctor.halt_on: 3), another stop (1)
             if trainer.is_main:
-                print(f"rlgrad: {e}", file=sys.stderr)
-            return 128 + e.signum  # the shell's convention for a signal
-        except RunStopped as e:
-            if trainer.is_main:
-                print(f"rlgrad: run stopped: {e}", file=sys.stderr)
-            return 1
+                print(f"rlgrad: {e.label}{e}", file=sys.stderr)
+            return e.status
     finally:
         distributed.teardown()
     if not trainer.is_main:
@@ -223,7 +219,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from rlgrad.doctor.command import doctor_command
 
-    return doctor_command(args.run, args.wandb_path, args.json, args.explain, args.thresholds)
+    if args.selftest is not None:
+        from rlgrad.doctor.selftest import selftest
+
+        return selftest(args.selftest or None)
+    if args.follow:
+        from rlgrad.doctor.command import follow_command
+
+        return follow_command(args.run, args.thresholds, args.fail_on, args.interval)
+    return doctor_command(args.run, args.wandb_path, args.json, args.explain, args.thresholds, args.fail_on)
 
 
 def _steps_text(steps: list[int]) -> str:
@@ -425,6 +429,15 @@ def _doctor_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="the findings as JSON on stdout")
     p.add_argument("--explain", action="store_true", help="also list the checks the run lacks the metrics for")
     p.add_argument("--thresholds", help="a YAML file overriding thresholds (rlgrad.doctor.findings.Thresholds)")
+    p.add_argument("--fail-on", choices=("warn", "critical", "never"), default="critical",
+                   help="exit 1 when a finding is at or above this severity (default critical; never: exit 0)")
+    p.add_argument("--follow", action="store_true",
+                   help="follow a run being written: print each finding once as it appears, until the run ends "
+                        "(an rlgrad run: its writer exits; otherwise 10 minutes without a new step) or Ctrl-C")
+    p.add_argument("--interval", type=float, default=2.0, help="--follow: seconds between reads of the run")
+    p.add_argument("--selftest", nargs="?", const="", metavar="DIR",
+                   help="run the doctor on its recorded runs with known faults (tests/data/doctor, or DIR) and "
+                        "print detected / missed for each; exit 1 if one is missed or a healthy run alarms")
     p.set_defaults(func=cmd_doctor)
 
 

@@ -199,6 +199,9 @@ def check_config(cfg) -> None:
                             "each rank samples whole prompt groups")
     if cfg.analysis.buckets.save_batch:
         raise UserError("'analysis.buckets.save_batch=true' is not supported with more than one process yet")
+    if cfg.actor.lora.rank > 0 and cfg.trainer.strategy == "fsdp2":
+        raise UserError("'actor.lora.rank' > 0 with trainer.strategy=fsdp2 is not supported yet: use "
+                        "trainer.strategy=ddp (an adapter is small; the base weights are frozen on every rank)")
 
 
 def failure_message(exc: BaseException) -> str:

@@ -104,6 +104,12 @@ class Hook:
         it must say so in its metrics."""
         return None
 
+    def after_step(self, step: int, metrics: dict[str, float]) -> HookResult | None:
+        """At the end of a step, with the step's metrics row as it is about to be logged (validation included; rlgrad
+        names): read-only. Its ``metrics`` join the row; a ``stop`` ends the run after this step, with a checkpoint
+        (the loop says how it stops: ``HookRunner``). The live doctor's hook point."""
+        return None
+
     def close(self) -> None:
         return None
 
@@ -117,10 +123,13 @@ class HookRunner:
     does is the loop's to say, and each says it in its docstring:
 
     * rlgrad's trainer: no actor update, after-update hooks, validation or checkpoint at that step; its metrics
-      are logged and the run ends (``Trainer.fit``'s summary has ``stopped_at_step``).
+      are logged and the run ends (``Trainer.fit``'s summary has ``stopped_at_step``). A stop from ``after_step``
+      (the live doctor's ``doctor.halt_on``) ends the run after the whole step and its checkpoint
+      (``rl.resume.Halted``: ``rlgrad train`` exits with status 3).
     * TRL (``rlgrad.integrations.trl``): the hooks run inside TRL's training step, between its generation and its
       update, where TRL has no way to skip the update; the step finishes, then ``TrainerControl.should_training_stop``
-      ends training as TRL's own ``max_steps`` would.
+      ends training as TRL's own ``max_steps`` would; a stop from ``after_step`` (at TRL's logging of the step)
+      also asks TRL to save a checkpoint (``TrainerControl.should_save``).
     * verl (``rlgrad.integrations.verl``): the hooks run inside the actor worker's update call; the update
       finishes, and rlgrad's verl trainer (``rlgrad_sync``) ends verl's loop after that step.
     """
@@ -162,6 +171,19 @@ class HookRunner:
         for hook in self.hooks:
             out.update(hook.after_update(ctx) or {})
         return out
+
+    def after_step(self, step: int, metrics: dict[str, float]) -> HookResult:
+        """Every hook's ``after_step``: their metrics merged; the first stop's reason is the result's (the later
+        hooks still run: each sees the whole step)."""
+        merged = HookResult()
+        for hook in self.hooks:
+            res = hook.after_step(step, metrics)
+            if res is None:
+                continue
+            merged.metrics.update(res.metrics)
+            if res.stop and not merged.stop:
+                merged.stop, merged.reason = True, res.reason or "requested by a hook"
+        return merged
 
     def close(self) -> None:
         """Every hook's ``close``, also when one of them fails (then the first failure is raised after the

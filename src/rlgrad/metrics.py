@@ -232,6 +232,9 @@ CATALOGUE: tuple[Metric, ...] = (
          "Share of the kept responses without the asked answer form (answer tags, \\boxed{}, a bare answer) whose "
          "answer was read the flexible way (reward.answer_extraction auto|flexible; math, countdown, "
          "reasoning_gym): high means the model does not follow the format the prompt asks for."),
+        ("critic/score/std",
+         "Std of the sequence score over the batch (TRL's reward_std, unbiased; 0 means every sample of every "
+         "group got the same score, so every GRPO advantage is 0)."),
         ("critic/score/frac_zero_std",
          "Share of the prompt groups whose samples all got the same sequence score, so that their GRPO advantage is "
          "0 (TRL's frac_reward_zero_std: logged by rlgrad's TRL integration and read from TRL's "
@@ -403,6 +406,8 @@ CATALOGUE: tuple[Metric, ...] = (
         ("timing_s/update_critic", "Seconds in the critic update, its on_grads hooks included (gae only)."),
         ("timing_s/update_actor", "Seconds in the actor update, its on_grads hooks included."),
         ("timing_s/filter", "Seconds in the rollout filter (its entropy forward included, for entropy metrics)."),
+        ("timing_s/doctor", "Seconds the live doctor took at the end of this step (doctor.live; 0 on a step it "
+         "skipped to keep its cost under 1% of the step time)."),
         ("timing_s/val", "Seconds of the validation after this training step (not logged for the validation "
                          "before training, step 0)."),
         ("timing_s/step",
@@ -490,15 +495,35 @@ def parse(template: str, key: str) -> dict[str, str] | None:
     return m.regex.fullmatch(key).groupdict()
 
 
-# Other trainers' names of quantities rlgrad logs, read by rlgrad's TRL integration and by ``rlgrad doctor``.
-# TRL's logged scalars (``GRPOTrainer.log``); differences: TRL's entropy is a token mean (rlgrad's actor/entropy
-# follows loss_agg_mode), TRL's kl the k3 estimate. ``rewards/<f>/mean`` maps to ``reward/<f>/mean``.
+# Other trainers' names of quantities rlgrad logs, read by rlgrad's TRL integration and by ``rlgrad doctor``: one
+# table per trainer, their differences in ``FOREIGN_NOTES`` (docs/metrics.md shows both, ``foreign_markdown``).
+# TRL 1.16's GRPOTrainer.log: every scalar a doctor signature can use. ``rewards/<f>/mean`` and ``/std`` map to
+# ``reward/<f>/mean`` and ``/std``. Not mapped: clip_ratio/low_mean, high_mean, low_min, high_max (one-sided clips
+# rlgrad does not log), completions/*_terminated_length, num_tokens, sampling/*, entropy_coef (a setting).
 TRL_NAMES = {
-    "reward": "critic/score/mean", "completions/mean_length": "response_length/mean",
+    "reward": "critic/score/mean", "reward_std": "critic/score/std",
+    "frac_reward_zero_std": "critic/score/frac_zero_std", "completions/mean_length": "response_length/mean",
     "completions/max_length": "response_length/max", "completions/min_length": "response_length/min",
     "completions/clipped_ratio": "response_length/clip_ratio", "entropy": "actor/entropy", "kl": "actor/kl_loss",
-    "clip_ratio/region_mean": "actor/pg_clipfrac", "grad_norm": "actor/grad_norm", "learning_rate": "actor/lr",
-    "step_time": "timing_s/step", "frac_reward_zero_std": "critic/score/frac_zero_std",
+    "policy_loss": "actor/pg_loss", "clip_ratio/region_mean": "actor/pg_clipfrac",
+    "cispo_clip_ratio": "actor/pg_clipfrac", "grad_norm": "actor/grad_norm", "learning_rate": "actor/lr",
+    "step_time": "timing_s/step",
+}
+# OpenRLHF's PPO / GRPO actor status (``ActorPPOTrainer.training_step``; W&B: ``train/<name>``).
+OPENRLHF_NAMES = {
+    "reward": "critic/score/mean", "policy_loss": "actor/pg_loss", "actor_lr": "actor/lr",
+    "entropy_loss": "actor/entropy", "kl": "actor/kl_loss", "ppo_kl": "actor/ppo_kl",
+    "ppo_clip_ratio": "actor/pg_clipfrac", "response_length": "response_length/mean", "grad_norm": "actor/grad_norm",
+}
+FOREIGN_NAMES = {"trl": TRL_NAMES, "openrlhf": OPENRLHF_NAMES}
+FOREIGN_NOTES = {
+    "trl": "TRL's entropy is a token mean (rlgrad's actor/entropy follows loss_agg_mode); its kl is the k3 estimate; "
+           "reward_std and rewards/<f>/std are the unbiased std over the whole batch (rlgrad's: population std); "
+           "cispo_clip_ratio is its clip fraction under loss_type=cispo. W&B and TensorBoard prefix them `train/`.",
+    "openrlhf": "entropy_loss is the entropy itself (H, not a loss); kl the KL loss estimate (args.kl_estimator); "
+                "reward the mean reward of the batch. W&B prefixes them `train/`.",
+    "verl": "rlgrad's names are verl's; only validation differs: `val-core/<data source>/acc/mean@N` is "
+            "val/accuracy, `val-core/<data source>/reward/mean@N` is val/score/mean.",
 }
 
 
@@ -511,17 +536,20 @@ def trl_reward_name(name: str) -> str | None:
 
 
 def foreign_key(name: str, source: str, components: dict[str, str] | None = None) -> str | None:
-    """rlgrad's name for a metric another trainer logged (``source``: ``trl`` or ``verl``), None if unknown.
+    """rlgrad's name for a metric another trainer logged (``source``: ``trl``, ``openrlhf`` or ``verl``), None if
+    unknown (``FOREIGN_NAMES``; a ``train/`` prefix is dropped).
 
     TRL's ``rewards/<f>/mean`` is ``reward/<key>/mean``, ``<key>`` the ``{component}`` key of ``f``:
     ``components[f]`` (``component_keys`` of all the run's reward names), else ``f`` escaped alone.
     verl's names are rlgrad's (rlgrad follows verl), but for validation: ``val-core/<data source>/acc/mean@N``
     is ``val/accuracy`` and ``val-core/<data source>/reward/mean@N`` is ``val/score/mean``."""
-    if source == "trl":
-        if (f := trl_reward_name(name)) is not None:
+    if source in FOREIGN_NAMES:
+        name = name.removeprefix("train/")  # W&B's and TensorBoard's prefix for the training logs
+        if source == "trl" and name.startswith("rewards/") and name.endswith(("/mean", "/std")):
+            f, stat = name[len("rewards/"):].rsplit("/", 1)
             c = (components or {}).get(f) or component_keys([f])[0]
-            return key("reward/{component}/mean", component=c)
-        return TRL_NAMES.get(name)
+            return key(f"reward/{{component}}/{stat}", component=c) if f else None
+        return FOREIGN_NAMES[source].get(name)
     if name.startswith("val-core/") or name.startswith("val-aux/"):
         parts = name.split("/")
         if len(parts) >= 4 and parts[-1].startswith("mean@"):  # the data source may hold slashes (openai/gsm8k)
@@ -560,11 +588,19 @@ def component_keys(names: list[str] | tuple[str, ...]) -> list[str]:
 def trl_key(name: str, labels: dict[str, str] | None = None) -> str:
     """TRL's name of an rlgrad metric key it logs (the reverse of ``foreign_key``; ``labels``: component key ->
     TRL's reward name); any other key unchanged (rlgrad's own instruments log under rlgrad's names)."""
-    back = {v: k for k, v in TRL_NAMES.items()}
-    if name in back:
-        return back[name]
-    if (f := parse("reward/{component}/mean", name)) is not None:
-        return f"rewards/{(labels or {}).get(f['component'], f['component'])}/mean"
+    return own_key(name, "trl", labels)
+
+
+def own_key(name: str, source: str, labels: dict[str, str] | None = None) -> str:
+    """``source``'s name of rlgrad's metric ``name`` (the reverse of ``foreign_key``; the first name of the table
+    that maps to it); ``name`` itself where ``source`` has none (verl's names are rlgrad's)."""
+    table = FOREIGN_NAMES.get(source, {})
+    back = next((k for k, v in table.items() if v == name), None)
+    if back is not None:
+        return back
+    for stat in ("mean", "std"):
+        if source == "trl" and (f := parse(f"reward/{{component}}/{stat}", name)) is not None:
+            return f"rewards/{(labels or {}).get(f['component'], f['component'])}/{stat}"
     return name
 
 
@@ -596,6 +632,22 @@ def markdown() -> str:
             continue
         out += ["", f"## {title}", "", note, "", "| key | meaning |", "|---|---|"]
         out += [f"| `{m.template}` | {_cell(m.meaning)} |" for m in rows]
+    return "\n".join(out) + "\n" + foreign_markdown()
+
+
+def foreign_markdown() -> str:
+    """docs/metrics.md's table of other trainers' names: one row per rlgrad key, a column per trainer."""
+    keys = list(dict.fromkeys(v for t in FOREIGN_NAMES.values() for v in t.values()))
+    heads = list(FOREIGN_NAMES)
+    out = ["", "## Other trainers' names", "",
+           "What `rlgrad doctor` (and rlgrad's TRL integration) reads another trainer's logs as, from "
+           "`rlgrad.metrics.FOREIGN_NAMES`; `rewards/<f>/mean` and `/std` (TRL) are `reward/<f>/mean` and `/std`. "
+           "verl's names are rlgrad's. A `train/` prefix (W&B, TensorBoard) is dropped.", "",
+           "| rlgrad | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for k in keys:
+        cells = [", ".join(f"`{n}`" for n, v in FOREIGN_NAMES[h].items() if v == k) or "-" for h in heads]
+        out.append(f"| `{k}` | " + " | ".join(cells) + " |")
+    out += ["", *[f"- {src}: {_cell(note)}" for src, note in FOREIGN_NOTES.items()]]
     return "\n".join(out) + "\n"
 
 

@@ -11,13 +11,18 @@ from collections.abc import Callable
 
 from rlgrad.analysis import hooks_from_config, schedules
 from rlgrad.config.schema import RLGradConfig
+from rlgrad.distributed import env_rank
 from rlgrad.hooks import Hook, Schedule
+from rlgrad.rl.resume import resolve_run_dir
 from rlgrad.rl.trainer import Trainer
+from rlgrad.watch import doctor_hooks
 
 
 def make_trainer(cfg: RLGradConfig, hooks: list[Hook] | None = None, log: Callable = print) -> Trainer:
-    """rlgrad's trainer with the instruments ``cfg`` asks for, then ``hooks`` (``rlgrad train``)."""
-    return Trainer(cfg, hooks=hooks_from_config(cfg) + list(hooks or []), log=log)
+    """rlgrad's trainer with the instruments ``cfg`` asks for, then ``hooks`` (``rlgrad train``), then the live
+    doctor (``doctor.live``: it reads every step's whole row, the other hooks' metrics included)."""
+    doctor = doctor_hooks(cfg, resolve_run_dir(cfg), is_main=env_rank() == 0)
+    return Trainer(cfg, hooks=hooks_from_config(cfg) + list(hooks or []) + doctor, log=log)
 
 
 def make_prober(cfg: RLGradConfig, log: Callable = print) -> Trainer:

@@ -20,7 +20,7 @@ from typing import Any
 
 from rlgrad.config.aliases import ALIASES, resolve_alias
 from rlgrad.errors import UserError
-from rlgrad.metrics import component_keys, foreign_key, key, parse, trl_key, trl_reward_name
+from rlgrad.metrics import FOREIGN_NAMES, component_keys, foreign_key, key, match, own_key, parse, trl_reward_name
 
 PREFIX = "grad_norm"  # bucket metrics: grad_norm/{bucket}/... (rlgrad.metrics); layers.json's section
 GRAD_COMPONENTS = ("task", "entropy", "kl")
@@ -44,6 +44,9 @@ class RunData:
     nonfinite: dict[int, list[str]] = field(default_factory=dict)  # step -> metrics logged as NaN / inf
     kind: str = "rlgrad"  # rlgrad | trl | verl | wandb: whose trainer (and metric names) the run came from
     labels: dict[str, str] = field(default_factory=dict)  # component key -> its original name (another trainer's)
+    # the host trainer's own settings under its own names (TRL's args that rlgrad's TRL integration records in
+    # run_source.json: optim, learning_rate, max_grad_norm ...), read where the run's config lacks a key
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def metrics(self, step: int) -> dict[str, float]:
         return self.rows.get(step, {})
@@ -127,8 +130,9 @@ def load_run(run_dir: str | Path) -> RunData:
     src = _read_json(p / "run_source.json") or {}
     names = src.get("reward_names") if isinstance(src.get("reward_names"), dict) else {}
     kind = src.get("trainer") if src.get("trainer") in ("trl", "verl") else "rlgrad"
+    settings = src.get("settings") if isinstance(src.get("settings"), dict) else {}
     return RunData(name=p.resolve().name, source=str(p), rows=rows, config=config, config_text=text, run_dir=p,
-                   nonfinite=bad, kind=kind, labels={str(k): str(v) for k, v in names.items()})
+                   nonfinite=bad, kind=kind, labels={str(k): str(v) for k, v in names.items()}, settings=settings)
 
 
 def load_trl_output(out_dir: str | Path) -> RunData:
@@ -183,6 +187,95 @@ def load_verl_log(path: str | Path) -> RunData:
                    nonfinite=bad, kind="verl")
 
 
+def guess_source(names) -> str:
+    """Whose names a log without a config uses: ``trl`` or ``openrlhf`` when it holds a name only that trainer
+    logs (``metrics.FOREIGN_NAMES``; a ``train/`` prefix dropped), else ``rlgrad`` (rlgrad's names are verl's)."""
+    bare = {n.removeprefix("train/") for n in names}
+    for source in ("trl", "openrlhf"):
+        own = {k for k in FOREIGN_NAMES[source] if match(k) is None}  # names rlgrad itself never logs
+        if bare & own:
+            return source
+    return "rlgrad"
+
+
+def rows_by_name(rows: dict[int, dict[str, float]], source: str) -> dict[int, dict[str, float]]:
+    """Another trainer's rows under rlgrad's names (``foreign_key``); a name that is already rlgrad's (rlgrad's
+    instruments inside that trainer) kept, any other dropped."""
+    out: dict[int, dict[str, float]] = {}
+    for step, m in rows.items():
+        for k, v in m.items():
+            bare = k.removeprefix("train/")
+            name = foreign_key(k, "verl" if source == "rlgrad" else source) or (bare if match(bare) else None)
+            if name is not None:
+                out.setdefault(step, {})[name] = v
+    return dict(sorted(out.items()))
+
+
+def load_csv(path: str | Path) -> RunData:
+    """A CSV log: a ``step`` column and one column per metric (a blank cell: not logged at that step), under
+    rlgrad's, TRL's or OpenRLHF's names (``guess_source``)."""
+    p = Path(path)
+    try:
+        with open(p, newline="") as f:
+            table = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise UserError(f"cannot read CSV log '{p}': {str(e).splitlines()[0]}") from None
+    if not table or "step" not in table[0]:
+        raise UserError(f"CSV log '{p}' has no 'step' column (one row per step, a column per metric)")
+    rows: dict[int, dict[str, float]] = {}
+    bad: dict[int, list[str]] = {}
+    for r in table:
+        try:
+            step = int(float(r.pop("step")))
+        except (TypeError, ValueError):
+            continue
+        for k, v in r.items():
+            try:
+                _put(rows, bad, step, k, float(v))
+            except (TypeError, ValueError):  # a blank cell: not logged at this step
+                continue
+    return _foreign_run(p, rows, bad)
+
+
+def _put(rows: dict[int, dict[str, float]], bad: dict[int, list[str]], step: int, name: str, x: float) -> None:
+    """A logged value into the rows, or its name into ``bad`` when it is NaN / inf."""
+    if math.isfinite(x):
+        rows.setdefault(step, {})[name] = x
+    else:
+        bad.setdefault(step, []).append(name)
+
+
+def load_tensorboard(path: str | Path) -> RunData:
+    """TensorBoard event files (a file, or every one under a directory), read through tensorboard's own
+    ``EventAccumulator``: the scalars by step, under rlgrad's, TRL's or OpenRLHF's names."""
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        raise UserError("reading TensorBoard logs needs the tensorboard package (pip install "
+                        "'rlgrad[tensorboard]')") from None
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(p.rglob("events.out.tfevents.*"))
+    rows: dict[int, dict[str, float]] = {}
+    bad: dict[int, list[str]] = {}
+    for f in files:
+        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags().get("scalars", []):
+            for ev in acc.Scalars(tag):
+                _put(rows, bad, int(ev.step), tag, float(ev.value))
+    if not rows and not bad:
+        raise UserError(f"'{p}' holds no TensorBoard scalars")
+    return _foreign_run(p, rows, bad)
+
+
+def _foreign_run(p: Path, rows: dict[int, dict[str, float]], bad: dict[int, list[str]]) -> RunData:
+    source = guess_source({k for m in rows.values() for k in m})
+    keep = rows_by_name({s: dict.fromkeys(k, 0.0) for s, k in bad.items()}, source)
+    return RunData(name=p.stem if p.is_file() else p.resolve().name, source=str(p),
+                   rows=rows_by_name(rows, source), run_dir=None, nonfinite={s: list(m) for s, m in keep.items()},
+                   kind=source)
+
+
 def load_any(path: str | Path | None, wandb_path: str | None = None) -> RunData:
     """Whatever run ``path`` names: an rlgrad run directory (also what rlgrad's TRL / verl integrations write),
     a TRL output directory, or verl's file-logger JSONL; or a W&B run."""
@@ -194,14 +287,19 @@ def load_any(path: str | Path | None, wandb_path: str | None = None) -> RunData:
         raise UserError("name a run: a run directory, a TRL output directory, a verl JSONL log, or --wandb-path")
     p = Path(path)
     if p.is_file():
-        return load_verl_log(p)
+        if p.suffix.lower() == ".csv":
+            return load_csv(p)
+        return load_tensorboard(p) if p.name.startswith("events.out.tfevents.") else load_verl_log(p)
     if not p.is_dir():
         raise UserError(f"run '{p}' does not exist")
     if (p / "metrics.jsonl").is_file():
         return load_run(p)
     if (p / "trainer_state.json").is_file() or any(p.glob("checkpoint-*/trainer_state.json")):
         return load_trl_output(p)
-    raise UserError(f"'{p}' is not a run: no metrics.jsonl (rlgrad) or trainer_state.json (TRL)")
+    if any(p.rglob("events.out.tfevents.*")):
+        return load_tensorboard(p)
+    raise UserError(f"'{p}' is not a run: no metrics.jsonl (rlgrad), trainer_state.json (TRL) or TensorBoard "
+                    "event files")
 
 
 def records_from_wandb_rows(rows: list[dict]) -> dict[int, dict[str, float]]:
@@ -366,7 +464,7 @@ def pair_label(run: RunData, pair: str) -> str:
 def metric_name(run: RunData, k: str) -> str:
     """The name the run's own trainer logs rlgrad's metric ``k`` under (TRL: ``grad_norm``, ``rewards/<f>/mean``);
     rlgrad's name for a run of rlgrad's trainer or verl (whose names rlgrad's are)."""
-    return trl_key(k, run.labels) if run.kind == "trl" else k
+    return own_key(k, run.kind, run.labels)
 
 
 def component_geometry(run: RunData, step: int) -> dict | None:

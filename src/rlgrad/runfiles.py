@@ -151,6 +151,23 @@ def lock_run_dir(run_dir: str | os.PathLike):
     return f
 
 
+def being_written(run_dir: str | os.PathLike) -> bool:
+    """Whether a process holds ``RUN/.lock`` now (``lock_run_dir``): the run is being trained. It only probes the
+    lock (shared, non-blocking) and never creates the file."""
+    import fcntl
+
+    p = Path(run_dir) / ".lock"
+    if not p.is_file():
+        return False
+    with open(p) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
 def holds_a_run(run_dir: str | os.PathLike) -> bool:
     p = Path(run_dir)
     return any((p / name).exists() for name in ("config.yaml", "metrics.jsonl")) or bool(checkpoint_dirs(p))

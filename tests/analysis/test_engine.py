@@ -5,6 +5,7 @@ fallback to the reference.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -50,9 +51,25 @@ def test_fast_engine_refuses_uncovered_parameters(model_tok):
 def test_a_model_the_fast_engine_cannot_cover_falls_back_to_the_reference(model_tok):
     model, tok = model_tok
     m = copy.deepcopy(model)
-    m.get_input_embeddings().weight.requires_grad_(False)  # frozen input embedding: no leaf for the hooks
+    m.extra = torch.nn.Parameter(torch.zeros(3))  # a parameter outside every module the hooks know
     b = make_batch(model, tok)
-    with pytest.warns(UserWarning, match="trainable nn.Embedding"):
+    with pytest.warns(UserWarning, match="does not cover parameter.*extra"):
         got = analyse_buckets(m, b, SETTINGS[0], num_buckets=2, method="fast")
     ref = analyse_buckets(m, b, SETTINGS[0], num_buckets=2, method="reference")
     assert got.metrics == ref.metrics
+
+
+def test_a_frozen_input_embedding_still_runs_the_fast_engine(model_tok):
+    """Its output is the leaf the backward stops at (LoRA: every base weight frozen); it gets no gradient itself."""
+    model, tok = model_tok
+    m = copy.deepcopy(model)
+    m.get_input_embeddings().weight.requires_grad_(False)
+    b = make_batch(model, tok)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback
+        got = analyse_buckets(m, b, SETTINGS[0], num_buckets=2, method="fast", keep_grads=True)
+    ref = analyse_buckets(m, b, SETTINGS[0], num_buckets=2, method="reference", keep_grads=True)
+    trainable = sorted(n for n, p in m.named_parameters() if p.requires_grad)
+    assert "model.embed_tokens.weight" not in trainable and sorted(got.stats.grads["task"]) == trainable
+    for name, value in ref.metrics.items():
+        assert got.metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-9), name

@@ -29,9 +29,11 @@ from rlgrad.integrations.verl import TrainingWorker  # noqa: E402
 B, P, R, N = 16, 6, 5, 4  # rows, prompt and response widths, samples per prompt
 
 
-def worker(model_dir, cls=TrainingWorker):
+def worker(model_dir, cls=TrainingWorker, **model):
+    """``model``: more of verl's ``HFModelConfig`` (``lora_rank``, ``lora_alpha``, ``target_modules``)."""
     torch.manual_seed(0)
-    mc = HFModelConfig(path=str(model_dir), use_remove_padding=False, override_config={"attn_implementation": "eager"})
+    mc = HFModelConfig(path=str(model_dir), use_remove_padding=False, override_config={"attn_implementation": "eager"},
+                       **model)
     # fp32 compute: verl's default bf16 mixed precision rounds its gradient at ~1% (rlgrad's replica is fp32)
     fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
     ec = FSDPEngineConfig(forward_only=False, strategy="fsdp2", micro_batch_size_per_gpu=4, mixed_precision=fp32,

@@ -60,13 +60,15 @@ class Capturing(GRPOTrainer):
 
 
 def make(setup, tmp_path, cls=GRPOTrainer, steps=1, rlgrad=("analysis.every=1", "analysis.buckets.num_buckets=2"),
-         funcs=(shorter, digits), rlgrad_hooks=(), **cfg):
+         funcs=(shorter, digits), rlgrad_hooks=(), peft_config=None, **cfg):
     root, tok, data = setup
     args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, max_completion_length=8, max_steps=steps,
                       logging_steps=1, report_to=[], save_strategy="no", learning_rate=1e-3, disable_tqdm=True, seed=1,
                       reward_weights=[0.7, 0.3], **{"per_device_train_batch_size": 16, "num_generations": 4,
                                                     "beta": 0.04, "loss_type": "dapo", **cfg})
     kw = {} if cls is trl.GRPOTrainer else {"rlgrad": list(rlgrad), "rlgrad_hooks": list(rlgrad_hooks)}
+    if peft_config is not None:
+        kw["peft_config"] = peft_config
     return cls(model=str(root / "model"), reward_funcs=list(funcs), args=args, train_dataset=data,
                processing_class=tok, **kw)
 
@@ -80,7 +82,7 @@ def trl_grads(trainer, out: dict, rows: torch.Tensor, **replace) -> dict[str, to
     model = trainer.accelerator.unwrap_model(trainer.model)
     model.zero_grad()
     trainer._compute_loss(model, inputs).backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}  # LoRA: the adapters
     model.zero_grad()
     return grads
 
@@ -124,6 +126,42 @@ def test_bucket_and_reward_function_gradients_equal_trl_autograd(setup, tmp_path
         ref = {n: full[n] - kl_only[n] for n in full}
         ours = {n: comps.stats.grads["task"][n][k] for n in ref}
         assert rel_err(ours, ref) < 1e-5, (loss_type, name, rel_err(ours, ref))
+
+
+def test_a_peft_lora_model_is_measured_on_its_adapters(setup, tmp_path):
+    """TRL with ``peft_config``, as TRL documents it: the buckets' and the reward functions' gradients are those of
+    TRL's loss with respect to the LoRA adapters alone, grouped by the decoder layer they adapt."""
+    peft = pytest.importorskip("peft", reason="the LoRA test needs peft: pip install 'rlgrad[lora]'")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj", "up_proj"],
+                             lora_dropout=0.0, task_type="CAUSAL_LM")
+    on = ["analysis.every=null", "analysis.buckets.enable=false", "analysis.neurons.actor.metric_every=1"]
+    t = make(setup, tmp_path, cls=Capturing, rlgrad=on, bf16=False, peft_config=config)
+    model = t.accelerator.unwrap_model(t.model)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    t.train()  # one step: lora_B leaves its zero start, so lora_A's gradient is no longer zero either
+    out, ctx = t.captured, t.rlgrad.ctx
+    with t.rlgrad._running():
+        rep = analyse_buckets(model, ctx.batch, t.rlgrad.loss, num_buckets=2, keep_grads=True)
+        comps = analyse_components(model, ctx.batch, t.rlgrad.loss, weights=ctx.reward_weights,
+                                   advantages=ctx.component_advantages(ctx.batch), keep_grads=True)
+    assert sorted(rep.stats.gram["task"]) == ["layer_0", "layer_1"]
+    for k, name in enumerate(rep.stats.slices):
+        ref = trl_grads(t, out, rep.buckets.rows[name])
+        assert sorted(ref) == sorted(trainable) and any(float(g.abs().sum()) > 0 for n, g in ref.items()
+                                                         if ".lora_A." in n)
+        ours = {n: sum(rep.stats.grads[term][n][k] for term in rep.stats.grads) for n in ref}
+        assert rel_err(ours, ref) < 1e-5, (name, rel_err(ours, ref))
+    everything = torch.arange(len(ctx.batch))
+    kl_only = trl_grads(t, out, everything, advantages=torch.zeros(len(ctx.batch)))
+    split = ctx.component_advantages(ctx.batch)
+    for k, name in enumerate(comps.stats.slices):
+        adv = split[name] if name in split else sum(split.values())
+        full = trl_grads(t, out, everything, advantages=adv.to(out["advantages"].dtype))
+        ours = {n: comps.stats.grads["task"][n][k] for n in full}
+        assert rel_err(ours, {n: full[n] - kl_only[n] for n in full}) < 1e-5, name
+    logged = [json.loads(line)["data"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert any("actor/neuron/dormant_ratio" in row for row in logged)  # neuron health on the adapters' rows
 
 
 def test_training_is_bitwise_unchanged_and_run_files(setup, tmp_path):
@@ -472,3 +510,27 @@ def test_a_reward_model_and_look_alike_names_pass_through(setup, tmp_path):
         [sum(w * x["components"][k] for w, k in zip((1.0, 0.7, 0.3), keys)) for x in lines])
     _assert_report_and_doctor_name_trl(run, names, keys)
     _assert_trl_log_escaped_alike(t, tmp_path, names, keys, trl_logged)
+
+
+def always_one(prompts, completions, **kw):  # with always_zero: every group agrees (frac_reward_zero_std 1)
+    return [1.0 for _ in completions]
+
+
+def always_zero(prompts, completions, **kw):
+    return [0.0 for _ in completions]
+
+
+def test_the_live_doctor_halts_trl_after_the_step_with_a_checkpoint(setup, tmp_path):
+    """doctor.halt_on=critical: every group agrees at step 1 (zero_variance_groups, critical), so TRL ends training
+    after that step (TrainerControl.should_training_stop) and saves a checkpoint (should_save), as the live doctor
+    in rlgrad's trainer does."""
+    t = make(setup, tmp_path, steps=3, funcs=(always_one, always_zero),
+             rlgrad=["analysis.every=null", "doctor.halt_on=critical"])
+    t.train()
+    assert t.state.global_step == 1 and "zero_variance_groups" in t.rlgrad.halted
+    assert (tmp_path / "out" / "checkpoint-1" / "trainer_state.json").is_file()
+    said = [json.loads(x) for x in (tmp_path / "out" / "doctor.jsonl").read_text().splitlines()]
+    assert ("zero_variance_groups", "critical", 1) in [(r["finding"], r["severity"], r["step"]) for r in said]
+    row = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["step"] == 1 and "timing_s/doctor" in row["data"] and row["data"]["critic/score/std"] < 1e-6
+    assert "resume_from_checkpoint=True" in t.rlgrad.halted

@@ -61,10 +61,11 @@ def model_dir(tmp_path_factory):
 
 
 def grads_of(w) -> dict[str, torch.Tensor]:
-    missing = [n for n, p in w.engine.module.named_parameters() if p.grad is None]
+    trained = [(n, p) for n, p in w.engine.module.named_parameters() if p.requires_grad]  # LoRA: the adapters
+    missing = [n for n, p in trained if p.grad is None]
     assert not missing, missing
     return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
-            for n, p in w.engine.module.named_parameters()}
+            for n, p in trained}
 
 
 def rel_err(ours, ref) -> float:
@@ -87,17 +88,49 @@ def test_bucket_gradients_equal_verl_engine_autograd(model_dir, tmp_path, agg, k
     rep = analyse_buckets(model, batch, ActorLoss(w.rlgrad.settings), num_buckets=2, keep_grads=True)
     assert set(rep.stats.grads) == {"task", "kl", "entropy"}
     for k, name in enumerate(rep.stats.slices):
-        rows = rep.buckets.rows[name]
-        td_rows, _ = verl_batch(rows=rows)
-        w.engine.optimizer_zero_grad()
-        with w.engine.train_mode():
-            tu.assign_non_tensor(td_rows, use_remove_padding=False, use_dynamic_bsz=False, max_token_len_per_gpu=None,
-                                 micro_batch_size_per_gpu=len(rows), use_fused_kernels=False,
-                                 global_token_num=[1] * len(rows))
-            w.engine.forward_backward_batch(td_rows, partial(ppo_loss, config=ac), forward_only=False)
-            ref = grads_of(w)  # inside: leaving train mode may free the gradients
+        ref = verl_bucket_grads(w, ac, rep.buckets.rows[name])
         ours = {n: sum(rep.stats.grads[t][n][k] for t in rep.stats.grads) for n in ref}
         assert rel_err(ours, ref) < 1e-5, (agg, name, rel_err(ours, ref))
+
+
+def verl_bucket_grads(w, ac, rows) -> dict[str, torch.Tensor]:
+    """verl's own engine running verl's own ppo_loss on ``rows`` of the batch: its gradient."""
+    td_rows, _ = verl_batch(rows=rows)
+    w.engine.optimizer_zero_grad()
+    with w.engine.train_mode():
+        tu.assign_non_tensor(td_rows, use_remove_padding=False, use_dynamic_bsz=False, max_token_len_per_gpu=None,
+                             micro_batch_size_per_gpu=len(rows), use_fused_kernels=False,
+                             global_token_num=[1] * len(rows))
+        w.engine.forward_backward_batch(td_rows, partial(ppo_loss, config=ac), forward_only=False)
+        return grads_of(w)  # inside: leaving train mode may free the gradients
+
+
+def test_lora_bucket_gradients_are_verl_engine_autograd_of_the_adapters(model_dir, tmp_path):
+    """verl's ``lora_rank``: the instruments measure the adapters of verl's PEFT actor, as its engine does."""
+    w = worker(model_dir, lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"])
+    with torch.no_grad():  # lora_B starts at zero, which would leave every lora_A gradient zero on both sides
+        g = torch.Generator().manual_seed(1)
+        for n, p in w.engine.module.named_parameters():
+            if ".lora_B." in n:
+                local = p.to_local() if hasattr(p, "to_local") else p
+                local.copy_(torch.randn(local.shape, generator=g) * 0.1)
+    ac = actor_config()
+    w.rlgrad_setup(ac, ["analysis.every=null", "analysis.buckets.enable=false"], tmp_path / "run")
+    batch = batch_from_verl(verl_batch()[0])
+    model = w.rlgrad._model()
+    rep = analyse_buckets(model, batch, ActorLoss(w.rlgrad.settings), num_buckets=2, keep_grads=True)
+    assert sorted(rep.stats.gram["task"]) == ["layer_0", "layer_1"]
+    for k, name in enumerate(rep.stats.slices):
+        ref = verl_bucket_grads(w, ac, rep.buckets.rows[name])
+        assert sorted(ref) == sorted(rep.stats.grads["task"]) and all(".lora_" in n for n in ref)
+        assert all(float(ref[n].abs().sum()) > 0 for n in ref if ".lora_A." in n)
+        ours = {n: sum(rep.stats.grads[t][n][k] for t in rep.stats.grads) for n in ref}
+        assert rel_err(ours, ref) < 1e-5, (name, rel_err(ours, ref))
+    # a training step through the worker: every instrument, neuron health on the sharded adapters' rows included
+    w.set_loss_fn(partial(ppo_loss, config=ac))
+    w.rlgrad_setup(ac, ["analysis.every=1", "analysis.buckets.num_buckets=2"], tmp_path / "run2")
+    m = tu.get(w.train_mini_batch(verl_batch(seed=1)[0]), "metrics")
+    assert {"grad_norm/all/task", "actor/neuron/dormant_ratio", "actor/param/zero_grad_ratio"} <= set(m)
 
 
 def test_batch_from_verl_matches_the_padded_batch(model_dir):

@@ -20,6 +20,10 @@ linear combinations formed at the end. The result is, per term, the Gram matrix 
 gradients for every layer group (norms on the diagonal, dot products off it), and optionally the
 gradients themselves.
 
+Only trainable parameters are measured. Under PEFT LoRA the adapters' ``lora_A`` / ``lora_B`` are the Linears
+whose gradients are formed (their inputs and output gradients are seen like any Linear's), the frozen base
+weights get none, and a frozen input embedding still gives the backward its leaf.
+
 ``reference`` does the literal thing: for each slice its own sub-batch, a forward and a backward
 per term through plain autograd. It is the oracle the tests hold ``fast`` to.
 
@@ -133,13 +137,14 @@ class _SliceReducer:
             if isinstance(mod, nn.Linear):
                 self._watch(mod, self._linear)
             elif isinstance(mod, nn.Embedding):
-                self._watch(mod, self._embedding)
+                # also a frozen one (LoRA): its output is a leaf the backward stops at, its weight gets nothing
+                self._watch(mod, self._embedding, leaf_only=not mod.weight.requires_grad)
             elif isinstance(mod, nn.LayerNorm) or _is_rmsnorm(mod):
                 self._watch(mod, self._norm, _norm_input)  # x̂ once per forward, not once per term
 
-    def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None) -> None:
+    def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None, leaf_only: bool = False) -> None:
         params = [p for p in mod.parameters(recurse=False) if id(p) in self.names]
-        if not params:
+        if not params and not leaf_only:
             return
 
         def fwd(module, inputs, output):
@@ -149,7 +154,8 @@ class _SliceReducer:
                 # enable_input_require_grads made it require grad): the leaf the backward stops at.
                 output = output.detach().requires_grad_(True)
                 self.embed_leaf.append((module, x, output))
-            output.register_hook(lambda g: fn(module, x, g))
+            if not leaf_only:
+                output.register_hook(lambda g: fn(module, x, g))
             return output
 
         self.handles.append(mod.register_forward_hook(fwd))
@@ -324,12 +330,12 @@ def fast_unsupported(model: nn.Module) -> str | None:
     for mod in model.modules():
         if isinstance(mod, (nn.Linear, nn.Embedding, nn.LayerNorm)) or _is_rmsnorm(mod):
             covered.update(id(p) for p in mod.parameters(recurse=False))
-            embedding |= isinstance(mod, nn.Embedding) and mod.weight.requires_grad
+            embedding |= isinstance(mod, nn.Embedding)
     missing = [n for k, n in names.items() if k not in covered]
     if missing:
         return f"the fast gradient engine does not cover parameter(s) {', '.join(missing[:3])}"
     if not embedding:
-        return "the fast gradient engine needs a trainable nn.Embedding input layer"
+        return "the fast gradient engine needs an nn.Embedding input layer"
     return None
 
 

@@ -25,11 +25,43 @@ class NeuronLayer:
     act_module: nn.Module  # its input [..., n·width] is the neurons' activation
 
 
-def _linear_params(prefix: str, lin: nn.Linear) -> list[tuple[str, nn.Parameter]]:
-    out = [(f"{prefix}.weight", lin.weight)]
+def _base_linear(mod: nn.Module | None) -> nn.Linear | None:
+    """The ``nn.Linear`` that ``mod`` is: itself, or the frozen base layer of a PEFT LoRA layer."""
+    if isinstance(mod, nn.Linear):
+        return mod
+    base = getattr(mod, "base_layer", None)
+    return base if isinstance(base, nn.Linear) and isinstance(getattr(mod, "lora_B", None), nn.ModuleDict) else None
+
+
+def is_lora_layer(mod: nn.Module) -> bool:
+    """A PEFT LoRA layer around an ``nn.Linear`` (its ``lora_A`` / ``lora_B`` adapters next to ``base_layer``)."""
+    return not isinstance(mod, nn.Linear) and _base_linear(mod) is not None
+
+
+def _adapters(prefix: str, mod: nn.Module, which: str) -> list[tuple[str, nn.Parameter]]:
+    """``lora_A`` or ``lora_B`` weights of every adapter of a LoRA layer (none for a plain Linear)."""
+    if not is_lora_layer(mod):
+        return []
+    return [(f"{prefix}.{which}.{name}.weight", lin.weight) for name, lin in getattr(mod, which).items()]
+
+
+def _linear_params(prefix: str, mod: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The parameters whose rows are the Linear's output units: weight and bias, and under LoRA the rows of each
+    ``lora_B`` ([out, r]: row i feeds output i alone); the base layer's names, ``{prefix}.base_layer.weight``."""
+    lin = _base_linear(mod)
+    base = f"{prefix}.base_layer" if lin is not mod else prefix
+    out = [(f"{base}.weight", lin.weight)]
     if lin.bias is not None:
-        out.append((f"{prefix}.bias", lin.bias))
-    return out
+        out.append((f"{base}.bias", lin.bias))
+    return out + _adapters(prefix, mod, "lora_B")
+
+
+def _outgoing_params(prefix: str, mod: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The parameters whose columns are the Linear's input units: its weight, and under LoRA each ``lora_A``
+    ([r, in]: column j reads input j alone)."""
+    lin = _base_linear(mod)
+    return [(f"{prefix}.base_layer.weight" if lin is not mod else f"{prefix}.weight", lin.weight)] + _adapters(
+        prefix, mod, "lora_A")
 
 
 def _head_dim(attn: nn.Module) -> int:
@@ -39,29 +71,50 @@ def _head_dim(attn: nn.Module) -> int:
     heads = getattr(attn, "num_heads", None) or getattr(getattr(attn, "config", None), "num_attention_heads", None)
     if not heads:
         raise ValueError(f"cannot tell the head size of attention module {type(attn).__name__}")
-    return attn.q_proj.out_features // int(heads)
+    return _base_linear(attn.q_proj).out_features // int(heads)
 
 
 def _has_linear(mod: nn.Module, *names: str) -> bool:
-    return all(isinstance(getattr(mod, k, None), nn.Linear) for k in names)
+    return all(_base_linear(getattr(mod, k, None)) is not None for k in names)
 
 
-def _gated_mlp_layer(name: str, mod: nn.Module) -> NeuronLayer:
+def _incoming(name: str, mod: nn.Module, projections: tuple[str, ...]) -> list[tuple[str, nn.Parameter]] | None:
+    """The trainable incoming parameters of ``projections`` (in order); None when one of them has none (a frozen
+    projection without an adapter: its rows carry no gradient to score)."""
+    out = []
+    for k in projections:
+        params = _trainable(_linear_params(f"{name}.{k}", getattr(mod, k)))
+        if not params:
+            return None
+        out += params
+    return out
+
+
+def _trainable(params: list[tuple[str, nn.Parameter]]) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in params if p.requires_grad]
+
+
+def _gated_mlp_layer(name: str, mod: nn.Module) -> NeuronLayer | None:
     """A gated MLP (gate_proj, up_proj, down_proj): one neuron per gate row."""
-    incoming = _linear_params(f"{name}.gate_proj", mod.gate_proj) + _linear_params(f"{name}.up_proj", mod.up_proj)
-    return NeuronLayer(name=name, kind="mlp", n=mod.gate_proj.out_features, width=1, incoming=incoming,
-                       outgoing=[(f"{name}.down_proj.weight", mod.down_proj.weight)], act_module=mod.down_proj)
+    incoming = _incoming(name, mod, ("gate_proj", "up_proj"))
+    if incoming is None:
+        return None
+    return NeuronLayer(name=name, kind="mlp", n=_base_linear(mod.gate_proj).out_features, width=1,
+                       incoming=incoming, outgoing=_trainable(_outgoing_params(f"{name}.down_proj", mod.down_proj)),
+                       act_module=mod.down_proj)
 
 
-def _attention_layer(name: str, mod: nn.Module) -> NeuronLayer:
+def _attention_layer(name: str, mod: nn.Module) -> NeuronLayer | None:
     """An attention module (q/k/v/o_proj): one neuron per query head, ``head_dim`` rows wide."""
     head_dim = _head_dim(mod)
-    heads, kv_heads = mod.q_proj.out_features // head_dim, mod.k_proj.out_features // head_dim
-    incoming = _linear_params(f"{name}.q_proj", mod.q_proj)
-    if kv_heads == heads:  # one KV head per query head: k and v rows are the head's own
-        incoming += _linear_params(f"{name}.k_proj", mod.k_proj) + _linear_params(f"{name}.v_proj", mod.v_proj)
+    heads = _base_linear(mod.q_proj).out_features // head_dim
+    kv_heads = _base_linear(mod.k_proj).out_features // head_dim
+    # one KV head per query head: k and v rows are the head's own
+    incoming = _incoming(name, mod, ("q_proj", "k_proj", "v_proj") if kv_heads == heads else ("q_proj",))
+    if incoming is None:
+        return None
     return NeuronLayer(name=name, kind="attn", n=heads, width=head_dim, incoming=incoming,
-                       outgoing=[(f"{name}.o_proj.weight", mod.o_proj.weight)], act_module=mod.o_proj)
+                       outgoing=_trainable(_outgoing_params(f"{name}.o_proj", mod.o_proj)), act_module=mod.o_proj)
 
 
 def _sequential_layers(name: str, mod: nn.Sequential) -> list[NeuronLayer]:
@@ -83,8 +136,12 @@ def _sequential_layers(name: str, mod: nn.Sequential) -> list[NeuronLayer]:
 
 
 def find_neurons(model: nn.Module) -> list[NeuronLayer]:
-    """Every neuron layer of ``model`` with trainable incoming weights, in module order."""
-    layers: list[NeuronLayer] = []
+    """Every neuron layer of ``model`` with trainable incoming weights, in module order.
+
+    A neuron's incoming (and outgoing) parameters are its trainable ones: all of them in full fine-tuning, the rows
+    of the ``lora_B`` adapters (the columns of ``lora_A``) under PEFT LoRA, whose base weights are frozen. A layer
+    is kept when every incoming projection has a trainable part (an adapter, or its own weights)."""
+    layers: list[NeuronLayer | None] = []
     for name, mod in model.named_modules():
         if _has_linear(mod, "gate_proj", "up_proj", "down_proj"):
             layers.append(_gated_mlp_layer(name, mod))
@@ -92,7 +149,7 @@ def find_neurons(model: nn.Module) -> list[NeuronLayer]:
             layers.append(_attention_layer(name, mod))
         elif isinstance(mod, nn.Sequential):
             layers += _sequential_layers(name, mod)
-    return [la for la in layers if all(p.requires_grad for _, p in la.incoming)]
+    return [la for la in layers if la is not None and all(p.requires_grad for _, p in la.incoming)]
 
 
 # ----------------------------------------------------------------------------- gradient statistics

@@ -54,10 +54,12 @@ from rlgrad.analysis.neuron_base import (
     _local_grad,
     _shard,
     find_neurons,
+    is_lora_layer,
     seed_of,
 )
 from rlgrad.analysis.redo import reset_dormant
 from rlgrad.batch import Batch
+from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, Schedule, StepContext
 from rlgrad.metrics import key
 from rlgrad.runfiles import atomic_write_json
@@ -271,6 +273,10 @@ class NeuronHealthHook(Hook):
         reset = self.reset_at.get(role, Schedule(0)).due(ctx.step)
         if not (metric or reset) or self.pending.get(role, (None,))[0] == ctx.step:
             return None  # later mini-batches of the step: the first one's gradient is the one measured
+        if reset and any(is_lora_layer(m) for m in model.modules()):
+            raise UserError(f"analysis.neurons.{role}.reset_every: the ReDo reset rewrites a neuron's weights, and "
+                            "under LoRA those are frozen base weights the saved adapter does not hold; set it to 0 "
+                            "(the neuron-health metrics work under LoRA)")
         t0 = time.perf_counter()
         replica = getattr(ctx, role, None) if _is_sharded(model) else model
         rep = measure(model, minibatch, self._role(role), role=role, seed=self.seed, step=ctx.step,

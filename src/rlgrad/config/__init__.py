@@ -26,6 +26,7 @@ from rlgrad.config.algorithm import (
     CriticModelConfig,
     FilterGroupsConfig,
     KLControlConfig,
+    LoRAConfig,
     OptimConfig,
     OverlongBufferConfig,
     RewardConfig,
@@ -40,6 +41,7 @@ from rlgrad.config.analysis import (
     NeuronsConfig,
 )
 from rlgrad.config.data import DataConfig, ReasoningGymConfig
+from rlgrad.config.doctor import HALT_ON, DoctorConfig
 from rlgrad.config.load import (
     CONFIG_DIRS,
     check_key,
@@ -61,8 +63,9 @@ __all__ = [
     "AGG_MODES", "ALIASES", "COMPONENT_MODES", "CONFIG_DIRS", "ESTIMATORS", "KL_TYPES", "OUTCOME_ESTIMATORS",
     "PER_TOKEN", "PROBE_ONLY_KEY", "SCHEMA_KEYS", "SECTIONS", "VERL_KL_TYPES", "ActorConfig", "AgentConfig",
     "AlgorithmConfig", "AnalysisConfig", "BucketAnalysisConfig", "ComponentAnalysisConfig", "CriticConfig",
-    "CriticModelConfig", "DataConfig", "EnvConfig", "FilterGroupsConfig", "FrozenLakeConfig", "KLControlConfig",
-    "ModelConfig", "NeuronHealthConfig", "NeuronsConfig", "OptimConfig", "OverlongBufferConfig", "RLGradConfig",
+    "CriticModelConfig", "DataConfig", "DoctorConfig", "EnvConfig", "FilterGroupsConfig", "FrozenLakeConfig",
+    "HALT_ON", "KLControlConfig", "LoRAConfig", "ModelConfig", "NeuronHealthConfig", "NeuronsConfig", "OptimConfig",
+    "OverlongBufferConfig", "RLGradConfig",
     "ReasoningGymConfig", "RewardConfig", "RolloutConfig", "Schedule", "SokobanConfig", "TinyModelConfig",
     "TrainerConfig", "check_field", "check_key", "documented_yaml", "find_preset", "flat_settings", "from_yaml_file",
     "load_config", "parse_override", "per_response_advantage", "presets", "resolve_alias", "schedules",

@@ -31,8 +31,23 @@ class OptimConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """LoRA adapters on the actor (PEFT): only the adapters are trained, measured and saved. verl's spellings:
+    actor_rollout_ref.model.lora_rank / lora_alpha / target_modules."""
+
+    rank: int = _f(0, "LoRA rank r of the actor's adapters; 0: full fine-tuning (verl: lora_rank). Needs peft "
+                   "(pip install 'rlgrad[lora]'). Checkpoints then hold the adapter (PEFT's adapter_model.safetensors "
+                   "and adapter_config.json), which PeftModel.from_pretrained loads onto the initial weights.", ge=0)
+    alpha: float = _f(16.0, "LoRA alpha: the adapter's update B·A is scaled by alpha / rank (verl: lora_alpha).", gt=0)
+    target_modules: Any = _f("all-linear", "The modules that get adapters: all-linear (every nn.Linear but the "
+                             "output head; PEFT's and verl's default) or a list of module names, e.g. [q_proj, v_proj] "
+                             "(verl: target_modules).")
+
+
+@dataclass
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     ppo_epochs: int = _f(1, "Passes over each step's batch.", ge=1)
     ppo_mini_batch_size: int | None = _f(None, "Prompts per optimizer step "
                                          "(x rollout.n samples); null: the whole batch, one step per epoch.", ge=1)

@@ -20,6 +20,7 @@ from rlgrad.config.algorithm import (
 )
 from rlgrad.config.analysis import AnalysisConfig
 from rlgrad.config.data import DataConfig
+from rlgrad.config.doctor import DoctorConfig
 from rlgrad.config.model import ModelConfig
 from rlgrad.config.rollout import RolloutConfig
 from rlgrad.config.trainer import TrainerConfig
@@ -38,6 +39,7 @@ class RLGradConfig:
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    doctor: DoctorConfig = field(default_factory=DoctorConfig)
 
 
 def _schema_keys(node: Any, prefix: str = "") -> list[str]:

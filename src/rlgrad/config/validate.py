@@ -156,5 +156,20 @@ def _custom_reward(cfg: RLGradConfig) -> None:
                         f"{fn.path} (verl's default: compute_score)")
 
 
+def _lora(cfg: RLGradConfig) -> None:
+    lora = cfg.actor.lora
+    targets = lora.target_modules
+    if not (isinstance(targets, str) and targets.strip()) and not (
+            isinstance(targets, list | tuple) and targets and all(isinstance(t, str) and t for t in targets)):
+        raise UserError(f"'actor.lora.target_modules' must be all-linear or a list of module names, got {targets!r}")
+    if lora.rank > 0 and cfg.analysis.neurons.actor.reset_every > 0:
+        raise UserError("'analysis.neurons.actor.reset_every' with actor.lora.rank > 0: the ReDo reset rewrites "
+                        "frozen base weights the saved adapter does not hold; set it to 0 (the neuron-health "
+                        "metrics work under LoRA)")
+    if lora.rank > 0 and cfg.analysis.buckets.save_model:
+        raise UserError("'analysis.buckets.save_model' with actor.lora.rank > 0 is not supported yet: the "
+                        "checkpoints (trainer.save_freq) hold the adapter")
+
+
 RELATIONS = (_optimizer_betas, _tiny_model_shape, _algorithm, _mini_batches, _trainer, _critic_model, _agent_and_data,
-             _custom_reward)
+             _custom_reward, _lora)

@@ -17,8 +17,19 @@ import math
 import statistics
 
 from rlgrad import rundata as D
-from rlgrad.doctor import gradient, progress, signatures  # noqa: F401  (importing them registers every signature)
-from rlgrad.doctor.findings import SEVERITY, SIGNATURES, Diagnosis, Finding, Thresholds, View, flat_reward, fmt
+from rlgrad.doctor import forecasts, gradient, progress, signatures  # noqa: F401  (importing them registers every signature)
+from rlgrad.doctor.findings import (
+    SEVERITY,
+    SIGNATURES,
+    Diagnosis,
+    Finding,
+    Thresholds,
+    View,
+    flat_reward,
+    fmt,
+    too_early,
+)
+from rlgrad.errors import UserError
 
 __all__ = ["SIGNATURES", "Diagnosis", "Finding", "Thresholds", "diagnose", "doctor_command", "render_text"]
 
@@ -31,11 +42,27 @@ def _needs_met(v: View, need: str) -> bool:
         if "{" in alt:
             head = alt.split("{")[0]
             tail = alt.split("}")[-1]
-            if any(k.startswith(head) and k.endswith(tail) for m in v.run.rows.values() for k in m):
+            if any(k.startswith(head) and k.endswith(tail) for k in v.all_keys()):
                 return True
         elif v.has(alt):
             return True
     return False
+
+
+HOSTS = {"trl": "rlgrad.integrations.trl", "verl": "rlgrad.integrations.verl"}
+
+
+def spelled(v: View, key: str) -> str:
+    """A needed metric as the run's own trainer would log it (TRL: ``frac_reward_zero_std``), for ``--explain``;
+    one only rlgrad's instruments log is named as theirs, with where they come from for that trainer."""
+    if v.run.kind == "rlgrad":
+        return key
+    if v.run.kind == "trl" and key.startswith("reward/{component}/"):
+        return "rewards/{reward function}/" + key.rsplit("/", 1)[1]
+    own = v.name(key)
+    if own != key or v.run.kind == "verl" and not key.startswith(("grad_norm/", "grad_comp/", "actor/neuron/")):
+        return own
+    return f"{key} (rlgrad's instruments: {HOSTS.get(v.run.kind, 'rlgrad train')})"
 
 
 def _scale(v: View) -> str:
@@ -58,23 +85,32 @@ def diagnose(run: D.RunData, thresholds: Thresholds | None = None) -> Diagnosis:
     view = View(run)
     findings: list[Finding] = []
     missing: dict[str, list[str]] = {}
+    early: dict[str, tuple[int, int]] = {}
     for sid, needs, rule in SIGNATURES:
         lacking = [n for n in needs if not _needs_met(view, n)]
         if lacking:
-            missing[sid] = [alt for n in lacking for alt in n.split("|")]
+            missing[sid] = list(dict.fromkeys(spelled(view, alt) for n in lacking for alt in n.split("|")))
+            continue
+        if (short := too_early(view, sid, thresholds)) is not None:
+            early[sid] = short
             continue
         finding = rule(view, thresholds)
         if finding is not None:
             findings.append(finding)
     if not any(f.severity in ("warn", "critical") for f in findings):
+        checked = len(SIGNATURES) - len(missing) - len(early)
         findings.append(Finding(
-            id="healthy", severity="info", step=None, confidence=0.6 if missing else 0.8, title="No sign of trouble",
-            evidence=[f"{len(SIGNATURES) - len(missing)} of {len(SIGNATURES)} signatures checked"],
+            id="healthy", severity="info", step=None, confidence=0.6 if missing or early else 0.8,
+            title="No sign of trouble" + (" yet" if early else ""),
+            evidence=[f"{checked} of {len(SIGNATURES)} signatures checked"
+                      + (f", {len(early)} too early to judge (too few steps)" if early else "")],
             explanation="None of the checked signatures fired."
-                        + (" Some could not be checked: see --explain." if missing else ""),
+                        + (" Some could not be checked: see --explain." if missing else "")
+                        + (f" Too early for {', '.join(early)}." if early else ""),
             action="Keep watching the reward, validation accuracy and KL."))
     findings = rank(findings)
-    return Diagnosis(run=run.name, source=run.source, findings=findings, missing=missing, scale=_scale(view))
+    return Diagnosis(run=run.name, source=run.source, findings=findings, missing=missing, scale=_scale(view),
+                     too_early=early)
 
 
 def _order(f: Finding) -> tuple:
@@ -147,6 +183,9 @@ def render_text(d: Diagnosis, explain: bool = False) -> str:
         out.append(f"    why: {f.explanation}")
         out.append(f"    do: {f.action}")
         out.append("")
+    if d.too_early:
+        out.append("Too early to judge: " + ", ".join(f"{sid} ({have} of the {need} steps it needs)"
+                                                     for sid, (have, need) in d.too_early.items()))
     out.append(f"Gradient scale: {d.scale}")
     if explain and d.missing:
         out += ["", "Not checked (the run lacks the metrics):"]
@@ -156,10 +195,34 @@ def render_text(d: Diagnosis, explain: bool = False) -> str:
     return "\n".join(out) + "\n"
 
 
+def fails(d: Diagnosis, fail_on: str) -> bool:
+    """Whether ``d`` holds a finding at or above ``fail_on`` (warn | critical; never: no)."""
+    return fail_on in SEVERITY and any(SEVERITY[f.severity] <= SEVERITY[fail_on] for f in d.findings)
+
+
 def doctor_command(run: str | None, wandb_path: str | None = None, as_json: bool = False,
-                   explain: bool = False, thresholds: str | None = None) -> int:
-    """Print the diagnosis (text, or JSON with ``as_json``); exit status 1 when a finding is critical."""
+                   explain: bool = False, thresholds: str | None = None, fail_on: str = "critical") -> int:
+    """Print the diagnosis (text, or JSON with ``as_json``); exit status 1 when a finding is at or above
+    ``fail_on`` (critical by default; ``--fail-on warn`` for CI that stops at warnings)."""
     t = Thresholds.from_file(thresholds) if thresholds else Thresholds()
     d = diagnose(D.load_any(run, wandb_path), t)
     print(json.dumps(d.to_json(), indent=2) if as_json else render_text(d, explain), end="\n" if as_json else "")
-    return 1 if d.critical else 0
+    return 1 if fails(d, fail_on) else 0
+
+
+def follow_command(run: str | None, thresholds: str | None = None, fail_on: str = "critical",
+                   interval: float = 2.0) -> int:
+    """``--follow``: the findings of a run being written, as they appear (``rlgrad.doctor.follow``); the exit
+    status as without it, from the most serious finding said; Ctrl-C ends it (status 130)."""
+    from rlgrad.doctor.follow import follow
+
+    if run is None:
+        raise UserError("--follow needs a run: a run directory, a TRL output directory or a log file")
+    if not interval > 0:
+        raise UserError(f"--interval must be a positive number of seconds, got {interval}")
+    t = Thresholds.from_file(thresholds) if thresholds else Thresholds()
+    try:
+        worst = follow(run, t, interval)
+    except KeyboardInterrupt:
+        return 130
+    return 1 if worst and fail_on in SEVERITY and SEVERITY[worst] <= SEVERITY[fail_on] else 0

@@ -28,6 +28,7 @@ class Thresholds:
     window: int = 10  # steps in a "recent" window (median for spikes, the first / last stretch of a run)
     spike_factor: float = 10.0  # grad_norm_spike: a step's gradient norm above this × the previous window's median
     clip_steps_frac: float = 0.9  # clip_every_step: the gradient norm above max_grad_norm on this share of steps
+    clip_factor_cv: float = 0.5  # ... under Adam, a clip factor varying more than this (std / mean) reweights steps
     # actor/update_ratio, ‖Δθ‖/‖θ‖ of a step's update (the demo, measured: 4e-4 to 8e-4 at its preset lr 1e-4,
     # 7e-5 at 1e-5 which learns nothing in 40 steps, 1e-2 to 5e-2 at 3e-3 which destroys it in 2 steps)
     update_high: float = 0.01  # update_too_large: the median update of the first window above this
@@ -60,6 +61,9 @@ class Thresholds:
     layer_top2: float = 0.8  # update_concentrated: the two largest layer groups hold this share of the squared norm
     dormant_rise: float = 0.05  # dormant_growing: the dormant ratio rising by this much ...
     dormant_high: float = 0.1  # ... to at least this
+    forecast_points: int = 10  # forecasts: fitted to the last this many steps (and never from fewer) ...
+    forecast_r2: float = 0.8  # ... given only when the fit explains at least this share of their variance ...
+    forecast_horizon: int = 200  # ... and the bound is crossed within this many steps
 
     @classmethod
     def from_file(cls, path: str | Path) -> Thresholds:
@@ -106,6 +110,7 @@ class Diagnosis:
     findings: list[Finding]
     missing: dict[str, list[str]] = field(default_factory=dict)  # signature -> the metrics it needed
     scale: str = ""  # what the gradient-norm scale of this run means
+    too_early: dict[str, tuple[int, int]] = field(default_factory=dict)  # signature -> (steps it has, steps it needs)
 
     @property
     def critical(self) -> bool:
@@ -113,7 +118,8 @@ class Diagnosis:
 
     def to_json(self) -> dict:
         return {"run": self.run, "source": self.source, "critical": self.critical, "scale": self.scale,
-                "findings": [asdict(f) for f in self.findings], "missing": self.missing}
+                "findings": [asdict(f) for f in self.findings], "missing": self.missing,
+                "too_early": {sid: {"steps": have, "needs": need} for sid, (have, need) in self.too_early.items()}}
 
 
 # ---------------------------------------------------------------- the view
@@ -125,19 +131,30 @@ class View:
     def __init__(self, run: D.RunData):
         self.run = run
         self.steps = sorted(run.rows)
+        # what every signature asks again, read once per diagnosis (a view lives for one diagnosis)
+        self._series: dict[str, tuple[list[int], list[float]]] = {}
+        self._keys = {k for m in run.rows.values() for k in m}
+        self._nonfinite = {k for b in run.nonfinite.values() for k in b}
+        self._cfg: dict[str, object] = {}
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
-        return D.series(self.run, key)
+        if key not in self._series:
+            self._series[key] = D.series(self.run, key) if key in self._keys else ([], [])
+        return self._series[key]
 
     def has(self, key: str) -> bool:
         """Logged at some step (a value logged only as NaN / inf counts: that is what some signatures look for)."""
-        return any(key in m for m in self.run.rows.values()) or any(key in b for b in self.run.nonfinite.values())
+        return key in self._keys or key in self._nonfinite
 
     def cfg(self, *keys: str):
+        """The first of ``keys`` the run sets: in its config (rlgrad's or verl's spelling), else among the host
+        trainer's own settings (TRL's args by TRL's names, ``RunData.settings``)."""
         for k in keys:
-            v = D.config_get(self.run, k)
-            if v is not None:
-                return v
+            if k not in self._cfg:
+                v = D.config_get(self.run, k)
+                self._cfg[k] = self.run.settings.get(k) if v is None else v
+            if self._cfg[k] is not None:
+                return self._cfg[k]
         return None
 
     def name(self, key: str) -> str:
@@ -150,7 +167,10 @@ class View:
         return D.label(self.run, component)
 
     def keys(self, prefix: str) -> set[str]:
-        return {k for m in self.run.rows.values() for k in m if k.startswith(prefix)}
+        return {k for k in self._keys if k.startswith(prefix)}
+
+    def all_keys(self) -> set[str]:
+        return self._keys
 
 
 def mean(xs: list[float]) -> float:
@@ -214,13 +234,19 @@ def reward_level(v: View) -> tuple[float | None, str]:
 Signature = Callable[[View, Thresholds], "Finding | None"]
 SIGNATURES: list[tuple[str, tuple[str, ...], Signature]] = []  # (id, the metrics it needs, the rule)
 ROWS: dict[str, tuple[str, str]] = {}  # id -> (what it reads, when it fires): the docs' table (``findings_table``)
+# id -> (the metric whose trend it reads, the fewest training steps of it the rule judges from, as a function of
+# the thresholds): fewer, and the doctor says "too early" for it instead of judging (``too_early``)
+TRENDS: dict[str, tuple[str, Callable[[Thresholds], int]]] = {}
 
 
-def signature(sid: str, *needs: str, reads: str, fires: str):
+def signature(sid: str, *needs: str, reads: str, fires: str, trend: str = "",
+              min_points: int | Callable[[Thresholds], int] = 0):
     """Register a rule under ``sid``, the one spelling of its id: ``--explain``, ``--thresholds`` and every finding
     it returns use it. ``needs``: metrics of which the run must hold at least one ("a|b": either). ``reads`` and
     ``fires`` are its row of docs/doctor.md's table: what it reads (logs, config, buckets ...) and when it fires,
-    ``{field}`` standing for a ``Thresholds`` default."""
+    ``{field}`` standing for a ``Thresholds`` default. A rule that reads a trend names its metric (``trend``) and the
+    fewest training steps of it it judges from (``min_points``: a number, or one of the thresholds); with fewer the
+    rule is not run and the doctor says it is too early."""
     def deco(fn: Signature) -> Signature:
         @functools.wraps(fn)
         def rule(v: View, t: Thresholds) -> Finding | None:
@@ -229,8 +255,20 @@ def signature(sid: str, *needs: str, reads: str, fires: str):
 
         SIGNATURES.append((sid, needs, rule))
         ROWS[sid] = (reads, fires)
+        if trend:
+            TRENDS[sid] = (trend, min_points if callable(min_points) else lambda t, n=min_points: n)
         return rule
     return deco
+
+
+def too_early(v: View, sid: str, t: Thresholds) -> tuple[int, int] | None:
+    """(training steps of its trend metric the run has, the fewest it needs) when signature ``sid`` reads a trend
+    the run is too short for; None when it is not (or reads no trend)."""
+    if sid not in TRENDS:
+        return None
+    metric, need = TRENDS[sid]
+    have = max(len(train_series(v, alt)[0]) for alt in metric.split("|"))
+    return (have, need(t)) if have < need(t) else None
 
 
 README_START = "<!-- doctor-findings: generated by scripts/doctor_table.py -->\n"  # the docs' table between these
@@ -239,7 +277,11 @@ README_END = "<!-- /doctor-findings -->\n"
 
 def findings_table() -> str:
     """docs/doctor.md's table of findings, one row per registered signature (``scripts/doctor_table.py`` writes it)."""
-    defaults = asdict(Thresholds())
-    rows = ["| finding | reads | fires when (thresholds in `Thresholds`) |", "|---|---|---|"]
-    rows += [f"| `{sid}` | {reads} | {fires.format(**defaults)} |" for sid, (reads, fires) in ROWS.items()]
+    t = Thresholds()
+    defaults = asdict(t)
+    rows = ["| finding | reads | fires when (thresholds in `Thresholds`) | judged from |", "|---|---|---|---|"]
+    rows += [f"| `{sid}` | {reads} | {fires.format(**defaults)} | "
+             + (f"{TRENDS[sid][1](t)} steps of " + " or ".join(f"`{k}`" for k in TRENDS[sid][0].split("|"))
+                if sid in TRENDS else "step 1") + " |"
+             for sid, (reads, fires) in ROWS.items()]
     return "\n".join(rows) + "\n"

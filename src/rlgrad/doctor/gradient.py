@@ -114,7 +114,8 @@ def _regularizer(v: View, t: Thresholds) -> Finding | None:
            fires="a non-correctness reward's share of the update > {share_high:g} and its gradient pointing against "
                  "correctness (cosine < {sim_negative:g})")
 def _takeover(v: View, t: Thresholds) -> Finding | None:
-    for s in sorted(v.run.rows):
+    shares = [k for k in v.keys("grad_comp/") if k.endswith("/share")]
+    for s in sorted({s for k in shares for s in v.series(k)[0]}):  # the component analysis's steps
         m = v.run.rows[s]
         comps = {k.split("/")[1] for k in m if k.startswith("grad_comp/") and k.endswith("/share")} - {"total"}
         correct = correctness_component(comps)
@@ -171,7 +172,7 @@ def _dominates(v: View, t: Thresholds) -> Finding | None:
            reads="layers",
            fires="two layer groups hold > {layer_top2:.0%} of the task gradient's squared norm (info)")
 def _concentrated(v: View, t: Thresholds) -> Finding | None:
-    steps = D.analysis_steps(v.run)
+    steps = v.series("grad_norm/all/task")[0]  # the bucket analysis's steps (its "all" bucket is always logged)
     if not steps or v.run.run_dir is None:
         return None
     s = steps[-1]
@@ -193,7 +194,7 @@ def _concentrated(v: View, t: Thresholds) -> Finding | None:
                "freezing the embeddings steadies training.")
 
 
-@signature("dormant_growing", "actor/neuron/dormant_ratio",
+@signature("dormant_growing", "actor/neuron/dormant_ratio", trend="actor/neuron/dormant_ratio", min_points=2,
            reads="neurons",
            fires="the dormant ratio rising by > {dormant_rise:g} to ≥ {dormant_high:g}")
 def _dormant(v: View, t: Thresholds) -> Finding | None:

@@ -21,7 +21,7 @@ from rlgrad.doctor.findings import (
     signature,
     train_series,
 )
-from rlgrad.logging.reward_signal import correctness_component, reward_problems
+from rlgrad.logging.reward_signal import MIN_STEPS, correctness_component, reward_problems
 
 
 def _largest_layer(v: View, step: int) -> str:
@@ -160,26 +160,47 @@ def _difficulty(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
             "groups with no variance (rollout filter, DAPO dynamic sampling).", ev)
 
 
-@signature("zero_variance_groups", "critic/advantages/max|critic/score/frac_zero_std|rollout/filter_zero_count",
-           reads="logs (+ config)",
-           fires="every advantage 0, or > 95% of the groups with one reward for all their samples (critical); > "
-                 "{zero_var_frac:.0%} of them (TRL's frac_reward_zero_std, rlgrad's filter count); says too easy "
-                 "(a [0, 1] reward ≥ {easy_level:g}) or too hard (≤ {hard_level:g})")
-def _zero_var(v: View, t: Thresholds) -> Finding | None:
+def _dead_steps(v: View) -> tuple[list[int], int, str]:
+    """The steps on which every advantage was 0, of how many steps say, and from what: the advantages' max = min =
+    0, else a reward std of exactly 0 over the batch (TRL's reward_std: every sample of every group alike), else a
+    task gradient of exactly 0 in every bucket the instruments measured (``grad_norm/{bucket}/task``)."""
     ss, amax = v.series("critic/advantages/max")
-    _, amin = v.series("critic/advantages/min")
-    dead = [s for s, a, b in zip(ss, amax, amin) if a == 0.0 and b == 0.0]
+    if ss:
+        _, amin = v.series("critic/advantages/min")
+        dead = [s for s, a, b in zip(ss, amax, amin) if a == 0.0 and b == 0.0]
+        return dead, len(ss), "critic/advantages max = min = 0"
+    ss, std = v.series("critic/score/std")
+    if ss and not v.has("critic/score/frac_zero_std"):  # the share of groups says more, where logged
+        # 0 up to float rounding (TRL's weighted sum of constant rewards has a std of ~1e-8)
+        return [s for s, x in zip(ss, std) if x < 1e-6], len(ss), f"{v.name('critic/score/std')} 0 (every reward alike)"
+    rows = {s: [x for k, x in m.items() if k.startswith("grad_norm/") and k.endswith("/task")]
+            for s, m in v.run.rows.items()}
+    rows = {s: xs for s, xs in rows.items() if xs}
+    return ([s for s, xs in rows.items() if max(xs) == 0.0], len(rows),
+            "the task gradient 0 in every bucket (grad_norm/{bucket}/task)")
+
+
+@signature("zero_variance_groups",
+           "critic/advantages/max|critic/score/frac_zero_std|critic/score/std|rollout/filter_zero_count"
+           "|grad_norm/all/task",
+           reads="logs (+ config)",
+           fires="every advantage 0 (or the reward's std over the batch, or every bucket's task gradient), or > 95% of "
+                 "the groups with one reward for all their samples (critical); > {zero_var_frac:.0%} of them (TRL's "
+                 "frac_reward_zero_std, rlgrad's filter count); says too easy (a [0, 1] reward ≥ {easy_level:g}) or "
+                 "too hard (≤ {hard_level:g})")
+def _zero_var(v: View, t: Thresholds) -> Finding | None:
+    dead, of, how = _dead_steps(v)
     zs, frac, where = _zero_var_fraction(v)
     recent = first_last(frac, t.window)[1] if frac else 0.0
-    if dead and len(dead) >= max(1, len(ss) // 2):
-        ev, s0 = [f"critic/advantages max = min = 0 on {len(dead)} of {len(ss)} steps"], dead[0]
+    if dead and len(dead) >= max(1, of // 2):
+        ev, s0 = [f"{how} on {len(dead)} of {of} steps"], dead[0]
     elif recent > t.zero_var_frac:
         s0 = next(s for s, x in zip(zs, frac) if x > t.zero_var_frac)
         ev = [f"{fmt(100 * recent)}% of the prompt groups per step have one reward for all their samples ({where}; "
               "mean of the last steps)"]
     else:
         return None
-    severity = "critical" if dead and len(dead) >= max(1, len(ss) // 2) or recent > 0.95 else "warn"
+    severity = "critical" if dead and len(dead) >= max(1, of // 2) or recent > 0.95 else "warn"
     why, action, level_ev = _difficulty(v, t)
     _, g = v.series("actor/grad_norm")
     return Finding(
@@ -229,7 +250,8 @@ def _val_after(v: View, step: int) -> tuple[float | None, list[tuple[int, float]
     return before, [(s, a) for s, a in zip(steps, acc) if s >= step]
 
 
-@signature("reward_collapse", "critic/score/mean",
+@signature("reward_collapse", "critic/score/mean", trend="critic/score/mean",
+           min_points=lambda t: t.collapse_steps + 1,
            reads="logs",
            fires="the reward of {collapse_steps} steps in a row below its first step's (the policy before any update) "
                  "by > {reward_drop:.0%} of it and > {collapse_z:g}× its step-to-step noise (critical; a warning "
@@ -253,18 +275,63 @@ def _reward_collapse(v: View, t: Thresholds) -> Finding | None:
         if all(a >= before * (1 - t.reward_drop / 2) for _, a in vals):
             severity = "warn"
             why += " Validation has held so far, so it may still be the training batches' prompts."
-    _, e = train_series(v, "actor/entropy")
-    if len(e) > i + k and mean(e[i:i + k]) > 2 * e[0]:
-        ev.append(f"{v.name('actor/entropy')} {fmt(e[0])} → {fmt(mean(e[i:i + k]))}")
-        why += " The entropy rose with it: the model drifts toward noise (too large steps)."
-    lr = config_lr(v)
+    cause, cause_ev, fix = collapse_cause(v, t, steps[i + k - 1])
     return Finding(
         severity=severity, step=steps[i], confidence=0.8 if severity == "critical" else 0.6,
-        title="The reward collapsed", evidence=ev, explanation=why,
-        action="Lower the learning rate" + (f" (now {fmt(lr)})" if lr else "") + " and keep gradient clipping on; "
-               + _restart_from(v, steps[i]) + ".",
+        title="The reward collapsed", evidence=ev + cause_ev, explanation=why + " " + cause,
+        action=fix + "; " + _restart_from(v, steps[i]) + ".",
         explains=["zero_variance_groups", "component_dominates", "component_takes_over", "format_over_correct",
                   "reward_plateau", "val_falls_train_rises", "length_runaway", "length_collapse"])
+
+
+def entropy_coef(v: View) -> float | None:
+    """The entropy term's coefficient (rlgrad's / verl's ``entropy_coeff``, TRL's ``entropy_coef``), None if unset."""
+    c = v.cfg("actor.entropy_coeff", "actor_rollout_ref.actor.entropy_coeff", "entropy_coef")
+    return float(c) if isinstance(c, int | float) and not isinstance(c, bool) else None
+
+
+def entropy_term_dominates(v: View, t: Thresholds, until: int) -> tuple[int, int]:
+    """On how many of the analysis steps up to ``until`` the entropy term's gradient outweighed the task's, of
+    how many (``grad_norm/all/entropy`` > ``reg_ratio`` × ``grad_norm/all/task``)."""
+    rows = [m for s, m in v.run.rows.items() if s <= until and "grad_norm/all/task" in m]
+    hits = [m for m in rows if m.get("grad_norm/all/entropy", 0.0) > t.reg_ratio * m["grad_norm/all/task"]]
+    return len(hits), len(rows)
+
+
+def collapse_cause(v: View, t: Thresholds, until: int) -> tuple[str, list[str], str]:
+    """What the run's own metrics say drove a collapse by step ``until``, of the causes they can rule in or out:
+    an entropy penalty (a negative coefficient with its gradient above the task's, or the entropy falling), an
+    entropy bonus (positive, its gradient above the task's, the entropy rising), or steps too large (the update
+    size, or the entropy rising with no bonus: drift toward noise). (why, evidence, what to do)."""
+    coef, lr = entropy_coef(v), config_lr(v)
+    dom, of = entropy_term_dominates(v, t, until)
+    _, e = train_series(v, "actor/entropy")
+    e = [x for s, x in zip(train_series(v, "actor/entropy")[0], e) if s <= until]
+    us, u = train_series(v, "actor/update_ratio")
+    u = [x for s, x in zip(us, u) if s <= until]
+    big = bool(u) and statistics.median(u) > t.update_high
+    ev = ([f"the entropy term's gradient above the task's on {dom} of {of} analysis steps"] if dom else []) + (
+        [f"{v.name('actor/entropy')} {fmt(e[0])} → {fmt(e[-1])}"] if len(e) >= 2 else []) + (
+        [f"actor/update_ratio {fmt(statistics.median(u))} (median)"] if u else [])
+    fell, rose = len(e) >= 2 and e[-1] < e[0] / 2, len(e) >= 2 and e[-1] > 2 * e[0]
+    lr_words = "the learning rate" + (f" (now {fmt(lr)})" if lr else "")
+    if coef is not None and coef < 0 and (2 * dom >= max(of, 1) or fell):
+        return (f"The entropy penalty (entropy_coeff {coef:g}) drove it: its gradient lowers the entropy, and the "
+                "groups' answers agree" + ("" if big else ", while the update size is not too large: the learning "
+                "rate is not the cause") + ".", ev,
+                "Set actor.entropy_coeff to 0 (or a small positive bonus): bring it toward 0, do not lower it")
+    if coef is not None and coef > 0 and 2 * dom >= max(of, 1) and not fell:
+        return (f"The entropy bonus (entropy_coeff {coef:g}) drove it: its gradient outweighs the task's and "
+                "pushes the policy toward randomness.", ev, "Lower actor.entropy_coeff toward 0")
+    if big or (rose and not (coef and coef > 0)):
+        return ("The steps are too large" + (" (the update size)" if big else " (the entropy rose with it: the "
+                "model drifts toward noise)") + ".", ev, f"Lower {lr_words} and keep gradient clipping on")
+    if u:
+        return ("Neither the update size nor an entropy term explains it: read what the model writes (rlgrad "
+                "samples RUN) and the reward function.", ev,
+                "Look for the cause in the samples and the reward before changing the learning rate")
+    return ("The run logs no update size (actor/update_ratio) and no entropy term that would explain it: too large "
+            "steps are the usual cause.", ev, f"Lower {lr_words} and keep gradient clipping on")
 
 
 def _restart_from(v: View, step: int) -> str:
@@ -276,7 +343,7 @@ def _restart_from(v: View, step: int) -> str:
         freq, int) else f"restart from a checkpoint before step {step}, or from the initial weights"
 
 
-@signature("reward_plateau", "critic/score/mean",
+@signature("reward_plateau", "critic/score/mean", trend="critic/score/mean", min_points=lambda t: 2 * t.window,
            reads="logs",
            fires="the reward's rise from the first to the last {window} steps < {plateau_delta:g} (info)")
 def _plateau(v: View, t: Thresholds) -> Finding | None:
@@ -296,7 +363,10 @@ def _plateau(v: View, t: Thresholds) -> Finding | None:
 def _reward_problem(v: View, pid: str, severity: str) -> Finding | None:
     """The run's ``reward_problems`` of kind ``pid`` (the trainer prints the same ones live), as a finding."""
     weights = v.cfg("reward.weights") or None  # empty: the task's defaults, unknown here
-    problems = [p for p in reward_problems(v.run.rows, dict(weights) if weights else None) if p.id == pid]
+    # reward_problems reads step 0 and the first MIN_STEPS steps with rewards: only those, not a long history
+    first = sorted({s for k in v.keys("reward/") for s in v.series(k)[0] if s >= 1})[:MIN_STEPS]
+    rows = {s: v.run.rows[s] for s in [0, *first] if s in v.run.rows}
+    problems = [p for p in reward_problems(rows, dict(weights) if weights else None) if p.id == pid]
     if not problems:
         return None
     p = problems[0]
@@ -367,7 +437,7 @@ def _inverted(v: View, t: Thresholds) -> Finding | None:
                   "reward_plateau", "length_collapse"])
 
 
-@signature("format_over_correct", "reward/{component}/mean",
+@signature("format_over_correct", "reward/{component}/mean", trend="critic/score/mean", min_points=4,
            reads="logs",
            fires="a non-correctness reward rising by > {component_rise:g} while correctness rises < {correct_rise:g}")
 def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
@@ -416,7 +486,7 @@ def _checkpoint_words(v: View, best_step: int) -> str:
             "to keep it, with a trainer.save_freq that divides it")
 
 
-@signature("val_falls_train_rises", "val/accuracy",
+@signature("val_falls_train_rises", "val/accuracy", trend="val/accuracy", min_points=2,
            reads="logs (+ config)",
            fires="validation accuracy > {val_drop:g} below its best while the training reward rises")
 def _val(v: View, t: Thresholds) -> Finding | None:

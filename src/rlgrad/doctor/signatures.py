@@ -46,7 +46,7 @@ def _nonfinite(v: View, t: Thresholds) -> Finding | None:
                "the reward function for NaN; resume from the last checkpoint before the first bad step.")
 
 
-@signature("grad_norm_spike", "actor/grad_norm",
+@signature("grad_norm_spike", "actor/grad_norm", trend="actor/grad_norm", min_points=lambda t: t.window + 1,
            reads="logs",
            fires="grad_norm > {spike_factor:g}× the median of the {window} steps before (critical when the reward "
                  "falls after)")
@@ -82,42 +82,102 @@ def _spike(v: View, t: Thresholds) -> Finding | None:
 
 
 def _max_grad_norm(v: View) -> float | None:
-    c = v.cfg("actor.max_grad_norm", "actor.grad_clip", "actor_rollout_ref.actor.grad_clip", "max_grad_norm")
+    c = v.cfg("actor.max_grad_norm", "actor.grad_clip", "actor_rollout_ref.actor.grad_clip",
+              "actor_rollout_ref.actor.optim.clip_grad", "max_grad_norm")
     try:
         return float(c) if c is not None else None
     except (TypeError, ValueError):
         return None
 
 
+# Optimizers whose update is (nearly) unchanged when every gradient is scaled by one factor: Adam's m/(√v+ε) and
+# its kin normalise by the gradient's own running scale (RMSprop, Adagrad, Adafactor, LAMB), Lion takes its sign.
+SCALE_FREE = ("adam", "adafactor", "rmsprop", "adagrad", "lamb", "lion", "lomo", "sophia")
+
+
+def optimizer_of(v: View) -> tuple[str | None, str]:
+    """The run's optimizer and where that is known from: its config (rlgrad's ``actor.optim.optimizer``, verl's
+    ``actor_rollout_ref.actor.optim.optimizer``, TRL's ``optim``), else the trainer's only or default one."""
+    name = v.cfg("actor.optim.optimizer", "actor_rollout_ref.actor.optim.optimizer", "optim")
+    if name is not None:
+        return str(name), "the run's config"
+    if v.run.kind == "rlgrad" and v.cfg("actor.optim.lr") is not None:
+        return "AdamW", "rlgrad's trainer uses AdamW"
+    if v.run.kind == "verl" and v.cfg("actor_rollout_ref.actor.optim.lr") is not None:
+        return "AdamW", "verl's default optim.optimizer"
+    if v.run.kind == "trl":
+        return "adamw_torch", "TRL's default optim; the run does not record its own"
+    return None, ""
+
+
+def optimizer_family(name: str | None) -> str:
+    """``scale_free`` (Adam and kin: ``SCALE_FREE``), ``sgd`` or ``unknown``."""
+    low = (name or "").lower()
+    if "sgd" in low:
+        return "sgd"
+    return "scale_free" if any(k in low for k in SCALE_FREE) else "unknown"
+
+
+def _clip_words(v: View, t: Thresholds, scale: float, cv: float, med: float) -> tuple[str, str, str, float]:
+    """(severity, why, what to do, confidence) of clipping on every step, by what the optimizer makes of it."""
+    name, known_from = optimizer_of(v)
+    family = optimizer_family(name)
+    lr = v.cfg("actor.optim.lr", "actor_rollout_ref.actor.optim.lr", "learning_rate")
+    eps = v.cfg("actor.optim.eps", "actor_rollout_ref.actor.optim.eps", "adam_epsilon") or 1e-8
+    opt = f"{name} ({known_from})" if name else "an optimizer the run does not name"
+    sgd = (f"For SGD (with or without momentum) the update is the gradient times the learning rate, so it shrinks "
+           f"with the clip: an effective learning rate of about lr × {fmt(scale)}"
+           + (f" = {fmt(float(lr) * scale)} (lr {fmt(float(lr))})" if lr else "") + ".")
+    adam = (f"For Adam-family optimizers the update is m/(√v+ε): one factor on every gradient scales m and √v alike, "
+            f"so the update is unchanged up to ε (ε = {fmt(float(eps))}: it matters only when the clipped gradient's "
+            "entries, about max_grad_norm/√(number of weights), come near it). The learning rate, not the clip, "
+            "still sets the step size.")
+    varies = (f" But the clip factor varies a lot from step to step (std/mean {fmt(cv)}): every clipped gradient has "
+              "the same norm, so Adam's moments weigh each step alike, and steps whose raw gradient was large count "
+              "less than unclipped.") if cv > t.clip_factor_cv else ""
+    base = (f"The logged grad_norm is the norm before clipping; here every step is clipped, by a factor of about "
+            f"{fmt(scale)}. The optimizer is {opt}. ")
+    if family == "scale_free":
+        return ("warn" if varies else "info", base + adam + varies + " What clipping every step removes is the "
+                "gradient's size as a signal (a spike is capped like any step).",
+                f"Nothing to fix for the learning speed: do not raise the learning rate to make up for the clip. To "
+                f"have the clip catch only spikes, raise max_grad_norm to about the typical gradient norm "
+                f"({fmt(med)}).", 0.8 if known_from == "the run's config" or v.run.kind == "rlgrad" else 0.6)
+    if family == "sgd":
+        return ("warn", base + sgd + " The clip, not the learning rate, sets the step size.",
+                f"Raise max_grad_norm to about the typical gradient norm ({fmt(med)}) so it only catches spikes, or "
+                f"keep it and raise the learning rate about {fmt(1 / scale)}-fold knowingly.", 0.9)
+    return ("warn", base + sgd + " " + adam + varies,
+            f"Check which optimizer the run uses. SGD: raise max_grad_norm to about {fmt(med)} (or the learning "
+            "rate); Adam-family: nothing to fix for the learning speed.", 0.5)
+
+
 @signature("clip_every_step", "actor/grad_norm",
-           reads="logs + config",
-           fires="grad_norm > `max_grad_norm` on ≥ {clip_steps_frac:.0%} of steps; gives the effective learning rate")
+           reads="logs + config (the optimizer)",
+           fires="grad_norm > `max_grad_norm` on ≥ {clip_steps_frac:.0%} of steps; says what that does to the update "
+                 "by the optimizer: SGD an effective lr of lr × the clip factor (warn), Adam-family nearly nothing "
+                 "(info; warn when the factor's std/mean > {clip_factor_cv:g})")
 def _clip_every_step(v: View, t: Thresholds) -> Finding | None:
     clip = _max_grad_norm(v)
     steps, g = v.series("actor/grad_norm")
     if clip is None or clip <= 0 or len(g) < 2:
         return None
     over = [(s, x) for s, x in zip(steps, g) if x > clip]
-    frac = len(over) / len(g)
-    if frac < t.clip_steps_frac:
+    if len(over) / len(g) < t.clip_steps_frac:
         return None
-    scale = statistics.median(clip / x for _, x in over)
-    lr = v.cfg("actor.optim.lr", "learning_rate")
-    eff = f"; with lr {fmt(float(lr))} that is an effective lr of about {fmt(float(lr) * scale)}" if lr else ""
+    factors = [clip / x for _, x in over]
+    scale, med = statistics.median(factors), statistics.median(g)
+    cv = statistics.pstdev(factors) / mean(factors)
+    severity, why, action, confidence = _clip_words(v, t, scale, cv, med)
     return Finding(
-        severity="warn", step=over[0][0], confidence=0.9,
+        severity=severity, step=over[0][0], confidence=confidence,
         title="Gradient clipping on (nearly) every step",
         evidence=[f"max_grad_norm {fmt(clip)}; {v.name('actor/grad_norm')} above it on {len(over)} of {len(g)} steps "
-                  f"(median {fmt(statistics.median(g))})"],
-        explanation=f"The logged grad_norm is the norm before clipping, so values above max_grad_norm are normal; "
-                    f"but when every step is clipped the update is rescaled by about {fmt(scale)}{eff}: the "
-                    "clip, not the learning rate, sets the step size, and the gradient's size carries no "
-                    "information any more.",
-        action=f"Raise max_grad_norm to about the typical gradient norm ({fmt(statistics.median(g))}) so it "
-               "only catches spikes, or lower it knowingly and raise the learning rate.")
+                  f"(median {fmt(med)}): clip factor median {fmt(scale)}, std/mean {fmt(cv)}"],
+        explanation=why, action=action)
 
 
-@signature("kl_blowup", "actor/kl_loss|actor/ppo_kl",
+@signature("kl_blowup", "actor/kl_loss|actor/ppo_kl", trend="actor/kl_loss|actor/ppo_kl", min_points=2,
            reads="logs",
            fires="the recent KL loss > {kl_high:g} (critical) or > {kl_growth:g}× its start and > {kl_floor:g}")
 def _kl(v: View, t: Thresholds) -> Finding | None:
@@ -146,7 +206,7 @@ def _kl(v: View, t: Thresholds) -> Finding | None:
                "kl_loss_type=low_var_kl; check the run's samples for degenerate text.")
 
 
-@signature("entropy_collapse", "actor/entropy",
+@signature("entropy_collapse", "actor/entropy", trend="actor/entropy", min_points=4,
            reads="logs",
            fires="the recent entropy < {entropy_drop:.0%} of its start")
 def _entropy(v: View, t: Thresholds) -> Finding | None:
@@ -205,7 +265,7 @@ def _clipfrac_zero(v: View, t: Thresholds) -> Finding | None:
     return None
 
 
-@signature("length_runaway", "response_length/mean",
+@signature("length_runaway", "response_length/mean", trend="response_length/clip_ratio", min_points=2,
            reads="logs",
            fires="the share of responses cut at the length limit rising from < {length_clip_high:.0%} (its first "
                  "steps) to > {length_clip_high:.0%} (its last)")
@@ -285,7 +345,7 @@ def _length_truncated(v: View, t: Thresholds) -> Finding | None:
         explains=explains)
 
 
-@signature("length_collapse", "response_length/mean",
+@signature("length_collapse", "response_length/mean", trend="response_length/mean", min_points=4,
            reads="logs",
            fires="the recent mean length < {length_drop:.0%} of its start")
 def _length_collapse(v: View, t: Thresholds) -> Finding | None:

@@ -56,6 +56,7 @@ from rlgrad.logging.rollouts import RolloutLog, gather_samples, prompt_texts, ro
 from rlgrad.logging.sinks import JsonlSink, JsonlTableSink
 from rlgrad.metrics import component_keys, foreign_key
 from rlgrad.runfiles import atomic_write_json
+from rlgrad.watch import doctor_hooks
 
 try:
     from trl import GRPOTrainer as _TRLGRPOTrainer
@@ -86,6 +87,21 @@ def trl_metrics(logs: dict[str, float], components: dict[str, str] | None = None
     function's (or model's) name -> its metric key (``reward_keys``)."""
     return {name: float(v) for k, v in logs.items()
             if isinstance(v, int | float) and (name := foreign_key(k, "trl", components)) is not None}
+
+
+SETTINGS = ("optim", "learning_rate", "max_grad_norm", "adam_epsilon", "beta", "max_completion_length",
+            "num_generations", "scale_rewards")  # TRL's args that rlgrad doctor reads (its advice depends on them)
+
+
+def trl_settings(args) -> dict:
+    """The TRL args ``rlgrad doctor`` reads, by TRL's names, as plain values (``optim`` is an enum)."""
+    out = {}
+    for name in SETTINGS:
+        val = getattr(args, name, None)
+        val = getattr(val, "value", val)
+        if isinstance(val, str | int | float | bool):
+            out[name] = val
+    return out
 
 
 def reward_keys(names: Sequence[str]) -> dict[str, str]:
@@ -145,9 +161,13 @@ class _Instruments:
         self.cfg = instrument_settings([*DEFAULTS, *overrides, f"trainer.seed={trainer.args.seed}"], UNSUPPORTED,
                                        "TRL")
         self.loss = TRLLoss(TRLLossSettings.of(trainer))
-        self.hooks = HookRunner([*hooks_from_config(self.cfg), *hooks])
         self.run_dir = run_dir
         self.is_main = trainer.accelerator.is_main_process
+        # the live doctor last: it reads TRL's logged scalars of a step (under rlgrad's names) with its analysis
+        live = doctor_hooks(self.cfg, run_dir, kind="trl", settings=trl_settings(trainer.args), is_main=self.is_main)
+        self.hooks = HookRunner([*hooks_from_config(self.cfg), *hooks, *live])
+        self.analysed: dict[int, dict[str, float]] = {}  # the analysis metrics of a step, for the doctor
+        self.halted = ""  # why the live doctor stopped training (doctor.halt_on), empty while it has not
         # The reward functions as rlgrad's metric keys name them (TRL's names, escaped: metrics.component_keys).
         self.components = component_keys(list(trainer.reward_func_names))
         self.key_of = reward_keys(trainer.reward_func_names)
@@ -175,7 +195,8 @@ class _Instruments:
             # The original names, for rlgrad report / doctor (the metric keys hold the escaped ones).
             atomic_write_json(self.run_dir / RUN_SOURCE, {
                 "trainer": "trl", "trl_version": importlib.metadata.version("trl"),
-                "reward_names": dict(zip(self.components, self.trainer.reward_func_names))})
+                "reward_names": dict(zip(self.components, self.trainer.reward_func_names)),
+                "settings": trl_settings(self.trainer.args)})
 
     # ---- the step ----------------------------------------------------------------------------------
     def before_update(self, out: dict) -> None:
@@ -251,6 +272,7 @@ class _Instruments:
             if self.metrics_log is not None:
                 self.metrics_log.log(ctx.step, self.pending)
             self.unlogged.update(self.pending)
+            self.analysed[ctx.step] = self.pending
             self.pending = {}
 
     @contextmanager
@@ -277,9 +299,20 @@ class _Instruments:
         out, self.unlogged = self.unlogged, {}
         return out
 
-    def log_trl(self, step: int, logs: dict[str, float]) -> None:
-        if self.metrics_log is not None and (m := trl_metrics(logs, self.key_of)):
-            self.metrics_log.log(step, m)
+    def log_trl(self, step: int, logs: dict[str, float]) -> bool:
+        """TRL's log of ``step`` to metrics.jsonl, and to the hooks' ``after_step`` (the live doctor) with the step's
+        analysis; True when one of them asks to stop (``doctor.halt_on``): TRL then saves and ends training."""
+        m = trl_metrics(logs, self.key_of)
+        if not m:
+            return False
+        res = self.hooks.after_step(step, {**self.analysed.pop(step, {}), **m})
+        self.analysed = {s: a for s, a in self.analysed.items() if s > step}
+        if self.metrics_log is not None:
+            self.metrics_log.log(step, {**m, **res.metrics})
+        if res.stop and not self.halted:
+            self.halted = res.reason
+            log.warning("rlgrad: stopping TRL after step %d (checkpoint saved): %s", step, res.reason)
+        return res.stop
 
     def stop_requested(self, step: int) -> bool:
         """Whether a hook asked to end training at or before ``step`` (TRL's global step that just ended)."""
@@ -307,8 +340,10 @@ class _Callback(TrainerCallback):
             control.should_training_stop = True
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and logs:
-            self.rl.log_trl(state.global_step, logs)
+        # every process: the doctor's halt must end training on all of them (only the main one writes)
+        if logs and self.rl.log_trl(state.global_step, logs):
+            control.should_save = True  # Trainer saves after on_log, then stops (should_training_stop)
+            control.should_training_stop = True
 
     def on_train_end(self, args, state, control, **kwargs):
         self.rl.close()

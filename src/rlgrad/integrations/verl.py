@@ -28,6 +28,7 @@ they were due anyway. Under verl's own trainer the report is ignored.
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import os
 import re
@@ -163,9 +164,6 @@ class _Instruments:
         if getattr(engine_cfg, "strategy", "fsdp2") not in ("fsdp", "fsdp2"):
             raise UserError(f"rlgrad's instruments support verl's fsdp/fsdp2 engines, not "
                             f"'{engine_cfg.strategy}'")
-        lora = getattr(worker.model_config, "lora_rank", 0) or (getattr(worker.model_config, "lora", None) or {})
-        if (lora.get("rank", 0) if isinstance(lora, dict) else lora) > 0:
-            raise UserError("rlgrad's instruments do not support LoRA actors yet")
         self.settings = verl_loss_settings(actor_config, temperature)
         at = schedules(self.cfg)
         at["components"] = Schedule(0)  # verl's reward components are not in the update batch
@@ -213,6 +211,10 @@ class _Instruments:
             dtype = next(module.parameters()).dtype  # verl's actor keeps fp32 master weights
             with torch.device("meta"):
                 replica = AutoModelForCausalLM.from_config(self.worker.model_config.hf_config, dtype=dtype)
+                if hasattr(module, "peft_config"):  # lora_rank > 0: verl's PeftModel, its adapters the trainable part
+                    from peft import get_peft_model
+
+                    replica = get_peft_model(replica, copy.deepcopy(module.peft_config["default"]))
             self.replica = replica.to_empty(device=get_device_name())
             self.replica.tie_weights()
             buffers = dict(module.named_buffers())  # not sharded by FSDP (rotary frequencies): copied once

@@ -183,7 +183,9 @@ def update_ratios(named: list[tuple[str, torch.Tensor]], before: list[torch.Tens
 
 def build_optimizer(model: torch.nn.Module, o) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW and its linear warm-up schedule from an ``OptimConfig`` (actor.optim, critic.optim)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+    # the trainable parameters only: under LoRA (actor.lora) the frozen base weights hold no optimizer state
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                   weight_decay=o.weight_decay)
     warm = o.lr_warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warm) if warm > 0 else 1.0)

@@ -38,6 +38,8 @@ _NEUTRAL_GENERATION_OPTIONS = {"repetition_penalty": 1.0, "no_repeat_ngram_size"
 def unsupported_reason(model, max_len: int | None = None) -> str | None:
     """Why ``decode`` cannot run ``model`` (None when it can); ``max_len`` = prompt + response tokens."""
     c = getattr(model, "config", None)
+    if any(hasattr(m, "lora_A") for m in model.modules()):  # decode calls the base weights functionally
+        return "LoRA adapters (PEFT) are not run by the native decoder"
     if getattr(c, "model_type", None) not in SUPPORTED_MODEL_TYPES:
         return f"model_type {getattr(c, 'model_type', None)!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}"
     inner = getattr(model, "model", None)

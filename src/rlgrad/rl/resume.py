@@ -20,7 +20,7 @@ from rlgrad.runfiles import checkpoint_dirs, holds_a_run
 # Settings that define a run: a resume that changes one is refused (a cadence or more steps may change).
 DEFINING = ("model.", "data.task", "data.train_files", "data.val_files", "data.reasoning_gym", "data.train_batch_size",
             "data.system_prompt", "data.apply_chat_template", "algorithm.", "reward.", "rollout.n",
-            "actor.policy_loss", "actor.loss_agg_mode", "critic.model", "trainer.seed", "env.", "agent.")
+            "actor.policy_loss", "actor.loss_agg_mode", "actor.lora.", "critic.model", "trainer.seed", "env.", "agent.")
 
 
 def resolve_run_dir(cfg: RLGradConfig) -> Path:
@@ -90,15 +90,33 @@ def finished_run_changes(run_dir: Path, cfg: RLGradConfig) -> str:
 
 
 class RunStopped(Exception):
-    """The run ended early for a reason the user must see (not bad input)."""
+    """The run ended early for a reason the user must see (not bad input). ``status``: rlgrad train's exit status;
+    ``label``: what its one line of stderr starts with."""
+
+    status = 1
+    label = "run stopped: "
+
+
+HALTED_STATUS = 3  # rlgrad train's exit status when a hook (the live doctor) stopped the run: not 0, 1, 2 or 128+n
+
+
+class Halted(RunStopped):
+    """A hook (the live doctor, ``doctor.halt_on``) stopped the run after a whole step and its checkpoint: neither
+    success nor failure (status 3)."""
+
+    status = HALTED_STATUS
+    label = ""
 
 
 class Interrupted(RunStopped):
     """SIGTERM / SIGINT: the run stopped after a whole step and its checkpoint (``signum``: which signal)."""
 
+    label = ""
+
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.signum = signum
+        self.status = 128 + signum  # the shell's convention for a signal
 
 
 @contextmanager

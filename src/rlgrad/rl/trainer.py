@@ -65,6 +65,7 @@ from rlgrad.rl.actor import build_optimizer, update_actor, update_size
 from rlgrad.rl.critic import compute_values, update_critic
 from rlgrad.rl.episodes import COUNTS, EpisodeRunner, episode_metrics
 from rlgrad.rl.filter import rollout_filter
+from rlgrad.rl.lora import add_adapters, load_adapters
 from rlgrad.rl.rollout import (
     PromptTooLong,
     check_prompt_rendering,
@@ -122,13 +123,20 @@ class Trainer:
         """The actor and its tokenizer (the checkpoint's when resuming), how prompts are rendered, and the
         multi-turn episode runner when the task is an environment."""
         cfg, seed = self.cfg, self.cfg.trainer.seed
-        if self.resume_from is not None:
+        lora = cfg.actor.lora.rank > 0
+        if self.resume_from is not None and not lora:
             self.actor, self.tokenizer = distributed.agree(
                 lambda: load_pretrained(self.resume_from / "actor", cfg.model.dtype))
-        else:
+        else:  # a LoRA checkpoint holds the adapter alone: it goes on the initial weights
             if world_size() > 1:  # rank 0 builds the warm-start cache once, the others then read it
                 distributed.decide(lambda: load_actor(cfg.model, self.task, seed, log=self.log) and None)
             self.actor, self.tokenizer = distributed.agree(lambda: load_actor(cfg.model, self.task, seed, log=self.log))
+        self.adapter = None  # actor.lora: the PeftModel around the actor, which checkpoints save (rl/lora.py)
+        if lora:
+            self.adapter = distributed.agree(
+                lambda: add_adapters(self.actor, cfg.actor.lora) if self.resume_from is None
+                else load_adapters(self.actor, self.resume_from / "actor"))
+            self.actor = self.adapter.get_base_model()
         self.actor.to(self.device)
         # Prompts through the tokenizer's chat template (data.apply_chat_template); responses end at EOS or
         # at the template's end-of-turn token. Checked now, before anything is written.
@@ -632,9 +640,14 @@ class Trainer:
             self.summary.setdefault("val/accuracy_before", math.nan)
             self.summary["val/accuracy_after"] = metrics["val/accuracy"]
         self.step = step
+        halt = self.hooks.after_step(step, metrics)  # the live doctor reads the whole row
+        metrics.update(halt.metrics)
         logger.log(step, metrics)
-        if last or interrupted or _due(trainer_cfg.save_freq, step):
+        if last or interrupted or halt.stop or _due(trainer_cfg.save_freq, step):
             self._save_checkpoint(step)
+        if halt.stop and not last:
+            self.summary["stopped_at_step"] = step
+            raise runs.Halted(f"stopped after step {step} by a hook, its metrics and checkpoint written: {halt.reason}")
         if interrupted and not last:
             raise runs.Interrupted(f"{signal.Signals(interrupted).name} after step {step}: its metrics and "
                                    "checkpoint are written; the same command resumes", interrupted)
@@ -643,7 +656,9 @@ class Trainer:
     def _save_checkpoint(self, step: int) -> None:
         state = self._state()  # every rank: FSDP2 gathers the optimizer state
         if self.is_main:
-            models = {"actor": self.actor} if self.critic is None else {"actor": self.actor, "critic": self.critic}
+            models = {"actor": self.actor if self.adapter is None else self.adapter}
+            if self.critic is not None:
+                models["critic"] = self.critic
             ckpt.save_checkpoint(self.run_dir, step, models, self.tokenizer, state, self.cfg.trainer.max_ckpt_to_keep)
 
 

@@ -1,0 +1,156 @@
+"""The doctor's advice, checked by doing what it claims: clipping on every step under Adam and under SGD (a tiny
+model trained both ways), an entropy term's advice by the sign of its coefficient, and the cause a collapse is
+blamed on."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+
+from rlgrad import rundata as D
+from rlgrad.doctor.command import diagnose
+from tests.doctor.test_doctor import fixture, healthy_series, run_of
+
+STEPS = 20
+
+
+def train(optimizer: str, lr: float, clip: float | None) -> tuple[torch.Tensor, list[float]]:
+    """A tiny classifier trained ``STEPS`` full-batch steps from one seed: (its total weight change, the gradient
+    norm before clipping at each step, as trainers log it)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    x, y = torch.randn(64, 16), torch.randint(0, 4, (64,))
+    before = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    opt = (torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0) if optimizer == "adamw"
+           else torch.optim.SGD(model.parameters(), lr=lr))
+    norms = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip else math.inf)))
+        opt.step()
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach() - before, norms
+
+
+def compare(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """(cosine, ‖a‖/‖b‖) of two weight changes."""
+    return float(torch.nn.functional.cosine_similarity(a, b, dim=0)), float(a.norm() / b.norm())
+
+
+def clip_finding(norms: list[float], config: dict):
+    s = healthy_series(len(norms))
+    s["actor/grad_norm"] = norms
+    return next(f for f in diagnose(run_of(s, config)).findings if f.id == "clip_every_step")
+
+
+CLIP = 1e-3
+
+
+def test_clipping_every_step_under_adam_leaves_the_update_and_the_doctor_says_so():
+    clipped, norms = train("adamw", 1e-2, CLIP)
+    free, _ = train("adamw", 1e-2, None)
+    assert min(norms) > 100 * CLIP  # every step clipped, by a factor below 0.01
+    cos, ratio = compare(clipped, free)
+    assert cos > 0.99 and 0.9 < ratio < 1.1, (cos, ratio)  # Adam: the same update, clip or not
+    f = clip_finding(norms, {"actor": {"optim": {"lr": 1e-2, "optimizer": "AdamW"}, "max_grad_norm": CLIP}})
+    assert f.severity == "info" and "unchanged up to ε" in f.explanation
+    assert "effective learning rate" not in f.explanation and "do not raise the learning rate" in f.action
+
+
+def test_clipping_every_step_under_sgd_scales_the_learning_rate_as_the_doctor_says():
+    lr = 0.5
+    clipped, norms = train("sgd", lr, CLIP)
+    free, _ = train("sgd", lr, None)
+    f = clip_finding(norms, {"optim": "sgd", "learning_rate": lr, "max_grad_norm": CLIP})
+    assert f.severity == "warn"
+    eff = float(re.search(r"effective learning rate of about lr × [0-9.e-]+ = ([0-9.e-]+)", f.explanation)[1])
+    # the claim: the clipped run moves like an unclipped one at the effective learning rate ...
+    at_eff, _ = train("sgd", eff, None)
+    cos, ratio = compare(clipped, at_eff)
+    assert cos > 0.99 and 0.8 < ratio < 1.25, (cos, ratio)
+    # ... and far less than at its own learning rate
+    assert compare(clipped, free)[1] < 0.05
+
+
+def test_the_optimizer_comes_from_the_config_or_the_trainers_default():
+    norms = [0.5] * 20
+    trl = run_of({**healthy_series(20), "actor/grad_norm": norms})
+    trl.kind, trl.settings = "trl", {"max_grad_norm": CLIP, "learning_rate": 1e-6}
+    f = next(f for f in diagnose(trl).findings if f.id == "clip_every_step")
+    assert "adamw_torch (TRL's default optim" in f.explanation and f.severity == "info"
+    trl.settings["optim"] = "sgd"
+    f = next(f for f in diagnose(trl).findings if f.id == "clip_every_step")
+    assert "effective learning rate" in f.explanation and f.severity == "warn"
+    unknown = clip_finding(norms, {"max_grad_norm": CLIP})  # no optimizer named, no trainer known: both cases
+    assert "does not name" in unknown.explanation and "SGD" in unknown.explanation and "Adam" in unknown.explanation
+    # a clip factor that varies a lot reweights Adam's steps: a warning
+    jumpy = clip_finding([0.05, 5.0] * 10, {"actor": {"optim": {"lr": 1e-4}, "max_grad_norm": CLIP}})
+    assert jumpy.severity == "warn" and "varies a lot" in jumpy.explanation
+
+
+def test_the_recorded_adam_run_clipped_at_0_001_learns_like_the_healthy_one():
+    """The fixture the finding is tested on: AdamW clipped on every step at 0.001 against the same demo unclipped."""
+    clipped, healthy = D.load_any(fixture("tiny_grad_clip")), D.load_any(fixture("healthy"))
+    acc = {n: D.series(r, "val/accuracy")[1] for n, r in (("clipped", clipped), ("healthy", healthy))}
+    assert acc["clipped"][0] == acc["healthy"][0] and abs(acc["clipped"][-1] - acc["healthy"][-1]) < 0.05, acc
+    f = next(f for f in diagnose(clipped).findings if f.id == "clip_every_step")
+    assert f.severity == "info" and "AdamW" in f.explanation
+
+
+def entropy_run(coef: float, entropy: list[float], update: float = 2e-3) -> D.RunData:
+    """A run whose reward collapses at step 10 while the entropy term's gradient is twice the task's on every
+    analysis step (every 4th), its entropy coefficient ``coef``."""
+    n = len(entropy)
+    s = healthy_series(n)
+    s["critic/score/mean"] = [0.6] * 9 + [0.1] * (n - 9)
+    s["actor/entropy"] = entropy
+    s["actor/update_ratio"] = [update] * n
+    run = run_of(s, {"actor": {"optim": {"lr": 1e-4}, "entropy_coeff": coef}})
+    for step in range(1, n + 1, 4):
+        run.rows[step] |= {"grad_norm/all/task": 0.5, "grad_norm/all/entropy": 1.0}
+    return run
+
+
+def finding(run: D.RunData, fid: str):
+    return next(f for f in diagnose(run).findings if f.id == fid)
+
+
+def test_an_entropy_penalty_is_told_to_move_toward_0_and_the_collapse_is_not_blamed_on_the_learning_rate():
+    run = entropy_run(-0.5, [1.5 - 0.05 * i for i in range(24)])
+    reg, collapse = finding(run, "regularizer_dominates"), finding(run, "reward_collapse")
+    assert "toward determinism" in reg.explanation and "randomness" not in reg.explanation
+    assert reg.action.startswith("Set actor.entropy_coeff to 0") and "Lower entropy_coeff" not in reg.action
+    assert "entropy penalty (entropy_coeff -0.5) drove it" in collapse.explanation
+    assert "learning rate is not the cause" in collapse.explanation
+    assert "learning rate" not in collapse.action.split("If it persists after that:")[-1]
+    assert "toward 0, do not lower it" in collapse.action
+    assert collapse.cause == "regularizer_dominates"
+
+
+def test_an_entropy_bonus_is_told_to_come_down_and_so_is_the_collapse_it_drives():
+    run = entropy_run(0.5, [1.5 + 0.05 * i for i in range(24)])
+    reg, collapse = finding(run, "regularizer_dominates"), finding(run, "reward_collapse")
+    assert "toward randomness" in reg.explanation and reg.action.startswith("Lower entropy_coeff (toward 0)")
+    assert "entropy bonus (entropy_coeff 0.5) drove it" in collapse.explanation
+    assert "lower actor.entropy_coeff toward 0" in collapse.action.lower()
+
+
+def test_a_collapse_blames_the_learning_rate_only_on_the_evidence():
+    s = healthy_series(24)
+    s["critic/score/mean"] = [0.6] * 9 + [0.1] * 15
+    s["actor/update_ratio"] = [0.05] * 24  # each step moves the weights by 5% of their norm
+    big = finding(run_of(s, {"actor": {"optim": {"lr": 3e-3}}}), "reward_collapse")
+    assert "too large (the update size)" in big.explanation and "lower the learning rate (now 0.003)" in big.action
+    assert big.cause == "update_too_large"
+    s["actor/update_ratio"] = [1e-3] * 24  # a normal update size, no entropy term: not the learning rate
+    normal = finding(run_of(s, {"actor": {"optim": {"lr": 1e-4}}}), "reward_collapse")
+    assert "Neither the update size nor an entropy term" in normal.explanation
+    assert "learning rate" not in normal.action.replace("before changing the learning rate", "")
+
+
+def test_the_recorded_entropy_penalty_collapse_names_the_penalty_not_the_learning_rate():
+    d = diagnose(D.load_any(fixture("entropy_penalty")))
+    collapse = next(f for f in d.findings if f.id == "reward_collapse")
+    assert "entropy penalty" in collapse.explanation and "Lower the learning rate" not in collapse.action
