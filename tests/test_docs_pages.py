@@ -15,7 +15,7 @@ from tests.helpers.readme import PAGES
 
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>\S*)\n(?P<body>.*?)^(?P=indent)```$", re.S | re.M)
 LANGS = {"bash", "python", "text", "yaml"}
-EXCERPT = re.compile(r"[Ee]xcerpt of \[`?(?P<label>[^\]`]+)`?\]\((?P<target>[^)#]+)\)")
+EXCERPT = re.compile(r"[Ee]xcerpt of\s+\[`?(?P<label>[^\]`]+)`?\]\((?P<target>[^)#]+)\)")
 
 
 def _blocks(page: str) -> list[tuple[str, str, str, str]]:
