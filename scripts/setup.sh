@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv on first use and install rlgrad into it (idempotent; re-installs when pyproject.toml changes).
+# It writes only inside the clone (.venv) and pip's cache (~/.cache/pip), and never installs system packages:
+# the one test that needs a browser (Chromium) skips itself, saying so, where none is installed.
 # On a machine without torch, the pinned CPU build is installed first: a bare `torch` requirement
 # resolved alone would pull a multi-GB CUDA build. Override with RLGRAD_TORCH_SPEC.
 set -euo pipefail
@@ -37,12 +39,4 @@ if [ -n "$missing" ]; then
     [ "$old" = "$stamp" ] || rm -f "$old"
   done
   for extra in $missing; do echo "$extra" >> "$stamp"; done
-fi
-# The HTML-report test opens the report in headless Chromium. Install it when absent, as root with apt
-# (never fatal: without it that test is skipped and says why). RLGRAD_NO_CHROMIUM=1 skips this step.
-if [ -z "${RLGRAD_NO_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1 \
-    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "[setup] installing chromium (for the report test)"
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
-    || echo "[setup] could not install chromium; the report's browser test will be skipped"
 fi

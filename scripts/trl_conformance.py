@@ -47,7 +47,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
-# The refusals README.md documents ("Inside TRL's GRPOTrainer": a setting the instruments cannot follow exactly);
+# The refusals docs/integrations.md documents ("Inside TRL's GRPOTrainer": a setting the instruments cannot follow exactly);
 # any other error of rlgrad's in a test that TRL's trainer passes is a regression.
 DOCUMENTED_REFUSALS = ("rlgrad's instruments cannot follow TRL's loss exactly with",)
 

@@ -69,3 +69,21 @@ def model_tok():
     from tests.helpers.batches import tiny_model_and_tokenizer
 
     return tiny_model_and_tokenizer()
+
+
+# The quick subset for contributors, `pytest -m "not slow"`: every test but those that train a model, load the real
+# one, launch processes of rlgrad or of its hosts (TRL, verl, torchrun), or walk the README's commands, and every e2e
+# check. A test is slow by what it needs (the fixtures below, also when a fixture it uses needs them), by its module
+# or by its e2e mark.
+SLOW_FIXTURES = frozenset({"model_cache", "smollm2_gguf"})
+SLOW_MODULES = frozenset({"test_distributed.py", "test_fuzz.py", "test_readme.py", "integrations/test_trl.py",
+                          "integrations/test_verl.py"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath))
+        module = path.relative_to(REPO / "tests").as_posix() if path.is_relative_to(REPO / "tests") else path.name
+        if (module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+                or item.get_closest_marker("e2e")):  # `-m "not slow"` replaces addopts' `-m "not e2e"`
+            item.add_marker(pytest.mark.slow)

@@ -118,3 +118,19 @@ def test_preset_help_shows_whole_descriptions_wrapped(capsys, monkeypatch):
     for name, about in presets():
         assert f"{name} {about}" in flat  # whole, every word in order
     assert max(map(len, listed.splitlines())) <= 80
+
+
+def test_next_commands_are_typed_as_they_work_in_the_shell(tmp_path, monkeypatch):
+    """scripts/demo.sh runs .venv/bin/rlgrad without activating the venv: its "next:" lines must say
+    .venv/bin/rlgrad; the same script found on PATH is plain `rlgrad`."""
+    from rlgrad.cli import invoked_as
+
+    script = tmp_path / ".venv" / "bin" / "rlgrad"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert invoked_as(".venv/bin/rlgrad") == ".venv/bin/rlgrad"
+    assert invoked_as("/usr/lib/python3/site-packages/pytest") == "rlgrad"
+    monkeypatch.setenv("PATH", str(script.parent))
+    assert invoked_as(str(script)) == "rlgrad"

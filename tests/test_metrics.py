@@ -11,6 +11,7 @@ import pytest
 from rlgrad import metrics as M
 from rlgrad.metrics import CATALOGUE, FIELDS, Metric, key, markdown, match, parse
 from tests.conftest import REPO, tiny_overrides
+from tests.helpers.readme import pages_text
 
 # A value of every placeholder, for keys built from any template.
 SAMPLE = {"bucket": "bucket_2", "term": "task", "loss": "total", "role": "critic", "component": "format",
@@ -234,7 +235,7 @@ def test_readme_check_helpers():
 
 
 def test_every_metric_the_readme_names_is_declared():
-    mentions = readme_metric_mentions((REPO / "README.md").read_text())
+    mentions = readme_metric_mentions(pages_text())  # the README and its reference pages
     assert len(mentions) > 10
     unfit = [x for x in mentions if not fits_catalogue(x)]
     assert not unfit, "README metric mentions that match no rlgrad.metrics template:\n  " + "\n  ".join(unfit)

@@ -1,4 +1,5 @@
-"""The README, top to bottom, as a newcomer runs it: every shell command of its ``bash`` blocks, in order, in one
+"""The README and its reference pages (``tests.helpers.readme.PAGES``), top to bottom, as a newcomer runs them:
+every shell command of their ``bash`` blocks, in order, in one
 working directory, so each command finds what the commands before it left (the run that ``rlgrad plot`` draws,
 the checkpoint that ``rlgrad probe`` reloads). A run is shrunk to the tiny test model and batches
 (``conftest.tiny_overrides``) and keeps its steps, so step numbers the README names exist. A command the tests
@@ -16,6 +17,7 @@ import pytest
 
 from rlgrad import cli
 from tests.conftest import REPO, tiny_overrides
+from tests.helpers.readme import pages_text
 
 # A command that starts with one of these is not run here, and why (the placeholders are the user's own).
 NOT_HERE = {
@@ -23,6 +25,7 @@ NOT_HERE = {
     "bash scripts/test.sh": "the test suite itself (CI's entry point)",
     "bash scripts/test_e2e.sh": "the end-to-end checks, this test among them (CI runs them after the suite)",
     "pip install": "installs packages",
+    "source .venv/bin/activate": "activates the Quickstart's venv in the user's shell (the tests run in one)",
     "python -m rlgrad train ...": "placeholder overrides ('same thing' as rlgrad train)",
     "rlgrad train model.path=/models/": "the user's own model and data files",
     "rlgrad train --config-name math_grpo_components model.path=/models/": "the user's own model and data files",
@@ -32,6 +35,8 @@ NOT_HERE = {
                                  "runs)",
     "rlgrad doctor ~/verl_logs/": "the user's verl log (tests/doctor/test_doctor.py reads a recorded verl "
                                   "JSONL)",
+    "rlgrad doctor RUN --fail-on": "a placeholder run (tests/doctor/test_selftest.py checks --fail-on's exit status)",
+    "rlgrad doctor --selftest": "the recorded runs of a source checkout (tests/doctor/test_selftest.py runs it)",
     "rlgrad doctor RUN --thresholds my_thresholds.yaml": "placeholders (tests/doctor/test_doctor.py overrides "
                                                          "thresholds)",
     "python -m rlgrad.integrations.verl_main": "verl's full launch needs Ray and GPUs "
@@ -76,8 +81,9 @@ def _why_not_here(cmd: str) -> str | None:
 
 
 def test_readme_commands_are_found():
-    cmds = readme_commands((REPO / "README.md").read_text())
-    assert cmds[0] == "bash scripts/demo.sh" and "rlgrad train" in cmds
+    assert readme_commands((REPO / "README.md").read_text())[0] == "bash scripts/demo.sh"
+    cmds = readme_commands(pages_text())
+    assert "rlgrad train" in cmds
     assert not any(c.endswith("\\") or "#" in c for c in cmds), cmds
     probe = next(c for c in cmds if c.startswith("rlgrad probe"))
     assert probe == "rlgrad probe --resume-from-path runs/rlgrad/default/global_step_20 --with-val"
@@ -99,7 +105,7 @@ def test_every_readme_command_works_in_order(model_cache, tmp_path, monkeypatch,
     # of RAGEN's presets keeps only such groups)
     shrink = [*tiny_overrides(model_cache), "model.warmstart_steps=150"]
     ran, unknown, said = [], [], {}
-    for cmd in readme_commands((REPO / "README.md").read_text()):
+    for cmd in readme_commands(pages_text()):
         if _why_not_here(cmd):
             continue
         argv = shlex.split(cmd)
@@ -146,7 +152,7 @@ def test_no_readme_run_shares_a_run_directory_with_an_earlier_one():
     from rlgrad.config.load import load_config
 
     seen: dict[Path, str] = {}
-    for cmd in readme_commands((REPO / "README.md").read_text()):
+    for cmd in readme_commands(pages_text()):
         argv = shlex.split(cmd)
         if _why_not_here(cmd) or argv[:2] != ["rlgrad", "train"] or "--show-config" in argv:
             continue

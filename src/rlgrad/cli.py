@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+from pathlib import Path
 
 from rlgrad.errors import UserError
 
@@ -54,11 +56,28 @@ def cmd_train(args: argparse.Namespace) -> int:
     keep = [o for o in args.overrides
             if not o.startswith(("trainer.default_local_dir=", "trainer.total_training_steps="))]
     preset = f"--config-name {args.config_name} " if args.config_name else ""
-    print(f"next:\n  rlgrad report {trainer.run_dir}      # one HTML page: curves, analyses, diagnosis\n"
-          f"  rlgrad doctor {trainer.run_dir}      # is the run healthy?\n"
-          f"  rlgrad train {preset}{' '.join(keep)} trainer.default_local_dir={trainer.run_dir} "
+    prog = invoked_as()
+    print(f"next:\n  {prog} report {trainer.run_dir}      # one HTML page: curves, analyses, diagnosis\n"
+          f"  {prog} doctor {trainer.run_dir}      # is the run healthy?\n"
+          f"  {prog} train {preset}{' '.join(keep)} trainer.default_local_dir={trainer.run_dir} "
           "trainer.total_training_steps=<more steps>      # continue it")
+    if prog != "rlgrad":
+        print(f"  (or `source {Path(prog).parent}/activate` once, then plain `rlgrad ...`)")
     return 0
+
+
+def invoked_as(argv0: str | None = None) -> str:
+    """How to type this command again in the same shell: ``rlgrad`` when that name on PATH is this very script,
+    else the path it was started by (``.venv/bin/rlgrad`` from scripts/demo.sh, whose venv is not activated)."""
+    import shutil
+
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    if Path(argv0).name != "rlgrad" or os.sep not in argv0:
+        return "rlgrad"  # typed as `rlgrad` (found on PATH), or python -m rlgrad, or called in-process
+    on_path = shutil.which("rlgrad")
+    if on_path and Path(on_path).resolve() == Path(argv0).resolve():
+        return "rlgrad"
+    return argv0
 
 
 def _width() -> int:
@@ -157,7 +176,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         return 0
     print(f"\nprobe of {ckpt} (step {step}) written to {prober.run_dir}")
     print(f"  metrics: {prober.run_dir / 'metrics.jsonl'}   per-layer norms: {prober.run_dir / 'analysis'}")
-    print(f"next:\n  rlgrad plot {prober.run_dir}      # RAGEN's figures of the probed step")
+    print(f"next:\n  {invoked_as()} plot {prober.run_dir}      # RAGEN's figures of the probed step")
     return 0
 
 

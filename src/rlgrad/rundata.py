@@ -4,7 +4,7 @@ A run reaches the plotting code as a :class:`RunData`: metric rows by step plus 
 directory (or, for a W&B run, the tables fetched through the public API). Every file format of the run
 directory (``metrics.jsonl``, ``config.yaml``, ``analysis/step_N/{group_rv_table.csv, layers.json,
 components.json, neurons.json}``, ``reward_components.jsonl``, ``rollouts/step_N.jsonl``) is parsed here
-and nowhere else, so a format change is a one-place fix. See docs/formats in the briefs / README "The run directory".
+and nowhere else, so a format change is a one-place fix. See docs/runs.md, "The run directory".
 """
 
 from __future__ import annotations

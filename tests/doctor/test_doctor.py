@@ -308,9 +308,9 @@ def test_finding_ids_are_the_registered_signature_ids_and_the_readme_table_is_ge
     for run in sorted(p for p in FIXTURES.iterdir() if p.is_dir()):
         seen |= {f.id for f in diagnose(D.load_any(str(run))).findings}
     assert seen and seen <= set(registered) | {"healthy"}, seen - set(registered)
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "doctor.md").read_text()
     table = readme.split(README_START)[1].split(README_END)[0]
-    assert table == "\n" + findings_table() + "\n", "the README's findings table is stale: " \
+    assert table == "\n" + findings_table() + "\n", "docs/doctor.md's findings table is stale: " \
                                                      "python scripts/doctor_table.py"
     named = re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M)
     assert named == registered  # one row per registered id, in registration order

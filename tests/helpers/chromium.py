@@ -17,10 +17,25 @@ from pathlib import Path
 
 
 def find_chromium() -> str | None:
+    """``$RLGRAD_CHROMIUM`` if set, else the first Chromium-family browser on PATH."""
+    if os.environ.get("RLGRAD_CHROMIUM"):
+        return os.environ["RLGRAD_CHROMIUM"]
     for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
         if path := shutil.which(name):
             return path
     return None
+
+
+def chromium_or_skip() -> str:
+    """The browser for a test that opens a page, or skip that test saying what it needs. Nothing installs a
+    browser for the tests (scripts/setup.sh installs no system package): install one to run them."""
+    import pytest
+
+    path = find_chromium()
+    if path is None:
+        pytest.skip("needs headless Chromium, not found (chromium, chromium-browser, google-chrome on PATH): "
+                    "install it, e.g. `sudo apt-get install chromium`, or point RLGRAD_CHROMIUM at a Chrome binary")
+    return path
 
 
 class _Pipe:

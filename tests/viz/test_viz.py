@@ -25,7 +25,7 @@ from rlgrad.viz.figbase import png_bytes
 from rlgrad.viz.plot import step_figures
 from rlgrad.viz.reading import narrative
 from tests.conftest import REPO, tiny_overrides
-from tests.helpers.chromium import find_chromium, open_page
+from tests.helpers.chromium import chromium_or_skip, open_page
 
 DATA = REPO / "tests" / "data"
 RAGEN_FILES = ["summary", "plots", "loss_plots", "reward_std", "normed_grads"]
@@ -618,7 +618,16 @@ def test_component_trend_draws_cosines_and_shares_over_steps_with_gaps(tmp_path)
     y = cos_ax.lines[0].get_ydata()
     assert list(cos_ax.lines[0].get_xdata()) == [1, 11, 21] and y[0] == -0.4 and math.isnan(y[1])
     assert "n/a (zero gradient)" in fig._suptitle.get_text()
-    assert [ln.get_label() for ln in share_ax.lines if not ln.get_label().startswith("_")] == ["correctness", "format"]
+    assert [ln.get_label() for ln in share_ax.lines if not ln.get_label().startswith("_")] == [
+        "correctness", "format (n/a at step 11)"]
+    # the missing values are a grey hatched band at step 11 marked n/a, never a point on the 0 line
+    for ax in (cos_ax, share_ax):
+        assert not [ln for ln in ax.lines if ln.get_marker() == "x"]
+        assert not [ln for ln in ax.lines if 11 in list(ln.get_xdata()) and 0.0 in list(ln.get_ydata())]
+        bands = [p for p in ax.patches if p.get_gid() == "undefined"]
+        assert len(bands) == 1 and bands[0].get_hatch() == "//"
+        assert bands[0].get_x() < 11 < bands[0].get_x() + bands[0].get_width()
+        assert [t.get_text() for t in ax.texts] == ["n/a"]
     assert RF.fig_component_trend(D.RunData("r", "r", {1: rows[1]}, run_dir=tmp_path)) is None  # one step: no trend
 
 
@@ -700,10 +709,7 @@ def test_report_is_self_contained(rich_run, rich_report):
 
 
 def test_report_renders_in_chromium_without_errors(rich_report, tmp_path):
-    chromium = find_chromium()
-    if chromium is None:
-        pytest.skip("chromium is not installed and could not be installed here (scripts/setup.sh installs it "
-                    "with apt-get when run as root)")
+    chromium = chromium_or_skip()
     shot = tmp_path / "shot.png"
     errors = open_page(chromium, rich_report.as_uri(), shot)
     assert errors == []
@@ -733,7 +739,10 @@ def test_layer_heatmap_holds_the_layers_json_numbers(recorded_run):
                 assert norms[i, j] == pytest.approx(v[j])
             else:
                 assert np.ma.is_masked(norms[i, j])
-            assert share[i, j] == pytest.approx(v[j] ** 2 / sq if sq > 0 else 0.0)
+            if sq > 0:
+                assert share[i, j] == pytest.approx(v[j] ** 2 / sq)
+            else:  # a zero-gradient row has no shares: grey n/a (test_report_explains.py), never 0%
+                assert np.ma.is_masked(share[i, j])
 
 
 def test_report_config_table_says_when_each_instrument_ran():
@@ -822,12 +831,16 @@ def test_bucket_trend_tracks_reward_std_levels_not_bucket_labels():
     assert [ln.get_label() for ln in left.lines] == ["all (whole batch)"]  # no line joins bucket k over steps
     curves = {ln.get_label(): ln for ln in right.lines if not ln.get_label().startswith("_")}
     assert list(curves) == ["step 1", "step 11"] and list(curves["step 11"].get_xdata()) == [0.1, 0.5, 0.9]
-    # two buckets of one reward std: both drawn as points, the line through their mean (no vertical zigzag)
+    # two buckets of one reward std: one point at their mean on the line, a bar over their range, "×2" (no vertical
+    # zigzag, no stack of unconnected dots)
     s3 = _bucket_metrics(rv=[0.0, 0.5, 0.5, 0.9], task=[0.0, 0.2, 0.6, 0.8], all_={"task": 0.5})
     fig = RF.fig_bucket_trend(D.RunData("r", "r", {1: s1, 11: s3}), [1, 11])
     line = next(ln for ln in fig.axes[1].lines if ln.get_label() == "step 11")
     assert list(line.get_xdata()) == [0.0, 0.5, 0.9] and line.get_ydata()[1] == pytest.approx(0.4)
-    assert sum(len(ln.get_xdata()) for ln in fig.axes[1].lines if ln.get_marker() == "o") == 3 + 4
+    assert sum(len(ln.get_xdata()) for ln in fig.axes[1].lines if ln.get_marker() == "o") == 3 + 3
+    bars = [c for c in fig.axes[1].collections if c.get_gid() == "shared_x_range"]
+    assert len(bars) == 1 and np.allclose(bars[0].get_segments()[0], [[0.5, 0.2], [0.5, 0.6]])
+    assert [t.get_text() for t in fig.axes[1].texts] == ["×2"]
 
 
 def test_neuron_figures_read_plainly():

@@ -1,7 +1,7 @@
 """``rlgrad doctor``'s signatures of the training dynamics, one function each, read off the logs: non-finite
 values, gradient spikes and clipping, KL, entropy, the PPO clip and response lengths. ``rlgrad.doctor.progress``
 holds those of the reward's progress and the learning rate, ``rlgrad.doctor.gradient`` those that read rlgrad's
-instruments. Each names the metrics it needs and its row of the README's table; its thresholds are
+instruments. Each names the metrics it needs and its row of docs/doctor.md's table; its thresholds are
 ``Thresholds`` fields. A finding lists the findings its evidence explains (``Finding.explains``: an entropy penalty
 explains the collapse it drives), which ``diagnose`` uses to put causes first."""
 

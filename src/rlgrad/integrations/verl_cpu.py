@@ -1,7 +1,7 @@
 """verl 0.9 on a CPU machine: load this module into every verl process with verl's own hook,
 
     VERL_USE_EXTERNAL_MODULES=rlgrad.integrations.verl_cpu python -m rlgrad.integrations.verl_main \\
-        actor_rollout_ref.rollout.name=hf_cpu actor_rollout_ref.actor.strategy=fsdp2 ... (README, "Inside verl")
+        actor_rollout_ref.rollout.name=hf_cpu actor_rollout_ref.actor.strategy=fsdp2 ... (docs/integrations.md)
 
 for tests, demos and debugging of the launch without GPUs (slow: HF ``generate``, no batching across
 requests). Everything is added through verl's registries; nothing of verl is edited or patched:

@@ -23,6 +23,7 @@ from rlgrad.viz.figbase import (
     MISSING,
     NORM_UNIT,
     TITLES,
+    UNDEFINED,
     annotate,
     auto_scale,
     finite,
@@ -30,6 +31,7 @@ from rlgrad.viz.figbase import (
     line_through_means,
     new_fig,
     note,
+    value_labels,
 )
 
 
@@ -69,7 +71,7 @@ def _bucket_bars(ax, sv: StepView, name: str, color: str, fmt: str = "%.3g") -> 
     x = np.arange(len(vals))
     bars = ax.bar(x, np.nan_to_num(vals), color=color, alpha=0.85, edgecolor="black", linewidth=0.8,
                   label="bucket")
-    ax.bar_label(bars, fmt=fmt, fontsize=7, padding=2)
+    ax.bar_label(bars, labels=value_labels(vals, fmt), fontsize=7, padding=2)
     ticks, labels = list(x), sv.tick_labels()
     shown = list(vals)
     if sv.has_all:
@@ -77,7 +79,7 @@ def _bucket_bars(ax, sv: StepView, name: str, color: str, fmt: str = "%.3g") -> 
         xa = len(vals) + 0.6
         b = ax.bar([xa], [np.nan_to_num(a)], color=COLORS["all"], alpha=0.7, hatch="//", edgecolor="black",
                    linewidth=0.8, label="all (whole batch)")
-        ax.bar_label(b, fmt=fmt, fontsize=7, padding=2)
+        ax.bar_label(b, labels=value_labels([a], fmt), fontsize=7, padding=2)
         ax.axvline(len(vals) - 0.2, color="#999", linestyle=":", linewidth=1)
         ticks.append(xa)
         labels.append("all")
@@ -205,8 +207,10 @@ def fig_normed(sv: StepView) -> Figure:
         ps, pt = sv.values(f"per_sample/{comp}", names), sv.values(f"per_token/{comp}", names)
         x, w = np.arange(len(names)), 0.38
         # values: the metrics JSON
-        ax.bar(x - w / 2, np.nan_to_num(ps), w, color="#16a085", label="per sample")
-        ax.bar(x + w / 2, np.nan_to_num(pt), w, color="#f39c12", label="per token")
+        for shift, vals, color, label in ((-w / 2, ps, "#16a085", "per sample"), (w / 2, pt, "#f39c12", "per token")):
+            bars = ax.bar(x + shift, np.nan_to_num(vals), w, color=color, label=label)
+            # a missing value says so; a present one needs no label (the axis reads it)
+            ax.bar_label(bars, labels=["" if lab != "n/a" else lab for lab in value_labels(vals)], fontsize=7)
         labels = [n.replace("_", " ") for n in names]
         ax.set_xticks(x, labels, fontsize=8)
         ax.set_xlabel("reward-variance bucket (1 = lowest); last: all")
@@ -345,7 +349,9 @@ def fig_layers(sv: StepView, component: str = "task") -> Figure | None:
     cols = sorted({g for b in rows for g in norms[b]}, key=D.layer_sort_key)
     mat = np.array([[norms[b].get(g, np.nan) for g in cols] for b in rows], dtype=float)
     sq = np.nan_to_num(mat) ** 2
-    share = sq / np.where(sq.sum(1, keepdims=True) > 0, sq.sum(1, keepdims=True), 1.0)
+    total = sq.sum(1, keepdims=True)
+    # a bucket whose gradient is zero everywhere has no shares: its row is n/a (grey), never 0%
+    share = np.where(total > 0, sq / np.where(total > 0, total, 1.0), np.nan)
     fig, axes = new_fig(1, 2, (max(10, 1.1 * len(cols) * 2 + 4), 0.55 * len(rows) + 2.6))
     pos = mat[np.isfinite(mat) & (mat > 0)]
     if pos.size and pos.max() > pos.min():
@@ -356,7 +362,8 @@ def fig_layers(sv: StepView, component: str = "task") -> Figure | None:
     norm_label = f"{component} gradient norm (L2 over the group's parameters)"
     for ax, data, nm, cmap, label, fmt in (
             (axes[0, 0], masked, norm, "viridis", norm_label, "{:.2g}"),
-            (axes[0, 1], share, Normalize(0, 1), "magma", "share of the bucket's squared norm", "{:.0%}")):
+            (axes[0, 1], np.ma.masked_invalid(share), Normalize(0, 1), "magma", "share of the bucket's squared norm",
+             "{:.0%}")):
         cm = matplotlib.colormaps[cmap].with_extremes(bad="#dddddd")
         im = ax.imshow(data, aspect="auto", cmap=cm, norm=nm)
         ax.set_xticks(range(len(cols)), cols, rotation=45, ha="right", fontsize=8)
@@ -365,8 +372,12 @@ def fig_layers(sv: StepView, component: str = "task") -> Figure | None:
         ax.set_ylabel("reward-variance bucket")
         fig.colorbar(im, ax=ax, label=label, shrink=0.9)
         if len(cols) * len(rows) <= 160:
-            annotate(ax, im, mat if data is masked else share, fmt)
+            annotate(ax, im, mat if data is masked else share, fmt,
+                     missing="n/a (not measured)" if data is masked else UNDEFINED)
     axes[0, 0].set_title(f"{component} gradient norm per layer group", fontweight="bold", fontsize=11)
-    axes[0, 1].set_title("share per layer group (each row sums to 100%)", fontweight="bold", fontsize=11)
+    zero_rows = [r.replace("_", " ") for r, t in zip(rows, total[:, 0]) if t <= 0]
+    axes[0, 1].set_title("share per layer group (each row sums to 100%)"
+                         + (f"\nn/a (grey): {', '.join(zero_rows)}, zero gradient" if zero_rows else ""),
+                         fontweight="bold", fontsize=11)
     fig.suptitle(sv.title("Per-layer gradient by bucket"), fontsize=13)
     return fig

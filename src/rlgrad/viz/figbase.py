@@ -44,6 +44,28 @@ def line_through_means(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[f
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def points_by_x(ax, xs: Sequence[float], ys: Sequence[float], color, **line_kw) -> None:
+    """Points joined by a line in x order, buckets that share an x (to 3 digits: RAGEN's quantiles over many
+    zero-variance groups) drawn as one point at their mean y with a bar over their range and "×k", so no stack of
+    unconnected dots sits on one vertical."""
+    mx, my = line_through_means(xs, ys)
+    spans: dict[str, list[float]] = {}
+    for x, y in zip(xs, ys):
+        if math.isfinite(x) and math.isfinite(y):
+            spans.setdefault(f"{x:.3g}", []).append(y)
+    groups = list(spans.values())  # in the same (x) order as line_through_means' points
+    ax.plot(mx, my, "o-" if len(mx) > 1 else "o", color=color, markersize=5, **line_kw)
+    for x, y, g in zip(mx, my, groups):
+        if len(g) > 1:
+            ax.vlines(x, min(g), max(g), color=color, linewidth=1.5, gid="shared_x_range")
+            ax.annotate(f"×{len(g)}", (x, y), textcoords="offset points", xytext=(5, -10), fontsize=7, color=color)
+
+
+def value_labels(values: Sequence[float], fmt: str = "%.3g") -> list[str]:
+    """Bar labels: each value in ``fmt``, a missing one (NaN: not logged for this bar) "n/a", never a 0."""
+    return [fmt % v if v is not None and math.isfinite(v) else "n/a" for v in values]
+
+
 def left_out(terms: Sequence[str]) -> str:
     """A title's second line naming the panels a figure leaves out because the run never computed them."""
     return ("\nnot drawn, not computed in this run: " + ", ".join(WHY_ABSENT.get(t, t) for t in terms)

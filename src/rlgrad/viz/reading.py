@@ -25,10 +25,18 @@ def _change(a: float, b: float) -> str:
     return f"{100 * (b - a) / abs(a):+.0f}%"
 
 
-def _top_bucket(m: dict[str, float]) -> tuple[str, float] | None:
+def _task_norms(m: dict[str, float]) -> list[tuple[str, float]]:
     vals = [(b, D.bucket_value(m, b, "task")) for b in D.bucket_names(m)]
-    vals = [(b, v) for b, v in vals if math.isfinite(v)]
-    return max(vals, key=lambda bv: bv[1]) if vals else None
+    return [(b, v) for b, v in vals if math.isfinite(v)]
+
+
+def _top_bucket(m: dict[str, float]) -> tuple[str, float] | None:
+    """The bucket of the largest task gradient; None when there is no single largest (every bucket equal, all
+    zero included) or no bucket."""
+    vals = _task_norms(m)
+    if not vals or min(v for _, v in vals) == max(v for _, v in vals):
+        return None
+    return max(vals, key=lambda bv: bv[1])
 
 
 def _describe_bucket(m: dict[str, float], b: str) -> str:
@@ -104,12 +112,14 @@ def rule_top_bucket(run: D.RunData) -> list[str]:
     out: list[str] = []
     for st in ends:
         m = run.metrics(st)
-        top = _top_bucket(m)
-        if top is None:
-            continue
-        if top[1] == 0:
+        top, vals = _top_bucket(m), _task_norms(m)
+        if top is None and vals and vals[0][1] == 0:
             out.append(f"At step {st} every bucket's task gradient is zero: no group had reward variance, "
                        "so every advantage was zero.")
+            continue
+        if top is None:
+            if vals:
+                out.append(f"At step {st} every bucket's task gradient has the same norm, {vals[0][1]:.3g}.")
             continue
         allv = D.bucket_value(m, "all", "task")
         out.append(f"At step {st} the task gradient is largest in {_describe_bucket(m, top[0])}: norm "
@@ -128,9 +138,13 @@ def rule_top_bucket_moved(run: D.RunData) -> list[str]:
     if not (math.isfinite(a) and math.isfinite(b)):
         return []
     ta, tb = _top_bucket(run.metrics(first)), _top_bucket(run.metrics(last))
-    moved = "stayed in the same bucket" if ta and tb and ta[0] == tb[0] else "moved to another bucket"
-    return [f"Between steps {first} and {last} the largest task gradient {moved}, and the whole-batch "
-            f"task gradient norm went from {a:.3g} to {b:.3g} ({_change(a, b)})."]
+    whole = f"the whole-batch task gradient norm went from {a:.3g} to {b:.3g} ({_change(a, b)})"
+    if a == b == 0:
+        return [f"Between steps {first} and {last} the task gradient stayed zero in every bucket."]
+    if ta is None or tb is None:  # no single largest bucket at one end: nothing to compare
+        return [f"Between steps {first} and {last} {whole}."]
+    moved = "stayed in the same bucket" if ta[0] == tb[0] else "moved to another bucket"
+    return [f"Between steps {first} and {last} the largest task gradient {moved}, and {whole}."]
 
 
 def _zero_std_groups(run: D.RunData, st: int, m: dict[str, float]) -> tuple[int, int] | None:

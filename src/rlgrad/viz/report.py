@@ -24,8 +24,9 @@ from rlgrad.errors import UserError
 from rlgrad.runfiles import atomic_write_text, check_output
 from rlgrad.viz import run_figures as R
 from rlgrad.viz.figbase import png_bytes
-from rlgrad.viz.plot import step_figures
+from rlgrad.viz.plot import RAGEN_FIGURES, step_figures
 from rlgrad.viz.reading import narrative
+from rlgrad.viz.terms import terms_block, terms_section
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;\
@@ -47,6 +48,8 @@ details{margin:8px 0}summary{cursor:pointer;font-weight:600}
 details.finding summary{font-weight:400}
 pre{background:#f6f8fa;padding:10px;overflow-x:auto;font-size:.8em}
 nav a{margin-right:14px}
+details.terms{font-size:.88em;color:#444}details.terms summary{font-weight:400;color:#666}
+details.terms ul{margin:4px 0 8px}dl dt{font-weight:600;margin-top:.6em}dl dd{margin-left:1.2em}
 .samples{margin:6px 0 18px}.samples p{margin:10px 0 4px}
 .samples pre{margin:2px 0 4px;padding:6px 8px;white-space:pre-wrap;word-break:break-word}
 td.text{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;white-space:pre-wrap;\
@@ -227,6 +230,19 @@ def _pick(steps: list[int], k: int) -> list[int]:
     return [steps[i] for i in idx]
 
 
+BUCKET_FIGURES = (*RAGEN_FIGURES, "layers")  # the figures drawn from the buckets
+
+
+def _all_gradients_zero(m: dict[str, float]) -> bool:
+    """Every gradient norm of every bucket (task, KL, entropy) is 0 at this step (none missing either)."""
+    vals = [D.bucket_value(m, b, c) for b in D.bucket_names(m) for c in D.GRAD_COMPONENTS if D.has_component(m, c)]
+    return bool(vals) and all(v == 0 for v in vals)
+
+
+def _steps_text(steps: list[int]) -> str:
+    return ("step " if len(steps) == 1 else "steps ") + ", ".join(map(str, steps))
+
+
 def _analysis_section(run: D.RunData, dpi: int, max_steps: int) -> str:
     steps = D.analysis_steps(run)
     if not steps:
@@ -234,9 +250,18 @@ def _analysis_section(run: D.RunData, dpi: int, max_steps: int) -> str:
     parts = ['<section id="analysis"><h2>Gradient analysis by reward-variance bucket</h2>',
              f'<p class="muted">Analysis steps: {", ".join(map(str, steps))}. Bucket 1 holds the prompt '
              "groups with the lowest in-group reward std; <em>all</em> is the whole batch. Norms are L2 "
-             "norms over all trainable parameters of each bucket's own aggregated loss, before clipping.</p>"]
+             "norms over all trainable parameters of each bucket's own aggregated loss, before clipping.</p>",
+             terms_block("analysis")]
     shown = _pick(steps, max_steps)
-    if len(steps) >= 2:
+    zero = [s for s in steps if _all_gradients_zero(run.metrics(s))]
+    if zero == steps:  # nothing to draw: panels of dots on 0 would only hide that
+        parts.append(f"<p><b>Every bucket's gradient is zero at every analysis step</b> ({_steps_text(steps)}): "
+                     "no prompt group had reward variance, so every advantage and every task gradient was 0; "
+                     "no figure is drawn. The tables below show the buckets' reward spreads.</p>")
+    elif zero:
+        parts.append(f"<p>At {_steps_text(zero)} every bucket's gradient is zero (no reward variance): those "
+                     "steps get their tables, not figures.</p>")
+    if len(steps) - len(zero) >= 2:
         parts.append(_img(R.fig_bucket_trend(run, steps), dpi,
                           "Per-bucket task gradient norm and reward std over the analysis steps."))
         grid = R.fig_steps_grid([(f"Step {s}", run.metrics(s)) for s in _pick(steps, 6)], "run",
@@ -251,6 +276,8 @@ def _analysis_section(run: D.RunData, dpi: int, max_steps: int) -> str:
         parts.append(f"<details{is_open}><summary>Step {s}</summary>")
         parts.append(_bucket_table(run, s))
         parts.append(_samples_block(run, s))
+        if s in zero:
+            figs = {n: f for n, f in figs.items() if n not in BUCKET_FIGURES}
         # one figure per question in view (which buckets push; how components pull; which neurons sleep), the
         # rest of RAGEN's per-step figures folded
         for name in [n for n in MAIN_STEP_FIGURES if n in figs]:
@@ -274,6 +301,7 @@ def _components_section(run: D.RunData, dpi: int) -> str:
     parts = ['<section id="rewards"><h2>Reward components</h2>',
              '<p class="muted">Over the samples the actor update trained on: after the rollout filter, when one is '
              'set (the console\'s <code>acc</code> and <code>reward</code> are over every sample, before it).</p>',
+             terms_block("rewards") if D.component_steps(run) else "",
              _img(trend, dpi, "Reward components over training.")]
     pulls = R.fig_component_trend(run)
     if pulls is not None:
@@ -299,14 +327,18 @@ def _components_section(run: D.RunData, dpi: int) -> str:
     return "".join(parts)
 
 
-def _neurons_section(run: D.RunData, dpi: int) -> str:
+def _neurons_section(run: D.RunData, dpi: int, max_steps: int) -> str:
     trend = R.fig_neuron_trend(run)
     nsteps = D.neuron_steps(run)
     if trend is None and not nsteps:
         return ""
-    parts = ['<section id="neurons"><h2>Neuron health</h2>',
+    parts = ['<section id="neurons"><h2>Neuron health</h2>', terms_block("neurons"),
              _img(trend, dpi, "Neuron statistics over training.")]
-    if nsteps:
+    if nsteps and nsteps[-1] in _pick(D.analysis_steps(run), max_steps):
+        # that step's per-layer figure is drawn with its analysis step above: one figure once
+        parts.append(f'<p class="muted">Per layer at step {nsteps[-1]}: under <a href="#analysis">Gradient '
+                     f"analysis</a>, step {nsteps[-1]}.</p>")
+    elif nsteps:
         h = D.neuron_health(run, nsteps[-1])
         if h:
             parts.append(_img(R.fig_neurons(h, f"Neuron health — run {run.name}, step {nsteps[-1]}"), dpi,
@@ -325,15 +357,17 @@ def build_report(run: D.RunData, dpi: int = 90, max_steps: int = 6) -> str:
                                                   "Training metrics per step (validation where it ran).")),
         _analysis_section(run, dpi, max_steps),
         _components_section(run, dpi),
-        _neurons_section(run, dpi),
+        _neurons_section(run, dpi, max_steps),
         _section("critic", "Critic", _img(R.fig_critic(run), dpi, "Value function.")),
     ]
+    sections.append(terms_section([sid for sid in ("analysis", "rewards", "neurons")
+                                   if any(f'id="{sid}"' in s and 'class="terms"' in s for s in sections)]))
     reading = "".join(f"<li>{html.escape(t)}</li>" for t in narrative(run))
     diagnosis = _diagnosis_section(run)
     nav = " ".join(f'<a href="#{sid}">{title}</a>' for sid, title in (
         ("diagnosis", "Diagnosis"), ("reading", "What changed"), ("config", "Configuration"),
         ("curves", "Training curves"), ("analysis", "Gradient analysis"), ("rewards", "Reward components"),
-        ("neurons", "Neuron health"), ("critic", "Critic"))
+        ("neurons", "Neuron health"), ("critic", "Critic"), ("terms", "Terms"))
         if sid in ("diagnosis", "reading") or any(f'id="{sid}"' in s for s in sections))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

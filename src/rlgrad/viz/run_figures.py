@@ -26,9 +26,10 @@ from rlgrad.viz.figbase import (
     auto_scale,
     finite,
     left_out,
-    line_through_means,
     new_fig,
     note,
+    points_by_x,
+    value_labels,
 )
 
 # ---------------------------------------------------------------- one step's components.json / neurons.json
@@ -88,7 +89,7 @@ def _component_norms(ax, comps: list[str], g: dict, lab) -> None:
         v = share.get(c)
         return float(v) if isinstance(v, int | float) else math.nan
 
-    labels = [f"{v:.3g}" + (f"\n{D.share_label(share_of(c))}" if math.isfinite(share_of(c))
+    labels = [value_labels([v])[0] + (f"\n{D.share_label(share_of(c))}" if math.isfinite(share_of(c))
                             else ("\nshare n/a" if c != "total" else "")) for v, c in zip(vals, names)]
     ax.bar_label(bars, labels=labels, fontsize=8, padding=2)
     ax.tick_params(axis="x", labelrotation=30)
@@ -243,8 +244,7 @@ def fig_steps_grid(steps: list[tuple[str, dict[str, float]]], mode: str, title: 
         cols = ((task, "#e67e22", "task grad norm (L2)"), (reg, "#16a085", "KL + entropy grad norm (L2)"))
         for c, (ys, color, ylab) in enumerate(cols[:2 if has_reg else 1], start=1):
             ax = axes[r, c]
-            ax.plot(mean, ys, "o", color=color, markersize=5)
-            ax.plot(*line_through_means(mean, ys), "-", color=color)
+            points_by_x(ax, mean, ys, color)
             _rv_scale(ax, mean, "x")
             ax.set_ylabel(f"{name}\n{ylab}")
         for ax in axes[r]:
@@ -362,9 +362,7 @@ def fig_bucket_trend(run: D.RunData, steps: list[int]) -> Figure | None:
     for i, s in enumerate(steps):
         mine = [(p[2], p[3]) for p in pts if p[0] == s]
         if mine:
-            color = cmap(0.85 * i / max(1, len(steps) - 1))
-            ax.plot(*zip(*mine), "o", markersize=4, color=color)
-            ax.plot(*line_through_means(*zip(*mine)), "-", color=color, label=f"step {s}")
+            points_by_x(ax, *zip(*mine), cmap(0.85 * i / max(1, len(steps) - 1)), label=f"step {s}")
     ax.set_title("Task gradient norm vs bucket reward std, per step", fontweight="bold", fontsize=11)
     ax.set_xlabel("bucket mean in-group reward std (reward units)")
     ax.set_ylabel(f"gradient norm ({NORM_UNIT})")
@@ -387,15 +385,18 @@ def fig_component_trend(run: D.RunData) -> Figure | None:
     fig, axes = new_fig(1, 2, (14, 4.6))
     gaps = False
     for ax, names, part in ((axes[0, 0], pairs, "cosine"), (axes[0, 1], comps, "share")):
+        missing: set[int] = set()
         for name in names:
             xs = [s for s, _ in geoms]
             ys = np.array([g["global"].get(part, {}).get(name, np.nan) for _, g in geoms], dtype=float)
-            line = ax.plot(xs, ys, "o-", markersize=4,
-                           label=D.pair_label(run, name) if part == "cosine" else D.label(run, name))[0]
             bad = [x for x, y in zip(xs, ys) if not math.isfinite(y)]
-            if bad:  # never a number or a colour: an x on the axis line, said in the legend
-                gaps = True
-                ax.plot(bad, [0.0] * len(bad), "x", color=line.get_color(), markersize=7)
+            label = D.pair_label(run, name) if part == "cosine" else D.label(run, name)
+            if bad:  # a gap in the line, named in the legend; never a point at 0 (a cosine of 0 means orthogonal)
+                label += f" (n/a at step {', '.join(map(str, bad))})"
+                missing.update(bad)
+            ax.plot(xs, ys, "o-", markersize=4, label=label)
+        _mark_undefined(ax, sorted(missing))
+        gaps = gaps or bool(missing)
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set_xlabel("training step (reward-component steps)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -408,8 +409,18 @@ def fig_component_trend(run: D.RunData) -> Figure | None:
     axes[0, 1].set_ylabel("⟨g_c, g⟩ / |g|²: a share in 0-1, a signed contribution outside")
     axes[0, 1].set_title("Each component's share of the update", fontweight="bold", fontsize=11)
     fig.suptitle(f"Reward-component gradients over training — run {run.name}"
-                 + (f"  (x: {UNDEFINED})" if gaps else ""), fontsize=13)
+                 + (f"  (grey band: {UNDEFINED})" if gaps else ""), fontsize=13)
     return fig
+
+
+def _mark_undefined(ax: Axes, steps: list[int]) -> None:
+    """A grey hatched band over each step where a value does not exist, labelled n/a at the top: the gap in a
+    line is then a visible absence, not a value."""
+    for x in steps:
+        ax.axvspan(x - 0.4, x + 0.4, facecolor=BAD_CELL, edgecolor="#999", hatch="//", alpha=0.5, zorder=0,
+                   gid="undefined")
+        ax.text(x, 0.98, "n/a", transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=7,
+                color="#555")
 
 
 def _component_names(run: D.RunData, by_step: dict) -> list[str]:
@@ -425,7 +436,7 @@ def _component_names(run: D.RunData, by_step: dict) -> list[str]:
 
 def _component_series(run: D.RunData, by_step: dict, comp: str) -> tuple[list, np.ndarray, np.ndarray, Any, Any]:
     """(steps, mean, std, low, high) of one component's reward: the band's bounds are the values the samples
-    took (±inf where only the metrics are there)."""
+    took (±inf where only the metrics are there: no band)."""
     if not by_step:
         steps, mean = D.series(run, f"reward/{comp}/mean")
         std = np.asarray([run.metrics(st).get(f"reward/{comp}/std", np.nan) for st in steps], dtype=float)
@@ -443,10 +454,14 @@ def _draw_component_means(ax: Axes, run: D.RunData, by_step: dict, comps: list[s
     for comp in comps:
         steps, mean, std, low, high = _component_series(run, by_step, comp)
         line = ax.plot(steps, mean, "o-" if len(steps) < 30 else "-", markersize=3, label=D.label(run, comp))[0]
-        if np.isfinite(std).any():  # the band stays within the values the samples took (a 0/1 reward: [0, 1])
+        # the band stays within the values the samples took (a 0/1 reward: [0, 1]); without them (metrics only:
+        # a W&B or verl run) the reward's range is unknown and no band is drawn, rather than one past it
+        if np.isfinite(std).any() and np.isfinite(low).all() and np.isfinite(high).all():
             ax.fill_between(steps, np.maximum(mean - np.nan_to_num(std), low),
                             np.minimum(mean + np.nan_to_num(std), high), color=line.get_color(), alpha=0.15)
-    ax.set_title("Reward components: mean ± std over the trained samples", fontweight="bold", fontsize=11)
+    ax.set_title("Reward components: mean ± std over the trained samples" + (
+        "" if by_step else "\n(no band: the samples' range is not in this run's files)"), fontweight="bold",
+        fontsize=11)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel("component reward (unweighted, reward units)")
