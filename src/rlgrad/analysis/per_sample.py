@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from rlgrad.algos.aggregation import denominator
-from rlgrad.algos.objective import LossFn, LossSettings, as_loss_fn
+from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_fn
 from rlgrad.analysis.buckets import Buckets, global_buckets
 from rlgrad.analysis.engine import backward, fast_unsupported, run_terms
 from rlgrad.analysis.rows import RowNormReducer
@@ -160,18 +161,27 @@ def _term_passes(model: nn.Module, batch: Batch, loss_fn: LossFn, inverse: torch
     return rows, grams
 
 
+def _only(loss_fn: LossFn, terms: set[str]) -> LossFn:
+    """``loss_fn`` with only ``terms`` (the engine backwards every term it returns)."""
+    return FunctionLoss(lambda model, batch: {k: v for k, v in loss_fn(model, batch).items() if k in terms},
+                        loss_fn.agg)
+
+
 def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettings | None = None, *,
-                       bucket_mode: str = "quantile", num_buckets: int = 6, proxy: bool = False
-                       ) -> PerSampleReport:
+                       bucket_mode: str = "quantile", num_buckets: int = 6, proxy: bool = False,
+                       terms: Sequence[str] | None = None) -> PerSampleReport:
     """Every sample's exact gradient norm per loss term and layer group, and the step's noise metrics per
     reward-variance bucket (the bucket analysis' buckets: ``bucket_mode``, ``num_buckets``), from one forward
-    and one backward per term. ``loss``: any ``LossFn``, or the ``LossSettings`` of rlgrad's actor loss.
+    and one backward per term. ``loss``: any ``LossFn``, or the ``LossSettings`` of rlgrad's actor loss;
+    ``terms``: the loss's terms to measure (None: all; each costs one backward, the others none).
 
     One process only, and a model the fast engine covers (``engine.fast_unsupported``): otherwise
     ``NotImplementedError`` saying why.
     """
     check_batch(batch)
     loss_fn = as_loss_fn(loss)
+    if terms is not None:
+        loss_fn = _only(loss_fn, set(terms))
     if world_size() > 1:
         raise NotImplementedError("per-sample gradient norms run in one process (data parallel is not supported yet)")
     if why := fast_unsupported(model):
@@ -256,7 +266,8 @@ class PerSampleHook(Hook):
             return None
         t0 = time.perf_counter()
         rep = analyse_per_sample(ctx.actor, ctx.batch, ctx.actor_loss(), bucket_mode=self.bucket_mode,
-                                 num_buckets=self.num_buckets, proxy=self.settings.proxy_corr)
+                                 num_buckets=self.num_buckets, proxy=self.settings.proxy_corr,
+                                 terms=self.settings.terms)
         result = HookResult(metrics=dict(rep.metrics))
         if ctx.is_main and self.settings.write_samples:
             from rlgrad.logging.rollouts import sequence_advantages
