@@ -39,7 +39,8 @@ def test_batch_below_noise_scale_averages_trace_and_signal_before_dividing():
     assert _found(_run([64 * Thresholds().noise_below - 1], [1.0], 64), "batch_below_noise_scale") is None
 
 
-@pytest.mark.parametrize("trace,signal,fires", [([1.0], [1.0], True), ([64 / Thresholds().noise_above * 2], [1.0], False),
+@pytest.mark.parametrize("trace,signal,fires", [([1.0], [1.0], True),
+                                                ([64 / Thresholds().noise_above * 2], [1.0], False),
                                                 ([1.0], [-1.0], False)])
 def test_batch_above_noise_scale(trace, signal, fires):
     found = _found(_run(trace, signal, samples=64), "batch_above_noise_scale")

@@ -62,7 +62,9 @@ class PerSampleConfig:
                     "(analysis.buckets.bucket_mode, num_buckets), at steps 1, 1+every, ...; 0: off. Writes "
                     "analysis/step_N/samples.jsonl. One process, analysis.method=fast models only.", ge=0)
     write_samples: bool = _f(True, "Write analysis/step_N/samples.jsonl: one line per sample (sample, group, "
-                             "bucket, reward, advantage, grad_norm/<term>), joinable with rollouts/step_N.jsonl.")
+                             "bucket, reward, advantage, grad_norm/<term>), joinable with rollouts/step_N.jsonl, and "
+                             "sample_layers.json (per term and layer group: the batch gradient's norm and the "
+                             "mean per-sample norm).")
     proxy_corr: bool = _f(True, "Also compute verl's logit-space variance proxy (A² x W, W = Σ_t 1 - 2π(y_t) + Σπ²; "
                           "one more no-grad forward) and its rank and linear correlation with the true squared "
                           "per-sample task norms: proxy_corr/spearman, proxy_corr/pearson.")

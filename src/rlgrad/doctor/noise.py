@@ -14,6 +14,7 @@ import statistics
 
 from rlgrad.doctor.findings import Finding, Thresholds, View, fmt, signature
 
+
 def _noise_scale(v: View) -> tuple[float, float, int, int] | None:
     """(B_simple from the averaged trace and signal, the median analysed batch size, the analysed steps, the first
     of them), or None without a positive averaged signal."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 
+from rlgrad.doctor.carriers import spike_carriers
 from rlgrad.doctor.findings import (
     Finding,
     Thresholds,
@@ -63,6 +64,8 @@ def _spike(v: View, t: Thresholds) -> Finding | None:
     gn = v.name("actor/grad_norm")
     ev = [f"step {s}: {gn} {fmt(x)} against a median of {fmt(m)} over the {t.window} steps before"
           for s, x, m in spikes[:5]]
+    for s, _, _ in spikes[:5]:  # a spike on an analysis.per_sample step: who carries it
+        ev += spike_carriers(v.run, s)
     severity, after = "warn", ""
     rs, r = v.series("critic/score/mean")
     if r:
@@ -78,7 +81,8 @@ def _spike(v: View, t: Thresholds) -> Finding | None:
         explanation="The gradient jumped an order of magnitude above its recent level: a few sequences with huge "
                     "ratios or advantages, or a numerical blow-up." + after,
         action="Keep max_grad_norm on (it caps the step, not the logged norm); look at the step's samples "
-               "(rlgrad samples RUN --step N); lower the learning rate if spikes repeat.")
+               "(rlgrad samples RUN --step N; with analysis.per_sample on that step, --by grad-norm ranks them by "
+               "their gradient); lower the learning rate if spikes repeat.")
 
 
 def _max_grad_norm(v: View) -> float | None:
