@@ -47,6 +47,7 @@ class Run:
     rollouts: int
     seed: int
     lr: float = DEMO_LR
+    analyse_every: int = ANALYSE_EVERY
 
     @property
     def samples(self) -> int:
@@ -54,7 +55,8 @@ class Run:
 
     @property
     def name(self) -> str:
-        tail = "" if self.lr == DEMO_LR else f"_lr{self.lr:g}"
+        tail = ("" if self.lr == DEMO_LR else f"_lr{self.lr:g}") + (
+            "" if self.analyse_every == ANALYSE_EVERY else f"_a{self.analyse_every}")
         return f"B{self.prompts}_K{self.rollouts}_s{self.seed}{tail}"
 
     @property
@@ -93,7 +95,7 @@ def train(run: Run, out: Path, stop: float, val_size: int) -> None:
            f"data.train_batch_size={run.prompts}", f"rollout.n={run.rollouts}", f"trainer.seed={run.seed}",
            f"trainer.total_training_steps={run.max_steps}", f"trainer.test_freq={run.test_freq}",
            f"data.val_size={val_size}", f"actor.optim.lr={run.lr}",
-           "analysis.every=null", f"analysis.per_sample.every={ANALYSE_EVERY}",
+           "analysis.every=null", f"analysis.per_sample.every={run.analyse_every}",
            "analysis.per_sample.proxy_corr=false", "trainer.num_threads=1", "trainer.logger=[jsonl]",
            "trainer.save_freq=-1", f"trainer.default_local_dir={rundir}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"))
@@ -137,13 +139,24 @@ def measure(run: Run, out: Path, target: float) -> dict:
     metrics = out / run.name / "metrics.jsonl"
     val = _val_accuracy(metrics)
     reached = next((step for step, acc in val if step > 0 and acc >= target), None)
+    steps = None if reached is None else crossing(val, target)
     trace, signal = _series(metrics, "noise_trace/all/task"), _series(metrics, "noise_signal/all/task")
     noise = [(s, trace[s], signal[s]) for s in sorted(trace)
              if s in signal and math.isfinite(trace[s]) and math.isfinite(signal[s])]
     upto = [(tr, sg) for s, tr, sg in noise if reached is None or s <= reached]
-    return {"run": run, "steps": reached, "samples": None if reached is None else reached * run.samples,
+    return {"run": run, "steps": steps, "samples": None if steps is None else steps * run.samples,
             "noise": upto, "b_simple": b_simple(upto), "b_simple_run": b_simple([(tr, sg) for _, tr, sg in noise]),
             "val0": val[0][1], "val_max": max(a for _, a in val)}
+
+
+def crossing(val: list[tuple[int, float]], target: float) -> float:
+    """The step at which the validation accuracy first reaches ``target``, interpolated linearly between the
+    validation before it and the first at or above it: validations every ``test_freq`` steps would otherwise round
+    a run's steps up by up to test_freq - 1, more for the small batches (validated less often)."""
+    for (s0, a0), (s1, a1) in zip(val, val[1:]):
+        if a1 >= target > a0:
+            return s0 + (target - a0) / (a1 - a0) * (s1 - s0)
+    return float(next(step for step, acc in val if acc >= target))
 
 
 def b_simple(noise: list[tuple[float, float]]) -> float:
@@ -274,8 +287,8 @@ def plot(rows: list[dict], fixed: dict, tuned: dict, target: float, figure: Path
     fig.savefig(figure, dpi=120)
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x:.0f}"
+def _fmt(x: float | None, digits: int = 0) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
 
 
 def analyse(out: Path, target: float, figure: Path | None) -> None:
@@ -287,9 +300,17 @@ def analyse(out: Path, target: float, figure: Path | None) -> None:
     for r in rows:
         run = r["run"]
         print(f"| {run.samples} | {run.prompts} | {run.rollouts} | {run.lr:g} | {run.seed} | {r['val0']:.2f} "
-              f"| {r['val_max']:.2f} | {_fmt(r['steps'])} | {_fmt(r['samples'])} | {_fmt(r['b_simple'])} "
+              f"| {r['val_max']:.2f} | {_fmt(r['steps'], 1)} | {_fmt(r['samples'])} | {_fmt(r['b_simple'])} "
               f"| {_fmt(r['b_simple_run'])} | {len(r['noise'])} |")
     print()
+    # runs analysed at every step repeat a sweep run (the instruments never change training): B_simple only
+    dense = [r for r in rows if r["run"].analyse_every != ANALYSE_EVERY]
+    rows = [r for r in rows if r["run"].analyse_every == ANALYSE_EVERY]
+    for r in dense:
+        print(f"{r['run'].name}: B_simple over its {len(r['noise'])} analysed steps to the target "
+              f"{r['b_simple']:.0f}; whole run {r['b_simple_run']:.0f}")
+    if dense:
+        print(f"dense runs pooled: B_simple {b_simple([x for r in dense for x in r['noise']]):.0f}")
     fixed = describe([r for r in rows if r["run"].lr == DEMO_LR], f"lr {DEMO_LR:g}")
     tuned = describe(best_lr(rows), "best lr per (N, K)") if len({r["run"].lr for r in rows}) > 1 else fixed
     if figure is not None:
@@ -306,13 +327,15 @@ def main() -> None:
     parser.add_argument("--val-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=DEMO_LR, help="actor.optim.lr of the runs (run)")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    parser.add_argument("--analyse-every", type=int, default=ANALYSE_EVERY,
+                        help="analysis.per_sample.every of the runs (run; other than 10: B_simple only)")
     parser.add_argument("--only", default=None, help="run only the runs whose name contains this")
     parser.add_argument("--samples", type=int, nargs="+", default=None, help="run only these N = B x K")
     parser.add_argument("--figure", type=Path, default=None)
     args = parser.parse_args()
     if args.what == "run":
         # seed by seed, the default batch (N = 128) first: its time tells how long the rest takes
-        runs = [Run(b, k, s, args.lr) for s in args.seeds for b, k in GRID]
+        runs = [Run(b, k, s, args.lr, args.analyse_every) for s in args.seeds for b, k in GRID]
         for run in sorted(runs, key=lambda r: (r.seed, r.samples != 128)):
             if (args.only is None or args.only in run.name) and (args.samples is None or run.samples in args.samples):
                 train(run, args.out, args.stop, args.val_size)

@@ -48,7 +48,7 @@ def _nonfinite(v: View, t: Thresholds) -> Finding | None:
 
 
 @signature("grad_norm_spike", "actor/grad_norm", trend="actor/grad_norm", min_points=lambda t: t.window + 1,
-           reads="logs",
+           reads="logs; per-sample analysis on the spike's step: who carries it",
            fires="grad_norm > {spike_factor:g}× the median of the {window} steps before (critical when the reward "
                  "falls after)")
 def _spike(v: View, t: Thresholds) -> Finding | None:
