@@ -39,6 +39,7 @@ GRID = [(2, 8), (4, 8), (8, 8), (16, 8), (32, 8), (4, 4), (8, 4), (16, 4), (32, 
 SEEDS = (1, 2, 3)
 ANALYSE_EVERY = 10
 DEMO_LR = 1e-4  # configs/demo.yaml's actor.optim.lr
+COLLAPSE = 0.2  # a run whose validation accuracy falls this far below its start is stopped (collapsed)
 
 
 @dataclass(frozen=True)
@@ -105,15 +106,19 @@ def train(run: Run, out: Path, stop: float, val_size: int) -> None:
         stopped = False
         while proc.poll() is None:
             time.sleep(2)
-            if any(acc >= stop for step, acc in _val_accuracy(rundir / "metrics.jsonl") if step > 0):
-                proc.terminate()  # reached the stop accuracy: the rest of the run reads nothing the analysis needs
+            val = _val_accuracy(rundir / "metrics.jsonl")
+            # stop at the stop accuracy (the rest of the run reads nothing the analysis needs), or once the
+            # policy has collapsed (COLLAPSE below its start: too large a learning rate for the batch; it does
+            # not come back in the runs seen, which otherwise train to the cap for nothing)
+            if any(acc >= stop or acc < val[0][1] - COLLAPSE for step, acc in val if step > 0):
+                proc.terminate()
                 proc.wait()
                 stopped = True
     if proc.returncode != 0 and not stopped:
         print(f"{run.name}: failed (exit {proc.returncode}), see {rundir / 'train.log'}", flush=True)
         return
     wall = time.time() - start
-    (rundir / "sweep.json").write_text(json.dumps({"run": run.__dict__, "wall_s": wall, "stopped_at_target": stopped}))
+    (rundir / "sweep.json").write_text(json.dumps({"run": run.__dict__, "wall_s": wall, "stopped": stopped}))
     print(f"{run.name}: {wall:.0f} s, val {_val_accuracy(rundir / 'metrics.jsonl')[-1]}", flush=True)
 
 
@@ -146,7 +151,7 @@ def measure(run: Run, out: Path, target: float) -> dict:
     upto = [(tr, sg) for s, tr, sg in noise if reached is None or s <= reached]
     return {"run": run, "steps": steps, "samples": None if steps is None else steps * run.samples,
             "noise": upto, "b_simple": b_simple(upto), "b_simple_run": b_simple([(tr, sg) for _, tr, sg in noise]),
-            "val0": val[0][1], "val_max": max(a for _, a in val)}
+            "val0": val[0][1], "val_max": max(a for _, a in val), "val_last": val[-1][1]}
 
 
 def crossing(val: list[tuple[int, float]], target: float) -> float:
@@ -193,11 +198,16 @@ def bootstrap(points: list[tuple[int, int]], draws: int = 2000) -> tuple[float, 
     return got[int(0.1 * len(got))], got[int(0.9 * len(got)) - 1]
 
 
-def best_lr(rows: list[dict]) -> list[dict]:
+def best_lr(rows: list[dict], target: float) -> list[dict]:
     """The runs at each (N, K)'s best learning rate, the one with the fewest mean steps to the target over its seeds
-    (a run that never reached it counts as its step cap): the paper tunes the learning rate per batch size."""
+    (a run that never reached it counts as its step cap): the paper tunes the learning rate per batch size. Only
+    learning rates that hold the target count: every seed's last validation at or above it (a run stops at
+    --stop or when it collapses), so a rate that crosses the target on its way to a collapse is not "best"."""
     by: dict[tuple[int, int, float], list[dict]] = {}
     for r in rows:
+        if any(x["run"].samples == r["run"].samples and x["run"].rollouts == r["run"].rollouts
+               and x["run"].lr == r["run"].lr and x["val_last"] < target for x in rows):
+            continue
         by.setdefault((r["run"].samples, r["run"].rollouts, r["run"].lr), []).append(r)
     best: dict[tuple[int, int], tuple[float, list[dict]]] = {}
     for (n, k, _), runs in by.items():
@@ -238,13 +248,7 @@ def _curve(ax, s_min: float, e_min: float, style: str, label: str) -> None:
             label=f"{label}: S_min {s_min:.1f}, E_min {e_min:.0f}, B_crit {e_min / s_min:.0f}")
 
 
-def plot(rows: list[dict], fixed: dict, tuned: dict, target: float, figure: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
+def _steps_panel(ax, rows: list[dict], fixed: dict, tuned: dict, target: float) -> None:
     lrs = sorted({r["run"].lr for r in rows})
     for lr, colour in zip(lrs, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
         for k, marker in ((8, "o"), (4, "s")):
@@ -256,7 +260,7 @@ def plot(rows: list[dict], fixed: dict, tuned: dict, target: float, figure: Path
                 ax.annotate(str(r["run"].samples), (r["samples"], r["steps"]), fontsize=6, xytext=(3, 2),
                             textcoords="offset points")
     _curve(ax, fixed["s_min"], fixed["e_min"], "k-", f"fit, lr {DEMO_LR:g}")
-    _curve(ax, tuned["s_min"], tuned["e_min"], "k--", "fit, best lr per N")
+    _curve(ax, tuned["s_min"], tuned["e_min"], "k--", "fit, K = 8, best lr per N")
     b = fixed.get("b_simple", math.nan)
     if math.isfinite(b) and fixed["s_min"] > 0 and fixed["e_min"] > 0:  # where the fit would put N = B_simple
         ax.plot([fixed["e_min"] + fixed["s_min"] * b], [fixed["s_min"] + fixed["e_min"] / b], "r*", ms=14,
@@ -267,21 +271,45 @@ def plot(rows: list[dict], fixed: dict, tuned: dict, target: float, figure: Path
     ax.set_ylabel(f"steps S to val/accuracy >= {target:.2f}")
     ax.legend(fontsize=6)
     ax.set_title("steps against samples (McCandlish et al. 2018, fig. 3)", fontsize=9)
+
+
+def _noise_panel(bx, rows: list[dict], dense: list[dict], fixed: dict, tuned: dict) -> None:
+    base = [r for r in rows if r["run"].lr == DEMO_LR]
     for k, marker in ((8, "o"), (4, "s")):
-        pts = [r for r in rows if r["run"].rollouts == k and math.isfinite(r["b_simple"])]
+        pts = [r for r in base if r["run"].rollouts == k and math.isfinite(r["b_simple"])]
         bx.scatter([r["run"].samples * (1.04 if k == 4 else 1) for r in pts], [r["b_simple"] for r in pts],
-                   marker=marker, alpha=0.7, label=f"B_simple of a run (its steps to the target), K = {k}")
-    for fitted, style, label in ((fixed, "k-", f"B_crit, lr {DEMO_LR:g}"), (tuned, "k--", "B_crit, best lr per N")):
+                   marker=marker, alpha=0.35, label=f"B_simple of one run (its 1-3 analysed steps), K = {k}")
+    sizes = sorted({r["run"].samples for r in base})
+    pooled = [b_simple([x for r in base if r["run"].samples == n and r["steps"] is not None for x in r["noise"]])
+              for n in sizes]
+    bx.plot(sizes, pooled, "kD-", ms=5, lw=1, label="B_simple pooled over the runs at that N")
+    for r in dense:
+        bx.plot([r["run"].samples], [r["b_simple"]], "m*", ms=12,
+                label=f"B_simple, every step to the target analysed (seed {r['run'].seed})")
+    for fitted, style, label in ((fixed, "-", f"B_crit, lr {DEMO_LR:g}"),
+                                 (tuned, "--", "B_crit, K = 8, best lr per N")):
         if fitted["s_min"] > 0 and fitted["e_min"] > 0:
-            bx.axhline(fitted["e_min"] / fitted["s_min"], color="k", ls=style[1:], lw=1, label=label)
-    if math.isfinite(b):
-        bx.axhline(b, color="r", lw=1, label="B_simple pooled over the runs")
+            bx.axhline(fitted["e_min"] / fitted["s_min"], color="k", ls=style, lw=1, label=label)
+    if math.isfinite(fixed.get("b_simple", math.nan)):
+        bx.axhline(fixed["b_simple"], color="r", lw=1, label=f"B_simple pooled over every lr {DEMO_LR:g} run")
     bx.set_xscale("log", base=2)
     bx.set_yscale("log")
     bx.set_xlabel("N = B x K (rollouts per step)")
     bx.set_ylabel("batch size (samples)")
     bx.legend(fontsize=6)
-    bx.set_title("measured B_simple against the fitted critical batch B_crit = E_min / S_min", fontsize=9)
+    bx.set_title(f"lr {DEMO_LR:g}: B_simple (analysed steps up to the target) against B_crit = E_min / S_min",
+                 fontsize=9)
+
+
+def plot(rows: list[dict], dense: list[dict], fixed: dict, tuned: dict, target: float, figure: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
+    _steps_panel(ax, rows, fixed, tuned, target)
+    _noise_panel(bx, rows, dense, fixed, tuned)
     fig.tight_layout()
     figure.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(figure, dpi=120)
@@ -291,17 +319,38 @@ def _fmt(x: float | None, digits: int = 0) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
 
 
+def summary(rows: list[dict]) -> None:
+    """The docs' table: per (N, K, lr) over its seeds, the steps and samples to the target, B_simple pooled."""
+    print("| N = B x K | B | K | lr | seeds reaching the target | steps S (mean; min-max) | samples E (mean) "
+          "| B_simple (pooled to the target) | last validation (mean) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    keys = sorted({(r["run"].lr, -r["run"].rollouts, r["run"].samples) for r in rows
+                   if r["run"].analyse_every == ANALYSE_EVERY})
+    for lr, k, n in keys:
+        runs = [r for r in rows if (r["run"].lr, -r["run"].rollouts, r["run"].samples) == (lr, k, n)
+                and r["run"].analyse_every == ANALYSE_EVERY]
+        hit = [r for r in runs if r["steps"] is not None]
+        steps = [r["steps"] for r in hit]
+        span = f"{statistics.fmean(steps):.1f}; {min(steps):.1f}-{max(steps):.1f}" if steps else "-"
+        samples = f"{statistics.fmean(r['samples'] for r in hit):.0f}" if hit else "-"
+        pooled = _fmt(b_simple([x for r in hit for x in r["noise"]]))
+        print(f"| {n} | {n // -k} | {-k} | {lr:g} | {len(hit)} of {len(runs)} | {span} | {samples} | {pooled} "
+              f"| {statistics.fmean(r['val_last'] for r in runs):.2f} |")
+
+
 def analyse(out: Path, target: float, figure: Path | None) -> None:
     rows = [measure(run, out, target) for run in finished(out)]
     rows.sort(key=lambda r: (r["run"].lr, -r["run"].rollouts, r["run"].samples, r["run"].seed))
-    print(f"| N | B | K | lr | seed | val before | best val | steps to {target:.2f} | samples | B_simple to the target "
-          "| B_simple, whole run | analysed steps to the target |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| N | B | K | lr | seed | val before | best val | last val | steps to {target:.2f} | samples "
+          "| B_simple to the target | B_simple, whole run | analysed steps to the target |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         run = r["run"]
         print(f"| {run.samples} | {run.prompts} | {run.rollouts} | {run.lr:g} | {run.seed} | {r['val0']:.2f} "
-              f"| {r['val_max']:.2f} | {_fmt(r['steps'], 1)} | {_fmt(r['samples'])} | {_fmt(r['b_simple'])} "
-              f"| {_fmt(r['b_simple_run'])} | {len(r['noise'])} |")
+              f"| {r['val_max']:.2f} | {r['val_last']:.2f} | {_fmt(r['steps'], 1)} | {_fmt(r['samples'])} "
+              f"| {_fmt(r['b_simple'])} | {_fmt(r['b_simple_run'])} | {len(r['noise'])} |")
+    print()
+    summary(rows)
     print()
     # runs analysed at every step repeat a sweep run (the instruments never change training): B_simple only
     dense = [r for r in rows if r["run"].analyse_every != ANALYSE_EVERY]
@@ -312,9 +361,12 @@ def analyse(out: Path, target: float, figure: Path | None) -> None:
     if dense:
         print(f"dense runs pooled: B_simple {b_simple([x for r in dense for x in r['noise']]):.0f}")
     fixed = describe([r for r in rows if r["run"].lr == DEMO_LR], f"lr {DEMO_LR:g}")
-    tuned = describe(best_lr(rows), "best lr per (N, K)") if len({r["run"].lr for r in rows}) > 1 else fixed
+    several = len({r["run"].lr for r in rows}) > 1
+    # the learning-rate grid is at K = 8 only: K = 4 has no tuned rate to mix in
+    tuned = describe(best_lr([r for r in rows if r["run"].rollouts == 8], target),
+                     "K = 8, best lr per N of those that hold the target") if several else fixed
     if figure is not None:
-        plot(rows, fixed, tuned, target, figure)
+        plot(rows, dense, fixed, tuned, target, figure)
         print(f"figure: {figure}")
 
 
