@@ -7,6 +7,9 @@
 * neuron health (unit level) under DDP and FSDP2 on a shuffled mini-batch whose ranks interleave: the same
   metrics, per-layer sums, sampled sequences and per-sequence Gram matrix, and the same reset (weights and
   optimizer moments) as one process; reward-component geometry with a rank holding none / part of a component.
+* per-sample gradient norms (``tests/helpers/per_sample_dp.py``) on the plain module and on FSDP2's shards, with
+  a rank holding none of the rows and with every group split over both ranks: each rank's norms are its rows'
+  one-process norms, the noise metrics, the groups' Gram and samples.jsonl are one process's.
 * end to end (torchrun): DDP for step 1, then FSDP2 resuming from DDP's checkpoint for step 2, give the
   one-process run's metrics.jsonl (group-seeded sampling makes the batch layout-independent) and weights,
   with reward-component and neuron-health metrics on and a neuron reset at step 2 (under FSDP2).
@@ -38,6 +41,7 @@ from rlgrad.recipes import make_trainer
 from rlgrad.rl.actor import update_actor
 from rlgrad.runfiles import read_jsonl
 from tests.conftest import REPO
+from tests.helpers import per_sample_dp
 from tests.helpers.batches import make_batch
 from tests.helpers.processes import free_port
 
@@ -180,6 +184,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))
     model, batch = _model_batch()
+    per_sample_dp.rank_results(rank, model, batch, out_dir)
     batch = _with_components(batch)
     results = {"analysis": _analyses(model, lambda split: _share(batch, SPLITS[split][rank])),
                "components": _components(model, lambda split: _share(batch, SPLITS[split][rank]))}
@@ -268,6 +273,7 @@ def test_two_ranks_equal_one_process_update_and_analysis(tmp_path):
     _assert_analyses_equal({"analysis": got["analysis/shards"]}, {c: want[c] for c in got["analysis/shards"]})
 
     _assert_whitened_over_the_whole_batch(tmp_path, batch)
+    per_sample_dp.assert_per_sample_equal(tmp_path, model, batch)
 
 
 # ----------------------------------------------------------------------------------- end to end
