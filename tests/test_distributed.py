@@ -292,6 +292,8 @@ E2E = ["trainer.gradient_analysis_every=1", "rollout.gradient_analysis_num_bucke
        "analysis.components_every=1", "actor.redo_metric_freq=1", "actor.redo_reset_freq=2",
        "actor.redo_nullspace_samples=5", "actor.redo_mode=percentage", "actor.redo_max_reset_frac=0.1",
        "actor.redo_reset_outgoing=small",
+       # per-sample gradient norms and the noise scale every step: samples.jsonl gathered from both ranks
+       "analysis.per_sample.every=1",
        # the shipped tiny math data: a length reward (length_max 3 chars) varies within groups (6-token responses,
        # some ending early), so the policy gradient and the component gradients are not zero
        "rollout.response_length=6", "data.task=math", f"data.train_files=[{REPO / 'tests/data/math_verl.parquet'}]",
@@ -306,12 +308,12 @@ def _assert_rows_equal(a: list[dict], b: list[dict]) -> None:
         extra = {"val/accuracy", "val/score/mean", "timing_s/val"} if x["step"] == 1 else set()  # first run: last step
         assert set(y["data"]) - set(x["data"]) == extra and set(x["data"]) <= set(y["data"])
         for k, v in x["data"].items():
-            if not k.startswith("timing_s/"):
-                assert close(v, y["data"][k]), (x["step"], k, v, y["data"][k])
+            if not k.startswith("timing_s/"):  # a NaN (a noise estimate the batch cannot tell) is logged "nan"
+                assert v == y["data"][k] == "nan" or close(v, y["data"][k]), (x["step"], k, v, y["data"][k])
 
 
 def _assert_analysis_files_equal(one: Path, two: Path, step: int) -> None:
-    """A step's layers.json, neurons.json and components.json of the two runs."""
+    """A step's layers.json, neurons.json, components.json and samples.jsonl of the two runs."""
 
     def read(run: Path, name: str) -> dict:
         return json.loads((run / "analysis" / f"step_{step}" / name).read_text())
@@ -327,6 +329,11 @@ def _assert_analysis_files_equal(one: Path, two: Path, step: int) -> None:
     for g, geo in ca["layers"].items():
         for c, v in geo["norm"].items():
             assert close(v, cb["layers"][g]["norm"][c]), (step, g, c)
+    sa, sb = (read_jsonl(run / "analysis" / f"step_{step}" / "samples.jsonl") for run in (one, two))
+    assert len(sa) == len(sb) > 0 and [r["sample"] for r in sa] == [r["sample"] for r in sb], step
+    for x, y in zip(sa, sb):
+        assert x.keys() == y.keys() and all(close(v, y[k]) if k.startswith("grad_norm/") else v == y[k]
+                                            for k, v in x.items()), (step, x, y)
 
 
 def _assert_step_2_weights_equal(one: Path, two: Path) -> None:
