@@ -82,7 +82,12 @@ def metric_close(name: str, got: float, want: float, metrics: dict[str, float], 
     if what in ("noise_signal", "noise_scale", "noise_inter"):
         trace, signal = metrics[f"noise_trace/{rest}"], metrics[f"noise_signal/{rest}"]
         whole = abs(signal) + trace / metrics[f"noise_samples/{rest.split('/')[0]}"]  # ||Σ g||²
-        scale = {"noise_signal": whole, "noise_scale": scale * whole / abs(signal), "noise_inter": scale + trace}[what]
+        if what == "noise_signal":
+            scale = whole
+        elif what == "noise_scale":  # not NaN: its signal estimate is > 0
+            scale *= whole / signal
+        else:
+            scale += trace
     return abs(got - want) <= rel * scale + abs_
 
 
