@@ -201,12 +201,12 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
     # What the metrics need of every row, every rank's rows (ranks in order): group, bucket number, share of the
     # loss's denominator, ||raw_i||² per term. A few numbers per row: the metrics below are one process's.
     terms = list(rows)
-    everyone = all_gather_cat(torch.stack([inverse.double(), buckets.bucket_ids(len(batch)).double(),
+    everyone = all_gather_cat(torch.stack([inverse.double(), _bucket_of(buckets, len(batch)).double(),
                                            share.detach().double().cpu(),
                                            *(sum(rows[t].values()) for t in terms)], 1))
     all_inverse, all_share = everyone[:, 0].long(), everyone[:, 2]
-    all_rows = {b: torch.nonzero(everyone[:, 1] == int(b.split("_")[1]) if b != "all" else all_inverse >= 0)
-                .squeeze(-1) for b in buckets.names}
+    all_rows = {b: torch.nonzero(everyone[:, 1] == k if k else all_inverse >= 0).squeeze(-1)
+                for k, b in enumerate(buckets.names)}
     denom = {b: denominator(float(all_share[idx].sum())) for b, idx in all_rows.items()}
     sizes = torch.bincount(all_inverse, minlength=len(group_ids))
     metrics: dict[str, float] = {}
@@ -230,6 +230,14 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
         metrics.update(proxy_correlation(all_gather_cat(verl_variance_proxy(model, batch)),
                                          all_gather_cat(norms["task"] ** 2)))
     return PerSampleReport(norms, layer_norms, metrics, buckets, group_ids, group_gram)
+
+
+def _bucket_of(buckets: Buckets, n: int) -> torch.Tensor:
+    """``[n]``: each row's bucket as its place in ``buckets.names`` (0, the place of ``all``: in no bucket)."""
+    out = torch.zeros(n, dtype=torch.long)
+    for k, name in enumerate(buckets.names[1:], start=1):
+        out[buckets.rows[name]] = k
+    return out
 
 
 def rollout_indices(batch: Batch, full: Batch | None) -> list[int]:
@@ -257,10 +265,11 @@ def sample_rows(rep: PerSampleReport, batch: Batch, indices: list[int], advantag
     terms = list(rep.norms)
     scores = batch.scores if batch.scores is not None else torch.full((len(batch),), NAN)
     table = all_gather_cat(torch.stack([torch.tensor(indices, dtype=torch.float64), batch.group_ids.double().cpu(),
-                                        rep.buckets.bucket_ids(len(batch)).double(), scores.double().cpu(),
+                                        _bucket_of(rep.buckets, len(batch)).double(), scores.double().cpu(),
                                         torch.tensor(advantages, dtype=torch.float64),
                                         *(rep.norms[t].double() for t in terms)], 1))
-    return [{"sample": int(r[0]), "group": int(r[1]), "bucket": f"bucket_{int(r[2])}" if r[2] > 0 else "",
+    names = ["", *rep.buckets.names[1:]]
+    return [{"sample": int(r[0]), "group": int(r[1]), "bucket": names[int(r[2])],
              "reward": None if batch.scores is None else r[3], "advantage": r[4],
              **{f"grad_norm/{term}": r[5 + j] for j, term in enumerate(terms)}} for r in table.tolist()]
 
@@ -294,8 +303,8 @@ class PerSampleHook(Hook):
 
             advantages = sequence_advantages(ctx.batch.advantages, ctx.batch.response_mask, self.mean_advantage)
             rows = sample_rows(rep, ctx.batch, rollout_indices(ctx.batch, ctx.unfiltered_batch), advantages)
-        if ctx.is_main and self.settings.write_samples:
-            atomic_write_text(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "samples.jsonl",
-                              "".join(json.dumps(r) + "\n" for r in rows))
+            if ctx.is_main:
+                atomic_write_text(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "samples.jsonl",
+                                  "".join(json.dumps(r) + "\n" for r in rows))
         result.metrics[key("timing_s/analysis/per_sample")] = time.perf_counter() - t0
         return result
