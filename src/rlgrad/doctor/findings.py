@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -229,6 +230,29 @@ def reward_level(v: View) -> tuple[float | None, str]:
         if x and (k != "critic/score/mean" or all(0.0 <= a <= 1.0 for a in x)):
             return mean(x[-3:]), v.name(k)
     return None, ""
+
+
+def entropy_coef(v: View) -> float | None:
+    """The entropy term's coefficient (rlgrad's / verl's ``entropy_coeff``, TRL's ``entropy_coef``), None if unset."""
+    c = v.cfg("actor.entropy_coeff", "actor_rollout_ref.actor.entropy_coeff", "entropy_coef")
+    return float(c) if isinstance(c, int | float) and not isinstance(c, bool) else None
+
+
+def update_size(v: View, until: int | None = None) -> float | None:
+    """The median update size ‖Δθ‖/‖θ‖ (``actor/update_ratio``) of the training steps up to ``until`` (all of them
+    by default); None when the run logs none: a cause the run's metrics can rule in or out (the learning rate)."""
+    steps, u = train_series(v, "actor/update_ratio")
+    u = [x for s, x in zip(steps, u) if until is None or s <= until]
+    return statistics.median(u) if u else None
+
+
+def correctness_silent(v: View, correct: str, step: int) -> bool:
+    """Whether no prompt group's correctness varied at ``step`` (``reward/{correct}/frac_zero_std`` 1, or its std 0
+    over the batch): correctness then adds nothing to the update, and any other component's share is all there is
+    (the competing cause of a component "taking over": no signal, not its weight)."""
+    m = v.run.rows.get(step, {})
+    frac, std = m.get(f"reward/{correct}/frac_zero_std"), m.get(f"reward/{correct}/std")
+    return frac == 1.0 if frac is not None else std == 0.0
 
 
 Signature = Callable[[View, Thresholds], "Finding | None"]

@@ -13,6 +13,8 @@ from rlgrad.doctor.findings import (
     Thresholds,
     View,
     config_lr,
+    correctness_silent,
+    entropy_coef,
     first_last,
     flat_reward,
     fmt,
@@ -20,6 +22,7 @@ from rlgrad.doctor.findings import (
     reward_level,
     signature,
     train_series,
+    update_size,
 )
 from rlgrad.logging.reward_signal import MIN_STEPS, correctness_component, reward_problems
 
@@ -284,12 +287,6 @@ def _reward_collapse(v: View, t: Thresholds) -> Finding | None:
                   "reward_plateau", "val_falls_train_rises", "length_runaway", "length_collapse"])
 
 
-def entropy_coef(v: View) -> float | None:
-    """The entropy term's coefficient (rlgrad's / verl's ``entropy_coeff``, TRL's ``entropy_coef``), None if unset."""
-    c = v.cfg("actor.entropy_coeff", "actor_rollout_ref.actor.entropy_coeff", "entropy_coef")
-    return float(c) if isinstance(c, int | float) and not isinstance(c, bool) else None
-
-
 def entropy_term_dominates(v: View, t: Thresholds, until: int) -> tuple[int, int]:
     """On how many of the analysis steps up to ``until`` the entropy term's gradient outweighed the task's, of
     how many (``grad_norm/all/entropy`` > ``reg_ratio`` × ``grad_norm/all/task``)."""
@@ -307,12 +304,11 @@ def collapse_cause(v: View, t: Thresholds, until: int) -> tuple[str, list[str], 
     dom, of = entropy_term_dominates(v, t, until)
     _, e = train_series(v, "actor/entropy")
     e = [x for s, x in zip(train_series(v, "actor/entropy")[0], e) if s <= until]
-    us, u = train_series(v, "actor/update_ratio")
-    u = [x for s, x in zip(us, u) if s <= until]
-    big = bool(u) and statistics.median(u) > t.update_high
+    size = update_size(v, until)
+    big = size is not None and size > t.update_high
     ev = ([f"the entropy term's gradient above the task's on {dom} of {of} analysis steps"] if dom else []) + (
         [f"{v.name('actor/entropy')} {fmt(e[0])} → {fmt(e[-1])}"] if len(e) >= 2 else []) + (
-        [f"actor/update_ratio {fmt(statistics.median(u))} (median)"] if u else [])
+        [f"actor/update_ratio {fmt(size)} (median)"] if size is not None else [])
     fell, rose = len(e) >= 2 and e[-1] < e[0] / 2, len(e) >= 2 and e[-1] > 2 * e[0]
     lr_words = "the learning rate" + (f" (now {fmt(lr)})" if lr else "")
     if coef is not None and coef < 0 and (2 * dom >= max(of, 1) or fell):
@@ -326,7 +322,7 @@ def collapse_cause(v: View, t: Thresholds, until: int) -> tuple[str, list[str], 
     if big or (rose and not (coef and coef > 0)):
         return ("The steps are too large" + (" (the update size)" if big else " (the entropy rose with it: the "
                 "model drifts toward noise)") + ".", ev, f"Lower {lr_words} and keep gradient clipping on")
-    if u:
+    if size is not None:
         return ("Neither the update size nor an entropy term explains it: read what the model writes (rlgrad "
                 "samples RUN) and the reward function.", ev,
                 "Look for the cause in the samples and the reward before changing the learning rate")
@@ -439,7 +435,8 @@ def _inverted(v: View, t: Thresholds) -> Finding | None:
 
 @signature("format_over_correct", "reward/{component}/mean", trend="critic/score/mean", min_points=4,
            reads="logs",
-           fires="a non-correctness reward rising by > {component_rise:g} while correctness rises < {correct_rise:g}")
+           fires="a non-correctness reward rising by > {component_rise:g} while correctness rises < {correct_rise:g} "
+                 "(info when no group's correctness varies on most steps: no signal, not the weight)")
 def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
     comps = {k.split("/")[1] for k in v.keys("reward/") if k.endswith("/mean") and k.count("/") == 2}
     correct = correctness_component(comps)
@@ -455,6 +452,9 @@ def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
             continue
         oa, ob = first_last(o, t.window)
         if ob - oa > t.component_rise and cb - ca < t.correct_rise:
+            silent = [s for s in steps if s >= 1 and correctness_silent(v, correct, s)]
+            if 2 * len(silent) > len([s for s in steps if s >= 1]):
+                return _silent_correctness(v, correct, other, steps[0], len(silent), (oa, ob), (ca, cb))
             o, c = v.label(other), v.label(correct)
             return Finding(
                 severity="warn", step=steps[0], confidence=0.7,
@@ -466,6 +466,23 @@ def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
                 action=f"Lower the weight of '{o}' (reward.weights) or make it conditional on correctness; "
                        "rlgrad's reward-component analysis shows each component's share of the update.")
     return None
+
+
+def _silent_correctness(v: View, correct: str, other: str, step: int, silent: int, o: tuple[float, float],
+                        c: tuple[float, float]) -> Finding:
+    """format_over_correct's competing cause: correctness gave no group a signal on most steps, so it could not
+    rise whatever the other reward's weight."""
+    lo, lc = v.label(other), v.label(correct)
+    return Finding(
+        severity="info", step=step, confidence=0.6, title=f"'{lo}' reward rises while '{lc}' has no signal",
+        evidence=[f"{v.name(f'reward/{other}/mean')} {fmt(o[0])} → {fmt(o[1])}",
+                  f"{v.name(f'reward/{correct}/mean')} {fmt(c[0])} → {fmt(c[1])}",
+                  f"every group had one '{lc}' value for all its samples on {silent} steps"],
+        explanation=f"'{lc}' does not rise because no group's '{lc}' varies on most steps: GRPO has nothing to "
+                    f"learn from it, whatever '{lo}''s weight. The weight is not the cause.",
+        action="Make the task easier or the model stronger (zero_variance_groups, unlearnable_reward); lowering "
+               f"'{lo}''s weight would not give '{lc}' a signal.",
+        explains=[])
 
 
 def _checkpoint_words(v: View, best_step: int) -> str:
