@@ -89,6 +89,9 @@ RUNS |= {
     # lr_too_high's responses run into the length limit (length_runaway) ... with an overlong penalty
     "length_runaway_followed": (["actor.optim.lr=3e-3", "actor.optim.lr_warmup_steps=0",
                                  "reward.overlong_buffer.enable=true"], None),
+    # ... whose neurons go dormant (dormant_growing, under update_too_large): the same with the learning rate lowered
+    "dormant_followed": (["actor.optim.lr=1e-4", "actor.optim.lr_warmup_steps=0",
+                          "reward.overlong_buffer.enable=true"], None),
 }
 KEEP = ("layers.json", "neurons.json", "components.json", "group_rv_table.csv")
 

@@ -262,3 +262,27 @@ def test_format_rising_while_correctness_has_no_signal_is_not_blamed_on_the_weig
     silent_correctness(run, range(1, 21))
     f = finding(run, "format_over_correct")
     assert f.severity == "info" and "Make the task easier" in f.action and "Lower the weight" not in f.action
+
+
+def test_a_validation_dip_within_the_validation_sets_own_noise_is_not_a_fall():
+    """healthy_seed3's validation (128 prompts) dips from 0.852 to 0.797 and recovers: twice the binomial std of
+    0.852 over 128 prompts is 2·√(0.852·0.148/128) = 0.0628, more than the dip; over 10 000 prompts it is 0.007."""
+    s = healthy_series(24)
+    s["val/accuracy"] = [0.46] * 8 + [0.852] * 8 + [0.797] * 8
+    assert "val_falls_train_rises" not in [f.id for f in diagnose(run_of(s, {"data": {"val_size": 128}})).findings]
+    f = finding(run_of(s, {"data": {"val_size": 10000}}), "val_falls_train_rises")
+    assert "down more than 0.05" in f.evidence[0]
+    s["val/accuracy"] = [0.46] * 8 + [0.852] * 8 + [0.75] * 8  # 0.102 down: more than the noise of 128 prompts
+    f = finding(run_of(s, {"data": {"val_size": 128}}), "val_falls_train_rises")
+    assert "down more than 0.0628 (twice the chance variation over 128 validation prompts)" in f.evidence[0]
+
+
+def test_two_noisy_early_steps_of_agreeing_groups_are_not_a_zero_variance_finding():
+    """healthy_seed3's first steps: 4, 9, 13, 14 of 16 groups without variance. The median of the last steps
+    (0.69 at step 4) stays under 75%; a run whose groups agree on most steps is found."""
+    s = healthy_series(4)
+    s["critic/score/frac_zero_std"] = [4 / 16, 9 / 16, 13 / 16, 14 / 16]
+    assert "zero_variance_groups" not in [f.id for f in diagnose(run_of(s)).findings]
+    s["critic/score/frac_zero_std"] = [4 / 16, 13 / 16, 13 / 16, 14 / 16]
+    f = finding(run_of(s), "zero_variance_groups")
+    assert f.severity == "warn" and "median of the last 4 steps" in f.evidence[0] and f.step == 2

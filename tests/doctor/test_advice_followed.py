@@ -135,6 +135,16 @@ def test_length_runaway_an_overlong_penalty_stops_the_cut_responses():
     assert found("length_runaway_followed", "reward_collapse") is not None
 
 
+def test_dormant_growing_under_too_large_steps_lower_the_learning_rate_and_the_neurons_stay_alive():
+    """length_runaway_followed (lr 3e-3 without warm-up): its neurons go dormant (0.2 → 1 by step 21) under an
+    update of 1.3% of the weights a step; the doctor blames the update size (not "consider ReDo resets") and says
+    lower the learning rate. At the preset's 1e-4 (dormant_followed) the dormant ratio stays where it started."""
+    f = found("length_runaway_followed", "dormant_growing")
+    assert f.cause == "update_too_large" and "lower the learning rate" in f.action.lower() and "ReDo" not in f.action
+    fault, followed = (series(n, "actor/neuron/dormant_ratio") for n in ("length_runaway_followed", "dormant_followed"))
+    assert fault[21] > 0.9 and max(followed.values()) < fault[1] + 0.05, (fault, followed)
+    assert found("dormant_followed", "dormant_growing") is None
+
 def test_the_docs_table_names_every_finding_and_only_tests_that_exist():
     """docs/doctor.md's "Advice checked by": one row per registered finding, each test it names a test function
     of tests/doctor/, each other row a reason."""

@@ -225,14 +225,21 @@ def _concentrated(v: View, t: Thresholds) -> Finding | None:
 
 @signature("dormant_growing", "actor/neuron/dormant_ratio", trend="actor/neuron/dormant_ratio", min_points=2,
            reads="neurons",
-           fires="the dormant ratio rising by > {dormant_rise:g} to ≥ {dormant_high:g}")
+           fires="the dormant ratio rising by > {dormant_rise:g} to ≥ {dormant_high:g} (blames the learning rate "
+                 "only at an update size > {update_high:g})")
 def _dormant(v: View, t: Thresholds) -> Finding | None:
     steps, d = v.series("actor/neuron/dormant_ratio")
     if len(d) < 2 or not (d[-1] - d[0] > t.dormant_rise and d[-1] >= t.dormant_high):
         return None
+    size = update_size(v)
+    large = size is not None and size > t.update_high
     return Finding(
         severity="warn", step=steps[-1], confidence=0.7, title="Dormant neurons are growing",
-        evidence=[f"actor/neuron/dormant_ratio {fmt(d[0])} (step {steps[0]}) → {fmt(d[-1])} (step {steps[-1]})"],
+        evidence=[f"actor/neuron/dormant_ratio {fmt(d[0])} (step {steps[0]}) → {fmt(d[-1])} (step {steps[-1]})"]
+                 + ([f"actor/update_ratio {fmt(size)} (median)"] if size is not None else []),
         explanation="A growing share of neurons receives (almost) no gradient: capacity the policy no longer uses, "
-                    "a known precursor of plasticity loss in long RL runs.",
-        action="Consider ReDo resets (analysis.neurons.actor.reset_every) or a lower learning rate.")
+                    "a known precursor of plasticity loss in long RL runs."
+                    + (" The updates are too large: they push units past where they fire." if large else ""),
+        action="Lower the learning rate toward an actor/update_ratio of about 1e-3." if large else
+               "Consider ReDo resets (analysis.neurons.actor.reset_every)"
+               + (", or a lower learning rate." if size is None else "; the update size is normal."))
