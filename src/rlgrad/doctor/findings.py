@@ -255,6 +255,28 @@ def correctness_silent(v: View, correct: str, step: int) -> bool:
     return frac == 1.0 if frac is not None else std == 0.0
 
 
+def entropy_cause(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
+    """What drove the entropy down, of the causes the run's metrics can rule in or out: an entropy penalty (a
+    negative coefficient), steps too large (the update size), else the reward sharpening the policy.
+    (why, what to do, evidence); the advice is right for the coefficient's sign."""
+    coef, size, lr = entropy_coef(v), update_size(v), config_lr(v)
+    ev = ([f"entropy_coeff {coef:g}"] if coef is not None else []) + (
+        [f"actor/update_ratio {fmt(size)} (median)"] if size is not None else [])
+    if coef is not None and coef < 0:
+        return (f"entropy_coeff is negative ({coef:g}): a penalty whose gradient lowers the entropy.",
+                "Set actor.entropy_coeff to 0 (or a small positive bonus): bring it toward 0, do not lower it.", ev)
+    if size is not None and size > t.update_high:
+        return (f"The updates are large ({fmt(size)} of the weights' norm, median; typical: 1e-4 to 1e-3).",
+                f"Lower the learning rate{f' (now {fmt(lr)})' if lr else ''} toward an actor/update_ratio of about "
+                "1e-3; then a small entropy bonus or clip-higher if it still falls.", ev)
+    bonus = (f"raise the entropy bonus a little (entropy_coeff, now {coef:g})" if coef is not None and coef > 0
+             else "add a small entropy bonus (entropy_coeff > 0)")
+    return (("The update size is normal: the learning rate is not the first suspect; the reward sharpens the "
+             "policy." if size is not None else ""),
+            f"Raise the sampling temperature or {bonus}, or use clip-higher (clip_ratio_high > clip_ratio_low)"
+            + ("." if size is not None else "; or lower the learning rate."), ev)
+
+
 Signature = Callable[[View, Thresholds], "Finding | None"]
 SIGNATURES: list[tuple[str, tuple[str, ...], Signature]] = []  # (id, the metrics it needs, the rule)
 ROWS: dict[str, tuple[str, str]] = {}  # id -> (what it reads, when it fires): the docs' table (``findings_table``)
