@@ -81,7 +81,8 @@ def test_a_forecasts_advice_follows_the_cause_the_run_supports():
     s = healthy_series(n)
     s["actor/entropy"] = [1.5 * 0.9 ** i for i in range(n)]  # 12% of its start by step 20: collapsing, not yet
     s["actor/update_ratio"] = [5e-4] * n
-    f = next(f for f in diagnose(run_of(s, {"actor": {"entropy_coeff": -0.2}})).findings if f.id == "entropy_forecast")
+    penalty = run_of(s, {"actor": {"entropy_coeff": -0.2}})
+    f = next(f for f in diagnose(penalty).findings if f.id == "entropy_forecast")
     assert "bring it toward 0" in f.action and "bonus (entropy_coeff > 0)" not in f.action
     s["actor/kl_loss"] = [0.02 * 1.15 ** i for i in range(n)]
     s["actor/update_ratio"] = [0.03] * n
