@@ -87,4 +87,5 @@ def test_a_forecasts_advice_follows_the_cause_the_run_supports():
     s["actor/kl_loss"] = [0.02 * 1.15 ** i for i in range(n)]
     s["actor/update_ratio"] = [0.03] * n
     f = next(f for f in diagnose(run_of(s)).findings if f.id == "kl_forecast")
-    assert f.action.startswith("Lower the learning rate toward an actor/update_ratio") and "kl_loss_coef" not in f.action
+    assert f.action.startswith("Lower the learning rate toward an actor/update_ratio")
+    assert "kl_loss_coef" not in f.action
