@@ -84,8 +84,8 @@ RUNS |= {
     # entropy_collapse with its advice followed (the entropy penalty removed: entropy_coeff 0)
     "entropy_collapse_followed": (["model.warmstart_steps=200", "actor.entropy_coeff=0", "actor.optim.lr=5e-4"],
                                   None),
-    # (clipfrac_saturated is not induced: 16 optimizer steps a batch, 4 epochs of 4 mini-batches, at lr 1e-3 kept
-    # actor/pg_clipfrac at or below 0.25 on the demo while it destroyed the policy; docs/doctor.md says so)
+    # (clipfrac_saturated is not induced: 16 optimizer steps a batch, 4 epochs of 4 mini-batches, kept the demo's
+    # actor/pg_clipfrac at or below 0.25 at lr 1e-3, which destroyed the policy, and 0.16 at lr 3e-4; docs/doctor.md)
     # lr_too_high's responses run into the length limit (length_runaway) ... with an overlong penalty
     "length_runaway_followed": (["actor.optim.lr=3e-3", "actor.optim.lr_warmup_steps=0",
                                  "reward.overlong_buffer.enable=true"], None),
