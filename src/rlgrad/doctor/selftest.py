@@ -17,7 +17,9 @@ from rlgrad.errors import UserError
 # healthy fixture -> the severity no finding may reach at its end; at no prefix of any of them may a finding be
 # critical (issue 33: the demo under 3 seeds, a weakly warm-started model, runs with a fault's advice followed).
 HEALTHY = {"healthy": "warn", "healthy_issue37": "warn", "healthy_seed2": "warn", "healthy_seed3": "warn",
-           "lr_fast_collapse_followed": "warn", "weak_start": "warn", "entropy_penalty_removed": "warn"}
+           "lr_fast_collapse_followed": "warn", "weak_start": "warn", "entropy_penalty_removed": "warn",
+           "kl_coef_huge_followed": "warn", "entropy_collapse_followed": "warn", "std_norm_binary_followed": "warn",
+           "dormant_followed": "warn"}
 NEVER_LIVE = ("critical",)
 # faulty fixture -> (the finding it must give, its least severity): the faults scripts/doctor_fixtures.py induces
 FAULTS: dict[str, tuple[str, str]] = {
