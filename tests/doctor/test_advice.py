@@ -286,3 +286,16 @@ def test_two_noisy_early_steps_of_agreeing_groups_are_not_a_zero_variance_findin
     s["critic/score/frac_zero_std"] = [4 / 16, 13 / 16, 13 / 16, 14 / 16]
     f = finding(run_of(s), "zero_variance_groups")
     assert f.severity == "warn" and "median of the last 4 steps" in f.evidence[0] and f.step == 2
+
+
+def test_a_dominating_penalty_is_brought_toward_0_not_lowered():
+    run = run_of(healthy_series(), {"reward": {"weights": {"correctness": 0.5, "format": -0.5}}})
+    for s in (1, 11, 21):
+        run.rows[s].update({"grad_comp/format/share": 0.9, "grad_comp/correctness/share": 0.1,
+                            "grad_sim/correctness__format": -0.3})
+    for fid in ("component_dominates", "component_takes_over"):
+        f = finding(run, fid)
+        assert "Bring the weight of 'format' toward 0 (reward.weights.format, now -0.5" in f.action
+        assert "Lower the weight" not in f.action
+    run.config = {"reward": {"weights": {"correctness": 0.5, "format": 0.5}}}
+    assert finding(run, "component_dominates").action.startswith("Lower the weight of 'format' (reward.weights)")

@@ -119,6 +119,15 @@ def _regularizer(v: View, t: Thresholds) -> Finding | None:
     return None
 
 
+def shrink_weight(v: View, component: str, label: str) -> str:
+    """"Make this component's pull smaller", right for its weight's sign: a negative weight (a penalty) is brought
+    toward 0, since "lower" would make it pull harder."""
+    w = v.cfg(f"reward.weights.{component}")
+    if isinstance(w, int | float) and not isinstance(w, bool) and w < 0:
+        return f"Bring the weight of '{label}' toward 0 (reward.weights.{component}, now {w:g}: a penalty)"
+    return f"Lower the weight of '{label}' (reward.weights)"
+
+
 @signature("component_takes_over", "grad_comp/{component}/share",
            reads="components",
            fires="a non-correctness reward's share of the update > {share_high:g} and its gradient pointing against "
@@ -144,7 +153,7 @@ def _takeover(v: View, t: Thresholds) -> Finding | None:
                               f"with '{lr}' {fmt(sim)}"],
                     explanation=f"Most of the update comes from the '{lc}' component, and its gradient points away "
                                 f"from the '{lr}' gradient: improving '{lc}' costs accuracy.",
-                    action=f"Lower the weight of '{lc}' or gate it on correctness.")
+                    action=f"{shrink_weight(v, c, lc)} or gate it on correctness.")
     return None
 
 
@@ -193,7 +202,7 @@ def _dominates_finding(v: View, t: Thresholds, c: str, correct: str, hits: list[
         explanation=f"Most of the gradient comes from the '{lc}' component, on steps where '{lr}' does vary within "
                     f"groups: the run spends its updates on '{lc}' rather than on the task, until '{lc}' is "
                     "satisfied.",
-        action=f"Lower the weight of '{lc}' (reward.weights); a secondary reward should stay a minor share of the "
+        action=f"{shrink_weight(v, c, lc)}; a secondary reward should stay a minor share of the "
                "update once it is mostly satisfied.")
 
 
