@@ -25,12 +25,13 @@ from verl.workers.engine_workers import TrainingWorker as VerlTrainingWorker  # 
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
 from rlgrad.algos.objective import ActorLoss  # noqa: E402
-from rlgrad.analysis import analyse_buckets  # noqa: E402
+from rlgrad.analysis import analyse_buckets, analyse_per_sample  # noqa: E402
 from rlgrad.config.model import ModelConfig, TinyModelConfig  # noqa: E402
 from rlgrad.errors import UserError  # noqa: E402
 from rlgrad.integrations.verl import check_verl_version  # noqa: E402
 from rlgrad.integrations.verl_loss import batch_from_verl, verl_loss_settings  # noqa: E402
 from rlgrad.models import build_char_tokenizer, build_tiny_model  # noqa: E402
+from tests.helpers.per_sample_dp import metric_close  # noqa: E402
 from tests.helpers.verl_cpu import N, R, actor_config, verl_batch, worker  # noqa: E402
 
 
@@ -106,6 +107,25 @@ def verl_bucket_grads(w, ac, rows) -> dict[str, torch.Tensor]:
                              global_token_num=[1] * len(rows))
         w.engine.forward_backward_batch(td_rows, partial(ppo_loss, config=ac), forward_only=False)
         return grads_of(w)  # inside: leaving train mode may free the gradients
+
+
+def test_per_sample_norms_equal_verl_engine_autograd_per_row(model_dir, tmp_path):
+    """Each row's gradient norm (``analysis.per_sample`` on verl's FSDP2 module) is that of verl's own engine running
+    verl's ppo_loss on that row alone, rescaled from the row's own denominator to the batch's (``u_i / Σ u``); no
+    entropy or KL loss: verl's loss is the task term alone."""
+    w = worker(model_dir)
+    ac = actor_config(entropy_coeff=0.0, use_kl_loss=False)
+    w.rlgrad_setup(ac, ["analysis.every=null", "analysis.buckets.enable=false"], tmp_path / "run")
+    batch = batch_from_verl(verl_batch()[0])
+    loss = ActorLoss(w.rlgrad.settings)
+    with w.rlgrad.analysing() as model:
+        rep = analyse_per_sample(model, batch, loss, num_buckets=2)
+    assert set(rep.norms) == {"task"}
+    _, share = loss.agg.weights(batch.response_mask)
+    want = torch.tensor([sum(float(g.double().pow(2).sum()) for g in verl_bucket_grads(w, ac, [i]).values()) ** 0.5
+                         for i in range(len(batch))], dtype=torch.float64) * share.double() / float(share.sum())
+    assert float(want.min()) > 0
+    assert torch.allclose(rep.norms["task"].double(), want, rtol=1e-5, atol=1e-7 * float(want.max()))
 
 
 def test_lora_bucket_gradients_are_verl_engine_autograd_of_the_adapters(model_dir, tmp_path):
@@ -464,10 +484,20 @@ def test_two_ranks_give_the_one_process_numbers(model_dir, tmp_path):
     for d in ("one", "two"):
         rows = [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
         first[d] = next(r["data"] for r in rows if r["step"] == 1)
-    keys = [k for k in first["one"] if k.startswith("grad_norm/")]
-    assert len(keys) > 10 and set(keys) <= set(first["two"])
+    # the bucket analysis and the per-sample norms' metrics (grad_norm_sample/, noise_*/, coherence/, proxy_corr/)
+    keys = [k for k in first["one"] if k.startswith(("grad_norm", "noise_", "coherence/", "proxy_corr/"))]
+    assert len(keys) > 10 and set(keys) <= set(first["two"]) and "noise_trace/all/task" in keys
+    one = {k: float(v) for k, v in first["one"].items()}  # a NaN (a noise estimate the batch cannot tell): "nan"
     for k in keys:
-        assert first["two"][k] == pytest.approx(first["one"][k], rel=1e-5, abs=1e-9), k
+        assert metric_close(k, float(first["two"][k]), one[k], one, abs_=1e-9), (k, first["two"][k], one[k])
+    # samples.jsonl: every rank's rows, ranks in order (rank 0 held rows 0, 2, ..., rank 1 rows 1, 3, ...)
+    one_rows, two_rows = ([json.loads(x) for x in (d / "analysis" / "step_1" / "samples.jsonl").read_text()
+                           .splitlines()] for d in (tmp_path / "one", run))
+    held = [*range(0, len(one_rows), 2), *range(1, len(one_rows), 2)]
+    assert [r["sample"] for r in two_rows] == list(range(len(one_rows))) and len(one_rows) > 0
+    for r, i in zip(two_rows, held):
+        for k, v in one_rows[i].items():
+            assert k == "sample" or r[k] == (v if isinstance(v, str) else pytest.approx(v, rel=1e-5, abs=1e-9)), (i, k)
     assert first["two"]["critic/score/mean"] == pytest.approx(first["one"]["critic/score/mean"])
     groups = (run / "analysis" / "step_1" / "group_rv_table.csv").read_text()
     assert groups == (tmp_path / "one" / "analysis" / "step_1" / "group_rv_table.csv").read_text()

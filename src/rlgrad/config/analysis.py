@@ -60,7 +60,8 @@ class PerSampleConfig:
     every: int = _f(0, "Exact per-sample gradient norms per loss term and layer group, the noise scale B_simple "
                     "with its inter/intra-prompt split and the coherence, per bucket of the bucket analysis "
                     "(analysis.buckets.bucket_mode, num_buckets), at steps 1, 1+every, ...; 0: off. Writes "
-                    "analysis/step_N/samples.jsonl. One process, analysis.method=fast models only.", ge=0)
+                    "analysis/step_N/samples.jsonl. analysis.method=fast models only; under data parallel each "
+                    "rank measures its own rows.", ge=0)
     write_samples: bool = _f(True, "Write analysis/step_N/samples.jsonl: one line per sample (sample, group, "
                              "bucket, reward, advantage, grad_norm/<term>), joinable with rollouts/step_N.jsonl, and "
                              "sample_layers.json (per term and layer group: the batch gradient's norm and the "
