@@ -2,8 +2,8 @@
 
 Sections appear only when the run holds their data: configuration, training curves, the gradient
 analysis steps (figures, bucket tables, and a few prompt groups of the lowest- and highest-variance buckets
-with what the model wrote, from rollouts/step_N.jsonl), reward components, neuron health, critic, and a short
-plain-language reading of what changed, computed by fixed rules from the numbers (``narrative``).
+with what the model wrote, from rollouts/step_N.jsonl), per-sample gradients, reward components, neuron health,
+critic, and a short plain-language reading of what changed, computed by fixed rules from the numbers (``narrative``).
 """
 
 from __future__ import annotations
