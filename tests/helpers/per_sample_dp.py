@@ -135,3 +135,12 @@ def assert_per_sample_equal(out_dir: Path, model, batch) -> None:
         assert {k: v for k, v in x.items() if not k.startswith("grad_norm/")} == \
             {k: v for k, v in y.items() if not k.startswith("grad_norm/")}
         assert all(abs(x[k] - y[k]) <= 1e-5 * x[k] + 1e-12 for k in x if k.startswith("grad_norm/")), (x, y)
+    # sample_layers.json: the layer groups' batch-gradient norms (global Gram) and mean per-sample norms (every rank's
+    # rows gathered) equal one process's
+    one_layers, two_layers = (json.loads((out_dir / run / "analysis" / "step_1" / "sample_layers.json").read_text())
+                              for run in ("one", "two"))
+    assert set(one_layers) == set(two_layers)
+    for term, by_group in one_layers.items():
+        assert set(by_group) == set(two_layers[term])
+        for g, v in by_group.items():
+            assert all(abs(v[k] - two_layers[term][g][k]) <= 1e-5 * v[k] + 1e-12 for k in v), (term, g)

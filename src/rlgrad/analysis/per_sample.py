@@ -274,6 +274,17 @@ def sample_rows(rep: PerSampleReport, batch: Batch, indices: list[int], advantag
              **{f"grad_norm/{term}": r[5 + j] for j, term in enumerate(terms)}} for r in table.tolist()]
 
 
+def layer_summary(rep: PerSampleReport) -> dict[str, dict[str, dict[str, float]]]:
+    """``analysis/step_N/sample_layers.json``: per term and layer group, ``grad_norm`` = ||Σ_i g_i|| over the
+    group's parameters (their squares sum to the batch gradient's squared norm) and ``grad_norm_sample`` = the mean
+    of ||g_i|| over them; the doctor names the layer group that carries a gradient-norm spike from it. Data
+    parallel: a collective (every rank's rows; the Gram matrices are global already)."""
+    return {term: {group: {"grad_norm": float(rep.group_gram[term][group].sum().clamp_min(0).sqrt()),
+                           "grad_norm_sample": float(all_gather_cat(norms.double().cpu()).mean())}
+                   for group, norms in rep.layer_norms[term].items()}
+            for term in rep.layer_norms}
+
+
 class PerSampleHook(Hook):
     """Per-sample gradient norms and the noise scale at the trainer's hook point (``analysis.per_sample``), with
     the bucket analysis' buckets. Data parallel: every rank measures its own rows, rank 0 writes every rank's
@@ -303,8 +314,10 @@ class PerSampleHook(Hook):
 
             advantages = sequence_advantages(ctx.batch.advantages, ctx.batch.response_mask, self.mean_advantage)
             rows = sample_rows(rep, ctx.batch, rollout_indices(ctx.batch, ctx.unfiltered_batch), advantages)
+            layers = layer_summary(rep)  # every rank: a collective too
             if ctx.is_main:
-                atomic_write_text(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "samples.jsonl",
-                                  "".join(json.dumps(r) + "\n" for r in rows))
+                step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"
+                atomic_write_text(step_dir / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+                atomic_write_text(step_dir / "sample_layers.json", json.dumps(layers, indent=1))
         result.metrics[key("timing_s/analysis/per_sample")] = time.perf_counter() - t0
         return result

@@ -62,6 +62,10 @@ class Thresholds:
     layer_top2: float = 0.8  # update_concentrated: the two largest layer groups hold this share of the squared norm
     dormant_rise: float = 0.05  # dormant_growing: the dormant ratio rising by this much ...
     dormant_high: float = 0.1  # ... to at least this
+    # McCandlish et al. 2018: steps S = S_min (1 + B_simple/N), samples E = E_min (1 + N/B_simple); at N = B_simple / 10
+    # a 10x larger batch still cuts the steps ~5.5x, at N = 10 B_simple the samples are 11x the least
+    noise_below: float = 10.0  # batch_below_noise_scale: the analysed batch (samples) below B_simple / this
+    noise_above: float = 10.0  # batch_above_noise_scale: the analysed batch above this × B_simple
     forecast_points: int = 10  # forecasts: fitted to the last this many steps (and never from fewer) ...
     forecast_r2: float = 0.8  # ... given only when the fit explains at least this share of their variance ...
     forecast_horizon: int = 200  # ... and the bound is crossed within this many steps

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 
+from rlgrad.doctor.carriers import spike_carriers
 from rlgrad.doctor.findings import (
     Finding,
     Thresholds,
@@ -50,7 +51,7 @@ def _nonfinite(v: View, t: Thresholds) -> Finding | None:
 
 
 @signature("grad_norm_spike", "actor/grad_norm", trend="actor/grad_norm", min_points=lambda t: t.window + 1,
-           reads="logs",
+           reads="logs; per-sample analysis on the spike's step: who carries it",
            fires="grad_norm > {spike_factor:g}× the median of the {window} steps before (critical when the reward "
                  "falls after)")
 def _spike(v: View, t: Thresholds) -> Finding | None:
@@ -66,6 +67,8 @@ def _spike(v: View, t: Thresholds) -> Finding | None:
     gn = v.name("actor/grad_norm")
     ev = [f"step {s}: {gn} {fmt(x)} against a median of {fmt(m)} over the {t.window} steps before"
           for s, x, m in spikes[:5]]
+    for s, _, _ in spikes[:5]:  # a spike on an analysis.per_sample step: who carries it
+        ev += spike_carriers(v.run, s)
     severity, after = "warn", ""
     rs, r = v.series("critic/score/mean")
     if r:
@@ -81,7 +84,8 @@ def _spike(v: View, t: Thresholds) -> Finding | None:
         explanation="The gradient jumped an order of magnitude above its recent level: a few sequences with huge "
                     "ratios or advantages, or a numerical blow-up." + after,
         action="Keep max_grad_norm on (it caps the step, not the logged norm); look at the step's samples "
-               "(rlgrad samples RUN --step N); lower the learning rate if spikes repeat.")
+               "(rlgrad samples RUN --step N; with analysis.per_sample on that step, --by grad-norm ranks them by "
+               "their gradient); lower the learning rate if spikes repeat.")
 
 
 def _max_grad_norm(v: View) -> float | None:
