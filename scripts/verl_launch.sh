@@ -47,7 +47,10 @@ launch() {  # $1: total steps; $2: a name for its Hydra directory (OUT_DIR/hydra
     +ray_kwargs.ray_init.num_gpus=1 +ray_kwargs.ray_init.num_cpus=64 \
     +$A.rlgrad.analysis.every=2 +$A.rlgrad.analysis.buckets.num_buckets=2 "$@"
 }
-stop_ray() { $PY -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true; }  # the cluster launch() started
+stop_ray() {  # the cluster launch() started; not while another launch runs (ray stop ends every cluster here)
+  pgrep -f "rlgrad.integrations.verl_main" >/dev/null && return 0
+  $PY -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true
+}
 SAVE_FREQ=1
 t0=$(date +%s)
 if [ -n "${DOCTOR_HALT:-}" ]; then
