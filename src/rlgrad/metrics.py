@@ -557,9 +557,8 @@ def foreign_key(name: str, source: str, components: dict[str, str] | None = None
         if len(parts) >= 4 and parts[-1].startswith("mean@"):  # the data source may hold slashes (openai/gsm8k)
             return {"acc": "val/accuracy", "reward": "val/score/mean", "score": "val/score/mean"}.get(parts[-2])
         return None
-    if name.startswith("actor/") and match(name) is None and match(name[len("actor/"):]) is not None:
-        return name[len("actor/"):]
-    return name
+    # name[6:]: without "actor/", where that is rlgrad's key and the prefixed name is not one of verl's
+    return name[6:] if name.startswith("actor/") and match(name) is None and match(name[6:]) is not None else name
 
 
 _NOT_KEY = re.compile(r"[^A-Za-z0-9]+")

@@ -540,8 +540,8 @@ def doctor_trainer(tmp_path, monkeypatch, stream: dict[int, dict], *overrides):
         cfg = compose("ppo_trainer", overrides=[f"trainer.default_local_dir={tmp_path}/ckpt", *overrides])
     verl_main.prepare(cfg)
     monkeypatch.setattr(PPOTrainerSync, "step", lambda self, metrics, timing_raw: None)
-    monkeypatch.setattr(PPOTrainerSync, "_compute_metrics",
-                        lambda self, batch, metrics, timing_raw, global_steps, epoch: metrics.update(stream[global_steps]))
+    monkeypatch.setattr(PPOTrainerSync, "_compute_metrics", lambda self, batch, metrics, timing_raw, global_steps,
+                        epoch: metrics.update(stream[global_steps]))
     trainer = verl_main.RlgradPPOTrainer.__new__(verl_main.RlgradPPOTrainer)
     trainer.config, trainer.saved = cfg, []
     trainer._save_checkpoint = lambda: trainer.saved.append(trainer.global_steps)
@@ -602,7 +602,8 @@ def test_live_doctor_halt_keeps_verls_own_checkpoint_and_last_step(tmp_path, mon
     """A halt at a step verl saves anyway saves nothing more; a finding at the last step ends the run as planned
     (no halt, as rlgrad's trainer); doctor.live=false runs no doctor."""
     (tmp_path / "t.yaml").write_text("kl_high: 1.0e-3\nkl_floor: 0\n")
-    halt = ["+actor_rollout_ref.rlgrad.doctor.halt_on=critical", f"+actor_rollout_ref.rlgrad.doctor.thresholds={tmp_path}/t.yaml"]
+    halt = ["+actor_rollout_ref.rlgrad.doctor.halt_on=critical",
+            f"+actor_rollout_ref.rlgrad.doctor.thresholds={tmp_path}/t.yaml"]
     trainer = doctor_trainer(tmp_path / "a", monkeypatch, kl_stream(5), "trainer.save_freq=1", *halt)
     assert len(run_verl_loop(trainer, 1, 5)) == 2 and trainer.saved == []
     trainer = doctor_trainer(tmp_path / "b", monkeypatch, kl_stream(2), "trainer.save_freq=10", *halt)
