@@ -32,5 +32,6 @@ FOREIGN_NOTES = {
     "openrlhf": "entropy_loss is the entropy itself (H, not a loss); kl the KL loss estimate (args.kl_estimator); "
                 "reward the mean reward of the batch. W&B prefixes them `train/`.",
     "verl": "rlgrad's names are verl's; only validation differs: `val-core/<data source>/acc/mean@N` is "
-            "val/accuracy, `val-core/<data source>/reward/mean@N` is val/score/mean.",
+            "val/accuracy, `val-core/<data source>/reward/mean@N` is val/score/mean; rlgrad's metrics from its verl "
+            "actor worker reach verl's logs with verl's actor prefix (actor/grad_norm/all/task is grad_norm/all/task).",
 }
