@@ -196,14 +196,16 @@ def load_verl_log(path: str | Path) -> RunData:
 
 
 def guess_source(names) -> str:
-    """Whose names a log without a config uses: ``trl`` or ``openrlhf`` when it holds a name only that trainer
-    logs (``metrics.FOREIGN_NAMES``; a ``train/`` prefix dropped), else ``rlgrad`` (rlgrad's names are verl's)."""
+    """Whose names a log without a config uses: ``trl``, ``openrlhf`` or ``rldoctor`` when it holds names only
+    that source logs (``metrics.FOREIGN_NAMES``; a ``train/`` prefix dropped), else ``rlgrad`` (rlgrad's names
+    are verl's)."""
     bare = {n.removeprefix("train/") for n in names}
-    for source in ("trl", "openrlhf"):
-        own = {k for k in FOREIGN_NAMES[source] if match(k) is None}  # names rlgrad itself never logs
-        if bare & own:
-            return source
-    return "rlgrad"
+    # names rlgrad itself never logs, and of those the log holds; the source with the most wins (ties: the first),
+    # as sources share some names (TRL's reward_std and entropy are rldoctor's too)
+    hits = {source: len(bare & {k for k in FOREIGN_NAMES[source] if match(k) is None})
+            for source in ("trl", "openrlhf", "rldoctor")}
+    best = max(hits, key=hits.__getitem__)
+    return best if hits[best] else "rlgrad"
 
 
 def rows_by_name(rows: dict[int, dict[str, float]], source: str) -> dict[int, dict[str, float]]:
