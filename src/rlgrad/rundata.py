@@ -223,7 +223,7 @@ def rows_by_name(rows: dict[int, dict[str, float]], source: str) -> dict[int, di
 
 def load_csv(path: str | Path) -> RunData:
     """A CSV log: a ``step`` column and one column per metric (a blank cell: not logged at that step), under
-    rlgrad's, TRL's or OpenRLHF's names (``guess_source``)."""
+    rlgrad's, TRL's, OpenRLHF's or rldoctor's names (``guess_source``)."""
     p = Path(path)
     try:
         with open(p, newline="") as f:
@@ -257,7 +257,7 @@ def _put(rows: dict[int, dict[str, float]], bad: dict[int, list[str]], step: int
 
 def load_tensorboard(path: str | Path) -> RunData:
     """TensorBoard event files (a file, or every one under a directory), read through tensorboard's own
-    ``EventAccumulator``: the scalars by step, under rlgrad's, TRL's or OpenRLHF's names."""
+    ``EventAccumulator``: the scalars by step, under rlgrad's, TRL's, OpenRLHF's or rldoctor's names."""
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:
