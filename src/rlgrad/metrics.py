@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 # other trainers' names: data of their own module, re-exported here (rlgrad.metrics.TRL_NAMES, ...)
-from rlgrad.foreign_names import FOREIGN_NAMES, FOREIGN_NOTES, OPENRLHF_NAMES, TRL_NAMES  # noqa: F401
+from rlgrad.foreign_names import FOREIGN_NAMES, FOREIGN_NOTES, OPENRLHF_NAMES, RLDOCTOR_NAMES, TRL_NAMES  # noqa: F401
 
 # The regex each placeholder matches (whole field values; never a "/").
 FIELDS: dict[str, str] = {
