@@ -1,6 +1,6 @@
-"""Other trainers' names of the quantities rlgrad logs: one table per trainer (TRL, OpenRLHF) and their
-differences. Data only, below ``rlgrad.metrics``, which re-exports them and maps keys with them (``foreign_key``,
-``own_key``); docs/metrics.md shows both (``metrics.foreign_markdown``)."""
+"""Other trainers' and tools' names of the quantities rlgrad logs: one table per source (TRL, OpenRLHF,
+rldoctor) and their differences. Data only, below ``rlgrad.metrics``, which re-exports them and maps keys with
+them (``foreign_key``, ``own_key``); docs/metrics.md shows both (``metrics.foreign_markdown``)."""
 
 from __future__ import annotations
 
@@ -24,13 +24,40 @@ OPENRLHF_NAMES = {
     "entropy_loss": "actor/entropy", "kl": "actor/kl_loss", "ppo_kl": "actor/ppo_kl",
     "ppo_clip_ratio": "actor/pg_clipfrac", "response_length": "response_length/mean", "grad_norm": "actor/grad_norm",
 }
-FOREIGN_NAMES = {"trl": TRL_NAMES, "openrlhf": OPENRLHF_NAMES}
+# rldoctor 0.2.0's canonical fields (``rl-doctor fields``; its ``Run.series`` keys, what its JSON report and its
+# simulated runs use). It reads other logs through an alias table with suffix matching, which misreads rlgrad's own
+# names: ``rollout/accuracy`` (training samples) becomes its held-out ``eval_score`` while ``val/accuracy`` is
+# dropped (an "eval copy" of that same suffix), and any ``*/entropy`` key (``actor/loss/entropy``,
+# ``actor/grad_norm/entropy``, ``coherence/<bucket>/entropy``) may stand for the policy's ``entropy``. A log
+# written under these names (``own_key(k, "rldoctor")``, bench/doctor_lead_time.py) is read as meant.
+# Not mapped: its pg_clipfrac_low / _high (the one-sided PPO clip: verl's actor/pg_clipfrac_lower, which it aliases,
+# is the dual clip's fraction, another quantity), prompt_len_mean, throughput, group_size (rlgrad does not log them).
+RLDOCTOR_NAMES = {
+    "reward_mean": "critic/score/mean", "reward_std": "critic/score/std", "reward_max": "critic/score/max",
+    "reward_min": "critic/score/min", "eval_score": "val/accuracy", "zero_var_group_frac": "critic/score/frac_zero_std",
+    "advantage_mean": "critic/advantages/mean", "entropy": "actor/entropy", "kl": "actor/kl_loss",
+    "pg_clipfrac": "actor/pg_clipfrac", "grad_norm": "actor/grad_norm", "lr": "actor/lr",
+    "policy_loss": "actor/pg_loss",
+    "response_len_mean": "response_length/mean", "response_len_max": "response_length/max",
+    "response_len_clip_ratio": "response_length/clip_ratio", "value_explained_var": "critic/vf_explained_var",
+    "time_per_step": "timing_s/step",
+}
+FOREIGN_NAMES = {"trl": TRL_NAMES, "openrlhf": OPENRLHF_NAMES, "rldoctor": RLDOCTOR_NAMES}
 FOREIGN_NOTES = {
     "trl": "TRL's entropy is a token mean (rlgrad's actor/entropy follows loss_agg_mode); its kl is the k3 estimate; "
            "reward_std and rewards/<f>/std are the unbiased std over the whole batch (rlgrad's: population std); "
            "cispo_clip_ratio is its clip fraction under loss_type=cispo. W&B and TensorBoard prefix them `train/`.",
     "openrlhf": "entropy_loss is the entropy itself (H, not a loss); kl the KL loss estimate (args.kl_estimator); "
                 "reward the mean reward of the batch. W&B prefixes them `train/`.",
+    "rldoctor": "its canonical fields (rl-doctor fields). eval_score is any held-out score (rlgrad's: val/accuracy); "
+                "kl is whichever KL the log has (rlgrad's kl_loss; actor/ppo_kl is the policy's own drift); "
+                "zero_var_group_frac is TRL's frac_reward_zero_std. Its reader takes rlgrad's rollout/accuracy "
+                "(training) for eval_score, drops val/accuracy, and may take a */entropy key (actor/loss/entropy) "
+                "for entropy: give it these names.",
+    "wandb": "a W&B run's history carries the trainer's own names (the columns above) with `train/` before TRL's "
+             "and OpenRLHF's, `eval/` before their evaluation metrics, and `_step` as the step; rlgrad reads `_step` "
+             "and drops `train/`.",
     "verl": "rlgrad's names are verl's; only validation differs: `val-core/<data source>/acc/mean@N` is "
-            "val/accuracy, `val-core/<data source>/reward/mean@N` is val/score/mean.",
+            "val/accuracy, `val-core/<data source>/reward/mean@N` is val/score/mean; rlgrad's metrics from its verl "
+            "actor worker reach verl's logs with verl's actor prefix (actor/grad_norm/all/task is grad_norm/all/task).",
 }

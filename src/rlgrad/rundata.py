@@ -196,14 +196,16 @@ def load_verl_log(path: str | Path) -> RunData:
 
 
 def guess_source(names) -> str:
-    """Whose names a log without a config uses: ``trl`` or ``openrlhf`` when it holds a name only that trainer
-    logs (``metrics.FOREIGN_NAMES``; a ``train/`` prefix dropped), else ``rlgrad`` (rlgrad's names are verl's)."""
+    """Whose names a log without a config uses: ``trl``, ``openrlhf`` or ``rldoctor`` when it holds names only
+    that source logs (``metrics.FOREIGN_NAMES``; a ``train/`` prefix dropped), else ``rlgrad`` (rlgrad's names
+    are verl's)."""
     bare = {n.removeprefix("train/") for n in names}
-    for source in ("trl", "openrlhf"):
-        own = {k for k in FOREIGN_NAMES[source] if match(k) is None}  # names rlgrad itself never logs
-        if bare & own:
-            return source
-    return "rlgrad"
+    # names rlgrad itself never logs, and of those the log holds; the source with the most wins (ties: the first),
+    # as sources share some names (TRL's reward_std and entropy are rldoctor's too)
+    hits = {source: len(bare & {k for k in FOREIGN_NAMES[source] if match(k) is None})
+            for source in ("trl", "openrlhf", "rldoctor")}
+    best = max(hits, key=hits.__getitem__)
+    return best if hits[best] else "rlgrad"
 
 
 def rows_by_name(rows: dict[int, dict[str, float]], source: str) -> dict[int, dict[str, float]]:
@@ -221,7 +223,7 @@ def rows_by_name(rows: dict[int, dict[str, float]], source: str) -> dict[int, di
 
 def load_csv(path: str | Path) -> RunData:
     """A CSV log: a ``step`` column and one column per metric (a blank cell: not logged at that step), under
-    rlgrad's, TRL's or OpenRLHF's names (``guess_source``)."""
+    rlgrad's, TRL's, OpenRLHF's or rldoctor's names (``guess_source``)."""
     p = Path(path)
     try:
         with open(p, newline="") as f:
@@ -255,7 +257,7 @@ def _put(rows: dict[int, dict[str, float]], bad: dict[int, list[str]], step: int
 
 def load_tensorboard(path: str | Path) -> RunData:
     """TensorBoard event files (a file, or every one under a directory), read through tensorboard's own
-    ``EventAccumulator``: the scalars by step, under rlgrad's, TRL's or OpenRLHF's names."""
+    ``EventAccumulator``: the scalars by step, under rlgrad's, TRL's, OpenRLHF's or rldoctor's names."""
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:
@@ -656,6 +658,17 @@ def per_sample_rows(run: RunData, step: int) -> list[dict]:
     for r in rows:
         r["rollout"] = rollouts.get(r.get("sample"))
     return rows
+
+
+def per_sample_layers(run: RunData, step: int, term: str = "task") -> dict[str, dict[str, float]] | None:
+    """layer group -> {grad_norm: ||Σ_i g_i|| on its parameters, grad_norm_sample: mean ||g_i|| on them} of
+    ``term`` at an ``analysis.per_sample`` step, from ``analysis/step_N/sample_layers.json``; None without it."""
+    d = run.analysis_dir(step)
+    obj = _read_json(d / "sample_layers.json" if d else None)
+    got = obj.get(term) if obj else None
+    if not isinstance(got, dict):
+        return None
+    return {g: v for g, v in got.items() if isinstance(v, dict) and isinstance(v.get("grad_norm"), int | float)}
 
 
 @dataclass

@@ -21,6 +21,12 @@ An embedding's group gradients are formed at the token ids the batch holds only 
 layer's). Sums of rows over any union of groups (a bucket, the batch) follow from it. The ghost norms' input
 Grams x·xᵀ are taken once per forward input: the Linears that read one input (q/k/v, gate/up) and every term's
 backward share them.
+
+Data parallel: each rank's hooks see only its own rows, so its per-row norms are exact as they are; a prompt
+group's gradient sum is not (a group may be split over ranks, and the Gram pairs groups of different ranks), so
+each parameter's group gradients are summed over ranks (``collectives.all_reduce_sum``, in the backward's order
+on every rank, as the slice engine does) before they enter the Gram. Under FSDP2 the hooks see a layer's
+unsharded parameter, mapped to the registered one (``_SliceReducer.alias``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from rlgrad import collectives
 from rlgrad.analysis.engine import ROW_CHUNK_ELEMENTS, _SliceReducer
 from rlgrad.metrics import layer_group
 
@@ -81,7 +88,8 @@ class RowNormReducer(_SliceReducer):
     also takes every row's squared gradient norm per layer group.
 
     After a backward: ``row_sq[layer group]`` ``[N]`` and ``gram[layer group]`` ``[P, P]`` (float64), both of
-    the unnormalised loss ``Σ_i Σ_t ω ℓ``; ``reset()`` empties them for the next term.
+    the unnormalised loss ``Σ_i Σ_t ω ℓ``; ``reset()`` empties them for the next term. Data parallel: ``P`` is
+    every rank's groups, ``row_sq`` this rank's rows, ``gram`` global (the same on every rank).
     """
 
     def __init__(self, model: nn.Module, weights: torch.Tensor):
@@ -127,13 +135,13 @@ class RowNormReducer(_SliceReducer):
         """``per_group`` (``[P, ...]``, parameter ``k``'s whole group gradients, or their nonzero columns) into
         the group Gram. float32 products (summed by BLAS in blocks): a float64 copy of every group gradient cost
         more than the weight gradients themselves at the bench's shapes."""
-        flat = per_group.reshape(len(self.weights), -1)
+        flat = collectives.all_reduce_sum(per_group.reshape(len(self.weights), -1))
         self._into(self.gram, self.group_names[k], (flat @ flat.t()).double())
 
     def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True) -> None:
         """A contribution to ``p``'s group gradients; the Gram once all its modules have contributed. (Always the
         whole parameter: blocks of rows are the slice engine's streaming, which this reducer does not turn on.)"""
-        k = id(p)
+        k = self._key(p)
         if k not in self.names:
             return
         done = self._arrived(k)
@@ -145,7 +153,7 @@ class RowNormReducer(_SliceReducer):
         """The embedding's group gradients, formed at the (group, token id) pairs the batch holds only (the update's
         dense vocab x hidden gradient, once per group, would be P times that): added in place to the tied output
         layer's group gradients when they came first, else folded into the Gram from the token ids present."""
-        k = id(p)
+        k = self._key(p)
         if k not in self.names:
             return
         vocab, dim = p.shape
@@ -154,7 +162,9 @@ class RowNormReducer(_SliceReducer):
         sums = torch.zeros(len(uniq), dim, dtype=torch.float32, device=g3.device)
         sums.index_add_(0, inverse, g3.reshape(-1, dim).float())
         done = self._arrived(k)
-        if k not in self.acc and not done:  # (a tied Linear still to come, which adds to the dense gradients)
+        # dense where a tied Linear is still to come (it adds to them) or under data parallel (the ranks' token
+        # ids differ, the sum over ranks needs one shape)
+        if k not in self.acc and (not done or collectives.world_size() > 1):
             self.acc[k] = torch.zeros(len(self.weights), vocab, dim, dtype=torch.float32, device=g3.device)
         if k in self.acc:
             self.acc[k].view(-1, dim).index_add_(0, uniq, sums)
@@ -166,22 +176,26 @@ class RowNormReducer(_SliceReducer):
         present[uniq // vocab, column] = sums  # (group, token) pairs are unique
         self._fold(k, present)
 
+    def _key(self, p: nn.Parameter) -> int:
+        """The registered parameter's id (FSDP2: ``p`` may be the unsharded parameter the module holds now)."""
+        return self.alias.get(id(p), id(p))
+
     @staticmethod
     def _into(store: dict[str, torch.Tensor], group: str, value: torch.Tensor) -> None:
         store[group] = store[group] + value if group in store else value
 
     def _row(self, p: nn.Parameter | None, sq: torch.Tensor) -> None:
-        if p is not None and id(p) in self.names:
-            self._into(self.row_sq, self.group_names[id(p)], sq.double())
+        if p is not None and self._key(p) in self.names:
+            self._into(self.row_sq, self.group_names[self._key(p)], sq.double())
 
     def _tied_embedding(self, p: nn.Parameter) -> nn.Embedding | None:
         """The input embedding that shares ``p`` with a Linear (tied input/output embeddings), if any."""
-        owners = self.owners.get(id(p), [])
+        owners = self.owners.get(self._key(p), [])
         if len(owners) == 1:
             return None
         emb = [m for m in owners if isinstance(m, nn.Embedding)]
         if len(owners) != 2 or len(emb) != 1:
-            raise NotImplementedError(f"per-sample norms: parameter {self.names[id(p)]} is shared by "
+            raise NotImplementedError(f"per-sample norms: parameter {self.names[self._key(p)]} is shared by "
                                       f"{len(owners)} modules; only a tied Embedding + Linear pair is supported")
         return emb[0]
 
@@ -196,11 +210,11 @@ class RowNormReducer(_SliceReducer):
         g3, x3 = _rows3(g.detach()), _rows3(x)
         self._row(m.weight, linear_row_sq(g3, x3, lambda: self._input_gram(x, x3)))
         self._row(m.bias, g3.float().sum(1).double().pow(2).sum(-1))
-        emb = self._tied_embedding(m.weight) if id(m.weight) in self.names else None
+        emb = self._tied_embedding(m.weight) if self._key(m.weight) in self.names else None
         if emb is not None:  # δᴸ at the input's token ids, for the cross term at the embedding's backward
             ids = _rows3(self.ids[id(emb)])
             picked = g3.gather(2, ids[:, None, :].expand(-1, g3.shape[1], -1))  # [N, T_out, T_in]
-            self.tied[id(m.weight)] = (picked, x3)
+            self.tied[self._key(m.weight)] = (picked, x3)
 
     def _embedding(self, m: nn.Embedding, ids: torch.Tensor, g: torch.Tensor) -> None:
         g3, ids3 = _rows3(g.detach()), _rows3(ids)
@@ -208,8 +222,8 @@ class RowNormReducer(_SliceReducer):
             g3 = g3 * (ids3 != m.padding_idx).unsqueeze(-1).to(g3.dtype)
         self._embedding_groups(m.weight, g3, ids3)
         sq = embedding_row_sq(g3, ids3, m.weight.shape[0])
-        if id(m.weight) in self.tied:
-            picked, x_out = self.tied.pop(id(m.weight))
+        if self._key(m.weight) in self.tied:
+            picked, x_out = self.tied.pop(self._key(m.weight))
             cross = torch.bmm(x_out.float(), g3.float().transpose(1, 2)).double() * picked.double()
             sq = sq + 2 * cross.sum((1, 2))
         self._row(m.weight, sq)

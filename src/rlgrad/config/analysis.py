@@ -62,7 +62,8 @@ class PerSampleConfig:
     every: int = _f(0, "Exact per-sample gradient norms per loss term and layer group, the noise scale B_simple "
                     "with its inter/intra-prompt split and the coherence, per bucket of the bucket analysis "
                     "(analysis.buckets.bucket_mode, num_buckets), at steps 1, 1+every, ...; 0: off. Writes "
-                    "analysis/step_N/samples.jsonl. One process, analysis.method=fast models only.", ge=0)
+                    "analysis/step_N/samples.jsonl. analysis.method=fast models only; under data parallel each "
+                    "rank measures its own rows.", ge=0)
     terms: list[str] = _f(["task"], "The loss terms measured: task (the policy loss), entropy, kl. Each costs one "
                           "backward of the analysed batch, about one update's backward: the policy loss alone keeps an "
                           "analysed step near one update (docs/benchmarks.md); the doctor's noise-scale findings and "
@@ -70,7 +71,9 @@ class PerSampleConfig:
                           "per-sample norms too; a term the loss does not have (a zero coefficient, actor.use_kl_loss "
                           "off) is skipped.")
     write_samples: bool = _f(True, "Write analysis/step_N/samples.jsonl: one line per sample (sample, group, "
-                             "bucket, reward, advantage, grad_norm/<term>), joinable with rollouts/step_N.jsonl.")
+                             "bucket, reward, advantage, grad_norm/<term>), joinable with rollouts/step_N.jsonl, and "
+                             "sample_layers.json (per term and layer group: the batch gradient's norm and the "
+                             "mean per-sample norm).")
     proxy_corr: bool = _f(True, "Also compute verl's logit-space variance proxy (A² x W, W = Σ_t 1 - 2π(y_t) + Σπ²; "
                           "one more no-grad forward) and its rank and linear correlation with the true squared "
                           "per-sample task norms: proxy_corr/spearman, proxy_corr/pearson.")
