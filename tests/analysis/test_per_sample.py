@@ -107,6 +107,21 @@ def test_layer_norms_match_the_oracle_per_layer_group(model_tok):
         assert summary[g]["grad_norm"] == pytest.approx(float(per_group_sum[g].sqrt()), rel=TOL, abs=1e-12), g
 
 
+def test_chosen_terms_on_unequal_groups_equal_per_row_autograd(model_tok):
+    """``terms`` measures those terms only; groups of unequal sizes (rows out of group order) take the engine's
+    per-slice path rather than the batched one of equal contiguous groups."""
+    model, tok = model_tok
+    full = make_batch(model, tok, n_prompts=3)
+    batch = full.select([0, 5, 1, 6, 2, 8, 9, 10, 11])  # groups of 3, 2 and 4 rows, interleaved
+    rep = analyse_per_sample(model, batch, SETTINGS[0], num_buckets=2, terms=["task", "kl"])
+    oracle = per_row_gradients(model, batch, as_loss_fn(SETTINGS[0]))
+    assert set(rep.norms) == {"task", "kl"}
+    for term in rep.norms:
+        assert _relative(rep.norms[term], oracle[term].norm(dim=1)) <= TOL, term
+        total = float(sum(rep.group_gram[term].values()).sum())
+        assert abs(total - float(oracle[term].sum(0).norm()) ** 2) <= TOL * float(oracle[term].sum(0).norm()) ** 2
+
+
 def _formulas(h: torch.Tensor, groups: torch.Tensor) -> dict[str, float]:
     """The noise estimates written directly on per-sample gradient vectors ``h [n, d]`` (the docs' formulas)."""
     n = len(h)

@@ -14,7 +14,7 @@ from rlgrad.runfiles import read_jsonl
 def test_per_sample_hook_in_a_run(tiny, tmp_path, capsys):
     cfg = load_config(overrides=tiny + ["trainer.total_training_steps=2", "analysis.per_sample.every=2",
                                         "analysis.buckets.every=2", "analysis.buckets.num_buckets=2",
-                                        "actor.entropy_coeff=0.01"])
+                                        "actor.entropy_coeff=0.01", "analysis.per_sample.terms=[task,entropy]"])
     make_trainer(cfg, log=lambda *a: None).fit()
     rows = {r["step"]: r["data"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")}
     assert "noise_scale/all/task" not in rows[2]  # steps 1, 3, ...: not step 2

@@ -129,6 +129,8 @@ def test_a_hub_id_as_critic_path_says_how_to_download(tmp_path):
     ("actor.loss_agg_mode=token_mean", "did you mean 'token-mean'"),
     ("trainer.logger=[jsonl,mlflow]", "mlflow"),
     ("rollout.n=0", "rollout.n"),
+    ("analysis.per_sample.terms=[task,entropi]", r"analysis.per_sample.terms.*task, entropy, kl"),
+    ("analysis.per_sample.terms=[]", "analysis.per_sample.terms"),
     ("data.train_batch_size=6", None),  # fine alone
 ])
 def test_bad_values_name_the_key(item, pattern):

@@ -24,6 +24,7 @@ import json
 import math
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,7 @@ import torch
 from torch import nn
 
 from rlgrad.algos.aggregation import denominator
-from rlgrad.algos.objective import LossFn, LossSettings, as_loss_fn
+from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_fn
 from rlgrad.analysis.buckets import Buckets, global_buckets
 from rlgrad.analysis.engine import backward, fast_unsupported, run_terms
 from rlgrad.analysis.rows import RowNormReducer
@@ -178,12 +179,19 @@ def _term_passes(model: nn.Module, batch: Batch, loss_fn: LossFn, inverse: torch
     return rows, grams
 
 
+def _only(loss_fn: LossFn, terms: set[str]) -> LossFn:
+    """``loss_fn`` with only ``terms`` (the engine backwards every term it returns)."""
+    return FunctionLoss(lambda model, batch: {k: v for k, v in loss_fn(model, batch).items() if k in terms},
+                        loss_fn.agg)
+
+
 def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettings | None = None, *,
-                       bucket_mode: str = "quantile", num_buckets: int = 6, proxy: bool = False
-                       ) -> PerSampleReport:
+                       bucket_mode: str = "quantile", num_buckets: int = 6, proxy: bool = False,
+                       terms: Sequence[str] | None = None) -> PerSampleReport:
     """Every sample's exact gradient norm per loss term and layer group, and the step's noise metrics per
     reward-variance bucket (the bucket analysis' buckets: ``bucket_mode``, ``num_buckets``), from one forward
-    and one backward per term. ``loss``: any ``LossFn``, or the ``LossSettings`` of rlgrad's actor loss.
+    and one backward per term. ``loss``: any ``LossFn``, or the ``LossSettings`` of rlgrad's actor loss;
+    ``terms``: the loss's terms to measure (None: all; each costs one backward, the others none).
 
     Data parallel: ``batch`` is this rank's share (global group ids; a group may be split over ranks) and every
     rank calls this; the norms are this rank's rows', the metrics those of one process on the global batch. A model
@@ -191,6 +199,8 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
     """
     check_batch(batch)
     loss_fn = as_loss_fn(loss)
+    if terms is not None:
+        loss_fn = _only(loss_fn, set(terms))
     if why := fast_unsupported(model):
         raise NotImplementedError(f"per-sample gradient norms need the fast engine: {why}")
     buckets = global_buckets(batch.group_ids, batch.reward_std, mode=bucket_mode, num_buckets=num_buckets)
@@ -307,7 +317,8 @@ class PerSampleHook(Hook):
             return None
         t0 = time.perf_counter()
         rep = analyse_per_sample(ctx.actor, ctx.batch, ctx.actor_loss(), bucket_mode=self.bucket_mode,
-                                 num_buckets=self.num_buckets, proxy=self.settings.proxy_corr)
+                                 num_buckets=self.num_buckets, proxy=self.settings.proxy_corr,
+                                 terms=self.settings.terms)
         result = HookResult(metrics=dict(rep.metrics))
         if self.settings.write_samples:  # every rank: the lines are gathered
             from rlgrad.logging.rollouts import sequence_advantages

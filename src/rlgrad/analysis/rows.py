@@ -14,9 +14,13 @@ gradient ``δ_it`` for every row at once, which is all a per-row norm needs:
                <E_i, L_i> = Σ_{s,t} δᴸ_{s, id_t} (x_s·δᴱ_t) (s: the output layer's positions, t: the input's).
 
 The reducer also keeps the engine's slice gradients for the prompt groups (disjoint slices: together one weight
-gradient per layer) and folds each parameter's into a group Gram matrix as soon as all of its contributions have
-arrived, so no more than one layer's group gradients (and never a per-row gradient of more than one layer, a
-chunk of rows) exist at a time. Sums of rows over any union of groups (a bucket, the batch) follow from it.
+gradient per layer; equal groups in order, as GRPO makes them, in one batched product per layer) and folds each
+parameter's into a group Gram matrix as soon as all of its contributions have arrived, so no more than one
+layer's group gradients (and never a per-row gradient of more than one layer, a chunk of rows) exist at a time.
+An embedding's group gradients are formed at the token ids the batch holds only (added in place to a tied output
+layer's). Sums of rows over any union of groups (a bucket, the batch) follow from it. The ghost norms' input
+Grams x·xᵀ are taken once per forward input: the Linears that read one input (q/k/v, gate/up) and every term's
+backward share them.
 
 Data parallel: each rank's hooks see only its own rows, so its per-row norms are exact as they are; a prompt
 group's gradient sum is not (a group may be split over ranks, and the Gram pairs groups of different ranks), so
@@ -48,12 +52,22 @@ def ghost_is_cheaper(tokens: int, fan_in: int, fan_out: int) -> bool:
     return tokens * (fan_in + fan_out) < fan_in * fan_out
 
 
-def linear_row_sq(g3: torch.Tensor, x3: torch.Tensor) -> torch.Tensor:
-    """``[N]``: each row's ``||Σ_t δ_t x_tᵀ||²`` from ``δ [N, T, out]`` and ``x [N, T, in]``."""
-    g3, x3 = g3.float(), x3.float()
+def input_gram(x3: torch.Tensor) -> torch.Tensor:
+    """``[N, T, T]``: each row's ``x_t·x_t'``, the input half of a ghost norm."""
+    x3 = x3.float()
+    return torch.bmm(x3, x3.transpose(1, 2))
+
+
+def linear_row_sq(g3: torch.Tensor, x3: torch.Tensor, x_gram: Callable[[], torch.Tensor] | None = None
+                  ) -> torch.Tensor:
+    """``[N]``: each row's ``||Σ_t δ_t x_tᵀ||²`` from ``δ [N, T, out]`` and ``x [N, T, in]``. ``x_gram``: where the
+    ghost norm is chosen, gives ``input_gram(x3)`` (a cached one: Linears that share an input share it)."""
+    g3 = g3.float()
     if ghost_is_cheaper(g3.shape[1], x3.shape[-1], g3.shape[-1]):
+        xx = x_gram() if x_gram is not None else input_gram(x3)
         # float32 products, summed per row in float64 (the T² terms may cancel)
-        return (torch.bmm(g3, g3.transpose(1, 2)) * torch.bmm(x3, x3.transpose(1, 2))).flatten(1).double().sum(1)
+        return (torch.bmm(g3, g3.transpose(1, 2)) * xx).flatten(1).sum(1, dtype=torch.float64)
+    x3 = x3.float()
     step = max(1, ROW_CHUNK_ELEMENTS // (g3.shape[-1] * x3.shape[-1]))
     return torch.cat([torch.bmm(g3[i:i + step].transpose(1, 2), x3[i:i + step]).double().pow(2).sum((1, 2))
                       for i in range(0, g3.shape[0], step)])
@@ -83,6 +97,11 @@ class RowNormReducer(_SliceReducer):
         self.ids: dict[int, torch.Tensor] = {}  # id(embedding) -> this forward's token ids
         super().__init__(model, weights)
         self.group_names = {k: layer_group(n) for k, n in self.names.items()}
+        self.row_group = weights.argmax(0)  # [N]: each row's prompt group
+        # Ghost norms' input Grams x·xᵀ, by input storage: they depend on the forward only, so Linears that read one
+        # input (q/k/v, gate/up) and every term's backward share one. Smaller than that input where the ghost norm
+        # is chosen (T < in·out / (in + out) < in), and the input itself is kept by the backward's graph anyway.
+        self.x_grams: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -104,22 +123,58 @@ class RowNormReducer(_SliceReducer):
         self.ids[id(mod)] = ids
         return ids
 
+    def _arrived(self, k: int) -> bool:
+        """Count one module's contribution to parameter ``k``; True once all its modules have contributed."""
+        self.seen[k] += 1
+        if self.seen[k] > len(self.owners[k]):
+            raise NotImplementedError(f"per-sample norms: parameter {self.names[k]} was used more than once in "
+                                      "the forward (a module called twice); its per-row norm is not a sum of parts")
+        return self.seen[k] == len(self.owners[k])
+
+    def _fold(self, k: int, per_group: torch.Tensor) -> None:
+        """``per_group`` (``[P, ...]``, parameter ``k``'s whole group gradients, or their nonzero columns) into
+        the group Gram. float32 products (summed by BLAS in blocks): a float64 copy of every group gradient cost
+        more than the weight gradients themselves at the bench's shapes."""
+        flat = collectives.all_reduce_sum(per_group.reshape(len(self.weights), -1))
+        self._into(self.gram, self.group_names[k], (flat @ flat.t()).double())
+
     def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True) -> None:
         """A contribution to ``p``'s group gradients; the Gram once all its modules have contributed. (Always the
         whole parameter: blocks of rows are the slice engine's streaming, which this reducer does not turn on.)"""
         k = self._key(p)
         if k not in self.names:
             return
-        self.seen[k] += 1
-        if self.seen[k] > len(self.owners[k]):
-            raise NotImplementedError(f"per-sample norms: parameter {self.names[k]} was used more than once in "
-                                      "the forward (a module called twice); its per-row norm is not a sum of parts")
+        done = self._arrived(k)
         super()._add(p, per_slice)
-        if self.seen[k] == len(self.owners[k]):
-            flat = collectives.all_reduce_sum(self.acc.pop(k).reshape(len(self.weights), -1))
-            # float32 products (summed by BLAS in blocks): a float64 copy of every group gradient cost more than the
-            # weight gradients themselves at the bench's shapes
-            self._into(self.gram, self.group_names[k], (flat @ flat.t()).double())
+        if done:
+            self._fold(k, self.acc.pop(k))
+
+    def _embedding_groups(self, p: nn.Parameter, g3: torch.Tensor, ids3: torch.Tensor) -> None:
+        """The embedding's group gradients, formed at the (group, token id) pairs the batch holds only (the update's
+        dense vocab x hidden gradient, once per group, would be P times that): added in place to the tied output
+        layer's group gradients when they came first, else folded into the Gram from the token ids present."""
+        k = self._key(p)
+        if k not in self.names:
+            return
+        vocab, dim = p.shape
+        pair = (ids3 + vocab * self.row_group[:, None]).reshape(-1)
+        uniq, inverse = torch.unique(pair, return_inverse=True)
+        sums = torch.zeros(len(uniq), dim, dtype=torch.float32, device=g3.device)
+        sums.index_add_(0, inverse, g3.reshape(-1, dim).float())
+        done = self._arrived(k)
+        # dense where a tied Linear is still to come (it adds to them) or under data parallel (the ranks' token
+        # ids differ, the sum over ranks needs one shape)
+        if k not in self.acc and (not done or collectives.world_size() > 1):
+            self.acc[k] = torch.zeros(len(self.weights), vocab, dim, dtype=torch.float32, device=g3.device)
+        if k in self.acc:
+            self.acc[k].view(-1, dim).index_add_(0, uniq, sums)
+            if done:
+                self._fold(k, self.acc.pop(k))
+            return
+        tokens, column = torch.unique(uniq % vocab, return_inverse=True)
+        present = torch.zeros(len(self.weights), len(tokens), dim, dtype=torch.float32, device=g3.device)
+        present[uniq // vocab, column] = sums  # (group, token) pairs are unique
+        self._fold(k, present)
 
     def _key(self, p: nn.Parameter) -> int:
         """The registered parameter's id (FSDP2: ``p`` may be the unsharded parameter the module holds now)."""
@@ -144,10 +199,16 @@ class RowNormReducer(_SliceReducer):
                                       f"{len(owners)} modules; only a tied Embedding + Linear pair is supported")
         return emb[0]
 
+    def _input_gram(self, x: torch.Tensor, x3: torch.Tensor) -> torch.Tensor:
+        where = (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype)
+        if where not in self.x_grams:  # (x kept with its Gram: its storage cannot be reused meanwhile)
+            self.x_grams[where] = (x, input_gram(x3))
+        return self.x_grams[where][1]
+
     def _linear(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
         super()._linear(m, x, g)
         g3, x3 = _rows3(g.detach()), _rows3(x)
-        self._row(m.weight, linear_row_sq(g3, x3))
+        self._row(m.weight, linear_row_sq(g3, x3, lambda: self._input_gram(x, x3)))
         self._row(m.bias, g3.float().sum(1).double().pow(2).sum(-1))
         emb = self._tied_embedding(m.weight) if self._key(m.weight) in self.names else None
         if emb is not None:  # δᴸ at the input's token ids, for the cross term at the embedding's backward
@@ -156,10 +217,10 @@ class RowNormReducer(_SliceReducer):
             self.tied[self._key(m.weight)] = (picked, x3)
 
     def _embedding(self, m: nn.Embedding, ids: torch.Tensor, g: torch.Tensor) -> None:
-        super()._embedding(m, ids, g)
         g3, ids3 = _rows3(g.detach()), _rows3(ids)
         if m.padding_idx is not None:  # autograd never updates the padding row
             g3 = g3 * (ids3 != m.padding_idx).unsqueeze(-1).to(g3.dtype)
+        self._embedding_groups(m.weight, g3, ids3)
         sq = embedding_row_sq(g3, ids3, m.weight.shape[0])
         if self._key(m.weight) in self.tied:
             picked, x_out = self.tied.pop(self._key(m.weight))

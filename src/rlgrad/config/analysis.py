@@ -52,6 +52,8 @@ class ComponentAnalysisConfig:
     save_gradients: bool = _f(False, "Also write every component's full per-parameter gradient "
                               "to analysis/step_N/component_grads.npz (background writer).")
 
+PER_SAMPLE_TERMS = ("task", "entropy", "kl")  # the actor loss's terms (algos.objective.ActorTerms.weighted)
+
 
 @dataclass
 class PerSampleConfig:
@@ -62,6 +64,12 @@ class PerSampleConfig:
                     "(analysis.buckets.bucket_mode, num_buckets), at steps 1, 1+every, ...; 0: off. Writes "
                     "analysis/step_N/samples.jsonl. analysis.method=fast models only; under data parallel each "
                     "rank measures its own rows.", ge=0)
+    terms: list[str] = _f(["task"], "The loss terms measured: task (the policy loss), entropy, kl. Each costs one "
+                          "backward of the analysed batch, about one update's backward: the policy loss alone keeps an "
+                          "analysed step near one update (docs/benchmarks.md); the doctor's noise-scale findings and "
+                          "rlgrad samples --by grad-norm read task. Add entropy and kl to measure the regularisers' "
+                          "per-sample norms too; a term the loss does not have (a zero coefficient, actor.use_kl_loss "
+                          "off) is skipped.")
     write_samples: bool = _f(True, "Write analysis/step_N/samples.jsonl: one line per sample (sample, group, "
                              "bucket, reward, advantage, grad_norm/<term>), joinable with rollouts/step_N.jsonl, and "
                              "sample_layers.json (per term and layer group: the batch gradient's norm and the "

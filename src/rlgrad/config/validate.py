@@ -13,6 +13,7 @@ from typing import Any
 from rlgrad.config.algorithm import (
     per_response_advantage,
 )
+from rlgrad.config.analysis import PER_SAMPLE_TERMS
 from rlgrad.config.model import not_local_hint
 from rlgrad.config.schema import RLGradConfig, _walk
 from rlgrad.errors import UserError
@@ -174,5 +175,11 @@ def _lora(cfg: RLGradConfig) -> None:
                         "checkpoints (trainer.save_freq) hold the adapter")
 
 
+def _per_sample_terms(cfg: RLGradConfig) -> None:
+    terms = cfg.analysis.per_sample.terms
+    if not isinstance(terms, list | tuple) or not terms or any(t not in PER_SAMPLE_TERMS for t in terms):
+        raise UserError(f"'analysis.per_sample.terms' must be a list of {', '.join(PER_SAMPLE_TERMS)}, got {terms!r}")
+
+
 RELATIONS = (_optimizer_betas, _tiny_model_shape, _algorithm, _mini_batches, _trainer, _critic_model, _agent_and_data,
-             _custom_reward, _lora)
+             _custom_reward, _lora, _per_sample_terms)
