@@ -1,6 +1,7 @@
 """Regenerate the runs with known faults that tests/doctor/test_doctor.py diagnoses (tests/data/doctor/<name>/).
 
     .venv/bin/python scripts/doctor_fixtures.py [NAME ...]     # all of them by default, a minute or two each
+    .venv/bin/python scripts/doctor_fixtures.py --threads 1 NAME  # on a shared machine: one torch thread
 
 Each is a short rlgrad run of the demo (GRPO on the embedded default model) with one thing wrong; only its
 small files are kept (metrics.jsonl, config.yaml, the analysis JSON/CSV files), not checkpoints or rollouts.
@@ -64,6 +65,34 @@ RUNS |= {
     "reward_inverted": ([*ISSUE37, "trainer.total_training_steps=16",
                          "reward.weights={correctness: -0.9, format: 0.1}"], "inverted_reward"),
 }
+# Issue 33: each finding's advice followed. A fault, 20 steps with validation every 5 (the instruments every 10),
+# and the same run with the finding's advice applied (``*_followed``); tests/doctor/test_advice_followed.py.
+ADVICE = ["trainer.total_training_steps=20", "trainer.test_freq=5", "trainer.val_before_train=true"]
+KL_MSE = ["actor.use_kl_loss=true", "actor.kl_loss_coef=1.0", "actor.kl_loss_type=mse"]
+RUNS |= {
+    # a KL loss at the learning rate 30x the preset's: the KL runs away (kl_blowup) ...
+    "kl_lr_high": ([*ADVICE, *KL_MSE, "actor.optim.lr=3e-3"], "kl_blowup"),
+    # ... and with its advice followed, the learning rate lowered (to the preset's)
+    "kl_lr_high_followed": ([*ADVICE, *KL_MSE, "actor.optim.lr=1e-4"], None),
+    # a KL coefficient 50 000x the preset's: the KL term's gradient outweighs the task's (regularizer_dominates) ...
+    "kl_coef_huge": ([*ADVICE, "actor.use_kl_loss=true", "actor.kl_loss_coef=50"], "regularizer_dominates"),
+    # ... and with kl_loss_coef lowered (to the preset's)
+    "kl_coef_huge_followed": ([*ADVICE, "actor.use_kl_loss=true", "actor.kl_loss_coef=0.001"], None),
+    # std_norm_binary with its advice followed (norm_adv_by_std_in_grpo=false, Dr. GRPO; rlgrad's default)
+    "std_norm_binary_followed": (["algorithm.norm_adv_by_std_in_grpo=false",
+                                  "reward.weights={correctness: 1.0, format: 0.0}"], None),
+    # entropy_collapse with its advice followed (the entropy penalty removed: entropy_coeff 0)
+    "entropy_collapse_followed": (["model.warmstart_steps=200", "actor.entropy_coeff=0", "actor.optim.lr=5e-4"],
+                                  None),
+    # (clipfrac_saturated is not induced: 16 optimizer steps a batch, 4 epochs of 4 mini-batches, kept the demo's
+    # actor/pg_clipfrac at or below 0.25 at lr 1e-3, which destroyed the policy, and 0.16 at lr 3e-4; docs/doctor.md)
+    # lr_too_high's responses run into the length limit (length_runaway) ... with an overlong penalty
+    "length_runaway_followed": (["actor.optim.lr=3e-3", "actor.optim.lr_warmup_steps=0",
+                                 "reward.overlong_buffer.enable=true"], None),
+    # ... whose neurons go dormant (dormant_growing, under update_too_large): the same with the learning rate lowered
+    "dormant_followed": (["actor.optim.lr=1e-4", "actor.optim.lr_warmup_steps=0",
+                          "reward.overlong_buffer.enable=true"], None),
+}
 KEEP = ("layers.json", "neurons.json", "components.json", "group_rv_table.csv")
 
 
@@ -71,7 +100,8 @@ def make(name: str) -> None:
     overrides, _ = RUNS[name]
     with tempfile.TemporaryDirectory(prefix=f"rlgrad-doctor-{name}-") as tmp:
         run = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "rlgrad", "train", *BASE, *overrides, f"trainer.default_local_dir={run}"]
+        cmd = [sys.executable, "-m", "rlgrad", "train", *BASE, *overrides, f"trainer.default_local_dir={run}",
+               *([f"trainer.num_threads={THREADS}"] if THREADS else [])]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             sys.exit(f"{name}: rlgrad train failed:\n{res.stderr[-2000:]}")
@@ -150,6 +180,11 @@ def make_wandb(name: str = "wandb_kl_explodes.json", source: str = "kl_explodes"
     print(f"{name}: {OUT / name}")
 
 
+THREADS = None  # --threads N: torch threads of each run (BASE's 2 otherwise)
+
 if __name__ == "__main__":
-    for n in sys.argv[1:] or [*RUNS, *TRL_RUNS, "wandb"]:
+    names = sys.argv[1:]
+    if names[:1] == ["--threads"]:
+        THREADS, names = int(names[1]), names[2:]
+    for n in names or [*RUNS, *TRL_RUNS, "wandb"]:
         make_trl(n) if n.startswith("trl") else make_wandb() if n == "wandb" else make(n)

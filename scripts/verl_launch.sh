@@ -9,6 +9,11 @@
 # and the resume (verl runs step 2 only; metrics.jsonl keeps step 1's row and recomputes step 2's, once). Exit 0 when
 # all hold, 1 with one FAIL line otherwise, the launch's own status when it fails.
 # BROKEN_TOKENIZER=1 launches over a tokenizer that does not fit the data: it must stop before Ray, in one line.
+# DOCTOR_HALT=1 checks the live doctor instead: a 3-step launch with doctor.halt_on=critical and a thresholds file
+# whose KL bound (1e-6) the run passes at step 2 (the KL to the reference is 0 at step 1, ~1e-2 after one update at
+# lr 1e-2), trainer.save_freq=10: it must stop after step 2 with exit status 3, kl_blowup in doctor.jsonl and verl's
+# checkpoint global_step_2 (saved by the halt); then the same command resumes (verl's resume_mode=auto), runs step 3
+# only, does not halt again on the finding already said, and exits 0.
 # Every launch is bounded (LAUNCH_TIMEOUT seconds, default 600) and the Ray cluster it started is stopped afterwards.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,14 +41,38 @@ launch() {  # $1: total steps; $2: a name for its Hydra directory (OUT_DIR/hydra
     $A.rollout.name=hf_cpu $A.rollout.tensor_model_parallel_size=1 $A.rollout.n=4 $A.rollout.log_prob_micro_batch_size_per_gpu=8 \
     $A.ref.log_prob_micro_batch_size_per_gpu=8 $A.rollout.agent.num_workers=1 \
     trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.device=cpu trainer.total_training_steps="$steps" \
-    trainer.save_freq=1 trainer.test_freq=-1 trainer.val_before_train=false trainer.logger='[console,file]' \
+    trainer.save_freq="$SAVE_FREQ" trainer.test_freq=-1 trainer.val_before_train=false trainer.logger='[console,file]' \
     trainer.project_name=rlgrad trainer.experiment_name=cpu_launch trainer.default_local_dir="$OUT/ckpt" \
     transfer_queue.backend.SimpleStorage.num_data_storage_units=1 +ray_kwargs.ray_init.include_dashboard=false \
     +ray_kwargs.ray_init.num_gpus=1 +ray_kwargs.ray_init.num_cpus=64 \
     +$A.rlgrad.analysis.every=2 +$A.rlgrad.analysis.buckets.num_buckets=2 "$@"
 }
-stop_ray() { $PY -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true; }  # the cluster launch() started
+stop_ray() {  # the cluster launch() started; not while another launch runs (ray stop ends every cluster here)
+  pgrep -f "rlgrad.integrations.verl_main" >/dev/null && return 0
+  $PY -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true
+}
+SAVE_FREQ=1
 t0=$(date +%s)
+if [ -n "${DOCTOR_HALT:-}" ]; then
+  SAVE_FREQ=10
+  printf 'kl_high: 1.0e-6\nkl_floor: 0\n' >"$OUT/thresholds.yaml"
+  H=(+$A.rlgrad.doctor.halt_on=critical +$A.rlgrad.doctor.thresholds="$OUT/thresholds.yaml")
+  VERL_FILE_LOGGER_PATH="$OUT/launch.jsonl" launch 3 launch "${H[@]}" "$@" >"$OUT/launch.log" 2>&1; rc=$?
+  stop_ray
+  t1=$(date +%s)
+  echo "[verl_launch] doctor launch: exit $rc after $((t1 - t0)) s (log: $OUT/launch.log)"
+  grep -E '^\S*\[doctor\]|\[doctor\] step|stopped by the doctor' "$OUT/launch.log" | sed 's/^/    /' | head -8
+  [ $rc -eq 3 ] || { echo "[verl_launch] FAIL: exit $rc, expected 3 (stopped by the doctor)"; exit 1; }
+  $PY scripts/verl_launch_check.py halted "$OUT" || exit 1
+  VERL_FILE_LOGGER_PATH="$OUT/resume.jsonl" launch 3 resume "${H[@]}" "$@" >"$OUT/resume.log" 2>&1; rc=$?
+  stop_ray
+  t2=$(date +%s)
+  echo "[verl_launch] the same command again (resumes): exit $rc after $((t2 - t1)) s (log: $OUT/resume.log)"
+  [ $rc -eq 0 ] || { echo "[verl_launch] FAIL: the resume exited $rc: $(grep -E 'Error|stopped by' "$OUT/resume.log" | tail -1)"; exit 1; }
+  $PY scripts/verl_launch_check.py halt_resumed "$OUT" || exit 1
+  echo "[verl_launch] all doctor checks passed in $((t2 - t0)) s"
+  exit 0
+fi
 VERL_FILE_LOGGER_PATH="$OUT/launch.jsonl" launch 2 launch "$@" >"$OUT/launch.log" 2>&1; rc=$?
 stop_ray
 t1=$(date +%s)

@@ -2,6 +2,8 @@
 
     python scripts/verl_launch_check.py first OUT_DIR     # after the 2-step launch
     python scripts/verl_launch_check.py resume OUT_DIR    # after the resume from verl's global_step_1
+    python scripts/verl_launch_check.py halted OUT_DIR        # DOCTOR_HALT=1: after the launch the doctor stopped
+    python scripts/verl_launch_check.py halt_resumed OUT_DIR  # DOCTOR_HALT=1: after the same command again
 
 Prints one line per check passed; the first that fails prints ``[verl_launch] FAIL: <what>`` and exits 1.
 """
@@ -85,5 +87,59 @@ def resume(out: Path) -> None:
           f"row kept, step 2's recomputed (actor/grad_norm {b:.6g}; first launch {a:.6g}, rollouts are resampled)")
 
 
+def said(run: Path) -> list[tuple[int, str, str]]:
+    """doctor.jsonl's findings: (step, finding, severity)."""
+    return [(r["step"], r["finding"], r["severity"]) for r in rows(run / "doctor.jsonl")]
+
+
+def halted(out: Path) -> None:
+    run, ckpt = out / "ckpt" / "rlgrad", out / "ckpt"
+    log = (out / "launch.log").read_text(errors="replace")
+    if verl_steps(out / "launch.log") != [1, 2]:
+        fail(f"verl printed steps {verl_steps(out / 'launch.log')}, expected [1, 2] (the doctor stops after step 2)")
+    critical = [f for f in said(run) if f[2] == "critical"]
+    if critical != [(2, "kl_blowup", "critical")]:
+        fail(f"doctor.jsonl's critical findings {critical}, expected [(2, 'kl_blowup', 'critical')]")
+    for text in ("[doctor] step 2: CRITICAL kl_blowup", "rlgrad: stopped by the doctor after step 2",
+                 "resumes from verl's global_step_2", f"rlgrad doctor {run}"):
+        if text not in log:
+            fail(f"launch.log does not say '{text}'")
+    if not (ckpt / "global_step_2" / "actor" / "model_world_size_1_rank_0.pt").is_file():
+        fail("no verl checkpoint global_step_2 with actor weights (the halt must save it)")
+    if (ckpt / "global_step_1").exists():
+        fail("global_step_1 exists: trainer.save_freq=10 should have saved nothing before the halt")
+    if (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() != "2":
+        fail("latest_checkpointed_iteration.txt is not 2")
+    logged = {r["step"]: r["data"] for r in rows(out / "launch.jsonl")}
+    cost = [logged.get(s, {}).get("timing_s/doctor") for s in (1, 2)]
+    if None in cost:
+        fail(f"timing_s/doctor missing from verl's logged steps 1-2: {cost}")
+    step_s = [logged[s]["timing_s/step"] for s in (1, 2)]
+    print(f"[verl_launch] ok: stopped by the doctor after step 2 (exit 3): kl_blowup critical in doctor.jsonl, "
+          f"checkpoint global_step_2 saved by the halt; timing_s/doctor {cost[0]:.4f} s, {cost[1]:.4f} s "
+          f"(steps {step_s[0]:.1f} s, {step_s[1]:.1f} s)")
+
+
+def halt_resumed(out: Path) -> None:
+    run, ckpt = out / "ckpt" / "rlgrad", out / "ckpt"
+    printed = verl_steps(out / "resume.log")
+    if printed != [3]:
+        fail(f"the resumed launch printed steps {printed}, expected [3] (continuing after global_step_2)")
+    if "global_step_2" not in (out / "resume.log").read_text(errors="replace"):
+        fail("the resumed launch's log does not name global_step_2")
+    kl = [f for f in said(run) if f[1] == "kl_blowup"]
+    if kl != [(2, "kl_blowup", "critical")]:
+        fail(f"doctor.jsonl's kl_blowup lines {kl}: a finding already said must not be said (or halt) again")
+    steps = [r["step"] for r in rows(run / "metrics.jsonl")]
+    if steps != [1, 2, 3]:
+        fail(f"metrics.jsonl steps {steps}, expected [1, 2, 3]")
+    if not (ckpt / "global_step_3" / "actor" / "model_world_size_1_rank_0.pt").is_file():
+        fail("no checkpoint global_step_3 (verl saves the last step)")
+    if (run / "doctor_halt.json").exists():
+        fail("doctor_halt.json left by a launch that was not stopped")
+    print(f"[verl_launch] ok: the same command resumed from global_step_2, ran step 3 only and ended (exit 0); "
+          f"doctor.jsonl: {said(run)}")
+
+
 if __name__ == "__main__":
-    {"first": first, "resume": resume}[sys.argv[1]](Path(sys.argv[2]))
+    {"first": first, "resume": resume, "halted": halted, "halt_resumed": halt_resumed}[sys.argv[1]](Path(sys.argv[2]))

@@ -7,6 +7,9 @@
 * neuron health (unit level) under DDP and FSDP2 on a shuffled mini-batch whose ranks interleave: the same
   metrics, per-layer sums, sampled sequences and per-sequence Gram matrix, and the same reset (weights and
   optimizer moments) as one process; reward-component geometry with a rank holding none / part of a component.
+* per-sample gradient norms (``tests/helpers/per_sample_dp.py``) on the plain module and on FSDP2's shards, with
+  a rank holding none of the rows and with every group split over both ranks: each rank's norms are its rows'
+  one-process norms, the noise metrics, the groups' Gram and samples.jsonl are one process's.
 * end to end (torchrun): DDP for step 1, then FSDP2 resuming from DDP's checkpoint for step 2, give the
   one-process run's metrics.jsonl (group-seeded sampling makes the batch layout-independent) and weights,
   with reward-component and neuron-health metrics on and a neuron reset at step 2 (under FSDP2).
@@ -38,6 +41,7 @@ from rlgrad.recipes import make_trainer
 from rlgrad.rl.actor import update_actor
 from rlgrad.runfiles import read_jsonl
 from tests.conftest import REPO
+from tests.helpers import per_sample_dp
 from tests.helpers.batches import make_batch
 from tests.helpers.processes import free_port
 
@@ -180,6 +184,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))
     model, batch = _model_batch()
+    per_sample_dp.rank_results(rank, model, batch, out_dir)
     batch = _with_components(batch)
     results = {"analysis": _analyses(model, lambda split: _share(batch, SPLITS[split][rank])),
                "components": _components(model, lambda split: _share(batch, SPLITS[split][rank]))}
@@ -268,6 +273,7 @@ def test_two_ranks_equal_one_process_update_and_analysis(tmp_path):
     _assert_analyses_equal({"analysis": got["analysis/shards"]}, {c: want[c] for c in got["analysis/shards"]})
 
     _assert_whitened_over_the_whole_batch(tmp_path, batch)
+    per_sample_dp.assert_per_sample_equal(tmp_path, model, batch)
 
 
 # ----------------------------------------------------------------------------------- end to end
@@ -286,6 +292,8 @@ E2E = ["trainer.gradient_analysis_every=1", "rollout.gradient_analysis_num_bucke
        "analysis.components_every=1", "actor.redo_metric_freq=1", "actor.redo_reset_freq=2",
        "actor.redo_nullspace_samples=5", "actor.redo_mode=percentage", "actor.redo_max_reset_frac=0.1",
        "actor.redo_reset_outgoing=small",
+       # per-sample gradient norms and the noise scale every step: samples.jsonl gathered from both ranks
+       "analysis.per_sample.every=1",
        # the shipped tiny math data: a length reward (length_max 3 chars) varies within groups (6-token responses,
        # some ending early), so the policy gradient and the component gradients are not zero
        "rollout.response_length=6", "data.task=math", f"data.train_files=[{REPO / 'tests/data/math_verl.parquet'}]",
@@ -300,12 +308,12 @@ def _assert_rows_equal(a: list[dict], b: list[dict]) -> None:
         extra = {"val/accuracy", "val/score/mean", "timing_s/val"} if x["step"] == 1 else set()  # first run: last step
         assert set(y["data"]) - set(x["data"]) == extra and set(x["data"]) <= set(y["data"])
         for k, v in x["data"].items():
-            if not k.startswith("timing_s/"):
-                assert close(v, y["data"][k]), (x["step"], k, v, y["data"][k])
+            if not k.startswith("timing_s/"):  # a NaN (a noise estimate the batch cannot tell) is logged "nan"
+                assert v == y["data"][k] == "nan" or close(v, y["data"][k]), (x["step"], k, v, y["data"][k])
 
 
 def _assert_analysis_files_equal(one: Path, two: Path, step: int) -> None:
-    """A step's layers.json, neurons.json and components.json of the two runs."""
+    """A step's layers.json, neurons.json, components.json and samples.jsonl of the two runs."""
 
     def read(run: Path, name: str) -> dict:
         return json.loads((run / "analysis" / f"step_{step}" / name).read_text())
@@ -321,6 +329,11 @@ def _assert_analysis_files_equal(one: Path, two: Path, step: int) -> None:
     for g, geo in ca["layers"].items():
         for c, v in geo["norm"].items():
             assert close(v, cb["layers"][g]["norm"][c]), (step, g, c)
+    sa, sb = (read_jsonl(run / "analysis" / f"step_{step}" / "samples.jsonl") for run in (one, two))
+    assert len(sa) == len(sb) > 0 and [r["sample"] for r in sa] == [r["sample"] for r in sb], step
+    for x, y in zip(sa, sb):
+        assert x.keys() == y.keys() and all(close(v, y[k]) if k.startswith("grad_norm/") else v == y[k]
+                                            for k, v in x.items()), (step, x, y)
 
 
 def _assert_step_2_weights_equal(one: Path, two: Path) -> None:

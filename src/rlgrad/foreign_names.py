@@ -58,5 +58,6 @@ FOREIGN_NOTES = {
              "and OpenRLHF's, `eval/` before their evaluation metrics, and `_step` as the step; rlgrad reads `_step` "
              "and drops `train/`.",
     "verl": "rlgrad's names are verl's; only validation differs: `val-core/<data source>/acc/mean@N` is "
-            "val/accuracy, `val-core/<data source>/reward/mean@N` is val/score/mean.",
+            "val/accuracy, `val-core/<data source>/reward/mean@N` is val/score/mean; rlgrad's metrics from its verl "
+            "actor worker reach verl's logs with verl's actor prefix (actor/grad_norm/all/task is grad_norm/all/task).",
 }

@@ -132,7 +132,9 @@ class HookRunner:
       ends training as TRL's own ``max_steps`` would; a stop from ``after_step`` (at TRL's logging of the step)
       also asks TRL to save a checkpoint (``TrainerControl.should_save``).
     * verl (``rlgrad.integrations.verl``): the hooks run inside the actor worker's update call; the update
-      finishes, and rlgrad's verl trainer (``rlgrad_sync``) ends verl's loop after that step.
+      finishes, and rlgrad's verl trainer (``rlgrad_sync``) ends verl's loop after that step. ``after_step`` runs in
+      that trainer (``rlgrad.integrations.verl_trainer``, the live doctor): its stop also saves verl's checkpoint
+      of the step, and the launch exits with status 3.
     """
 
     def __init__(self, hooks: Iterable[Hook] = ()):

@@ -542,7 +542,9 @@ def foreign_key(name: str, source: str, components: dict[str, str] | None = None
     TRL's ``rewards/<f>/mean`` is ``reward/<key>/mean``, ``<key>`` the ``{component}`` key of ``f``:
     ``components[f]`` (``component_keys`` of all the run's reward names), else ``f`` escaped alone.
     verl's names are rlgrad's (rlgrad follows verl), but for validation: ``val-core/<data source>/acc/mean@N``
-    is ``val/accuracy`` and ``val-core/<data source>/reward/mean@N`` is ``val/score/mean``."""
+    is ``val/accuracy`` and ``val-core/<data source>/reward/mean@N`` is ``val/score/mean``; rlgrad's own metrics
+    from its verl actor worker reach verl's trainer ``actor/``-prefixed (``actor/grad_norm/all/task``, verl's
+    ``rename_dict``) and are rlgrad's names again without that prefix."""
     if source in FOREIGN_NAMES:
         name = name.removeprefix("train/")  # W&B's and TensorBoard's prefix for the training logs
         if source == "trl" and name.startswith("rewards/") and name.endswith(("/mean", "/std")):
@@ -555,7 +557,8 @@ def foreign_key(name: str, source: str, components: dict[str, str] | None = None
         if len(parts) >= 4 and parts[-1].startswith("mean@"):  # the data source may hold slashes (openai/gsm8k)
             return {"acc": "val/accuracy", "reward": "val/score/mean", "score": "val/score/mean"}.get(parts[-2])
         return None
-    return name
+    # name[6:]: without "actor/", where that is rlgrad's key and the prefixed name is not one of verl's
+    return name[6:] if name.startswith("actor/") and match(name) is None and match(name[6:]) is not None else name
 
 
 _NOT_KEY = re.compile(r"[^A-Za-z0-9]+")

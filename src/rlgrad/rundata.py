@@ -660,6 +660,17 @@ def per_sample_rows(run: RunData, step: int) -> list[dict]:
     return rows
 
 
+def per_sample_layers(run: RunData, step: int, term: str = "task") -> dict[str, dict[str, float]] | None:
+    """layer group -> {grad_norm: ||Σ_i g_i|| on its parameters, grad_norm_sample: mean ||g_i|| on them} of
+    ``term`` at an ``analysis.per_sample`` step, from ``analysis/step_N/sample_layers.json``; None without it."""
+    d = run.analysis_dir(step)
+    obj = _read_json(d / "sample_layers.json" if d else None)
+    got = obj.get(term) if obj else None
+    if not isinstance(got, dict):
+        return None
+    return {g: v for g, v in got.items() if isinstance(v, dict) and isinstance(v.get("grad_norm"), int | float)}
+
+
 @dataclass
 class PromptGroup:
     """The samples of one prompt at one step, as ``rollout_groups`` returns them."""

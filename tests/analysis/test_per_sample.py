@@ -11,7 +11,13 @@ import torch
 from rlgrad.algos.aggregation import denominator
 from rlgrad.algos.objective import LossSettings, as_loss_fn
 from rlgrad.analysis.buckets import analyse_buckets
-from rlgrad.analysis.per_sample import analyse_per_sample, noise_metrics, proxy_correlation, verl_variance_proxy
+from rlgrad.analysis.per_sample import (
+    analyse_per_sample,
+    layer_summary,
+    noise_metrics,
+    proxy_correlation,
+    verl_variance_proxy,
+)
 from rlgrad.analysis.rows import embedding_row_sq, ghost_is_cheaper, linear_row_sq
 from rlgrad.batch import Batch, position_ids_from_mask
 from tests.helpers.batches import SETTINGS, make_batch
@@ -89,8 +95,16 @@ def test_layer_norms_match_the_oracle_per_layer_group(model_tok):
     for (name, _), block in zip(params, grads.split(sizes, dim=1)):
         g = layer_group(name)
         per_group[g] = per_group.get(g, 0) + block.pow(2).sum(1)
+    per_group_sum: dict[str, torch.Tensor] = {}  # Σ_i g_i on each layer group's parameters
+    for (name, _), block in zip(params, grads.split(sizes, dim=1)):
+        g = layer_group(name)
+        per_group_sum[g] = per_group_sum.get(g, 0) + block.sum(0).pow(2).sum()
+    summary = layer_summary(rep)["task"]  # sample_layers.json
+    assert set(summary) == set(per_group)
     for g, want in per_group.items():
         assert _relative(rep.layer_norms["task"][g], want.sqrt()) <= TOL, g
+        assert summary[g]["grad_norm_sample"] == pytest.approx(float(want.sqrt().mean()), rel=TOL), g
+        assert summary[g]["grad_norm"] == pytest.approx(float(per_group_sum[g].sqrt()), rel=TOL, abs=1e-12), g
 
 
 def _formulas(h: torch.Tensor, groups: torch.Tensor) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """The per-sample instrument inside rlgrad's trainer: metrics, samples.jsonl joined with the rollouts, cadence."""
 
+import json
 import math
 
 import pytest
@@ -35,6 +36,11 @@ def test_per_sample_hook_in_a_run(tiny, tmp_path, capsys):
         assert r["group_id"] == s["group"] and r["total"] == pytest.approx(s["reward"]) and r["kept"]
         assert r["advantage"] == pytest.approx(s["advantage"]) and s["bucket"].startswith("bucket_")
         assert s["grad_norm/task"] >= 0 and s["grad_norm/entropy"] > 0
+    # sample_layers.json: the layer groups' squared batch-gradient norms add up to the bucket analysis' `all`
+    layers = json.loads((tmp_path / "run" / "analysis" / "step_1" / "sample_layers.json").read_text())
+    for term in ("task", "entropy"):
+        assert sum(v["grad_norm"] ** 2 for v in layers[term].values()) == pytest.approx(
+            d[f"grad_norm/all/{term}"] ** 2, rel=1e-5)
     assert d["grad_norm_sample/all/task"] == pytest.approx(sum(s["grad_norm/task"] for s in samples) / n, rel=1e-6)
     # rlgrad samples --by grad-norm: the largest first, shares of Σ ||g_i||²
     capsys.readouterr()

@@ -72,3 +72,20 @@ def test_no_forecast_on_noise_or_far_away():
     assert forecast(run_of(s), "entropy_forecast") is None
     s["actor/entropy"] = [2 * 0.999 ** i for i in range(30)]  # a clear trend, 2,000+ steps away
     assert forecast(run_of(s), "entropy_forecast") is None
+
+
+def test_a_forecasts_advice_follows_the_cause_the_run_supports():
+    """The entropy forecast gives entropy_collapse's advice (a penalty is brought toward 0, not "add a bonus"); the
+    KL forecast names the learning rate alone at a large update size."""
+    n = 20
+    s = healthy_series(n)
+    s["actor/entropy"] = [1.5 * 0.9 ** i for i in range(n)]  # 12% of its start by step 20: collapsing, not yet
+    s["actor/update_ratio"] = [5e-4] * n
+    penalty = run_of(s, {"actor": {"entropy_coeff": -0.2}})
+    f = next(f for f in diagnose(penalty).findings if f.id == "entropy_forecast")
+    assert "bring it toward 0" in f.action and "bonus (entropy_coeff > 0)" not in f.action
+    s["actor/kl_loss"] = [0.02 * 1.15 ** i for i in range(n)]
+    s["actor/update_ratio"] = [0.03] * n
+    f = next(f for f in diagnose(run_of(s)).findings if f.id == "kl_forecast")
+    assert f.action.startswith("Lower the learning rate toward an actor/update_ratio")
+    assert "kl_loss_coef" not in f.action

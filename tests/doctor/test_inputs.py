@@ -65,6 +65,29 @@ def test_every_trl_name_maps_to_a_catalogued_key_and_back():
     assert own_key("actor/pg_clipfrac", "trl") == "clip_ratio/region_mean"
 
 
+def test_verls_log_of_an_rlgrad_launch_reads_the_instruments_metrics(tmp_path):
+    """verl's trainer logs the metrics of rlgrad's actor worker ``actor/``-prefixed (verl's ``rename_dict``): read
+    from verl's file logger they are rlgrad's keys again, so the gradient-level signatures run on it; verl's own
+    ``actor/`` metrics (catalogued as they are) keep their names."""
+    assert foreign_key("actor/grad_norm/all/task", "verl") == "grad_norm/all/task"
+    assert foreign_key("actor/critic/score/mean", "verl") == "critic/score/mean"
+    for own in ("actor/entropy", "actor/grad_norm", "actor/loss/policy", "actor/neuron/dormant_ratio", "actor/kl_coef"):
+        assert foreign_key(own, "verl") == own
+    lines = []
+    for s in range(1, 6):
+        data = {"critic/score/mean": 0.0, "actor/critic/score/mean": 0.0, "actor/grad_norm": 0.0, "actor/lr": 1e-6}
+        if s % 2:
+            data |= {"actor/grad_norm/all/task": 0.0, "actor/grad_norm/bucket_1/task": 0.0,
+                     "actor/grad_norm/bucket_2/task": 0.0}
+        lines.append(json.dumps({"step": s, "data": data}))
+    (tmp_path / "launch.jsonl").write_text("\n".join(lines) + "\n")
+    run = D.load_any(tmp_path / "launch.jsonl")
+    assert run.kind == "verl" and run.rows[3]["grad_norm/bucket_2/task"] == 0.0
+    f = diagnose(run).findings[0]
+    assert (f.id, f.severity) == ("zero_variance_groups", "critical")
+    assert "task gradient 0 in every bucket" in f.evidence[0] and "on 3 of 3 steps" in f.evidence[0]
+
+
 def test_explain_names_the_missing_metrics_in_the_sources_own_spelling(tmp_path):
     state = {"log_history": [{"step": s, "reward": 0.5, "grad_norm": 0.1} for s in range(1, 11)]}
     (tmp_path / "trainer_state.json").write_text(json.dumps(state))

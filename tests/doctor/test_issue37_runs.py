@@ -37,7 +37,7 @@ def val(name: str) -> dict[int, float]:
     return dict(zip(*D.series(D.load_any(fixture(name)), "val/accuracy")))
 
 
-@pytest.mark.parametrize("name", ["healthy", "healthy_issue37", "weak_start"])
+@pytest.mark.parametrize("name", ["healthy", "healthy_issue37", "healthy_seed2", "healthy_seed3", "weak_start"])
 def test_healthy_runs_and_a_weak_models_noisy_start_raise_no_collapse_or_lr_finding_at_any_step(name):
     quiet = ("reward_collapse", "update_too_large", "lr_too_small", "length_truncated", "inverted_reward")
     for n, d in prefixes(name):

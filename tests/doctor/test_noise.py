@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlgrad.doctor.command import diagnose
-from rlgrad.doctor.noise import NOISE_ABOVE, NOISE_BELOW
+from rlgrad.doctor.findings import Thresholds
 from tests.doctor.test_doctor import healthy_series, run_of
 
 
@@ -34,15 +34,30 @@ def test_batch_below_noise_scale_averages_trace_and_signal_before_dividing():
     # inter-prompt noise dominating: more prompts, not more samples per prompt
     assert "data.train_batch_size" in _found(_run([1000.0], [0.25], 64, inter=50.0, intra=100.0),
                                              "batch_below_noise_scale").action
-    # the threshold: B_simple above NOISE_BELOW x the batch
-    assert _found(_run([64 * NOISE_BELOW + 1], [1.0], 64), "batch_below_noise_scale") is not None
-    assert _found(_run([64 * NOISE_BELOW - 1], [1.0], 64), "batch_below_noise_scale") is None
+    # the threshold: B_simple above Thresholds().noise_below x the batch
+    assert _found(_run([64 * Thresholds().noise_below + 1], [1.0], 64), "batch_below_noise_scale") is not None
+    assert _found(_run([64 * Thresholds().noise_below - 1], [1.0], 64), "batch_below_noise_scale") is None
 
 
-@pytest.mark.parametrize("trace,signal,fires", [([1.0], [1.0], True), ([64 / NOISE_ABOVE * 2], [1.0], False),
+@pytest.mark.parametrize("trace,signal,fires", [([1.0], [1.0], True),
+                                                ([64 / Thresholds().noise_above * 2], [1.0], False),
                                                 ([1.0], [-1.0], False)])
 def test_batch_above_noise_scale(trace, signal, fires):
     found = _found(_run(trace, signal, samples=64), "batch_above_noise_scale")
     assert (found is not None) == fires
     if fires:  # B_simple 1, 64 samples: 65x the least samples, steps within 1.56% of the fewest
         assert "65×" in found.explanation and "1.56%" in found.explanation
+
+
+def test_noise_thresholds_come_from_thresholds(tmp_path):
+    # B_simple 1000 against 64 samples: 15.6x; fires at the default factor 10, not at 20 (read from a --thresholds file)
+    run = _run([1000.0], [1.0], samples=64)
+    assert _found(run, "batch_below_noise_scale") is not None
+    path = tmp_path / "t.yaml"
+    path.write_text("noise_below: 20\nnoise_above: 0.5\n")
+    stricter = Thresholds.from_file(path)
+    assert next((f for f in diagnose(run, stricter).findings if f.id == "batch_below_noise_scale"), None) is None
+    # and above: 64 samples > 0.5 x B_simple 100 fires only at the file's factor
+    small = _run([100.0], [1.0], samples=64)
+    assert _found(small, "batch_above_noise_scale") is None
+    assert any(f.id == "batch_above_noise_scale" for f in diagnose(small, stricter).findings)

@@ -16,7 +16,7 @@ datasets = pytest.importorskip("datasets")
 
 from trl import GRPOConfig  # noqa: E402
 
-from rlgrad.analysis import analyse_buckets, analyse_components  # noqa: E402
+from rlgrad.analysis import analyse_buckets, analyse_components, analyse_per_sample  # noqa: E402
 from rlgrad.config.model import ModelConfig, TinyModelConfig  # noqa: E402
 from rlgrad.errors import UserError  # noqa: E402
 from rlgrad.hooks import Hook, HookResult  # noqa: E402
@@ -128,6 +128,25 @@ def test_bucket_and_reward_function_gradients_equal_trl_autograd(setup, tmp_path
         assert rel_err(ours, ref) < 1e-5, (loss_type, name, rel_err(ours, ref))
 
 
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_per_sample_norms_equal_trl_autograd_per_row(setup, tmp_path, loss_type):
+    """Each row's gradient norm per term (``analysis.per_sample`` on TRL's loss) is that of TRL's loss on that row
+    alone, rescaled from the row's own denominator to the batch's (``u_i / Σ u``); beta=0: one term, ``task``."""
+    off = ["analysis.every=null", "analysis.buckets.enable=false"]
+    t = make(setup, tmp_path, cls=Capturing, loss_type=loss_type, rlgrad=off, bf16=False, beta=0.0)
+    model = t.accelerator.unwrap_model(t.model)
+    t.train()  # one step; its generation batch is held to TRL's loss at the weights after it, on both sides
+    batch = t.rlgrad.ctx.batch
+    with t.rlgrad._running():
+        rep = analyse_per_sample(model, batch, t.rlgrad.loss, num_buckets=2)
+    assert set(rep.norms) == {"task"}
+    _, share = t.rlgrad.loss.agg.weights(batch.response_mask)
+    want = torch.tensor([float(sum(g.double().pow(2).sum() for g in trl_grads(t, t.captured, torch.tensor([i]))
+                                   .values()).sqrt()) for i in range(len(batch))]) * share.double() / share.sum()
+    assert float(want.max()) > 0
+    assert torch.allclose(rep.norms["task"].double(), want, rtol=1e-5, atol=1e-7 * float(want.max())), loss_type
+
+
 def test_a_peft_lora_model_is_measured_on_its_adapters(setup, tmp_path):
     """TRL with ``peft_config``, as TRL documents it: the buckets' and the reward functions' gradients are those of
     TRL's loss with respect to the LoRA adapters alone, grouped by the decoder layer they adapt."""
@@ -184,10 +203,15 @@ def test_training_is_bitwise_unchanged_and_run_files(setup, tmp_path):
     assert sorted(steps) == [1, 2]
     for s in (1, 2):
         assert {"grad_norm/all/task", "grad_norm/bucket_1/kl", "grad_comp/shorter/norm", "grad_sim/shorter__digits",
-                "actor/neuron/dormant_ratio", "critic/score/mean", "actor/grad_norm"} <= set(steps[s]), s
+                "actor/neuron/dormant_ratio", "critic/score/mean", "actor/grad_norm", "grad_norm_sample/all/task",
+                "noise_trace/all/kl", "coherence/bucket_1/task", "proxy_corr/spearman"} <= set(steps[s]), s
         assert steps[s]["grad_norm/all/task"] > 0
-        assert {"layers.json", "components.json", "neurons.json", "group_rv_table.csv"} <= {
+        assert {"layers.json", "components.json", "neurons.json", "group_rv_table.csv", "samples.jsonl"} <= {
             p.name for p in (run / "analysis" / f"step_{s}").iterdir()}
+        # per-sample: Σ_i g_i is the bucket analysis' gradient (the unbiased |G|² and tr Σ give back its norm²)
+        n = steps[s]["grad_norm/all/sample_count"]
+        assert steps[s]["noise_signal/all/task"] + steps[s]["noise_trace/all/task"] / n == pytest.approx(
+            steps[s]["grad_norm/all/task"] ** 2, rel=1e-4)
     # TRL's own log history carries the analysis next to TRL's metrics
     logged = [h for h in ours.state.log_history if "grad_norm/all/task" in h]
     assert len(logged) == 2 and all("reward" in h for h in logged)
@@ -202,6 +226,11 @@ def test_training_is_bitwise_unchanged_and_run_files(setup, tmp_path):
         [0.7 * x["components"]["shorter"] + 0.3 * x["components"]["digits"] for x in lines])
     res = run_cli(["samples", str(run), "--step", "1", "--max", "1"])
     assert res.returncode == 0 and lines[0]["prompt"].strip()[:3] in res.stdout, res.stderr[-1000:]
+    samples = [json.loads(x) for x in (run / "analysis" / "step_1" / "samples.jsonl").read_text().splitlines()]
+    assert [(x["sample"], x["group"]) for x in samples] == [(i, x["group_id"]) for i, x in enumerate(lines)]
+    assert [x["advantage"] for x in samples] == pytest.approx([x["advantage"] for x in lines], abs=1e-6)
+    assert all(x["grad_norm/task"] >= 0 and x["grad_norm/kl"] >= 0 for x in samples)
+    assert sum(x["grad_norm/task"] > 0 for x in samples) > len(samples) // 2  # a zero advantage: a zero gradient
     # a second run into the same directory is refused, the first run's files untouched
     before = (run / "metrics.jsonl").read_text()
     with pytest.raises(UserError, match="already holds"):
@@ -411,6 +440,11 @@ def test_example_under_torchrun_two_processes_then_report(setup, tmp_path):
         assert x["data"]["grad_norm/all/sample_count"] == 64
         assert x["data"]["grad_norm/all/group_rv_count"] == 16
     assert len((out / "rollouts" / "step_2.jsonl").read_text().splitlines()) == 64  # both processes' completions
+    # per-sample norms: each process its own rows; samples.jsonl (rank 0) holds both, joined with the rollouts
+    assert all(x["data"]["noise_samples/all"] == 64 and "noise_trace/all/task" in x["data"] for x in analysis)
+    samples = [json.loads(line) for line in (out / "analysis" / "step_2" / "samples.jsonl").read_text().splitlines()]
+    rollouts = [json.loads(line) for line in (out / "rollouts" / "step_2.jsonl").read_text().splitlines()]
+    assert [(x["sample"], x["group"]) for x in samples] == [(x["index"], x["group_id"]) for x in rollouts]
     records = [json.loads(line) for line in (out / "reward_components.jsonl").read_text().splitlines()]
     assert [(x["step"], x["num_samples"]) for x in records] == [(1, 64), (2, 64)]
     assert set(records[0]["components"]) == {"correctness", "format"}

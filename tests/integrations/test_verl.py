@@ -25,12 +25,13 @@ from verl.workers.engine_workers import TrainingWorker as VerlTrainingWorker  # 
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
 from rlgrad.algos.objective import ActorLoss  # noqa: E402
-from rlgrad.analysis import analyse_buckets  # noqa: E402
+from rlgrad.analysis import analyse_buckets, analyse_per_sample  # noqa: E402
 from rlgrad.config.model import ModelConfig, TinyModelConfig  # noqa: E402
 from rlgrad.errors import UserError  # noqa: E402
 from rlgrad.integrations.verl import check_verl_version  # noqa: E402
 from rlgrad.integrations.verl_loss import batch_from_verl, verl_loss_settings  # noqa: E402
 from rlgrad.models import build_char_tokenizer, build_tiny_model  # noqa: E402
+from tests.helpers.per_sample_dp import metric_close  # noqa: E402
 from tests.helpers.verl_cpu import N, R, actor_config, verl_batch, worker  # noqa: E402
 
 
@@ -106,6 +107,25 @@ def verl_bucket_grads(w, ac, rows) -> dict[str, torch.Tensor]:
                              global_token_num=[1] * len(rows))
         w.engine.forward_backward_batch(td_rows, partial(ppo_loss, config=ac), forward_only=False)
         return grads_of(w)  # inside: leaving train mode may free the gradients
+
+
+def test_per_sample_norms_equal_verl_engine_autograd_per_row(model_dir, tmp_path):
+    """Each row's gradient norm (``analysis.per_sample`` on verl's FSDP2 module) is that of verl's own engine running
+    verl's ppo_loss on that row alone, rescaled from the row's own denominator to the batch's (``u_i / Σ u``); no
+    entropy or KL loss: verl's loss is the task term alone."""
+    w = worker(model_dir)
+    ac = actor_config(entropy_coeff=0.0, use_kl_loss=False)
+    w.rlgrad_setup(ac, ["analysis.every=null", "analysis.buckets.enable=false"], tmp_path / "run")
+    batch = batch_from_verl(verl_batch()[0])
+    loss = ActorLoss(w.rlgrad.settings)
+    with w.rlgrad.analysing() as model:
+        rep = analyse_per_sample(model, batch, loss, num_buckets=2)
+    assert set(rep.norms) == {"task"}
+    _, share = loss.agg.weights(batch.response_mask)
+    want = torch.tensor([sum(float(g.double().pow(2).sum()) for g in verl_bucket_grads(w, ac, [i]).values()) ** 0.5
+                         for i in range(len(batch))], dtype=torch.float64) * share.double() / float(share.sum())
+    assert float(want.min()) > 0
+    assert torch.allclose(rep.norms["task"].double(), want, rtol=1e-5, atol=1e-7 * float(want.max()))
 
 
 def test_lora_bucket_gradients_are_verl_engine_autograd_of_the_adapters(model_dir, tmp_path):
@@ -464,10 +484,20 @@ def test_two_ranks_give_the_one_process_numbers(model_dir, tmp_path):
     for d in ("one", "two"):
         rows = [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
         first[d] = next(r["data"] for r in rows if r["step"] == 1)
-    keys = [k for k in first["one"] if k.startswith("grad_norm/")]
-    assert len(keys) > 10 and set(keys) <= set(first["two"])
+    # the bucket analysis and the per-sample norms' metrics (grad_norm_sample/, noise_*/, coherence/, proxy_corr/)
+    keys = [k for k in first["one"] if k.startswith(("grad_norm", "noise_", "coherence/", "proxy_corr/"))]
+    assert len(keys) > 10 and set(keys) <= set(first["two"]) and "noise_trace/all/task" in keys
+    one = {k: float(v) for k, v in first["one"].items()}  # a NaN (a noise estimate the batch cannot tell): "nan"
     for k in keys:
-        assert first["two"][k] == pytest.approx(first["one"][k], rel=1e-5, abs=1e-9), k
+        assert metric_close(k, float(first["two"][k]), one[k], one, abs_=1e-9), (k, first["two"][k], one[k])
+    # samples.jsonl: every rank's rows, ranks in order (rank 0 held rows 0, 2, ..., rank 1 rows 1, 3, ...)
+    one_rows, two_rows = ([json.loads(x) for x in (d / "analysis" / "step_1" / "samples.jsonl").read_text()
+                           .splitlines()] for d in (tmp_path / "one", run))
+    held = [*range(0, len(one_rows), 2), *range(1, len(one_rows), 2)]
+    assert [r["sample"] for r in two_rows] == list(range(len(one_rows))) and len(one_rows) > 0
+    for r, i in zip(two_rows, held):
+        for k, v in one_rows[i].items():
+            assert k == "sample" or r[k] == (v if isinstance(v, str) else pytest.approx(v, rel=1e-5, abs=1e-9)), (i, k)
     assert first["two"]["critic/score/mean"] == pytest.approx(first["one"]["critic/score/mean"])
     groups = (run / "analysis" / "step_1" / "group_rv_table.csv").read_text()
     assert groups == (tmp_path / "one" / "analysis" / "step_1" / "group_rv_table.csv").read_text()
@@ -525,3 +555,101 @@ def test_core_math_equals_verls_core_algos():
         ours.update(kl, n)
         theirs.update(kl, n)
         assert ours.value == pytest.approx(theirs.value, rel=1e-12)
+
+
+def doctor_trainer(tmp_path, monkeypatch, stream: dict[int, dict], *overrides):
+    """rlgrad's verl trainer with verl's step and metric computation replaced by a fake metric stream (step ->
+    the metrics verl's trainer would hold after its ``_compute_metrics``), and its checkpoint save recorded."""
+    pytest.importorskip("transfer_queue", reason="verl's V1 trainer needs TransferQueue (verl[verl-core])")
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.v1 import PPOTrainerSync
+
+    from rlgrad.integrations import verl_main
+
+    with initialize_config_dir(config_dir=verl_main.VERL_CONFIG, version_base=None):
+        cfg = compose("ppo_trainer", overrides=[f"trainer.default_local_dir={tmp_path}/ckpt", *overrides])
+    verl_main.prepare(cfg)
+    monkeypatch.setattr(PPOTrainerSync, "step", lambda self, metrics, timing_raw: None)
+    monkeypatch.setattr(PPOTrainerSync, "_compute_metrics", lambda self, batch, metrics, timing_raw, global_steps,
+                        epoch: metrics.update(stream[global_steps]))
+    trainer = verl_main.RlgradPPOTrainer.__new__(verl_main.RlgradPPOTrainer)
+    trainer.config, trainer.saved = cfg, []
+    trainer._save_checkpoint = lambda: trainer.saved.append(trainer.global_steps)
+    return trainer
+
+
+def run_verl_loop(trainer, first: int, last: int) -> list[dict]:
+    """verl's fit loop as far as the trainer's overrides see it: step, then _compute_metrics, until the bound."""
+    trainer.global_steps, trainer.total_training_steps, logged = first, last, []
+    while trainer.global_steps <= trainer.total_training_steps:
+        metrics = {}
+        trainer.step(metrics, {})
+        trainer._compute_metrics(None, metrics, {}, trainer.global_steps, 0)
+        logged.append(metrics)
+        trainer.global_steps += 1
+    return logged
+
+
+def kl_stream(steps: int) -> dict[int, dict]:
+    """verl's metric names, rlgrad's worker metrics actor/-prefixed: the KL loss 0 at step 1, then 0.01."""
+    return {s: {"actor/kl_loss": 0.0 if s == 1 else 0.01, "critic/score/mean": 0.5, "actor/critic/score/mean": 0.5,
+                "actor/entropy": 2.0, "actor/grad_norm/all/task": 0.3, "timing_s/step": 10.0,
+                "training/global_step": s} for s in range(1, steps + 1)}
+
+
+def test_live_doctor_halts_verls_loop_with_a_checkpoint_and_exit_3(tmp_path, monkeypatch, capsys):
+    """doctor.halt_on=critical with a KL bound the stream passes at step 2: the finding is said once (console line,
+    RUN/doctor.jsonl), verl's checkpoint global_step_2 is saved (save_freq did not ask for it), verl's loop ends
+    after logging step 2, and verl_main exits with status 3. The resumed launch (a new trainer, same run
+    directory) does not halt again on the finding already said."""
+    from rlgrad.integrations import verl_main
+
+    (tmp_path / "t.yaml").write_text("kl_high: 1.0e-3\nkl_floor: 0\n")
+    settings = ["trainer.save_freq=10", "+actor_rollout_ref.rlgrad.doctor.halt_on=critical",
+                f"+actor_rollout_ref.rlgrad.doctor.thresholds={tmp_path}/t.yaml"]
+    trainer = doctor_trainer(tmp_path, monkeypatch, kl_stream(5), *settings)
+    logged = run_verl_loop(trainer, 1, 5)
+    run = tmp_path / "ckpt" / "rlgrad"
+    assert [m["training/global_step"] for m in logged] == [1, 2] and trainer.saved == [2]
+    assert all(m["timing_s/doctor"] >= 0 for m in logged)
+    said = [json.loads(x) for x in (run / "doctor.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["finding"], r["severity"]) for r in said if r["severity"] == "critical"] == \
+        [(2, "kl_blowup", "critical")]
+    out = capsys.readouterr().out
+    assert out.count("CRITICAL kl_blowup") == 1 and "stopped by the doctor after step 2" in out
+    assert "verl_main command resumes from verl's global_step_2" in out and f"rlgrad doctor {run}" in out
+    with pytest.raises(SystemExit) as stop:
+        verl_main.halted(run)
+    assert stop.value.code == 3 and "kl_blowup at step 2" in capsys.readouterr().err
+    # resumed from global_step_2: verl runs step 3 on; the KL stays high, the finding was said: no halt
+    (run / verl_main.HALT_FILE).unlink()
+    again = doctor_trainer(tmp_path, monkeypatch, kl_stream(5), *settings)
+    assert [m["training/global_step"] for m in run_verl_loop(again, 3, 5)] == [3, 4, 5] and again.saved == []
+    verl_main.halted(run)  # no halt file: returns
+
+
+def test_live_doctor_halt_keeps_verls_own_checkpoint_and_last_step(tmp_path, monkeypatch):
+    """A halt at a step verl saves anyway saves nothing more; a finding at the last step ends the run as planned
+    (no halt, as rlgrad's trainer); doctor.live=false runs no doctor."""
+    (tmp_path / "t.yaml").write_text("kl_high: 1.0e-3\nkl_floor: 0\n")
+    halt = ["+actor_rollout_ref.rlgrad.doctor.halt_on=critical",
+            f"+actor_rollout_ref.rlgrad.doctor.thresholds={tmp_path}/t.yaml"]
+    trainer = doctor_trainer(tmp_path / "a", monkeypatch, kl_stream(5), "trainer.save_freq=1", *halt)
+    assert len(run_verl_loop(trainer, 1, 5)) == 2 and trainer.saved == []
+    trainer = doctor_trainer(tmp_path / "b", monkeypatch, kl_stream(2), "trainer.save_freq=10", *halt)
+    assert len(run_verl_loop(trainer, 1, 2)) == 2 and trainer.saved == []
+    assert not (tmp_path / "b" / "ckpt" / "rlgrad" / "doctor_halt.json").exists()
+    trainer = doctor_trainer(tmp_path / "c", monkeypatch, kl_stream(5), "+actor_rollout_ref.rlgrad.doctor.live=false",
+                             *halt)
+    logged = run_verl_loop(trainer, 1, 5)
+    assert len(logged) == 5 and "timing_s/doctor" not in logged[0]
+
+
+def test_bad_doctor_setting_stops_before_ray(tmp_path):
+    pytest.importorskip("transfer_queue", reason="verl's V1 trainer needs TransferQueue (verl[verl-core])")
+    from rlgrad.integrations import verl_main
+
+    cfg = launch_config("m", "t.parquet", f"trainer.default_local_dir={tmp_path}",
+                        "+actor_rollout_ref.rlgrad.doctor.halt_on=sometimes")
+    with pytest.raises(UserError, match="halt_on"):
+        verl_main.prepare(cfg)

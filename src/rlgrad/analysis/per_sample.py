@@ -12,11 +12,16 @@ ANOVA for the inter/intra-prompt split) are computed per reward-variance bucket 
 buckets, ``buckets.py``) from ``h_i = n_b · g_i^b``: the per-sample gradients whose mean over the bucket
 is the bucket's own gradient ``grad_norm/{bucket}/{term}`` (``g_i^b``: row i's contribution to the loss
 aggregated over the bucket alone).
+
+Data parallel (DDP, FSDP2; every rank calls it, in step): each rank measures its own rows, the prompt groups'
+gradient sums are summed over ranks layer by layer (``rows.py``), and the few numbers per row the metrics need
+are gathered from every rank, so the metrics are the one-process numbers on the global batch.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -31,7 +36,7 @@ from rlgrad.analysis.buckets import Buckets, global_buckets
 from rlgrad.analysis.engine import backward, fast_unsupported, run_terms
 from rlgrad.analysis.rows import RowNormReducer
 from rlgrad.batch import Batch, check_batch, position_ids_from_mask
-from rlgrad.collectives import world_size
+from rlgrad.collectives import all_gather_cat, all_gather_sizes, all_reduce_max, all_reduce_sum, rank
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
 from rlgrad.metrics import key
 from rlgrad.runfiles import atomic_write_text
@@ -50,7 +55,8 @@ NOISE_KEYS = {"trace": "noise_trace/{bucket}/{term}", "signal": "noise_signal/{b
 class PerSampleReport:
     """``norms[term]`` ``[N]``: ``||g_i||`` in batch order; ``layer_norms[term][layer group]`` ``[N]``; ``metrics``:
     ``grad_norm_sample/...``, ``noise_*/...``, ``coherence/...``; ``group_ids`` ``[P]`` and ``group_gram[term][layer
-    group]`` ``[P, P]``: the Gram matrix of the prompt groups' gradient sums ``Σ_{i∈group} g_i``."""
+    group]`` ``[P, P]``: the Gram matrix of the prompt groups' gradient sums ``Σ_{i∈group} g_i``. Data parallel:
+    ``norms`` and ``layer_norms`` are this rank's rows, everything else is global (every rank's groups)."""
 
     norms: dict[str, torch.Tensor]
     layer_norms: dict[str, dict[str, torch.Tensor]]
@@ -94,18 +100,22 @@ def verl_variance_proxy(model: nn.Module, batch: Batch, rows_per_chunk: int = 8)
     no rollout importance weights), ``W_i = Σ_t (1 − 2π_t(y_t) + Σ_v π_t(v)²)`` over the response tokens (the
     squared norm of ∂log π(y_t)/∂logits, summed over t) and ``A_i`` the mean advantage over them. π is the
     current policy at temperature 1, from one no-grad forward (verl takes π(y_t) from old_log_probs: on-policy the
-    same)."""
+    same). Data parallel: this rank's rows; every rank runs as many forwards as the rank with the most chunks (FSDP2
+    gathers each layer's weights in every forward), a blank row once its own rows are done."""
     device = next(model.parameters()).device  # the batch may sit on the CPU, as the trainer's does
     mask = batch.response_mask.float().cpu()
     per_token = torch.zeros_like(mask)
-    for i in range(0, len(batch), rows_per_chunk):  # the [rows, L, V] softmax a few rows at a time
-        ids = batch.input_ids[i:i + rows_per_chunk].to(device)
-        att = batch.attention_mask[i:i + rows_per_chunk].to(device)
+    chunks = int(all_reduce_max(torch.tensor(math.ceil(len(batch) / rows_per_chunk))))
+    for i in range(0, chunks * rows_per_chunk, rows_per_chunk):  # the [rows, L, V] softmax a few rows at a time
+        part = batch.select(torch.arange(i, min(i + rows_per_chunk, len(batch)))) if i < len(batch) else \
+            batch.blank_rows(1)  # this rank's rows are done: a blank row keeps its forwards in step
+        ids, att = part.input_ids.to(device), part.attention_mask.to(device)
         logits = model(input_ids=ids, attention_mask=att, position_ids=position_ids_from_mask(att),
                        use_cache=False).logits[:, :-1].float()
         probs = torch.softmax(logits, dim=-1)
         picked = probs.gather(-1, ids[:, 1:, None]).squeeze(-1)
-        per_token[i:i + rows_per_chunk, 1:] = (1 - 2 * picked + probs.pow(2).sum(-1)).cpu()
+        if i < len(batch):
+            per_token[i:i + rows_per_chunk, 1:] = (1 - 2 * picked + probs.pow(2).sum(-1)).cpu()
     w = (per_token * mask).sum(-1)
     advantage = (batch.advantages.float().cpu() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
     return advantage.pow(2) * w
@@ -135,10 +145,17 @@ def proxy_correlation(proxy: torch.Tensor, sq_norms: torch.Tensor) -> dict[str, 
 def _term_passes(model: nn.Module, batch: Batch, loss_fn: LossFn, inverse: torch.Tensor, groups: int
                  ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, torch.Tensor]]]:
     """Per term: ``{layer group: [N] ||raw_i||²}`` (batch order) and ``{layer group: [P, P]}`` of the unnormalised
-    loss ``Σ_i Σ_t ω ℓ``: the engine's passes with the prompt groups as slices."""
+    loss ``Σ_i Σ_t ω ℓ``: the engine's passes with the prompt groups as slices (``inverse``: each row's group, -1:
+    none). A rank holding no row runs one blank row (``Batch.blank_rows``: zero loss) in the collectives."""
+    n = len(batch)
+    if n == 0:
+        batch, inverse = batch.blank_rows(1), torch.full((1,), -1, dtype=torch.long)
     perm = torch.sort(inverse, stable=True).indices  # rows grouped: each group a contiguous range
     device = next(model.parameters()).device
-    weights = torch.nn.functional.one_hot(inverse[perm], groups).t().to(device, torch.float32)
+    held = inverse[perm] >= 0
+    weights = torch.zeros(groups, len(perm))
+    weights[inverse[perm][held], torch.nonzero(held).squeeze(-1)] = 1.0
+    weights = weights.to(device)
     reducer = RowNormReducer(model, weights)
     layer_groups = sorted(set(reducer.group_names.values()))
     rows: dict[str, dict[str, torch.Tensor]] = {}
@@ -151,7 +168,8 @@ def _term_passes(model: nn.Module, batch: Batch, loss_fn: LossFn, inverse: torch
         backward(total, leaves, retain_graph)
         zeros_rows, zeros_gram = torch.zeros(len(perm), dtype=torch.float64), torch.zeros(groups, groups,
                                                                                            dtype=torch.float64)
-        rows[term] = {g: reducer.row_sq[g].cpu()[back] if g in reducer.row_sq else zeros_rows for g in layer_groups}
+        rows[term] = {g: (reducer.row_sq[g].cpu()[back] if g in reducer.row_sq else zeros_rows)[:n]
+                      for g in layer_groups}
         grams[term] = {g: reducer.gram[g].cpu() if g in reducer.gram else zeros_gram for g in layer_groups}
         reducer.reset()
 
@@ -167,31 +185,40 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
     reward-variance bucket (the bucket analysis' buckets: ``bucket_mode``, ``num_buckets``), from one forward
     and one backward per term. ``loss``: any ``LossFn``, or the ``LossSettings`` of rlgrad's actor loss.
 
-    One process only, and a model the fast engine covers (``engine.fast_unsupported``): otherwise
-    ``NotImplementedError`` saying why.
+    Data parallel: ``batch`` is this rank's share (global group ids; a group may be split over ranks) and every
+    rank calls this; the norms are this rank's rows', the metrics those of one process on the global batch. A model
+    the fast engine does not cover (``engine.fast_unsupported``): ``NotImplementedError`` saying why.
     """
     check_batch(batch)
     loss_fn = as_loss_fn(loss)
-    if world_size() > 1:
-        raise NotImplementedError("per-sample gradient norms run in one process (data parallel is not supported yet)")
     if why := fast_unsupported(model):
         raise NotImplementedError(f"per-sample gradient norms need the fast engine: {why}")
     buckets = global_buckets(batch.group_ids, batch.reward_std, mode=bucket_mode, num_buckets=num_buckets)
-    group_ids, inverse = torch.unique(batch.group_ids, return_inverse=True)
+    group_ids = torch.unique(all_gather_cat(torch.unique(batch.group_ids.cpu())))  # every rank's groups
+    inverse = torch.searchsorted(group_ids, batch.group_ids.cpu())
     rows, grams = _term_passes(model, batch, loss_fn, inverse, len(group_ids))
     _, share = loss_fn.agg.weights(batch.response_mask)
-    denom = {b: denominator(float(share[idx].sum())) for b, idx in buckets.rows.items()}
-    sizes = torch.bincount(inverse, minlength=len(group_ids))
+    # What the metrics need of every row, every rank's rows (ranks in order): group, bucket number, share of the
+    # loss's denominator, ||raw_i||² per term. A few numbers per row: the metrics below are one process's.
+    terms = list(rows)
+    everyone = all_gather_cat(torch.stack([inverse.double(), _bucket_of(buckets, len(batch)).double(),
+                                           share.detach().double().cpu(),
+                                           *(sum(rows[t].values()) for t in terms)], 1))
+    all_inverse, all_share = everyone[:, 0].long(), everyone[:, 2]
+    all_rows = {b: torch.nonzero(everyone[:, 1] == k if k else all_inverse >= 0).squeeze(-1)
+                for k, b in enumerate(buckets.names)}
+    denom = {b: denominator(float(all_share[idx].sum())) for b, idx in all_rows.items()}
+    sizes = torch.bincount(all_inverse, minlength=len(group_ids))
     metrics: dict[str, float] = {}
     norms, layer_norms, group_gram = {}, {}, {}
-    for term in rows:
-        row_sq, gram = sum(rows[term].values()), sum(grams[term].values())
-        norms[term] = row_sq.clamp_min(0).sqrt() / denom["all"]
+    for j, term in enumerate(terms):
+        row_sq, gram = everyone[:, 3 + j], sum(grams[term].values())
+        norms[term] = sum(rows[term].values()).clamp_min(0).sqrt() / denom["all"]
         layer_norms[term] = {g: v.clamp_min(0).sqrt() / denom["all"] for g, v in rows[term].items()}
         group_gram[term] = {g: k / denom["all"] ** 2 for g, k in grams[term].items()}
-        for b, idx in buckets.rows.items():
+        for b, idx in all_rows.items():
             metrics[key("noise_samples/{bucket}", bucket=b)] = float(len(idx))
-            in_bucket = torch.unique(inverse[idx])
+            in_bucket = torch.unique(all_inverse[idx])
             scale = len(idx) / denom[b]  # h_i = n_b · g_i^b = n_b · raw_i / denom_b
             got = noise_metrics(row_sq[idx] * scale ** 2, gram[in_bucket][:, in_bucket] * scale ** 2,
                                 sizes[in_bucket])
@@ -200,19 +227,30 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
             for name, value in got.items():
                 metrics[key(NOISE_KEYS[name], bucket=b, term=term)] = value
     if proxy and "task" in norms:
-        metrics.update(proxy_correlation(verl_variance_proxy(model, batch), norms["task"] ** 2))
+        metrics.update(proxy_correlation(all_gather_cat(verl_variance_proxy(model, batch)),
+                                         all_gather_cat(norms["task"] ** 2)))
     return PerSampleReport(norms, layer_norms, metrics, buckets, group_ids, group_gram)
 
 
+def _bucket_of(buckets: Buckets, n: int) -> torch.Tensor:
+    """``[n]``: each row's bucket as its place in ``buckets.names`` (0, the place of ``all``: in no bucket)."""
+    out = torch.zeros(n, dtype=torch.long)
+    for k, name in enumerate(buckets.names[1:], start=1):
+        out[buckets.rows[name]] = k
+    return out
+
+
 def rollout_indices(batch: Batch, full: Batch | None) -> list[int]:
-    """Each row's index in the step's whole rollout (``index`` in ``rollouts/step_N.jsonl``): the rollout filter
-    keeps or drops whole prompt groups and keeps their order, so the k-th row of group g here is the k-th row of
-    g there. Without the whole rollout, the row's own index."""
+    """Each row's index in the step's whole rollout (``index`` in ``rollouts/step_N.jsonl``: every rank's rollout,
+    ranks in order): the rollout filter keeps or drops whole prompt groups and keeps their order, so the k-th row of
+    group g here is the k-th row of g in this rank's rollout ``full``. Without the whole rollout, the row's index in
+    the batch (ranks in order). Data parallel: a collective, every rank calls it."""
+    offset = sum(all_gather_sizes(len(batch if full is None else full))[:rank()])
     if full is None:
-        return list(range(len(batch)))
+        return list(range(offset, offset + len(batch)))
     where: dict[int, list[int]] = {}
     for i, g in enumerate(full.group_ids.tolist()):
-        where.setdefault(g, []).append(i)
+        where.setdefault(g, []).append(offset + i)
     seen: dict[int, int] = {}
     out = []
     for g in batch.group_ids.tolist():
@@ -222,22 +260,35 @@ def rollout_indices(batch: Batch, full: Batch | None) -> list[int]:
 
 
 def sample_rows(rep: PerSampleReport, batch: Batch, indices: list[int], advantages: list[float]) -> list[dict]:
-    """The lines of ``analysis/step_N/samples.jsonl``: one per sample of the analysed batch."""
-    bucket = [""] * len(batch)
-    for name, idx in rep.buckets.rows.items():
-        if name != "all":
-            for i in idx.tolist():
-                bucket[i] = name
-    scores = batch.scores.tolist() if batch.scores is not None else [None] * len(batch)
-    return [{"sample": indices[i], "group": int(batch.group_ids[i]), "bucket": bucket[i], "reward": scores[i],
-             "advantage": advantages[i], **{f"grad_norm/{term}": float(v[i]) for term, v in rep.norms.items()}}
-            for i in range(len(batch))]
+    """The lines of ``analysis/step_N/samples.jsonl``: one per sample of the analysed batch. Data parallel: every
+    rank's rows (``batch``, ``indices``, ``advantages``: this rank's), ranks in order, on every rank (a collective)."""
+    terms = list(rep.norms)
+    scores = batch.scores if batch.scores is not None else torch.full((len(batch),), NAN)
+    table = all_gather_cat(torch.stack([torch.tensor(indices, dtype=torch.float64), batch.group_ids.double().cpu(),
+                                        _bucket_of(rep.buckets, len(batch)).double(), scores.double().cpu(),
+                                        torch.tensor(advantages, dtype=torch.float64),
+                                        *(rep.norms[t].double() for t in terms)], 1))
+    names = ["", *rep.buckets.names[1:]]
+    return [{"sample": int(r[0]), "group": int(r[1]), "bucket": names[int(r[2])],
+             "reward": None if batch.scores is None else r[3], "advantage": r[4],
+             **{f"grad_norm/{term}": r[5 + j] for j, term in enumerate(terms)}} for r in table.tolist()]
+
+
+def layer_summary(rep: PerSampleReport) -> dict[str, dict[str, dict[str, float]]]:
+    """``analysis/step_N/sample_layers.json``: per term and layer group, ``grad_norm`` = ||Σ_i g_i|| over the
+    group's parameters (their squares sum to the batch gradient's squared norm) and ``grad_norm_sample`` = the mean
+    of ||g_i|| over them; the doctor names the layer group that carries a gradient-norm spike from it. Data
+    parallel: a collective (every rank's rows; the Gram matrices are global already)."""
+    return {term: {group: {"grad_norm": float(rep.group_gram[term][group].sum().clamp_min(0).sqrt()),
+                           "grad_norm_sample": float(all_gather_cat(norms.double().cpu()).mean())}
+                   for group, norms in rep.layer_norms[term].items()}
+            for term in rep.layer_norms}
 
 
 class PerSampleHook(Hook):
     """Per-sample gradient norms and the noise scale at the trainer's hook point (``analysis.per_sample``), with
-    the bucket analysis' buckets. Skipped, with one warning, where it cannot run: under data parallel, or on a
-    model the fast engine does not cover."""
+    the bucket analysis' buckets. Data parallel: every rank measures its own rows, rank 0 writes every rank's
+    lines. Skipped, with one warning, on a model the fast engine does not cover."""
 
     def __init__(self, settings: PerSampleConfig, schedule: Schedule, *, bucket_mode: str, num_buckets: int,
                  mean_advantage: bool = False):
@@ -246,10 +297,10 @@ class PerSampleHook(Hook):
         self.warned = False
 
     def before_update(self, ctx: StepContext) -> HookResult | None:
-        if not self.schedule.due(ctx.step) or len(ctx.batch) == 0:
+        # skipped only when the batch is empty on every rank (a rank without rows joins the others' collectives)
+        if not self.schedule.due(ctx.step) or float(all_reduce_sum(torch.tensor(float(len(ctx.batch))))) == 0:
             return None
-        why = "it runs in one process only" if world_size() > 1 else fast_unsupported(ctx.actor)
-        if why:
+        if why := fast_unsupported(ctx.actor):
             if not self.warned:
                 warnings.warn(f"analysis.per_sample skipped: {why}", stacklevel=2)
                 self.warned = True
@@ -258,12 +309,15 @@ class PerSampleHook(Hook):
         rep = analyse_per_sample(ctx.actor, ctx.batch, ctx.actor_loss(), bucket_mode=self.bucket_mode,
                                  num_buckets=self.num_buckets, proxy=self.settings.proxy_corr)
         result = HookResult(metrics=dict(rep.metrics))
-        if ctx.is_main and self.settings.write_samples:
+        if self.settings.write_samples:  # every rank: the lines are gathered
             from rlgrad.logging.rollouts import sequence_advantages
 
             advantages = sequence_advantages(ctx.batch.advantages, ctx.batch.response_mask, self.mean_advantage)
             rows = sample_rows(rep, ctx.batch, rollout_indices(ctx.batch, ctx.unfiltered_batch), advantages)
-            atomic_write_text(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "samples.jsonl",
-                              "".join(json.dumps(r) + "\n" for r in rows))
+            layers = layer_summary(rep)  # every rank: a collective too
+            if ctx.is_main:
+                step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"
+                atomic_write_text(step_dir / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+                atomic_write_text(step_dir / "sample_layers.json", json.dumps(layers, indent=1))
         result.metrics[key("timing_s/analysis/per_sample")] = time.perf_counter() - t0
         return result

@@ -17,6 +17,12 @@ The reducer also keeps the engine's slice gradients for the prompt groups (disjo
 gradient per layer) and folds each parameter's into a group Gram matrix as soon as all of its contributions have
 arrived, so no more than one layer's group gradients (and never a per-row gradient of more than one layer, a
 chunk of rows) exist at a time. Sums of rows over any union of groups (a bucket, the batch) follow from it.
+
+Data parallel: each rank's hooks see only its own rows, so its per-row norms are exact as they are; a prompt
+group's gradient sum is not (a group may be split over ranks, and the Gram pairs groups of different ranks), so
+each parameter's group gradients are summed over ranks (``collectives.all_reduce_sum``, in the backward's order
+on every rank, as the slice engine does) before they enter the Gram. Under FSDP2 the hooks see a layer's
+unsharded parameter, mapped to the registered one (``_SliceReducer.alias``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from rlgrad import collectives
 from rlgrad.analysis.engine import ROW_CHUNK_ELEMENTS, _SliceReducer
 from rlgrad.metrics import layer_group
 
@@ -67,7 +74,8 @@ class RowNormReducer(_SliceReducer):
     also takes every row's squared gradient norm per layer group.
 
     After a backward: ``row_sq[layer group]`` ``[N]`` and ``gram[layer group]`` ``[P, P]`` (float64), both of
-    the unnormalised loss ``Σ_i Σ_t ω ℓ``; ``reset()`` empties them for the next term.
+    the unnormalised loss ``Σ_i Σ_t ω ℓ``; ``reset()`` empties them for the next term. Data parallel: ``P`` is
+    every rank's groups, ``row_sq`` this rank's rows, ``gram`` global (the same on every rank).
     """
 
     def __init__(self, model: nn.Module, weights: torch.Tensor):
@@ -99,7 +107,7 @@ class RowNormReducer(_SliceReducer):
     def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True) -> None:
         """A contribution to ``p``'s group gradients; the Gram once all its modules have contributed. (Always the
         whole parameter: blocks of rows are the slice engine's streaming, which this reducer does not turn on.)"""
-        k = id(p)
+        k = self._key(p)
         if k not in self.names:
             return
         self.seen[k] += 1
@@ -108,27 +116,31 @@ class RowNormReducer(_SliceReducer):
                                       "the forward (a module called twice); its per-row norm is not a sum of parts")
         super()._add(p, per_slice)
         if self.seen[k] == len(self.owners[k]):
-            flat = self.acc.pop(k).reshape(len(self.weights), -1)
+            flat = collectives.all_reduce_sum(self.acc.pop(k).reshape(len(self.weights), -1))
             # float32 products (summed by BLAS in blocks): a float64 copy of every group gradient cost more than the
             # weight gradients themselves at the bench's shapes
             self._into(self.gram, self.group_names[k], (flat @ flat.t()).double())
+
+    def _key(self, p: nn.Parameter) -> int:
+        """The registered parameter's id (FSDP2: ``p`` may be the unsharded parameter the module holds now)."""
+        return self.alias.get(id(p), id(p))
 
     @staticmethod
     def _into(store: dict[str, torch.Tensor], group: str, value: torch.Tensor) -> None:
         store[group] = store[group] + value if group in store else value
 
     def _row(self, p: nn.Parameter | None, sq: torch.Tensor) -> None:
-        if p is not None and id(p) in self.names:
-            self._into(self.row_sq, self.group_names[id(p)], sq.double())
+        if p is not None and self._key(p) in self.names:
+            self._into(self.row_sq, self.group_names[self._key(p)], sq.double())
 
     def _tied_embedding(self, p: nn.Parameter) -> nn.Embedding | None:
         """The input embedding that shares ``p`` with a Linear (tied input/output embeddings), if any."""
-        owners = self.owners.get(id(p), [])
+        owners = self.owners.get(self._key(p), [])
         if len(owners) == 1:
             return None
         emb = [m for m in owners if isinstance(m, nn.Embedding)]
         if len(owners) != 2 or len(emb) != 1:
-            raise NotImplementedError(f"per-sample norms: parameter {self.names[id(p)]} is shared by "
+            raise NotImplementedError(f"per-sample norms: parameter {self.names[self._key(p)]} is shared by "
                                       f"{len(owners)} modules; only a tied Embedding + Linear pair is supported")
         return emb[0]
 
@@ -137,11 +149,11 @@ class RowNormReducer(_SliceReducer):
         g3, x3 = _rows3(g.detach()), _rows3(x)
         self._row(m.weight, linear_row_sq(g3, x3))
         self._row(m.bias, g3.float().sum(1).double().pow(2).sum(-1))
-        emb = self._tied_embedding(m.weight) if id(m.weight) in self.names else None
+        emb = self._tied_embedding(m.weight) if self._key(m.weight) in self.names else None
         if emb is not None:  # δᴸ at the input's token ids, for the cross term at the embedding's backward
             ids = _rows3(self.ids[id(emb)])
             picked = g3.gather(2, ids[:, None, :].expand(-1, g3.shape[1], -1))  # [N, T_out, T_in]
-            self.tied[id(m.weight)] = (picked, x3)
+            self.tied[self._key(m.weight)] = (picked, x3)
 
     def _embedding(self, m: nn.Embedding, ids: torch.Tensor, g: torch.Tensor) -> None:
         super()._embedding(m, ids, g)
@@ -149,8 +161,8 @@ class RowNormReducer(_SliceReducer):
         if m.padding_idx is not None:  # autograd never updates the padding row
             g3 = g3 * (ids3 != m.padding_idx).unsqueeze(-1).to(g3.dtype)
         sq = embedding_row_sq(g3, ids3, m.weight.shape[0])
-        if id(m.weight) in self.tied:
-            picked, x_out = self.tied.pop(id(m.weight))
+        if self._key(m.weight) in self.tied:
+            picked, x_out = self.tied.pop(self._key(m.weight))
             cross = torch.bmm(x_out.float(), g3.float().transpose(1, 2)).double() * picked.double()
             sq = sq + 2 * cross.sum((1, 2))
         self._row(m.weight, sq)

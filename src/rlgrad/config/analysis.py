@@ -60,9 +60,12 @@ class PerSampleConfig:
     every: int = _f(0, "Exact per-sample gradient norms per loss term and layer group, the noise scale B_simple "
                     "with its inter/intra-prompt split and the coherence, per bucket of the bucket analysis "
                     "(analysis.buckets.bucket_mode, num_buckets), at steps 1, 1+every, ...; 0: off. Writes "
-                    "analysis/step_N/samples.jsonl. One process, analysis.method=fast models only.", ge=0)
+                    "analysis/step_N/samples.jsonl. analysis.method=fast models only; under data parallel each "
+                    "rank measures its own rows.", ge=0)
     write_samples: bool = _f(True, "Write analysis/step_N/samples.jsonl: one line per sample (sample, group, "
-                             "bucket, reward, advantage, grad_norm/<term>), joinable with rollouts/step_N.jsonl.")
+                             "bucket, reward, advantage, grad_norm/<term>), joinable with rollouts/step_N.jsonl, and "
+                             "sample_layers.json (per term and layer group: the batch gradient's norm and the "
+                             "mean per-sample norm).")
     proxy_corr: bool = _f(True, "Also compute verl's logit-space variance proxy (A² x W, W = Σ_t 1 - 2π(y_t) + Σπ²; "
                           "one more no-grad forward) and its rank and linear correlation with the true squared "
                           "per-sample task norms: proxy_corr/spearman, proxy_corr/pearson.")

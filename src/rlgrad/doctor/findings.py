@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -61,6 +62,10 @@ class Thresholds:
     layer_top2: float = 0.8  # update_concentrated: the two largest layer groups hold this share of the squared norm
     dormant_rise: float = 0.05  # dormant_growing: the dormant ratio rising by this much ...
     dormant_high: float = 0.1  # ... to at least this
+    # McCandlish et al. 2018: steps S = S_min (1 + B_simple/N), samples E = E_min (1 + N/B_simple); at N = B_simple / 10
+    # a 10x larger batch still cuts the steps ~5.5x, at N = 10 B_simple the samples are 11x the least
+    noise_below: float = 10.0  # batch_below_noise_scale: the analysed batch (samples) below B_simple / this
+    noise_above: float = 10.0  # batch_above_noise_scale: the analysed batch above this × B_simple
     forecast_points: int = 10  # forecasts: fitted to the last this many steps (and never from fewer) ...
     forecast_r2: float = 0.8  # ... given only when the fit explains at least this share of their variance ...
     forecast_horizon: int = 200  # ... and the bound is crossed within this many steps
@@ -229,6 +234,51 @@ def reward_level(v: View) -> tuple[float | None, str]:
         if x and (k != "critic/score/mean" or all(0.0 <= a <= 1.0 for a in x)):
             return mean(x[-3:]), v.name(k)
     return None, ""
+
+
+def entropy_coef(v: View) -> float | None:
+    """The entropy term's coefficient (rlgrad's / verl's ``entropy_coeff``, TRL's ``entropy_coef``), None if unset."""
+    c = v.cfg("actor.entropy_coeff", "actor_rollout_ref.actor.entropy_coeff", "entropy_coef")
+    return float(c) if isinstance(c, int | float) and not isinstance(c, bool) else None
+
+
+def update_size(v: View, until: int | None = None) -> float | None:
+    """The median update size ‖Δθ‖/‖θ‖ (``actor/update_ratio``) of the training steps up to ``until`` (all of them
+    by default); None when the run logs none: a cause the run's metrics can rule in or out (the learning rate)."""
+    steps, u = train_series(v, "actor/update_ratio")
+    u = [x for s, x in zip(steps, u) if until is None or s <= until]
+    return statistics.median(u) if u else None
+
+
+def correctness_silent(v: View, correct: str, step: int) -> bool:
+    """Whether no prompt group's correctness varied at ``step`` (``reward/{correct}/frac_zero_std`` 1, or its std 0
+    over the batch): correctness then adds nothing to the update, and any other component's share is all there is
+    (the competing cause of a component "taking over": no signal, not its weight)."""
+    m = v.run.rows.get(step, {})
+    frac, std = m.get(f"reward/{correct}/frac_zero_std"), m.get(f"reward/{correct}/std")
+    return frac == 1.0 if frac is not None else std == 0.0
+
+
+def entropy_cause(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
+    """What drove the entropy down, of the causes the run's metrics can rule in or out: an entropy penalty (a
+    negative coefficient), steps too large (the update size), else the reward sharpening the policy.
+    (why, what to do, evidence); the advice is right for the coefficient's sign."""
+    coef, size, lr = entropy_coef(v), update_size(v), config_lr(v)
+    ev = ([f"entropy_coeff {coef:g}"] if coef is not None else []) + (
+        [f"actor/update_ratio {fmt(size)} (median)"] if size is not None else [])
+    if coef is not None and coef < 0:
+        return (f"entropy_coeff is negative ({coef:g}): a penalty whose gradient lowers the entropy.",
+                "Set actor.entropy_coeff to 0 (or a small positive bonus): bring it toward 0, do not lower it.", ev)
+    if size is not None and size > t.update_high:
+        return (f"The updates are large ({fmt(size)} of the weights' norm, median; typical: 1e-4 to 1e-3).",
+                f"Lower the learning rate{f' (now {fmt(lr)})' if lr else ''} toward an actor/update_ratio of about "
+                "1e-3; then a small entropy bonus or clip-higher if it still falls.", ev)
+    bonus = (f"raise the entropy bonus a little (entropy_coeff, now {coef:g})" if coef is not None and coef > 0
+             else "add a small entropy bonus (entropy_coeff > 0)")
+    return (("The update size is normal: the learning rate is not the first suspect; the reward sharpens the "
+             "policy." if size is not None else ""),
+            f"Raise the sampling temperature or {bonus}, or use clip-higher (clip_ratio_high > clip_ratio_low)"
+            + ("." if size is not None else "; or lower the learning rate."), ev)
 
 
 Signature = Callable[[View, Thresholds], "Finding | None"]

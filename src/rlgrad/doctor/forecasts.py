@@ -9,7 +9,17 @@ from __future__ import annotations
 
 import math
 
-from rlgrad.doctor.findings import Finding, Thresholds, View, first_last, fmt, signature, train_series
+from rlgrad.doctor.findings import (
+    Finding,
+    Thresholds,
+    View,
+    entropy_cause,
+    first_last,
+    fmt,
+    signature,
+    train_series,
+    update_size,
+)
 
 
 def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
@@ -77,10 +87,12 @@ def _entropy_forecast(v: View, t: Thresholds) -> Finding | None:
     bound = t.entropy_drop * start
     if not e or e[-1] <= bound or (fc := _forecast(v, t, "actor/entropy", bound, (True,))) is None:
         return None
+    why, action, _ = entropy_cause(v, t)  # entropy_collapse's advice, by the cause the run supports
     return _finding(v.name("actor/entropy"), "the entropy collapses", fc, e[-1], bound,
-                    "The entropy falls steadily toward the level entropy_collapse calls a collapse.",
-                    "Watch the entropy; if it is not meant to fall this far, lower the learning rate, raise the "
-                    "temperature or add a small entropy bonus before it collapses.", t, steps[-1])
+                    "The entropy falls steadily toward the level entropy_collapse calls a collapse." + (
+                        f" {why}" if why else ""),
+                    "Watch the entropy; if it is not meant to fall this far: " + action[:1].lower() + action[1:],
+                    t, steps[-1])
 
 
 @signature("kl_forecast", "actor/kl_loss|actor/ppo_kl", trend="actor/kl_loss|actor/ppo_kl",
@@ -92,10 +104,13 @@ def _kl_forecast(v: View, t: Thresholds) -> Finding | None:
     steps, k = train_series(v, key)
     if not k or abs(k[-1]) >= t.kl_high or (fc := _forecast(v, t, key, t.kl_high, (False, True))) is None:
         return None
+    size = update_size(v)
+    action = ("Lower the learning rate toward an actor/update_ratio of about 1e-3 before it runs away (the update "
+              f"size is {fmt(size)} of the weights' norm, median)" if size is not None and size > t.update_high
+              else "Lower the learning rate or raise kl_loss_coef before it runs away")
     return _finding(v.name(key), "the KL passes its bound", fc, k[-1], t.kl_high,
                     "The KL to the reference grows steadily toward the level kl_blowup calls critical.",
-                    "Lower the learning rate or raise kl_loss_coef before it runs away; check the samples.", t,
-                    steps[-1])
+                    action + "; check the samples.", t, steps[-1])
 
 
 @signature("length_forecast", "response_length/mean", trend="response_length/mean",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from rlgrad import rundata as D
-from rlgrad.doctor.findings import Finding, Thresholds, View, fmt, signature
+from rlgrad.doctor.findings import Finding, Thresholds, View, correctness_silent, fmt, signature, update_size
 from rlgrad.logging.reward_signal import correctness_component
 
 
@@ -56,11 +56,19 @@ def _std_amplifies(v: View, t: Thresholds) -> Finding | None:
         action="Set algorithm.norm_adv_by_std_in_grpo=false (Dr. GRPO), or use RLOO advantages.")
 
 
-def _regularizer_words(term: str, coef) -> tuple[str, str, str, list[str]]:
+def _regularizer_words(term: str, coef, large_steps: str = "") -> tuple[str, str, str, list[str]]:
     """(title, why, what to do, the findings it explains) for a dominating KL or entropy term, by the sign of
     its coefficient: a negative entropy coefficient is a penalty that pushes toward determinism, and "lower the
-    coefficient" would make it stronger."""
+    coefficient" would make it stronger. A KL term under too large steps (``large_steps``: the update size in
+    words) is their symptom, not its coefficient's fault."""
     c = float(coef) if isinstance(coef, int | float) and not isinstance(coef, bool) else None
+    if term == "kl" and large_steps:
+        return ("The KL term's gradient outweighs the task's: the policy ran away from the reference",
+                f"The updates are too large ({large_steps}): the policy left the reference, and the KL term's gradient "
+                "grows with that distance. The coefficient is not the cause; lowering it lets the policy run further.",
+                "Lower the learning rate toward an actor/update_ratio of about 1e-3 (update_too_large, kl_blowup); "
+                "leave kl_loss_coef as it is.",
+                ["reward_plateau", "lr_too_small", "reward_collapse"])
     if term == "kl":
         return ("The KL term's gradient outweighs the task's",
                 "The update mostly follows the KL term, not the reward: the policy is held at the reference more "
@@ -98,7 +106,9 @@ def _regularizer(v: View, t: Thresholds) -> Finding | None:
             s, r, task = hits[0]
             name = "kl_loss_coef" if term == "kl" else "entropy_coeff"
             coef = v.cfg("actor.kl_loss_coef" if term == "kl" else "actor.entropy_coeff")
-            title, why, action, explains = _regularizer_words(term, coef)
+            size = update_size(v)
+            large = f"actor/update_ratio {fmt(size)}, median" if size is not None and size > t.update_high else ""
+            title, why, action, explains = _regularizer_words(term, coef, large)
             ratio = f" (ratio {fmt(r / task)})" if task > 0 else " (the task's gradient is 0)"
             return Finding(
                 severity="warn", step=s, confidence=0.8, title=title,
@@ -109,10 +119,19 @@ def _regularizer(v: View, t: Thresholds) -> Finding | None:
     return None
 
 
+def shrink_weight(v: View, component: str, label: str) -> str:
+    """"Make this component's pull smaller", right for its weight's sign: a negative weight (a penalty) is brought
+    toward 0, since "lower" would make it pull harder."""
+    w = v.cfg(f"reward.weights.{component}")
+    if isinstance(w, int | float) and not isinstance(w, bool) and w < 0:
+        return f"Bring the weight of '{label}' toward 0 (reward.weights.{component}, now {w:g}: a penalty)"
+    return f"Lower the weight of '{label}' (reward.weights)"
+
+
 @signature("component_takes_over", "grad_comp/{component}/share",
            reads="components",
            fires="a non-correctness reward's share of the update > {share_high:g} and its gradient pointing against "
-                 "correctness (cosine < {sim_negative:g})")
+                 "correctness (cosine < {sim_negative:g}), on a step where correctness varies within some group")
 def _takeover(v: View, t: Thresholds) -> Finding | None:
     shares = [k for k in v.keys("grad_comp/") if k.endswith("/share")]
     for s in sorted({s for k in shares for s in v.series(k)[0]}):  # the component analysis's steps
@@ -124,7 +143,8 @@ def _takeover(v: View, t: Thresholds) -> Finding | None:
         for c in sorted(comps - {correct}):
             share = m.get(f"grad_comp/{c}/share", 0.0)
             sim = m.get(f"grad_sim/{c}__{correct}", m.get(f"grad_sim/{correct}__{c}"))
-            if share > t.share_high and sim is not None and sim < t.sim_negative:
+            if share > t.share_high and sim is not None and sim < t.sim_negative \
+                    and not correctness_silent(v, correct, s):  # a silent correctness has no direction to oppose
                 lc, lr = v.label(c), v.label(correct)
                 return Finding(
                     severity="warn", step=s, confidence=0.8,
@@ -133,13 +153,14 @@ def _takeover(v: View, t: Thresholds) -> Finding | None:
                               f"with '{lr}' {fmt(sim)}"],
                     explanation=f"Most of the update comes from the '{lc}' component, and its gradient points away "
                                 f"from the '{lr}' gradient: improving '{lc}' costs accuracy.",
-                    action=f"Lower the weight of '{lc}' or gate it on correctness.")
+                    action=f"{shrink_weight(v, c, lc)} or gate it on correctness.")
     return None
 
 
 @signature("component_dominates", "grad_comp/{component}/share",
            reads="components",
-           fires="a non-correctness reward's share of the update > {share_high:g}")
+           fires="a non-correctness reward's share of the update > {share_high:g} on a step where correctness varies "
+                 "within some group (info when it does so only where no group's correctness varied)")
 def _dominates(v: View, t: Thresholds) -> Finding | None:
     comps = {k.split("/")[1] for k in v.keys("grad_comp/") if k.endswith("/share")} - {"total"}
     correct = correctness_component(comps)
@@ -148,24 +169,41 @@ def _dominates(v: View, t: Thresholds) -> Finding | None:
     for c in sorted(comps - {correct}):
         steps, share = v.series(f"grad_comp/{c}/share")
         cshare = dict(zip(*v.series(f"grad_comp/{correct}/share")))
-        hits = [(s, x) for s, x in zip(steps, share) if x > t.share_high]
-        if hits:
-            weight = v.cfg(f"reward.weights.{c}")
-            lc, lr = v.label(c), v.label(correct)
-            return Finding(
-                severity="warn", step=hits[0][0], confidence=0.7,
-                title=f"The '{lc}' reward, not '{lr}', makes most of the update",
-                evidence=[f"grad_comp/{c}/share {fmt(hits[0][1])} at step {hits[0][0]}: "
-                          f"{D.share_words(hits[0][1])} (above {fmt(t.share_high)} on {len(hits)} of {len(share)} "
-                          f"analysis steps)",
-                          f"grad_comp/{correct}/share {fmt(cshare.get(hits[0][0], math.nan))} there: "
-                          f"{D.share_words(cshare.get(hits[0][0], math.nan))}"]
-                         + ([f"reward.weights.{c} = {weight}"] if weight is not None else []),
-                explanation=f"Most of the gradient comes from the '{lc}' component: the run spends its updates on "
-                            f"'{lc}' rather than on the task, until '{lc}' is satisfied.",
-                action=f"Lower the weight of '{lc}' (reward.weights); a secondary reward should stay a minor "
-                       "share of the update once it is mostly satisfied.")
+        over = [(s, x) for s, x in zip(steps, share) if x > t.share_high]
+        hits = [(s, x) for s, x in over if not correctness_silent(v, correct, s)]
+        if over:
+            return _dominates_finding(v, t, c, correct, hits or over, len(share), cshare, silent=not hits)
     return None
+
+
+def _dominates_finding(v: View, t: Thresholds, c: str, correct: str, hits: list[tuple[int, float]], of: int,
+                       cshare: dict[int, float], silent: bool) -> Finding:
+    weight = v.cfg(f"reward.weights.{c}")
+    lc, lr = v.label(c), v.label(correct)
+    s0, x0 = hits[0]
+    ev = [f"grad_comp/{c}/share {fmt(x0)} at step {s0}: {D.share_words(x0)} (above {fmt(t.share_high)} on "
+          f"{len(hits)} of {of} analysis steps)",
+          f"grad_comp/{correct}/share {fmt(cshare.get(s0, math.nan))} there: {D.share_words(cshare.get(s0, math.nan))}"]
+    ev += [f"reward.weights.{c} = {weight}"] if weight is not None else []
+    if silent:
+        return Finding(
+            severity="info", step=s0, confidence=0.6,
+            title=f"The '{lc}' reward makes most of the update only where '{lr}' gives no signal",
+            evidence=ev + [f"on each of those steps every prompt group had one '{lr}' value for all its samples "
+                           f"(reward/{correct}/frac_zero_std 1)"],
+            explanation=f"On the steps where '{lc}' dominates, no group's '{lr}' varied: '{lr}' added nothing to the "
+                        f"update, so '{lc}' was all there was. Its weight is not the cause; lowering it would not "
+                        f"give '{lr}' a signal.",
+            action=f"Nothing to change in the weights for this. If '{lr}' stays silent on most steps, the task is "
+                   "too hard or too easy for the model (zero_variance_groups).")
+    return Finding(
+        severity="warn", step=s0, confidence=0.7,
+        title=f"The '{lc}' reward, not '{lr}', makes most of the update", evidence=ev,
+        explanation=f"Most of the gradient comes from the '{lc}' component, on steps where '{lr}' does vary within "
+                    f"groups: the run spends its updates on '{lc}' rather than on the task, until '{lc}' is "
+                    "satisfied.",
+        action=f"{shrink_weight(v, c, lc)}; a secondary reward should stay a minor share of the "
+               "update once it is mostly satisfied.")
 
 
 @signature("update_concentrated", "grad_norm/all/task",
@@ -196,14 +234,21 @@ def _concentrated(v: View, t: Thresholds) -> Finding | None:
 
 @signature("dormant_growing", "actor/neuron/dormant_ratio", trend="actor/neuron/dormant_ratio", min_points=2,
            reads="neurons",
-           fires="the dormant ratio rising by > {dormant_rise:g} to ≥ {dormant_high:g}")
+           fires="the dormant ratio rising by > {dormant_rise:g} to ≥ {dormant_high:g} (blames the learning rate "
+                 "only at an update size > {update_high:g})")
 def _dormant(v: View, t: Thresholds) -> Finding | None:
     steps, d = v.series("actor/neuron/dormant_ratio")
     if len(d) < 2 or not (d[-1] - d[0] > t.dormant_rise and d[-1] >= t.dormant_high):
         return None
+    size = update_size(v)
+    large = size is not None and size > t.update_high
     return Finding(
         severity="warn", step=steps[-1], confidence=0.7, title="Dormant neurons are growing",
-        evidence=[f"actor/neuron/dormant_ratio {fmt(d[0])} (step {steps[0]}) → {fmt(d[-1])} (step {steps[-1]})"],
+        evidence=[f"actor/neuron/dormant_ratio {fmt(d[0])} (step {steps[0]}) → {fmt(d[-1])} (step {steps[-1]})"]
+                 + ([f"actor/update_ratio {fmt(size)} (median)"] if size is not None else []),
         explanation="A growing share of neurons receives (almost) no gradient: capacity the policy no longer uses, "
-                    "a known precursor of plasticity loss in long RL runs.",
-        action="Consider ReDo resets (analysis.neurons.actor.reset_every) or a lower learning rate.")
+                    "a known precursor of plasticity loss in long RL runs."
+                    + (" The updates are too large: they push units past where they fire." if large else ""),
+        action="Lower the learning rate toward an actor/update_ratio of about 1e-3." if large else
+               "Consider ReDo resets (analysis.neurons.actor.reset_every)"
+               + (", or a lower learning rate." if size is None else "; the update size is normal."))

@@ -114,12 +114,16 @@ class LiveDoctor:
 
 
 RESUME = {"rlgrad": "the same rlgrad train command resumes from the checkpoint of step {step}",
-          "trl": "trainer.train(resume_from_checkpoint=True) resumes from TRL's checkpoint-{step}"}
+          "trl": "trainer.train(resume_from_checkpoint=True) resumes from TRL's checkpoint-{step}",
+          "verl": "the same python -m rlgrad.integrations.verl_main command resumes from verl's global_step_{step} "
+                  "(trainer.resume_mode=auto, verl's default)"}
+SAMPLES = ("rlgrad", "trl")  # the trainers whose runs keep their rollouts in the run directory (rlgrad samples)
 
 
 def halt_message(step: int, f: Finding, run_dir: Path | None, kind: str = "rlgrad") -> str:
     """What a halted run prints: the finding, and the commands that inspect and resume it (by its trainer)."""
     where = str(run_dir) if run_dir else "RUN"
-    return (f"{f.severity} finding {f.id} at step {step}: {f.title}. {f.action} Inspect: rlgrad doctor {where}; "
-            f"rlgrad samples {where} --step {step}. Resume: {RESUME.get(kind, RESUME['rlgrad']).format(step=step)} "
+    samples = f"; rlgrad samples {where} --step {step}" if kind in SAMPLES else ""
+    return (f"{f.severity} finding {f.id} at step {step}: {f.title}. {f.action} Inspect: rlgrad doctor {where}"
+            f"{samples}. Resume: {RESUME.get(kind, RESUME['rlgrad']).format(step=step)} "
             "(with doctor.halt_on=never to go on past this finding)")

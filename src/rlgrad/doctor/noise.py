@@ -14,11 +14,6 @@ import statistics
 
 from rlgrad.doctor.findings import Finding, Thresholds, View, fmt, signature
 
-# Defaults of the thresholds these signatures read from ``Thresholds`` (``noise_below`` / ``noise_above`` there
-# override them once it declares them: a field of the --thresholds file of that name).
-NOISE_BELOW = 10.0  # batch_below_noise_scale: the analysed batch below B_simple / this
-NOISE_ABOVE = 10.0  # batch_above_noise_scale: the analysed batch above this × B_simple
-
 
 def _noise_scale(v: View) -> tuple[float, float, int, int] | None:
     """(B_simple from the averaged trace and signal, the median analysed batch size, the analysed steps, the first
@@ -55,11 +50,11 @@ def _split_advice(v: View) -> str:
 
 @signature("batch_below_noise_scale", "noise_trace/all/task",
            reads="per-sample analysis",
-           fires=f"the analysed batch (samples) below B_simple / {NOISE_BELOW:g}, trace and signal averaged over the "
+           fires="the analysed batch (samples) below B_simple / {noise_below:g}, trace and signal averaged over the "
                  "analysed steps")
 def _below(v: View, t: Thresholds) -> Finding | None:
     got = _noise_scale(v)
-    factor = getattr(t, "noise_below", NOISE_BELOW)
+    factor = t.noise_below
     if got is None or got[1] * factor > got[0]:
         return None
     scale, size, n_steps, first = got
@@ -75,11 +70,11 @@ def _below(v: View, t: Thresholds) -> Finding | None:
 
 @signature("batch_above_noise_scale", "noise_trace/all/task",
            reads="per-sample analysis",
-           fires=f"the analysed batch above {NOISE_ABOVE:g}× B_simple, trace and signal averaged over the analysed "
+           fires="the analysed batch above {noise_above:g}× B_simple, trace and signal averaged over the analysed "
                  "steps")
 def _above(v: View, t: Thresholds) -> Finding | None:
     got = _noise_scale(v)
-    factor = getattr(t, "noise_above", NOISE_ABOVE)
+    factor = t.noise_above
     if got is None or got[1] <= factor * got[0]:
         return None
     scale, size, n_steps, first = got

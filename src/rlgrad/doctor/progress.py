@@ -13,6 +13,8 @@ from rlgrad.doctor.findings import (
     Thresholds,
     View,
     config_lr,
+    correctness_silent,
+    entropy_coef,
     first_last,
     flat_reward,
     fmt,
@@ -20,6 +22,7 @@ from rlgrad.doctor.findings import (
     reward_level,
     signature,
     train_series,
+    update_size,
 )
 from rlgrad.logging.reward_signal import MIN_STEPS, correctness_component, reward_problems
 
@@ -59,7 +62,7 @@ def _update_large(v: View, t: Thresholds) -> Finding | None:
                "fold, to bring actor/update_ratio to about 1e-3, and warm it up (actor.optim.lr_warmup_steps).",
         explains=["reward_collapse", "grad_norm_spike", "kl_blowup", "clipfrac_saturated", "entropy_collapse",
                   "zero_variance_groups", "component_dominates", "component_takes_over", "format_over_correct",
-                  "val_falls_train_rises", "nonfinite_steps", "length_collapse", "length_runaway"])
+                  "val_falls_train_rises", "nonfinite_steps", "length_collapse", "length_runaway", "dormant_growing"])
 
 
 def _room(r: list[float], start: float) -> float:
@@ -186,18 +189,19 @@ def _dead_steps(v: View) -> tuple[list[int], int, str]:
            reads="logs (+ config)",
            fires="every advantage 0 (or the reward's std over the batch, or every bucket's task gradient), or > 95% of "
                  "the groups with one reward for all their samples (critical); > {zero_var_frac:.0%} of them (TRL's "
-                 "frac_reward_zero_std, rlgrad's filter count); says too easy (a [0, 1] reward ≥ {easy_level:g}) or "
-                 "too hard (≤ {hard_level:g})")
+                 "frac_reward_zero_std, rlgrad's filter count; the median of the last {window} steps); says too easy "
+                 "(a [0, 1] reward ≥ {easy_level:g}) or too hard (≤ {hard_level:g})")
 def _zero_var(v: View, t: Thresholds) -> Finding | None:
     dead, of, how = _dead_steps(v)
     zs, frac, where = _zero_var_fraction(v)
-    recent = first_last(frac, t.window)[1] if frac else 0.0
+    # the median of the last steps: two noisy early steps of a healthy run (13 and 14 of 16 groups) decide nothing
+    recent = statistics.median(frac[-t.window:]) if frac else 0.0
     if dead and len(dead) >= max(1, of // 2):
         ev, s0 = [f"{how} on {len(dead)} of {of} steps"], dead[0]
     elif recent > t.zero_var_frac:
         s0 = next(s for s, x in zip(zs, frac) if x > t.zero_var_frac)
         ev = [f"{fmt(100 * recent)}% of the prompt groups per step have one reward for all their samples ({where}; "
-              "mean of the last steps)"]
+              f"median of the last {min(len(frac), t.window)} steps)"]
     else:
         return None
     severity = "critical" if dead and len(dead) >= max(1, of // 2) or recent > 0.95 else "warn"
@@ -284,12 +288,6 @@ def _reward_collapse(v: View, t: Thresholds) -> Finding | None:
                   "reward_plateau", "val_falls_train_rises", "length_runaway", "length_collapse"])
 
 
-def entropy_coef(v: View) -> float | None:
-    """The entropy term's coefficient (rlgrad's / verl's ``entropy_coeff``, TRL's ``entropy_coef``), None if unset."""
-    c = v.cfg("actor.entropy_coeff", "actor_rollout_ref.actor.entropy_coeff", "entropy_coef")
-    return float(c) if isinstance(c, int | float) and not isinstance(c, bool) else None
-
-
 def entropy_term_dominates(v: View, t: Thresholds, until: int) -> tuple[int, int]:
     """On how many of the analysis steps up to ``until`` the entropy term's gradient outweighed the task's, of
     how many (``grad_norm/all/entropy`` > ``reg_ratio`` × ``grad_norm/all/task``)."""
@@ -307,12 +305,11 @@ def collapse_cause(v: View, t: Thresholds, until: int) -> tuple[str, list[str], 
     dom, of = entropy_term_dominates(v, t, until)
     _, e = train_series(v, "actor/entropy")
     e = [x for s, x in zip(train_series(v, "actor/entropy")[0], e) if s <= until]
-    us, u = train_series(v, "actor/update_ratio")
-    u = [x for s, x in zip(us, u) if s <= until]
-    big = bool(u) and statistics.median(u) > t.update_high
+    size = update_size(v, until)
+    big = size is not None and size > t.update_high
     ev = ([f"the entropy term's gradient above the task's on {dom} of {of} analysis steps"] if dom else []) + (
         [f"{v.name('actor/entropy')} {fmt(e[0])} → {fmt(e[-1])}"] if len(e) >= 2 else []) + (
-        [f"actor/update_ratio {fmt(statistics.median(u))} (median)"] if u else [])
+        [f"actor/update_ratio {fmt(size)} (median)"] if size is not None else [])
     fell, rose = len(e) >= 2 and e[-1] < e[0] / 2, len(e) >= 2 and e[-1] > 2 * e[0]
     lr_words = "the learning rate" + (f" (now {fmt(lr)})" if lr else "")
     if coef is not None and coef < 0 and (2 * dom >= max(of, 1) or fell):
@@ -326,7 +323,7 @@ def collapse_cause(v: View, t: Thresholds, until: int) -> tuple[str, list[str], 
     if big or (rose and not (coef and coef > 0)):
         return ("The steps are too large" + (" (the update size)" if big else " (the entropy rose with it: the "
                 "model drifts toward noise)") + ".", ev, f"Lower {lr_words} and keep gradient clipping on")
-    if u:
+    if size is not None:
         return ("Neither the update size nor an entropy term explains it: read what the model writes (rlgrad "
                 "samples RUN) and the reward function.", ev,
                 "Look for the cause in the samples and the reward before changing the learning rate")
@@ -439,7 +436,8 @@ def _inverted(v: View, t: Thresholds) -> Finding | None:
 
 @signature("format_over_correct", "reward/{component}/mean", trend="critic/score/mean", min_points=4,
            reads="logs",
-           fires="a non-correctness reward rising by > {component_rise:g} while correctness rises < {correct_rise:g}")
+           fires="a non-correctness reward rising by > {component_rise:g} while correctness rises < {correct_rise:g} "
+                 "(info when no group's correctness varies on most steps: no signal, not the weight)")
 def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
     comps = {k.split("/")[1] for k in v.keys("reward/") if k.endswith("/mean") and k.count("/") == 2}
     correct = correctness_component(comps)
@@ -455,6 +453,9 @@ def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
             continue
         oa, ob = first_last(o, t.window)
         if ob - oa > t.component_rise and cb - ca < t.correct_rise:
+            silent = [s for s in steps if s >= 1 and correctness_silent(v, correct, s)]
+            if 2 * len(silent) > len([s for s in steps if s >= 1]):
+                return _silent_correctness(v, correct, other, steps[0], len(silent), (oa, ob), (ca, cb))
             o, c = v.label(other), v.label(correct)
             return Finding(
                 severity="warn", step=steps[0], confidence=0.7,
@@ -466,6 +467,23 @@ def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
                 action=f"Lower the weight of '{o}' (reward.weights) or make it conditional on correctness; "
                        "rlgrad's reward-component analysis shows each component's share of the update.")
     return None
+
+
+def _silent_correctness(v: View, correct: str, other: str, step: int, silent: int, o: tuple[float, float],
+                        c: tuple[float, float]) -> Finding:
+    """format_over_correct's competing cause: correctness gave no group a signal on most steps, so it could not
+    rise whatever the other reward's weight."""
+    lo, lc = v.label(other), v.label(correct)
+    return Finding(
+        severity="info", step=step, confidence=0.6, title=f"'{lo}' reward rises while '{lc}' has no signal",
+        evidence=[f"{v.name(f'reward/{other}/mean')} {fmt(o[0])} → {fmt(o[1])}",
+                  f"{v.name(f'reward/{correct}/mean')} {fmt(c[0])} → {fmt(c[1])}",
+                  f"every group had one '{lc}' value for all its samples on {silent} steps"],
+        explanation=f"'{lc}' does not rise because no group's '{lc}' varies on most steps: GRPO has nothing to "
+                    f"learn from it, whatever '{lo}''s weight. The weight is not the cause.",
+        action="Make the task easier or the model stronger (zero_variance_groups, unlearnable_reward); lowering "
+               f"'{lo}''s weight would not give '{lc}' a signal.",
+        explains=[])
 
 
 def _checkpoint_words(v: View, best_step: int) -> str:
@@ -488,7 +506,8 @@ def _checkpoint_words(v: View, best_step: int) -> str:
 
 @signature("val_falls_train_rises", "val/accuracy", trend="val/accuracy", min_points=2,
            reads="logs (+ config)",
-           fires="validation accuracy > {val_drop:g} below its best while the training reward rises")
+           fires="validation accuracy below its best by > {val_drop:g} and by more than twice its binomial noise over "
+                 "data.val_size prompts, while the training reward rises")
 def _val(v: View, t: Thresholds) -> Finding | None:
     steps, acc = v.series("val/accuracy")
     if len(acc) < 3:
@@ -496,13 +515,20 @@ def _val(v: View, t: Thresholds) -> Finding | None:
     best = max(acc)
     best_step = steps[acc.index(best)]
     flat, _ = flat_reward(v, t)
-    if acc[-1] < best - t.val_drop and not flat:
+    # the competing cause the run can rule out: the validation set's own sampling noise (twice the binomial std of
+    # an accuracy of ``best`` over data.val_size prompts; a 128-prompt set at 0.85 moves by ±0.06 by chance)
+    n = v.cfg("data.val_size")
+    noise = 2 * math.sqrt(best * (1 - best) / n) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0.0
+    drop = max(t.val_drop, noise)
+    if acc[-1] < best - drop and not flat:
         at = "before training (step 0: the initial weights)" if best_step == 0 else f"at step {best_step}"
-        fell = next(s for s, a in zip(steps, acc) if s > best_step and a < best - t.val_drop)
+        fell = next(s for s, a in zip(steps, acc) if s > best_step and a < best - drop)
         return Finding(
             severity="warn", step=fell, confidence=0.7,
             title="Validation accuracy falls while the training reward rises",
-            evidence=[f"val/accuracy best {fmt(best)} {at}, last {fmt(acc[-1])} (step {steps[-1]})"],
+            evidence=[f"val/accuracy best {fmt(best)} {at}, last {fmt(acc[-1])} (step {steps[-1]}): down more than "
+                      f"{fmt(drop)}" + (f" (twice the chance variation over {n} validation prompts)"
+                                        if noise > t.val_drop else "")],
             explanation="The training reward keeps improving but held-out accuracy does not: reward hacking (a "
                         "component the validation does not pay for) or over-fitting to the training prompts.",
             action=_checkpoint_words(v, best_step) + "; check which reward component drives the update "

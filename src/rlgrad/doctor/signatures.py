@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import statistics
 
+from rlgrad.doctor.carriers import spike_carriers
 from rlgrad.doctor.findings import (
     Finding,
     Thresholds,
     View,
+    config_lr,
+    entropy_cause,
     first_last,
     fmt,
     mean,
     reward_level,
     signature,
     train_series,
+    update_size,
 )
 
 # ---------------------------------------------------------------- scalar signatures
@@ -47,7 +51,7 @@ def _nonfinite(v: View, t: Thresholds) -> Finding | None:
 
 
 @signature("grad_norm_spike", "actor/grad_norm", trend="actor/grad_norm", min_points=lambda t: t.window + 1,
-           reads="logs",
+           reads="logs; per-sample analysis on the spike's step: who carries it",
            fires="grad_norm > {spike_factor:g}× the median of the {window} steps before (critical when the reward "
                  "falls after)")
 def _spike(v: View, t: Thresholds) -> Finding | None:
@@ -63,6 +67,8 @@ def _spike(v: View, t: Thresholds) -> Finding | None:
     gn = v.name("actor/grad_norm")
     ev = [f"step {s}: {gn} {fmt(x)} against a median of {fmt(m)} over the {t.window} steps before"
           for s, x, m in spikes[:5]]
+    for s, _, _ in spikes[:5]:  # a spike on an analysis.per_sample step: who carries it
+        ev += spike_carriers(v.run, s)
     severity, after = "warn", ""
     rs, r = v.series("critic/score/mean")
     if r:
@@ -78,7 +84,8 @@ def _spike(v: View, t: Thresholds) -> Finding | None:
         explanation="The gradient jumped an order of magnitude above its recent level: a few sequences with huge "
                     "ratios or advantages, or a numerical blow-up." + after,
         action="Keep max_grad_norm on (it caps the step, not the logged norm); look at the step's samples "
-               "(rlgrad samples RUN --step N); lower the learning rate if spikes repeat.")
+               "(rlgrad samples RUN --step N; with analysis.per_sample on that step, --by grad-norm ranks them by "
+               "their gradient); lower the learning rate if spikes repeat.")
 
 
 def _max_grad_norm(v: View) -> float | None:
@@ -178,8 +185,9 @@ def _clip_every_step(v: View, t: Thresholds) -> Finding | None:
 
 
 @signature("kl_blowup", "actor/kl_loss|actor/ppo_kl", trend="actor/kl_loss|actor/ppo_kl", min_points=2,
-           reads="logs",
-           fires="the recent KL loss > {kl_high:g} (critical) or > {kl_growth:g}× its start and > {kl_floor:g}")
+           reads="logs (+ config)",
+           fires="the recent KL loss > {kl_high:g} (critical) or > {kl_growth:g}× its start and > {kl_floor:g}; "
+                 "blames the learning rate only at an update size > {update_high:g}, else the KL term")
 def _kl(v: View, t: Thresholds) -> Finding | None:
     name = "actor/kl_loss" if v.has("actor/kl_loss") else "actor/ppo_kl"
     steps, k = v.series(name)
@@ -193,22 +201,56 @@ def _kl(v: View, t: Thresholds) -> Finding | None:
     else:
         return None
     first = next(s for s, x in zip(steps, k) if abs(x) > max(t.kl_floor, min(b, t.kl_high)) / 2)
-    coef = v.cfg("actor.kl_loss_coef")
+    why, action, cause_ev = _kl_cause(v, t, name)
+    size = update_size(v)
     return Finding(
         severity=severity, step=first, confidence=0.8,
         title="The policy runs away from the reference (KL blow-up)",
-        evidence=[f"{v.name(name)}: {fmt(a)} (first steps) → {fmt(b)} (last steps)"]
-                 + ([f"kl_loss_coef {coef}"] if coef is not None else []),
-        explanation="The KL to the reference grows without bound: the updates are too large for the KL term to "
-                    "hold the policy, or the KL coefficient is large enough that its own gradient is unstable "
-                    "(the low-variance k3 estimate grows exponentially in the log-ratio).",
-        action="Lower the learning rate or the clip range; for an exploding KL term lower kl_loss_coef or use "
-               "kl_loss_type=low_var_kl; check the run's samples for degenerate text.")
+        evidence=[f"{v.name(name)}: {fmt(a)} (first steps) → {fmt(b)} (last steps)"] + cause_ev,
+        explanation="The KL to the reference grows without bound. " + why, action=action,
+        explains=["regularizer_dominates"] if size is not None and size > t.update_high else [])
+
+
+def _kl_cause(v: View, t: Thresholds, name: str) -> tuple[str, str, list[str]]:
+    """Which cause of a KL blow-up the run's metrics support, of those they can rule in or out: steps too large
+    (the update size ``actor/update_ratio``), or, at a normal update size, the KL term itself (its coefficient and
+    estimator; for ``actor/ppo_kl``, the optimizer steps per batch). (why, what to do, evidence)."""
+    size, lr = update_size(v), config_lr(v)
+    coef = v.cfg("actor.kl_loss_coef", "actor_rollout_ref.actor.kl_loss_coef", "beta")
+    kind = v.cfg("actor.kl_loss_type", "actor_rollout_ref.actor.kl_loss_type")
+    loss = name == "actor/kl_loss"
+    ev = ([f"actor/update_ratio {fmt(size)} (median)"] if size is not None else []) + (
+        [f"kl_loss_coef {coef}" + (f", kl_loss_type {kind}" if kind else "")] if loss and coef is not None else [])
+    now = f" (now {fmt(lr)})" if lr else ""
+    estimator = "" if kind == "low_var_kl" else " or use kl_loss_type=low_var_kl (bounded: verl clamps it)"
+    if size is not None and size > t.update_high:
+        return (f"The updates are too large (each moves the weights by {fmt(size)} of their norm, median; typical "
+                "fine-tuning steps: 1e-4 to 1e-3): the policy leaves the reference faster than the KL term pulls it "
+                "back, whose coefficient is not the cause." if loss else "The updates are too large (each moves the "
+                f"weights by {fmt(size)} of their norm, median; typical: 1e-4 to 1e-3).",
+                f"Lower the learning rate{now} about {size / (t.update_high / 10):.2g}-fold, toward an "
+                "actor/update_ratio of about 1e-3, and keep gradient clipping on.", ev)
+    if size is not None and loss:
+        return (f"The update size is normal ({fmt(size)} of the weights' norm, median): not the learning rate. The "
+                "KL term's own gradient is unstable: a large coefficient, or an estimator that grows fast in the "
+                "log-ratio (k3 grows exponentially, mse quadratically).",
+                f"Lower kl_loss_coef{estimator}; check the run's samples for degenerate text.", ev)
+    if size is not None:
+        return (f"The update size is normal ({fmt(size)} of the weights' norm, median): the policy moves far within "
+                "one batch's optimizer steps (ppo_epochs, mini-batches).",
+                "Lower actor.ppo_epochs or the number of mini-batches per batch (a larger ppo_mini_batch_size); "
+                "check the run's samples for degenerate text.", ev)
+    return ("The updates are too large for the KL term to hold the policy, or the KL coefficient is large enough "
+            "that its own gradient is unstable (the k3 estimate grows exponentially in the log-ratio); the run "
+            "logs no update size (actor/update_ratio) to tell which.",
+            f"Lower the learning rate{now} or the clip range; for an exploding KL term lower kl_loss_coef"
+            f"{estimator}; check the run's samples for degenerate text.", ev)
 
 
 @signature("entropy_collapse", "actor/entropy", trend="actor/entropy", min_points=4,
-           reads="logs",
-           fires="the recent entropy < {entropy_drop:.0%} of its start")
+           reads="logs (+ config)",
+           fires="the recent entropy < {entropy_drop:.0%} of its start; its advice by the cause the run supports: a "
+                 "negative entropy_coeff, an update size > {update_high:g}, else the sampling")
 def _entropy(v: View, t: Thresholds) -> Finding | None:
     steps, e = v.series("actor/entropy")
     if len(e) < 4:
@@ -217,31 +259,71 @@ def _entropy(v: View, t: Thresholds) -> Finding | None:
     if not (a > 0 and b < t.entropy_drop * a):
         return None
     first = next(s for s, x in zip(steps, e) if x < 2 * t.entropy_drop * a)
+    why, action, cause_ev = entropy_cause(v, t)
     return Finding(
         severity="warn", step=first, confidence=0.8, title="Entropy collapse",
-        evidence=[f"{v.name('actor/entropy')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"],
+        evidence=[f"{v.name('actor/entropy')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"] + cause_ev,
         explanation="The policy became (nearly) deterministic: groups of samples now agree, their rewards have no "
-                    "variance, and GRPO's advantage — and with it the gradient — vanishes.",
-        action="Raise the sampling temperature or add a small entropy bonus (entropy_coeff), use clip-higher "
-               "(clip_ratio_high > clip_ratio_low), lower the learning rate.")
+                    "variance, and GRPO's advantage — and with it the gradient — vanishes. " + why,
+        action=action)
 
 
 @signature("clipfrac_saturated", "actor/pg_clipfrac",
-           reads="logs",
-           fires="the recent clip fraction > {clipfrac_high:g}")
+           reads="logs (+ config)",
+           fires="the recent clip fraction > {clipfrac_high:g}; names the cause the run supports: the update size, "
+                 "several optimizer steps per batch, or (one step a batch) old log-probs not the sampler's")
 def _clipfrac_saturated(v: View, t: Thresholds) -> Finding | None:
     steps, c = v.series("actor/pg_clipfrac")
     _, b = first_last(c, t.window) if c else (0.0, 0.0)
     if b > t.clipfrac_high:
         first = next(s for s, x in zip(steps, c) if x > t.clipfrac_high)
+        why, action, cause_ev = _clip_cause(v, t)
         return Finding(
             severity="warn", step=first, confidence=0.7, title="The PPO clip is saturated",
-            evidence=[f"{v.name('actor/pg_clipfrac')} {fmt(b)} over the last steps (healthy: roughly 0.1-0.4)"],
+            evidence=[f"{v.name('actor/pg_clipfrac')} {fmt(b)} over the last steps (healthy: roughly 0.1-0.4)"]
+                     + cause_ev,
             explanation="Most tokens hit the clip: the policy moved far from the one that sampled the batch during "
-                        "the update, so most tokens contribute no gradient.",
-            action="Lower the learning rate or the number of optimizer steps per batch (ppo_epochs, "
-                   "smaller ppo_mini_batch_size means more steps).")
+                        "the update, so most tokens contribute no gradient. " + why,
+            action=action)
     return None
+
+
+def optimizer_steps_per_batch(v: View) -> int | None:
+    """Optimizer steps per batch of rollouts: epochs (``ppo_epochs``; TRL's ``num_iterations``) × mini-batches
+    (``train_batch_size`` / ``ppo_mini_batch_size``); None when the run does not say."""
+    epochs = v.cfg("actor.ppo_epochs", "actor_rollout_ref.actor.ppo_epochs", "num_iterations")
+    mini = v.cfg("actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size")
+    batch = v.cfg("data.train_batch_size")
+    if not isinstance(epochs, int) or isinstance(epochs, bool):
+        return None
+    if isinstance(mini, int) and isinstance(batch, int) and 0 < mini < batch:
+        return epochs * -(-batch // mini)
+    return epochs
+
+
+def _clip_cause(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
+    """Which cause of a saturated clip the run's metrics support: steps too large (the update size), several
+    optimizer steps per batch, or, with one step per batch (the ratio starts at 1), old log-probs that are not
+    the sampling policy's. (why, what to do, evidence)."""
+    size, lr, per_batch = update_size(v), config_lr(v), optimizer_steps_per_batch(v)
+    ev = ([f"actor/update_ratio {fmt(size)} (median)"] if size is not None else []) + (
+        [f"{per_batch} optimizer step(s) per batch"] if per_batch is not None else [])
+    if size is not None and size > t.update_high:
+        return (f"The updates are too large ({fmt(size)} of the weights' norm, median; typical: 1e-4 to 1e-3).",
+                f"Lower the learning rate{f' (now {fmt(lr)})' if lr else ''} toward an actor/update_ratio of about "
+                "1e-3.", ev)
+    if per_batch is not None and per_batch > 1:
+        return (f"Each batch takes {per_batch} optimizer steps: the later ones start far from the sampling policy.",
+                "Take fewer optimizer steps per batch (lower actor.ppo_epochs, or a larger ppo_mini_batch_size), or "
+                "lower the learning rate.", ev)
+    if per_batch == 1:
+        return ("With one optimizer step per batch the ratio starts at 1 and the clip should rarely act: the old "
+                "log-probs are probably not the sampling policy's (recomputed after an update, or a sampler whose "
+                "numerics differ from the trainer's).",
+                "Check where old_log_probs come from (rollout.recompute_log_probs, the rollout engine's dtype) "
+                "before changing the learning rate.", ev)
+    return ("", "Lower the learning rate or the number of optimizer steps per batch (ppo_epochs, smaller "
+            "ppo_mini_batch_size means more steps).", ev)
 
 
 @signature("clipfrac_zero", "actor/pg_clipfrac",

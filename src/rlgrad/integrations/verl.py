@@ -323,7 +323,7 @@ class ActorRolloutRefWorker(_VerlActorRolloutRefWorker):
             if self.distillation_enabled:
                 raise UserError("rlgrad's instruments do not follow verl's distillation loss")
             rl = self.config.get("rlgrad", None) or {}
-            overrides = [f"{k}={v}" for k, v in _flatten(rl, "").items() if k != "dir"]
+            overrides = [f"{k}={v}" for k, v in flatten_settings(rl).items() if k != "dir"]
             self.actor.rlgrad_setup(omega_conf_to_dataclass(self.config.actor), overrides, rl.get("dir", None) or
                                     "rlgrad", temperature=float(self.config.rollout.temperature))
 
@@ -339,11 +339,12 @@ def _join_cpu_process_group() -> None:
                                 world_size=int(os.environ.get("WORLD_SIZE", 1)))
 
 
-def _flatten(d, prefix: str) -> dict:
+def flatten_settings(d, prefix: str = "") -> dict:
+    """``actor_rollout_ref.rlgrad`` (nested) as rlgrad's dotted settings: ``{"analysis.every": 10, ...}``."""
     out = {}
     for k, v in d.items():
         if hasattr(v, "items"):
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten_settings(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = "null" if v is None else v
     return out

@@ -5,11 +5,13 @@ Takes verl's own Hydra config (``ppo_trainer``) and overrides, plus ``+actor_rol
 ``register_trainer`` (``PPOTrainerSync`` whose actor role gets ``rlgrad.integrations.verl.ActorRolloutRefWorker``),
 selects it with ``trainer.v1.trainer_mode``, and starts verl's ``run_ppo`` with a task runner whose Ray
 process imports the registration (both in ``rlgrad.integrations.verl_trainer``). Nothing of verl is edited
-or patched.
+or patched. The live doctor (``+actor_rollout_ref.rlgrad.doctor.live``, ``.halt_on``, ``.thresholds``) runs in
+that trainer; a launch it stopped exits with status 3 (stopped by the doctor), as ``rlgrad train`` does.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -21,12 +23,20 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
-from rlgrad.errors import UserError
+from rlgrad.doctor.findings import Thresholds
+from rlgrad.errors import HALTED_STATUS, UserError
 from rlgrad.integrations.verl import ActorRolloutRefWorker, check_verl_version
-from rlgrad.integrations.verl_trainer import ACTOR_ROLES, TRAINER, RlgradPPOTrainer, TaskRunner
+from rlgrad.integrations.verl_trainer import (
+    ACTOR_ROLES,
+    HALT_FILE,
+    TRAINER,
+    RlgradPPOTrainer,
+    TaskRunner,
+    rlgrad_settings,
+)
 
 __all__ = ["ACTOR_ROLES", "TRAINER", "ActorRolloutRefWorker", "RlgradPPOTrainer", "TaskRunner", "main", "prepare",
-           "preflight", "check"]
+           "preflight", "check", "halted"]
 VERL_CONFIG = str(Path(__import__("verl.trainer", fromlist=["x"]).__file__).parent / "config")
 
 
@@ -46,6 +56,11 @@ def prepare(config) -> None:
             rl = config.actor_rollout_ref.rlgrad
         # Ray workers do not share the launcher's working directory: the run directory is made absolute here.
         rl.dir = os.path.abspath(rl.get("dir", None) or os.path.join(config.trainer.default_local_dir, "rlgrad"))
+        if rl.get("doctor", None) is not None and rl.doctor.get("thresholds", None):
+            rl.doctor.thresholds = os.path.abspath(rl.doctor.thresholds)  # read in verl's trainer process
+    settings = rlgrad_settings(config)  # a bad rlgrad setting stops here, before Ray, in one line
+    if settings.doctor.thresholds:
+        Thresholds.from_file(settings.doctor.thresholds)
 
 
 def _first_prompt(config) -> list[dict]:
@@ -121,14 +136,32 @@ def check(config) -> None:
         raise SystemExit(2) from None
 
 
+def halted(run_dir: str | os.PathLike) -> None:
+    """After verl's run: if the live doctor stopped it (``RUN/doctor_halt.json``, written by rlgrad's verl trainer),
+    its message on stderr and exit status 3 (``HALTED_STATUS``, as ``rlgrad train``); otherwise nothing."""
+    path = Path(run_dir) / HALT_FILE
+    if not path.is_file():
+        return
+    try:
+        halt = json.loads(path.read_text())
+        step, reason = halt["step"], halt["reason"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        step, reason = "?", f"see {Path(run_dir) / 'doctor.jsonl'}"
+    print(f"rlgrad: stopped by the doctor after step {step}: {reason}", file=sys.stderr)
+    raise SystemExit(HALTED_STATUS)
+
+
 @hydra.main(config_path=VERL_CONFIG, config_name="ppo_trainer", version_base=None)
 def main(config) -> None:
     auto_set_device(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     check(config)
-    print(f"[rlgrad] instruments in verl's actor worker; run files in {config.actor_rollout_ref.rlgrad.dir}")
+    run_dir = config.actor_rollout_ref.rlgrad.dir
+    print(f"[rlgrad] instruments in verl's actor worker; run files in {run_dir}")
+    Path(run_dir, HALT_FILE).unlink(missing_ok=True)  # an earlier launch's halt: this launch says its own
     OmegaConf.set_struct(config, True)
     run_ppo(config, task_runner_class=TaskRunner)
+    halted(run_dir)
 
 
 if __name__ == "__main__":

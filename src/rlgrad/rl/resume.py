@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rlgrad.config.load import from_yaml_file
 from rlgrad.config.schema import RLGradConfig, flat_settings
-from rlgrad.errors import UserError
+from rlgrad.errors import HALTED_STATUS, UserError
 from rlgrad.rl import checkpoint as ckpt
 from rlgrad.runfiles import checkpoint_dirs, holds_a_run
 
@@ -107,7 +107,6 @@ class RunStopped(Exception):
     label = "run stopped: "
 
 
-HALTED_STATUS = 3  # rlgrad train's exit status when a hook (the live doctor) stopped the run: not 0, 1, 2 or 128+n
 
 
 class Halted(RunStopped):

@@ -2,8 +2,8 @@
 
 Sections appear only when the run holds their data: configuration, training curves, the gradient
 analysis steps (figures, bucket tables, and a few prompt groups of the lowest- and highest-variance buckets
-with what the model wrote, from rollouts/step_N.jsonl), reward components, neuron health, critic, and a short
-plain-language reading of what changed, computed by fixed rules from the numbers (``narrative``).
+with what the model wrote, from rollouts/step_N.jsonl), per-sample gradients, reward components, neuron health,
+critic, and a short plain-language reading of what changed, computed by fixed rules from the numbers (``narrative``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from rlgrad.viz import run_figures as R
 from rlgrad.viz.figbase import png_bytes
 from rlgrad.viz.plot import RAGEN_FIGURES, step_figures
 from rlgrad.viz.reading import narrative
+from rlgrad.viz.sample_figures import fig_per_sample
 from rlgrad.viz.terms import terms_block, terms_section
 
 CSS = """
@@ -292,6 +293,23 @@ def _analysis_section(run: D.RunData, dpi: int, max_steps: int) -> str:
     return "".join(parts)
 
 
+def _per_sample_section(run: D.RunData, dpi: int) -> str:
+    """The last ``analysis.per_sample`` step's per-sample norms against advantage and reward std (``samples.jsonl``;
+    no section without one)."""
+    steps = D.per_sample_steps(run)
+    fig = fig_per_sample(D.per_sample_rows(run, steps[-1]), f"Per-sample gradients — run {run.name}, step "
+                         f"{steps[-1]}") if steps else None
+    if fig is None:
+        return ""
+    cmd = f"rlgrad samples {html.escape(run.source)} --step {steps[-1]} --by grad-norm"
+    return ('<section id="per_sample"><h2>Per-sample gradients</h2>'
+            f'<p class="muted">Per-sample analysis steps: {", ".join(map(str, steps))}. ||g_i|| is sample i\'s '
+            "exact contribution to the step's task gradient (docs/noise_scale.md); <code>" + cmd + "</code> lists "
+            "the samples that carry the most of it.</p>"
+            + _img(fig, dpi, f"step {steps[-1]}: per-sample task norm against |advantage| (colour: the prompt "
+                             "group's reward std) and by reward-variance bucket.") + "</section>")
+
+
 def _components_section(run: D.RunData, dpi: int) -> str:
     trend = R.fig_reward_components(run)
     # steps without a gradient analysis; the others are drawn with their analysis step
@@ -356,6 +374,7 @@ def build_report(run: D.RunData, dpi: int = 90, max_steps: int = 6) -> str:
         _section("curves", "Training curves", _img(R.fig_training_curves(run), dpi,
                                                   "Training metrics per step (validation where it ran).")),
         _analysis_section(run, dpi, max_steps),
+        _per_sample_section(run, dpi),
         _components_section(run, dpi),
         _neurons_section(run, dpi, max_steps),
         _section("critic", "Critic", _img(R.fig_critic(run), dpi, "Value function.")),
@@ -366,7 +385,8 @@ def build_report(run: D.RunData, dpi: int = 90, max_steps: int = 6) -> str:
     diagnosis = _diagnosis_section(run)
     nav = " ".join(f'<a href="#{sid}">{title}</a>' for sid, title in (
         ("diagnosis", "Diagnosis"), ("reading", "What changed"), ("config", "Configuration"),
-        ("curves", "Training curves"), ("analysis", "Gradient analysis"), ("rewards", "Reward components"),
+        ("curves", "Training curves"), ("analysis", "Gradient analysis"), ("per_sample", "Per-sample gradients"),
+        ("rewards", "Reward components"),
         ("neurons", "Neuron health"), ("critic", "Critic"), ("terms", "Terms"))
         if sid in ("diagnosis", "reading") or any(f'id="{sid}"' in s for s in sections))
     return f"""<!DOCTYPE html>

@@ -1,0 +1,160 @@
+"""Each finding's "what to do", checked by doing it (issue 33): a recorded fault run of the embedded default and
+the same run with the finding's advice applied (scripts/doctor_fixtures.py; the pairs of issue 37 are in
+test_issue37_runs.py::test_following_the_advice_helps, clipping in test_advice.py). Each test reads both runs,
+asserts that the fault's finding gives that advice, and that the followed run moves the way the finding claims
+(and, where the advice removes the cause, that the finding is gone). docs/doctor.md's "Advice checked by" table
+names the test of each finding, or why it has none."""
+
+from __future__ import annotations
+
+import functools
+import re
+import statistics
+from pathlib import Path
+
+from rlgrad import rundata as D
+from rlgrad.doctor.command import SIGNATURES, diagnose
+from tests.doctor.test_doctor import fixture
+
+
+@functools.cache
+def run(name: str) -> D.RunData:
+    return D.load_any(fixture(name))
+
+
+@functools.cache
+def diagnosis(name: str):
+    return diagnose(run(name))
+
+
+def found(name: str, fid: str):
+    return next((f for f in diagnosis(name).findings if f.id == fid), None)
+
+
+def series(name: str, key: str) -> dict[int, float]:
+    return dict(zip(*D.series(run(name), key)))
+
+
+def last(name: str, key: str, n: int = 5) -> float:
+    """The mean of ``key`` over the run's last ``n`` logged steps."""
+    vals = list(series(name, key).values())
+    return statistics.fmean(vals[-n:])
+
+
+def test_kl_blowup_lower_the_learning_rate_holds_the_kl():
+    """kl_lr_high: a KL loss (mse, coefficient 1) at lr 3e-3. The doctor blames the update size, not the
+    coefficient, and says lower the learning rate; at the preset's 1e-4 the KL stays small and validation rises."""
+    f = found("kl_lr_high", "kl_blowup")
+    assert f.severity == "critical" and f.action.startswith("Lower the learning rate (now 0.003)")
+    assert "coefficient is not the cause" in f.explanation and "actor/update_ratio" in " ".join(f.evidence)
+    reg = found("kl_lr_high", "regularizer_dominates")  # the KL term's gradient: a symptom of the same steps
+    assert "leave kl_loss_coef" in reg.action and "Lower kl_loss_coef" not in reg.action
+    assert last("kl_lr_high_followed", "actor/kl_loss") < 0.01 * last("kl_lr_high", "actor/kl_loss")
+    assert found("kl_lr_high_followed", "kl_blowup") is None
+    fault, followed = series("kl_lr_high", "val/accuracy"), series("kl_lr_high_followed", "val/accuracy")
+    assert fault[20] + 0.3 < followed[20] and followed[20] > followed[0], (fault, followed)
+
+
+def test_regularizer_dominates_lower_kl_loss_coef_lets_the_run_learn():
+    """kl_coef_huge: kl_loss_coef 50 at the preset's lr. The KL term's gradient outweighs the task's, the doctor
+    says lower kl_loss_coef, and the policy "is held at the reference more than it learns": validation does not
+    move. With the preset's 0.001 it learns, and the KL term no longer dominates."""
+    f = found("kl_coef_huge", "regularizer_dominates")
+    assert f.action.startswith("Lower kl_loss_coef") and "held at the reference" in f.explanation
+    fault, followed = series("kl_coef_huge", "val/accuracy"), series("kl_coef_huge_followed", "val/accuracy")
+    assert abs(fault[20] - fault[0]) < 0.05 and followed[20] > followed[0] + 0.2, (fault, followed)
+    assert found("kl_coef_huge_followed", "regularizer_dominates") is None
+
+
+def test_std_normalisation_amplifies_turning_it_off_bounds_the_advantages():
+    """std_norm_binary: binary rewards with std-normalised GRPO advantages, whose largest advantage exceeds the
+    reward range. With norm_adv_by_std_in_grpo=false (the advice) no advantage exceeds the range, and the finding
+    is gone."""
+    f = found("std_norm_binary", "std_normalisation_amplifies")
+    assert f.action.startswith("Set algorithm.norm_adv_by_std_in_grpo=false")
+
+    def over_range(name: str) -> float:
+        amax, hi, lo = (series(name, k) for k in ("critic/advantages/max", "critic/score/max", "critic/score/min"))
+        return max(amax[s] / (hi[s] - lo[s]) for s in amax if hi[s] > lo[s])
+
+    assert over_range("std_norm_binary") > 2.0 and over_range("std_norm_binary_followed") <= 1.0
+    assert found("std_norm_binary_followed", "std_normalisation_amplifies") is None
+
+
+def test_entropy_collapse_bring_the_penalty_to_0_and_the_entropy_holds():
+    """entropy_collapse: an entropy penalty (entropy_coeff -1) on a weakly warm-started model. The finding names the
+    negative coefficient and says bring it to 0 (not "add a bonus" as if it were 0, nor "lower the learning rate");
+    with entropy_coeff 0 the entropy holds and the finding is gone."""
+    f = found("entropy_collapse", "entropy_collapse")
+    assert "entropy_coeff is negative (-1)" in f.explanation and "bring it toward 0" in f.action
+    assert "lower the learning rate" not in f.action.lower()
+    fault, followed = series("entropy_collapse", "actor/entropy"), series("entropy_collapse_followed", "actor/entropy")
+    assert fault[30] < 0.1 * fault[1] and followed[30] > 0.7 * followed[1], (fault[30], followed[30])
+    assert found("entropy_collapse_followed", "entropy_collapse") is None
+
+
+def test_zero_variance_and_unlearnable_reward_a_stronger_model_gives_the_groups_a_signal():
+    """zero_variance: the model without its warm start, every answer wrong. zero_variance_groups says the task is
+    too hard and to make the model stronger (a longer warm start); unlearnable_reward says make the task easier
+    until some samples are right. healthy is the same run with the preset's warm start (1500 steps): most groups
+    carry a signal, neither finding fires, and validation rises."""
+    zv, un = found("zero_variance", "zero_variance_groups"), found("zero_variance", "unlearnable_reward")
+    assert "too hard" in zv.explanation and "the model stronger (a longer warm start" in zv.action
+    assert "make the task easier" in un.action
+    zero = {n: statistics.fmean(series(n, "rollout/filter_zero_count").values()) / 16 for n in ("zero_variance",
+                                                                                                 "healthy")}
+    assert zero["zero_variance"] > 0.95 and zero["healthy"] < 0.6, zero
+    assert found("healthy", "zero_variance_groups") is None and found("healthy", "unlearnable_reward") is None
+    assert series("healthy", "val/accuracy")[30] > series("zero_variance", "val/accuracy")[30] + 0.5
+
+
+def test_component_dominates_lower_the_format_weight_and_correctness_gets_the_update():
+    """format_heavy: reward.weights {correctness 0.1, format 0.9}; the format reward makes most of the update
+    (98% at step 1). Lowering its weight (the task's default 0.9 / 0.1: the healthy run) puts the update on
+    correctness: format's share stays small, and the training correctness of the same prompts ends higher. The
+    effect is modest on this task (the model already formats nearly every answer): 0.78 against 0.82."""
+    f = found("format_heavy", "component_dominates")
+    assert f.severity == "warn" and f.action.startswith("Lower the weight of 'format'")
+    share = {n: series(n, "grad_comp/format/share") for n in ("format_heavy", "healthy")}
+    assert share["format_heavy"][1] > 0.9 and max(share["healthy"].values()) < 0.1, share
+    correct = {n: last(n, "reward/correctness/mean", 10) for n in ("format_heavy", "healthy")}
+    assert correct["healthy"] > correct["format_heavy"] + 0.02, correct
+    assert found("healthy", "component_dominates") is None
+
+
+def test_length_runaway_an_overlong_penalty_stops_the_cut_responses():
+    """lr_too_high: the collapsed policy's responses run into the length limit (length_runaway, explained by the
+    collapse). Its own advice, an overlong penalty (reward.overlong_buffer), keeps the same run's responses
+    short: none is cut over its last 10 steps, and length_runaway is gone. The collapse itself stays: its cause
+    is the learning rate, whose advice test_issue37_runs.py checks."""
+    f = found("lr_too_high", "length_runaway")
+    assert "overlong penalty" in f.action and f.cause == "reward_collapse"
+    cut = {n: last(n, "response_length/clip_ratio", 10) for n in ("lr_too_high", "length_runaway_followed")}
+    assert cut["lr_too_high"] > 0.9 and cut["length_runaway_followed"] < 0.05, cut
+    assert found("length_runaway_followed", "length_runaway") is None
+    assert found("length_runaway_followed", "reward_collapse") is not None
+
+
+def test_dormant_growing_under_too_large_steps_lower_the_learning_rate_and_the_neurons_stay_alive():
+    """length_runaway_followed (lr 3e-3 without warm-up): its neurons go dormant (0.2 → 1 by step 21) under an
+    update of 1.3% of the weights a step; the doctor blames the update size (not "consider ReDo resets") and says
+    lower the learning rate. At the preset's 1e-4 (dormant_followed) the dormant ratio stays where it started."""
+    f = found("length_runaway_followed", "dormant_growing")
+    assert f.cause == "update_too_large" and "lower the learning rate" in f.action.lower() and "ReDo" not in f.action
+    fault, followed = (series(n, "actor/neuron/dormant_ratio") for n in ("length_runaway_followed", "dormant_followed"))
+    assert fault[21] > 0.9 and max(followed.values()) < fault[1] + 0.05, (fault, followed)
+    assert found("dormant_followed", "dormant_growing") is None
+
+def test_the_docs_table_names_every_finding_and_only_tests_that_exist():
+    """docs/doctor.md's "Advice checked by": one row per registered finding, each test it names a test function
+    of tests/doctor/, each other row a reason."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "doctor.md").read_text()
+    section = text.split("### Advice checked by", 1)[1].split("\n#", 1)[0]
+    rows = {m[1]: m[2] for m in re.finditer(r"^\| `(\w+)` \| (.+) \|$", section, re.M)}
+    assert list(rows) == [sid for sid, _, _ in SIGNATURES]
+    named = re.findall(r"`(test_\w+)\.py::(test_\w+)`", section)
+    assert len(named) >= 12
+    for module, test in named:
+        source = (Path(__file__).parent / f"{module}.py").read_text()
+        assert f"def {test}(" in source, (module, test)
+    assert all("test_" in why or why.startswith(("not ", "informational", "its advice")) for why in rows.values())
