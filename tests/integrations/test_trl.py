@@ -186,7 +186,9 @@ def test_a_peft_lora_model_is_measured_on_its_adapters(setup, tmp_path):
 def test_training_is_bitwise_unchanged_and_run_files(setup, tmp_path):
     plain = make(setup, tmp_path / "plain", cls=trl.GRPOTrainer, steps=2)
     plain.train()
-    ours = make(setup, tmp_path / "ours", steps=2)
+    # per-sample measures the task term by default; kl opted in (analysis.per_sample.terms)
+    ours = make(setup, tmp_path / "ours", steps=2, rlgrad=("analysis.every=1", "analysis.buckets.num_buckets=2",
+                                                            "analysis.per_sample.terms=[task,kl]"))
     ours.train()
     a, b = plain.model.state_dict(), ours.model.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
