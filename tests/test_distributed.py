@@ -49,7 +49,9 @@ S = LossSettings(loss_agg_mode="seq-mean-token-mean", use_kl_loss=True, kl_loss_
 SPLITS = {"uneven": [[0, 1, 2, 3], [4]], "empty": [[0, 1, 2, 3, 4], []]}  # prompt groups held by rank 0, rank 1
 
 
-def close(a: float, b: float, rel: float = 1e-5, abs_: float = 1e-7) -> bool:
+def close(a: float | str, b: float | str, rel: float = 1e-5, abs_: float = 1e-7) -> bool:
+    if isinstance(a, str) or isinstance(b, str):  # metrics.jsonl writes non-finite values as "nan" / "inf"
+        return a == b
     return abs(a - b) <= rel * max(abs(a), abs(b)) + abs_
 
 
