@@ -3,7 +3,8 @@
 Run from the repository root: ``PYTHONPATH=src python scripts/cuda_check.py [--out DIR]``. It checks, on ``cuda``:
 
 1. the gradient engine: every bucket's slice gradients from the fast (hook) path equal the reference path
-   (one backward per bucket) on the GPU, and equal the CPU's to float32 round-off;
+   (one backward per bucket) on the GPU, and equal the CPU's to float32 round-off; the per-sample norms equal the
+   CPU's and one backward per row (``tests.helpers.per_row``) on the GPU;
 2. ``rlgrad train`` with ``trainer.device=cuda`` and every instrument on: it runs, logs finite metrics, and a run
    stopped after its checkpoint and resumed ends with the same weights as an uninterrupted one (the CUDA RNG state
    is part of the checkpoint).
@@ -29,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.helpers: the engine tests' tiny model and batch
 
 from rlgrad.analysis.buckets import analyse_buckets  # noqa: E402
+from rlgrad.algos.objective import as_loss_fn  # noqa: E402
 from tests.helpers.batches import SETTINGS, make_batch, tiny_model_and_tokenizer  # noqa: E402
+from tests.helpers.per_row import per_row_gradients  # noqa: E402
 
 FAILED: list[str] = []
 DEVICE = "cuda"  # --device cpu: a dry run of the script itself on a machine without a GPU
@@ -90,6 +93,16 @@ def per_sample_checks() -> None:
     check(f"per-sample norms {DEVICE} == cpu", worst < 1e-3, f"max rel {worst:.2e}")
     check(f"noise metrics {DEVICE} == cpu", max_rel(gpu.metrics, cpu.metrics) < 1e-2,
           f"max rel {max_rel(gpu.metrics, cpu.metrics):.2e}")
+    # the ghost norms against one backward per row, both on the device, for every loss setting and term
+    model.to(DEVICE)
+    for index, settings in enumerate(SETTINGS):
+        rep = analyse_per_sample(model, batch.to(DEVICE), settings, num_buckets=3)
+        oracle = per_row_gradients(model, batch.to(DEVICE), as_loss_fn(settings))
+        worst = max(float((rep.norms[t].double().cpu() - g.norm(dim=1).cpu()).abs().max()
+                          / g.norm(dim=1).abs().max().clamp_min(1e-30)) for t, g in oracle.items())
+        check(f"per-sample settings[{index}] {DEVICE} == per-row autograd on {DEVICE}", worst < 1e-4,
+              f"max rel {worst:.2e}, terms {sorted(oracle)}")
+    model.to("cpu")
 
 
 def train_cmd(run_dir: Path, *extra: str) -> list[str]:
