@@ -271,7 +271,8 @@ def _entropy(v: View, t: Thresholds) -> Finding | None:
 @signature("clipfrac_saturated", "actor/pg_clipfrac",
            reads="logs (+ config)",
            fires="the recent clip fraction > {clipfrac_high:g}; names the cause the run supports: the update size, "
-                 "several optimizer steps per batch, or (one step a batch) old log-probs not the sampler's")
+                 "several optimizer steps per batch (with a narrow clip range), or (one step a batch) old log-probs "
+                 "not the sampler's")
 def _clipfrac_saturated(v: View, t: Thresholds) -> Finding | None:
     steps, c = v.series("actor/pg_clipfrac")
     _, b = first_last(c, t.window) if c else (0.0, 0.0)
@@ -301,6 +302,21 @@ def optimizer_steps_per_batch(v: View) -> int | None:
     return epochs
 
 
+NARROW_CLIP = 0.1  # a PPO clip range (either side) below this is narrow: verl's, TRL's and the PPO paper's is 0.2
+
+
+def clip_range(v: View) -> float | None:
+    """The narrower side of the PPO clip range the run sets (verl's clip_ratio_low/high, else its symmetric
+    clip_ratio; TRL's epsilon/epsilon_high), or None when the run does not say."""
+    sides = [v.cfg(*keys) for keys in (
+        ("actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_low", "actor.clip_ratio",
+         "actor_rollout_ref.actor.clip_ratio", "epsilon"),
+        ("actor.clip_ratio_high", "actor_rollout_ref.actor.clip_ratio_high", "actor.clip_ratio",
+         "actor_rollout_ref.actor.clip_ratio", "epsilon_high", "epsilon"))]
+    sides = [x for x in sides if isinstance(x, int | float) and not isinstance(x, bool)]
+    return min(sides) if sides else None
+
+
 def _clip_cause(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
     """Which cause of a saturated clip the run's metrics support: steps too large (the update size), several
     optimizer steps per batch, or, with one step per batch (the ratio starts at 1), old log-probs that are not
@@ -312,6 +328,13 @@ def _clip_cause(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
         return (f"The updates are too large ({fmt(size)} of the weights' norm, median; typical: 1e-4 to 1e-3).",
                 f"Lower the learning rate{f' (now {fmt(lr)})' if lr else ''} toward an actor/update_ratio of about "
                 "1e-3.", ev)
+    narrow = clip_range(v)
+    if per_batch is not None and per_batch > 1 and narrow is not None and narrow < NARROW_CLIP:
+        return (f"Each batch takes {per_batch} optimizer steps and the clip range is narrow (±{fmt(narrow)}; the "
+                "usual PPO/GRPO range is ±0.2): a few steps move most ratios past it.",
+                "Widen the clip range (actor.clip_ratio_low / clip_ratio_high toward 0.2), or take fewer optimizer "
+                "steps per batch (lower actor.ppo_epochs, or a larger ppo_mini_batch_size).",
+                ev + [f"clip range ±{fmt(narrow)} (the narrower side)"])
     if per_batch is not None and per_batch > 1:
         return (f"Each batch takes {per_batch} optimizer steps: the later ones start far from the sampling policy.",
                 "Take fewer optimizer steps per batch (lower actor.ppo_epochs, or a larger ppo_mini_batch_size), or "
