@@ -70,8 +70,11 @@ RUNS |= {
 # and the same run with the finding's advice applied (``*_followed``); tests/doctor/test_advice_followed.py.
 ADVICE = ["trainer.total_training_steps=20", "trainer.test_freq=5", "trainer.val_before_train=true"]
 KL_MSE = ["actor.use_kl_loss=true", "actor.kl_loss_coef=1.0", "actor.kl_loss_type=mse"]
-CLIP_NARROW = ["actor.clip_ratio_low=0.02", "actor.clip_ratio_high=0.02"]
-MANY_STEPS = ["actor.ppo_epochs=4", "actor.ppo_mini_batch_size=4"]
+CLIP_NARROW = ["actor.clip_ratio_low=0.01", "actor.clip_ratio_high=0.01"]
+MANY_STEPS = ["actor.ppo_epochs=8", "actor.ppo_mini_batch_size=4"]
+CLIP_RUN = ["model.warmstart_steps=200", "actor.optim.lr=3e-4",
+            f"reward.custom_reward_function.path={ROOT / 'bench' / 'lead_time_rewards.py'}",
+            "reward.custom_reward_function.name=noisy", "reward.weights={correctness: 0.9, format: 0.1}"]
 BREVITY = ["trainer.total_training_steps=30", "trainer.test_freq=5", "trainer.val_before_train=true",
            "analysis.every=4",
            f"reward.custom_reward_function.path={ROOT / 'bench' / 'lead_time_rewards.py'}",
@@ -91,14 +94,17 @@ RUNS |= {
     # entropy_collapse with its advice followed (the entropy penalty removed: entropy_coeff 0)
     "entropy_collapse_followed": (["model.warmstart_steps=200", "actor.entropy_coeff=0", "actor.optim.lr=5e-4"],
                                   None),
-    # a clip range 10x narrower than the preset's (0.02) under 16 optimizer steps a batch (4 epochs of 4
-    # mini-batches): most tokens hit the clip (clipfrac_saturated; at the preset's 0.2 the same 16 steps kept the
-    # clip fraction at or below 0.25 even at lr 1e-3) ...
-    "clip_narrow": ([*ADVICE, *CLIP_NARROW, *MANY_STEPS], "clipfrac_saturated"),
-    # ... with its advice followed, the clip range widened to the preset's
-    "clip_narrow_followed": ([*ADVICE, *MANY_STEPS], None),
+    # a clip range 20x narrower than the usual (±0.01) under 32 optimizer steps a batch (8 epochs of 4 mini-batches)
+    # at lr 3e-4, on the weakly warm-started model with a noisy verifier (every group has a signal): ~0.38 of the
+    # tokens clipped. That is near the demo's ceiling (the preset's ±0.2 with 16 steps a batch stayed at or below
+    # 0.25 even at lr 1e-3), under Thresholds.clipfrac_high (0.4): tests read it with that threshold at 0.3 ...
+    "clip_narrow": ([*ADVICE, *CLIP_RUN, *CLIP_NARROW, *MANY_STEPS], "clipfrac_saturated"),
+    # ... with its advice followed: the clip range widened to the usual ±0.2
+    "clip_narrow_followed": ([*ADVICE, *CLIP_RUN, *MANY_STEPS], None),
     # ... and with the other advice, one optimizer step a batch (the narrow clip kept)
-    "clip_narrow_one_step": ([*ADVICE, *CLIP_NARROW], None),
+    "clip_narrow_one_step": ([*ADVICE, *CLIP_RUN, *CLIP_NARROW], None),
+    # ... and with update_too_large's advice, which the doctor says to act on first: the learning rate ~17x lower
+    "clip_narrow_lr_lowered": ([*ADVICE, *CLIP_RUN, *CLIP_NARROW, *MANY_STEPS, "actor.optim.lr=1.8e-5"], None),
     # a reward for short bare integers that outpays correctness (bench/lead_time_rewards.py's brevity at its weight
     # 4): its component takes the update over against correctness, and validation does not rise in 30 steps ...
     "brevity_takeover": ([*BREVITY], "component_takes_over"),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rlgrad import rundata as D
 from rlgrad.doctor.command import SIGNATURES, diagnose
+from rlgrad.doctor.findings import Thresholds
 from rlgrad.doctor.selftest import prefix, prefixes
 from tests.doctor.test_doctor import fixture
 
@@ -178,6 +179,32 @@ def test_format_over_correct_read_live_lower_that_weight_and_correctness_rises()
     rise = {n: last(n, "reward/correctness/mean", 10) - statistics.fmean(list(series(
         n, "reward/correctness/mean").values())[:10]) for n in ("brevity_takeover", "brevity_takeover_followed")}
     assert rise["brevity_takeover"] < 0 and rise["brevity_takeover_followed"] > 0.1, rise
+
+
+CLIPPED = ("clip_narrow_followed", "clip_narrow_one_step", "clip_narrow_lr_lowered")
+
+
+def test_clipfrac_saturated_widen_the_clip_fewer_steps_or_a_lower_lr_and_fewer_tokens_clip():
+    """clip_narrow: a clip range of ±0.01 under 32 optimizer steps a batch (lr 3e-4, the weakly warm-started model,
+    a noisy verifier): 0.40 of the tokens clipped over the last 10 steps. That is about the most the demo's tiny,
+    nearly deterministic policy reaches (9 recipes tried: clip ±0.005-0.02, 16-64 steps a batch, lr 1e-4-1e-3;
+    at most 0.39 over 10 steps elsewhere), at Thresholds.clipfrac_high (0.4) itself, so the finding is read here
+    with the threshold at 0.3. It names the narrow range under several steps a batch, and the learning rate through update_too_large
+    (which it says to act on first). Each of the three, followed, cuts the clip fraction: ±0.2 → 0.21, one step a
+    batch → 0, lr / 17 → 0.18, and the finding is gone; the training reward holds (this model learns nothing from
+    a 40%-noisy verifier in 20 steps either way: 0.45 in all four)."""
+    strict = Thresholds(clipfrac_high=0.3)
+    f = next(f for f in diagnose(run("clip_narrow"), strict).findings if f.id == "clipfrac_saturated")
+    assert "32 optimizer steps and the clip range is narrow (±0.01" in f.explanation
+    assert "widen the clip range" in f.action and f.action.startswith("Act on update_too_large first")
+    assert "Lower the learning rate (now 0.0003) about 17-fold" in found("clip_narrow", "update_too_large").action
+    clip = {n: last(n, "actor/pg_clipfrac", 10) for n in ("clip_narrow", *CLIPPED)}
+    assert clip["clip_narrow"] > 0.38 and clip["clip_narrow_one_step"] == 0.0, clip
+    assert clip["clip_narrow_followed"] < 0.25 and clip["clip_narrow_lr_lowered"] < 0.25, clip
+    reward = last("clip_narrow", "critic/score/mean", 10)
+    for name in CLIPPED:
+        assert not any(f.id == "clipfrac_saturated" for f in diagnose(run(name), strict).findings)
+        assert last(name, "critic/score/mean", 10) > reward - 0.02, name
 
 
 def steps_to(name: str, target: float = 0.75) -> float:

@@ -318,23 +318,24 @@ def clip_range(v: View) -> float | None:
 
 
 def _clip_cause(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
-    """Which cause of a saturated clip the run's metrics support: steps too large (the update size), several
-    optimizer steps per batch, or, with one step per batch (the ratio starts at 1), old log-probs that are not
-    the sampling policy's. (why, what to do, evidence)."""
+    """Which cause of a saturated clip the run's metrics support: a narrow clip range under several optimizer
+    steps per batch, steps too large (the update size), several optimizer steps per batch, or, with one step per
+    batch (the ratio starts at 1), old log-probs that are not the sampling policy's. (why, what to do, evidence)."""
     size, lr, per_batch = update_size(v), config_lr(v), optimizer_steps_per_batch(v)
     ev = ([f"actor/update_ratio {fmt(size)} (median)"] if size is not None else []) + (
         [f"{per_batch} optimizer step(s) per batch"] if per_batch is not None else [])
-    if size is not None and size > t.update_high:
-        return (f"The updates are too large ({fmt(size)} of the weights' norm, median; typical: 1e-4 to 1e-3).",
-                f"Lower the learning rate{f' (now {fmt(lr)})' if lr else ''} toward an actor/update_ratio of about "
-                "1e-3.", ev)
     narrow = clip_range(v)
+    # a narrow range first: set on purpose or by mistake, it saturates whatever the step size
     if per_batch is not None and per_batch > 1 and narrow is not None and narrow < NARROW_CLIP:
         return (f"Each batch takes {per_batch} optimizer steps and the clip range is narrow (±{fmt(narrow)}; the "
                 "usual PPO/GRPO range is ±0.2): a few steps move most ratios past it.",
                 "Widen the clip range (actor.clip_ratio_low / clip_ratio_high toward 0.2), or take fewer optimizer "
                 "steps per batch (lower actor.ppo_epochs, or a larger ppo_mini_batch_size).",
                 ev + [f"clip range ±{fmt(narrow)} (the narrower side)"])
+    if size is not None and size > t.update_high:
+        return (f"The updates are too large ({fmt(size)} of the weights' norm, median; typical: 1e-4 to 1e-3).",
+                f"Lower the learning rate{f' (now {fmt(lr)})' if lr else ''} toward an actor/update_ratio of about "
+                "1e-3.", ev)
     if per_batch is not None and per_batch > 1:
         return (f"Each batch takes {per_batch} optimizer steps: the later ones start far from the sampling policy.",
                 "Take fewer optimizer steps per batch (lower actor.ppo_epochs, or a larger ppo_mini_batch_size), or "
