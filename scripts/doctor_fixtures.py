@@ -70,6 +70,8 @@ RUNS |= {
 # and the same run with the finding's advice applied (``*_followed``); tests/doctor/test_advice_followed.py.
 ADVICE = ["trainer.total_training_steps=20", "trainer.test_freq=5", "trainer.val_before_train=true"]
 KL_MSE = ["actor.use_kl_loss=true", "actor.kl_loss_coef=1.0", "actor.kl_loss_type=mse"]
+LENGTH_RUN = ["trainer.total_training_steps=40", "trainer.test_freq=10", "model.warmstart_steps=0",
+              "actor.optim.lr=1e-3", "reward.overlong_buffer.enable=true"]
 CLIP_NARROW = ["actor.clip_ratio_low=0.01", "actor.clip_ratio_high=0.01"]
 MANY_STEPS = ["actor.ppo_epochs=8", "actor.ppo_mini_batch_size=4"]
 CLIP_RUN = ["model.warmstart_steps=200", "actor.optim.lr=3e-4",
@@ -111,6 +113,11 @@ RUNS |= {
     # ... and with that weight lowered 10x where the reward function computes it (a custom reward function's score
     # is its own: reward.weights only splits it into components)
     "brevity_takeover_followed": ([*BREVITY, "reward.custom_reward_function.reward_kwargs={weight: 0.4}"], None),
+    # an overlong penalty whose buffer (7 tokens) covers all but the first token of the 8-token budget, on the model
+    # without its warm start (it writes ~7.7 tokens of noise), at lr 1e-3: responses shrink to ~1 token ...
+    "length_squeezed": ([*LENGTH_RUN, "reward.overlong_buffer.len=7"], "length_collapse"),
+    # (not kept: the same at rlgrad's default buffer, 4 of 8, collapsed alike, 1.16 tokens at step 40; with the
+    # penalty off it shrank slower, 2.7 at step 40, the format reward paying for short bare integers)
     # lr_too_high's responses run into the length limit (length_runaway) ... with an overlong penalty
     "length_runaway_followed": (["actor.optim.lr=3e-3", "actor.optim.lr_warmup_steps=0",
                                  "reward.overlong_buffer.enable=true"], None),

@@ -189,10 +189,10 @@ def test_clipfrac_saturated_widen_the_clip_fewer_steps_or_a_lower_lr_and_fewer_t
     a noisy verifier): 0.40 of the tokens clipped over the last 10 steps. That is about the most the demo's tiny,
     nearly deterministic policy reaches (9 recipes tried: clip ±0.005-0.02, 16-64 steps a batch, lr 1e-4-1e-3;
     at most 0.39 over 10 steps elsewhere), at Thresholds.clipfrac_high (0.4) itself, so the finding is read here
-    with the threshold at 0.3. It names the narrow range under several steps a batch, and the learning rate through update_too_large
-    (which it says to act on first). Each of the three, followed, cuts the clip fraction: ±0.2 → 0.21, one step a
-    batch → 0, lr / 17 → 0.18, and the finding is gone; the training reward holds (this model learns nothing from
-    a 40%-noisy verifier in 20 steps either way: 0.45 in all four)."""
+    with the threshold at 0.3. It names the narrow range under several steps a batch, and the learning rate
+    through update_too_large (which it says to act on first). Each of the three, followed, cuts the clip
+    fraction: ±0.2 → 0.21, one step a batch → 0, lr / 17 → 0.18, and the finding is gone; the training reward
+    holds (this model learns nothing from a 40%-noisy verifier in 20 steps either way: 0.45 in all four)."""
     strict = Thresholds(clipfrac_high=0.3)
     f = next(f for f in diagnose(run("clip_narrow"), strict).findings if f.id == "clipfrac_saturated")
     assert "32 optimizer steps and the clip range is narrow (±0.01" in f.explanation
@@ -205,6 +205,20 @@ def test_clipfrac_saturated_widen_the_clip_fewer_steps_or_a_lower_lr_and_fewer_t
     for name in CLIPPED:
         assert not any(f.id == "clipfrac_saturated" for f in diagnose(run(name), strict).findings)
         assert last(name, "critic/score/mean", 10) > reward - 0.02, name
+
+
+def test_length_collapse_names_the_overlong_penalty_whose_buffer_covers_the_budget():
+    """length_squeezed: an overlong penalty whose buffer (7 of the 8-token budget) penalises every response longer
+    than 1 token, on the model without its warm start at lr 1e-3: the responses shrink from ~7.7 tokens to ~1.1
+    by step 40. The finding's evidence says where the penalty starts. Its advice is not checked by a run: at the
+    default buffer (4 of 8) the same run collapsed alike (1.16 at step 40), and with the penalty off it still
+    shrank, slower (2.7 at step 40: the format reward pays for short bare integers), so the doctor names the
+    penalty as evidence and advises no buffer size."""
+    f = found("length_squeezed", "length_collapse")
+    assert "every response longer than 1 token(s) is penalised" in " ".join(f.evidence)
+    assert "the overlong penalty" in f.action and "buffer" not in f.action
+    lengths = series("length_squeezed", "response_length/mean")
+    assert lengths[1] > 7 and last("length_squeezed", "response_length/mean") < 1.5, lengths
 
 
 def steps_to(name: str, target: float = 0.75) -> float:

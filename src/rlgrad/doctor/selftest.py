@@ -33,6 +33,7 @@ FAULTS: dict[str, tuple[str, str]] = {
     "trl_too_easy": ("zero_variance_groups", "critical"), "wandb_kl_explodes.json": ("kl_blowup", "warn"),
     "kl_lr_high": ("kl_blowup", "critical"), "kl_coef_huge": ("regularizer_dominates", "warn"),
     "brevity_takeover": ("component_takes_over", "warn"), "batch_small": ("batch_below_noise_scale", "info"),
+    "length_squeezed": ("length_collapse", "warn"),
 }
 MATRIX = [*HEALTHY, *FAULTS]
 

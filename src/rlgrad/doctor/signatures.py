@@ -462,9 +462,24 @@ def _length_collapse(v: View, t: Thresholds) -> Finding | None:
             first = next(s for s, x in zip(steps, m) if x < 2 * t.length_drop * a)
             return Finding(
                 severity="warn", step=first, confidence=0.6, title="Responses collapse in length",
-                evidence=[f"{v.name('response_length/mean')} {fmt(a)} → {fmt(b)}"],
+                evidence=[f"{v.name('response_length/mean')} {fmt(a)} → {fmt(b)}"] + _overlong_penalty(v),
                 explanation="The policy learned to answer shorter and shorter, often because a length or format "
                             "reward pays for it, or because short answers avoid penalties.",
-                action="Check the reward weights (a length component) and what the model writes "
-                       "(rlgrad samples RUN).")
+                action="Check the reward weights (a length component, the overlong penalty) and what the model "
+                       "writes (rlgrad samples RUN).")
     return None
+
+
+def _overlong_penalty(v: View) -> list[str]:
+    """DAPO's overlong penalty, when the run has one: from which length it penalises (a buffer covering most of the
+    budget pays for shortness itself). Evidence only: on the recorded run (length_squeezed) the default buffer
+    did not stop the collapse, so the doctor does not advise a buffer size."""
+    on = v.cfg("reward.overlong_buffer.enable", "reward_model.overlong_buffer.enable",
+               "reward_model.reward_kwargs.overlong_buffer_cfg.enable")
+    buffer = v.cfg("reward.overlong_buffer.len", "reward_model.overlong_buffer.len",
+                   "reward_model.reward_kwargs.overlong_buffer_cfg.len")
+    limit = v.cfg("rollout.response_length", "data.max_response_length")
+    if on is not True or not isinstance(buffer, int) or not isinstance(limit, int):
+        return []
+    return [f"reward.overlong_buffer: len {buffer} of a {limit}-token limit, so every response longer than "
+            f"{max(limit - buffer, 0)} token(s) is penalised"]
