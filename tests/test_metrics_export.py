@@ -96,9 +96,11 @@ def test_units_name_catalogued_keys_and_their_ranges_hold(by_key):
     assert by_key["actor/pg_loss"]["unit"] is by_key["actor/pg_loss"]["range"] is None  # no fixed scale
 
 
-def test_the_run_directory_gets_the_same_document(tmp_path):
+def test_the_run_directory_gets_the_same_document(tmp_path, capsys):
     sink = metrics_sink(tmp_path / "run")
     assert sink.path == tmp_path / "run" / "metrics.jsonl"
+    assert cli.main(["metrics"]) == 0
+    assert (tmp_path / "run" / RUN_FILE).read_text() == capsys.readouterr().out  # what rlgrad metrics prints
     assert json.loads((tmp_path / "run" / RUN_FILE).read_text()) == catalogue()
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [RUN_FILE]  # no temporary file left
 

@@ -20,7 +20,7 @@ from typing import Any
 from rlgrad.errors import UserError
 from rlgrad.foreign_names import FOREIGN_NAMES, FOREIGN_NOTES
 from rlgrad.metrics import CATALOGUE, FIELD_MEANINGS, FIELDS, GROUPS, Metric, markdown, match, own_key
-from rlgrad.runfiles import atomic_write_json
+from rlgrad.runfiles import atomic_write_text
 
 FORMAT = "rlgrad.metrics_catalogue"
 FORMAT_VERSION = 1  # bump on any change a reader of an older version would misread (a field's meaning, removal)
@@ -185,9 +185,10 @@ def to_json(keys: list[str] | None = None) -> str:
 
 
 def write_run_catalogue(run_dir: str | os.PathLike) -> Path:
-    """``RUN/metrics_catalogue.json``, atomically, at every start of a run (a resume by a newer rlgrad rewrites it)."""
+    """``RUN/metrics_catalogue.json``, atomically, at every start of a run (a resume by a newer rlgrad rewrites it):
+    the bytes ``rlgrad metrics`` prints."""
     path = Path(run_dir) / RUN_FILE
-    atomic_write_json(path, catalogue())
+    atomic_write_text(path, to_json())
     return path
 
 
