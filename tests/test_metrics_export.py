@@ -37,6 +37,17 @@ def test_the_json_holds_every_template_once_with_a_regex_of_its_keys(capsys):
         assert set(entry["placeholders"]) <= set(doc["placeholders"]) and entry["data"] in doc["data"]
 
 
+def test_the_documented_rule_picks_a_concrete_keys_entry_from_the_json_alone(by_key):
+    # what a tool without rlgrad does: every regex that full-matches, then the rule docs/metrics.md states
+    def pick(concrete: str) -> str:
+        hits = [e for e in by_key.values() if re.fullmatch(e["regex"], concrete)]
+        return max(hits, key=lambda e: (len(re.sub(r"\{[a-z_]+\}", "", e["key"])), -len(e["placeholders"])))["key"]
+
+    keys = [key(m.template, **{f: SAMPLE[f] for f in m.fields}) for m in CATALOGUE]
+    keys += ["grad_norm/all/sample_count", "grad_norm/all/loss/entropy", "actor/grad_norm/entropy", "actor/grad_norm"]
+    assert all(pick(k) == match(k).template for k in keys)
+
+
 def test_training_accuracy_is_not_held_out_and_validation_is(by_key):
     # rldoctor 0.2.0 took rollout/accuracy (the step's training samples) for its held-out eval_score
     train, val = by_key["rollout/accuracy"], by_key["val/accuracy"]
@@ -62,7 +73,8 @@ def test_a_per_bucket_loss_entropy_is_not_the_policy_entropy(by_key):
         assert e["data"] == "analysis" and e["instrument"].startswith("analysis.") and e["names"] == {}, concrete
     bucket = by_key["grad_norm/{bucket}/loss/{loss}"]
     assert bucket["scope"] == ["per_bucket", "per_loss"] and "actor/entropy" in bucket["distinct_from"]
-    assert "actor/entropy" in by_key["actor/loss/{loss}"]["distinct_from"]
+    assert all("actor/entropy" in by_key[t]["distinct_from"] for t in (
+        "actor/loss/{loss}", "grad_norm_prefilter/{bucket}/loss/{loss}", "coherence/{bucket}/{term}"))
     # named as a concrete key, it gives its template's entry
     assert catalogue(["grad_norm/bucket_1/loss/entropy"])["metrics"] == [bucket]
 

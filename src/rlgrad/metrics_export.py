@@ -104,8 +104,11 @@ _CONFUSED: tuple[tuple[str, str, str], ...] = (
     ("rollout/score/mean", "critic/score/mean",
      "rollout/score/mean is before the rollout filter; critic/score/mean is over the kept batch"),
     ("grad_norm/{bucket}/loss/{loss}", "actor/entropy",
-     "loss=entropy is H over one reward-variance bucket's samples at analysis steps, not the policy entropy of "
-     "every step (actor/entropy)"),
+     "loss=entropy is H over one reward-variance bucket's samples (all: the analysed batch) at analysis steps only; "
+     "the policy entropy of every step is actor/entropy"),
+    ("grad_norm_prefilter/{bucket}/loss/{loss}", "actor/entropy",
+     "loss=entropy is H over one bucket of the batch before the rollout filter at analysis steps only; the policy "
+     "entropy of every step is actor/entropy"),
     ("actor/loss/{loss}", "actor/entropy",
      "actor/loss/entropy is the bucket analysis' whole-batch H at analysis steps; the policy entropy of every "
      "step is actor/entropy"),
@@ -207,8 +210,9 @@ def export_markdown() -> str:
         "`per_<placeholder>`), the `instrument` that writes it, `unit` and `range` where fixed (else null), "
         "`names` (other tools' names for it, `{source: {their name: rlgrad's key}}`, from the table above) and "
         "`distinct_from` (keys it is easily taken for, with why). `regex` matches the entry's concrete keys "
-        "(Python `re.fullmatch`); where two match, the entry with more literal characters wins "
-        "(`rlgrad.metrics.match`). The entry of `rollout/accuracy`, its meaning left out:", "",
+        "(Python `re.fullmatch`); where two match, the entry whose `key` has more characters outside its "
+        "placeholders wins, then the one with fewer placeholders (`rlgrad.metrics.match`). The entry of "
+        "`rollout/accuracy`, its meaning left out:", "",
         "```json", json.dumps(sample, indent=2, ensure_ascii=False), "```", "",
     ])
 
