@@ -283,8 +283,8 @@ def _clipfrac_saturated(v: View, t: Thresholds) -> Finding | None:
             severity="warn", step=first, confidence=0.7, title="The PPO clip is saturated",
             evidence=[f"{v.name('actor/pg_clipfrac')} {fmt(b)} over the last steps (healthy: roughly 0.1-0.4)"]
                      + cause_ev,
-            explanation="Most tokens hit the clip: the policy moved far from the one that sampled the batch during "
-                        "the update, so most tokens contribute no gradient. " + why,
+            explanation=f"{fmt(100 * b)}% of the tokens hit the clip: the policy moved far from the one that "
+                        "sampled the batch during the update, and a clipped token contributes no gradient. " + why,
             action=action)
     return None
 
@@ -328,7 +328,7 @@ def _clip_cause(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
     # a narrow range first: set on purpose or by mistake, it saturates whatever the step size
     if per_batch is not None and per_batch > 1 and narrow is not None and narrow < NARROW_CLIP:
         return (f"Each batch takes {per_batch} optimizer steps and the clip range is narrow (±{fmt(narrow)}; the "
-                "usual PPO/GRPO range is ±0.2): a few steps move most ratios past it.",
+                "usual PPO/GRPO range is ±0.2): a few steps move many ratios past it.",
                 "Widen the clip range (actor.clip_ratio_low / clip_ratio_high toward 0.2), or take fewer optimizer "
                 "steps per batch (lower actor.ppo_epochs, or a larger ppo_mini_batch_size).",
                 ev + [f"clip range ±{fmt(narrow)} (the narrower side)"])
