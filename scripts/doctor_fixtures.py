@@ -70,6 +70,8 @@ RUNS |= {
 # and the same run with the finding's advice applied (``*_followed``); tests/doctor/test_advice_followed.py.
 ADVICE = ["trainer.total_training_steps=20", "trainer.test_freq=5", "trainer.val_before_train=true"]
 KL_MSE = ["actor.use_kl_loss=true", "actor.kl_loss_coef=1.0", "actor.kl_loss_type=mse"]
+SENTINEL = [f"reward.custom_reward_function.path={ROOT / 'scripts' / 'doctor_fixture_rewards.py'}",
+            "reward.custom_reward_function.name=worst_sentinel", "reward.weights={correctness: 1.0}"]
 LENGTH_RUN = ["trainer.total_training_steps=40", "trainer.test_freq=10", "model.warmstart_steps=0",
               "actor.optim.lr=1e-3", "reward.overlong_buffer.enable=true"]
 CLIP_NARROW = ["actor.clip_ratio_low=0.01", "actor.clip_ratio_high=0.01"]
@@ -113,6 +115,12 @@ RUNS |= {
     # ... and with that weight lowered 10x where the reward function computes it (a custom reward function's score
     # is its own: reward.weights only splits it into components)
     "brevity_takeover_followed": ([*BREVITY, "reward.custom_reward_function.reward_kwargs={weight: 0.4}"], None),
+    # a reward function scoring an answer that is not a bare integer -sys.float_info.max (a "worst" sentinel):
+    # finite, but the batch's sums overflow, and the steps holding such an answer have a non-finite loss ...
+    "reward_overflow": ([*ADVICE, *SENTINEL], "nonfinite_steps"),
+    # ... and with that sentinel replaced by 0 (the reward function fixed, as the finding says)
+    "reward_overflow_followed": ([*ADVICE, *SENTINEL, "reward.custom_reward_function.reward_kwargs={worst: 0.0}"],
+                                 None),
     # an overlong penalty whose buffer (7 tokens) covers all but the first token of the 8-token budget, on the model
     # without its warm start (it writes ~7.7 tokens of noise), at lr 1e-3: responses shrink to ~1 token ...
     "length_squeezed": ([*LENGTH_RUN, "reward.overlong_buffer.len=7"], "length_collapse"),

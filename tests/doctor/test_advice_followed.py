@@ -221,6 +221,27 @@ def test_length_collapse_names_the_overlong_penalty_whose_buffer_covers_the_budg
     assert lengths[1] > 7 and last("length_squeezed", "response_length/mean") < 1.5, lengths
 
 
+def test_nonfinite_steps_a_reward_that_overflows_is_blamed_and_bounding_it_lets_the_run_learn():
+    """reward_overflow: a reward function scoring an answer that is not a bare integer -sys.float_info.max (finite,
+    so rlgrad takes it; NaN and inf it refuses). The batch's sum overflows on the 9 of 20 steps that hold such an
+    answer, and rlgrad skips their updates. The doctor sees the reward itself non-finite before any loss, blames the
+    reward function (not the learning rate) and says bound its scores; lr_too_small (the skipped steps' update
+    ratio is 0) is put down to it. With the sentinel at 0 no step is skipped, validation rises as the demo's does,
+    and the finding is gone. (Before, the neuron instrument's eigvalsh raised on that step's gradient and killed
+    the run: tests/analysis/test_neurons.py.)"""
+    f = found("reward_overflow", "nonfinite_steps")
+    assert f.title == "Non-finite reward" and "critic/score/mean" in f.evidence[0]
+    assert f.action.startswith("Bound the reward function's scores") and "learning rate" not in f.action
+    assert "The learning rate is not the cause" in f.explanation
+    assert found("reward_overflow", "lr_too_small").cause == "nonfinite_steps"
+    skipped = {n: sum(series(n, "actor/nonfinite_grad_steps").values())
+               for n in ("reward_overflow", "reward_overflow_followed")}
+    assert skipped == {"reward_overflow": 9, "reward_overflow_followed": 0}, skipped
+    fault, followed = series("reward_overflow", "val/accuracy"), series("reward_overflow_followed", "val/accuracy")
+    assert followed[20] > fault[20] + 0.2 and followed[20] > followed[0] + 0.3, (fault, followed)
+    assert found("reward_overflow_followed", "nonfinite_steps") is None
+
+
 def steps_to(name: str, target: float = 0.75) -> float:
     """The step where validation accuracy first reaches ``target``, interpolated between the validations around it
     (scripts/noise_sweep.py's S)."""

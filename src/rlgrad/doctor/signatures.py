@@ -39,15 +39,39 @@ def _nonfinite(v: View, t: Thresholds) -> Finding | None:
     if not bad and not skipped_at:
         return None
     first = min(list(bad) + skipped_at)
-    ev = [f"step {s}: {', '.join(sorted(set(k)))} non-finite" for s, k in sorted(bad.items())[:5]]
+    ev = [f"step {s}: {_some(sorted(set(k)))} non-finite" for s, k in sorted(bad.items())[:5]]
     ev += [f"step {s}: the update skipped a non-finite gradient" for s in skipped_at[:5]]
+    scores = sorted(s for s, keys in bad.items() if any(k.startswith(SCORE_KEYS) for k in keys))
+    if scores and scores[0] == first:  # the reward was not finite before any loss was: the reward function
+        return Finding(
+            severity="critical", step=first, confidence=1.0, title="Non-finite reward",
+            evidence=[f"step {first}: {_some([k for k in sorted(bad[first]) if k.startswith(SCORE_KEYS)])} "
+                      "non-finite: the reward"] + ev,
+            explanation=f"The batch's reward itself is not finite on {len(scores)} step(s), from step {first}, "
+                        "before any loss or gradient: a reward function returning values so large that their sum "
+                        "overflows (rlgrad refuses NaN and inf rewards, not huge finite ones, such as "
+                        "-sys.float_info.max as a \"worst\" score). The loss and gradient of those steps follow "
+                        "it; rlgrad skips such an update, other trainers may not. The learning rate is not the cause.",
+            action="Bound the reward function's scores (a worst answer should score like the other wrong ones, "
+                   "e.g. 0 or -1); resume from the last checkpoint before the first bad step.",
+            explains=SKIPPED_UPDATES)
     return Finding(
         severity="critical", step=first, confidence=1.0, title="Non-finite loss or gradient",
         evidence=ev,
         explanation="A NaN or inf reached the loss or the gradient. Once the weights take one, every later step is "
                     "garbage; rlgrad skips such an update, other trainers may not.",
         action="Lower the learning rate, keep gradient clipping on, check bf16 overflow (logits, ratios) and "
-               "the reward function for NaN; resume from the last checkpoint before the first bad step.")
+               "the reward function for NaN; resume from the last checkpoint before the first bad step.",
+        explains=SKIPPED_UPDATES if skipped_at else [])
+
+
+SKIPPED_UPDATES = ["lr_too_small", "reward_plateau"]  # a skipped update moves nothing: its update_ratio is 0
+SCORE_KEYS = ("critic/score/", "rollout/score/", "critic/rewards/")
+
+
+def _some(keys: list[str], n: int = 4) -> str:
+    """The first ``n`` of ``keys``, and how many more."""
+    return ", ".join(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
 
 
 @signature("grad_norm_spike", "actor/grad_norm", trend="actor/grad_norm", min_points=lambda t: t.window + 1,
