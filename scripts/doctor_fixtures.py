@@ -72,6 +72,8 @@ ADVICE = ["trainer.total_training_steps=20", "trainer.test_freq=5", "trainer.val
 KL_MSE = ["actor.use_kl_loss=true", "actor.kl_loss_coef=1.0", "actor.kl_loss_type=mse"]
 SENTINEL = [f"reward.custom_reward_function.path={ROOT / 'scripts' / 'doctor_fixture_rewards.py'}",
             "reward.custom_reward_function.name=worst_sentinel", "reward.weights={correctness: 1.0}"]
+JACKPOT = [f"reward.custom_reward_function.path={ROOT / 'scripts' / 'doctor_fixture_rewards.py'}",
+           "reward.custom_reward_function.name=jackpot", "reward.weights={correctness: 0.9, format: 0.1}"]
 LENGTH_RUN = ["trainer.total_training_steps=40", "trainer.test_freq=10", "model.warmstart_steps=0",
               "actor.optim.lr=1e-3", "reward.overlong_buffer.enable=true"]
 CLIP_NARROW = ["actor.clip_ratio_low=0.01", "actor.clip_ratio_high=0.01"]
@@ -121,6 +123,13 @@ RUNS |= {
     # ... and with that sentinel replaced by 0 (the reward function fixed, as the finding says)
     "reward_overflow_followed": ([*ADVICE, *SENTINEL, "reward.custom_reward_function.reward_kwargs={worst: 0.0}"],
                                  None),
+    # a verifier that now and then (0.3% of samples) returns a raw score of 1000, with gradient clipping off
+    # (max_grad_norm 1e6): gradient-norm spikes of 30-400x whose unclipped steps inflate AdamW's second moment ...
+    "jackpot_unclipped": ([*ADVICE, *JACKPOT, "actor.max_grad_norm=1e6"], "grad_norm_spike"),
+    "jackpot_unclipped_seed3": ([*ADVICE, *JACKPOT, "actor.max_grad_norm=1e6", "trainer.seed=3"], "grad_norm_spike"),
+    # ... and with grad_norm_spike's advice followed: max_grad_norm on (the preset's 1.0)
+    "jackpot_unclipped_followed": ([*ADVICE, *JACKPOT], None),
+    "jackpot_unclipped_seed3_followed": ([*ADVICE, *JACKPOT, "trainer.seed=3"], None),
     # an overlong penalty whose buffer (7 tokens) covers all but the first token of the 8-token budget, on the model
     # without its warm start (it writes ~7.7 tokens of noise), at lr 1e-3: responses shrink to ~1 token ...
     "length_squeezed": ([*LENGTH_RUN, "reward.overlong_buffer.len=7"], "length_collapse"),

@@ -35,6 +35,7 @@ FAULTS: dict[str, tuple[str, str]] = {
     "kl_lr_high": ("kl_blowup", "critical"), "kl_coef_huge": ("regularizer_dominates", "warn"),
     "brevity_takeover": ("component_takes_over", "warn"), "batch_small": ("batch_below_noise_scale", "info"),
     "length_squeezed": ("length_collapse", "warn"), "reward_overflow": ("nonfinite_steps", "critical"),
+    "jackpot_unclipped": ("grad_norm_spike", "warn"),
 }
 MATRIX = [*HEALTHY, *FAULTS]
 

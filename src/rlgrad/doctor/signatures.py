@@ -107,9 +107,19 @@ def _spike(v: View, t: Thresholds) -> Finding | None:
         title=f"Gradient-norm spike{'s' if len(spikes) > 1 else ''} ({len(spikes)})", evidence=ev,
         explanation="The gradient jumped an order of magnitude above its recent level: a few sequences with huge "
                     "ratios or advantages, or a numerical blow-up." + after,
-        action="Keep max_grad_norm on (it caps the step, not the logged norm); look at the step's samples "
-               "(rlgrad samples RUN --step N; with analysis.per_sample on that step, --by grad-norm ranks them by "
-               "their gradient); lower the learning rate if spikes repeat.")
+        action=_spike_clipping(v, max(g)) + "; look at the step's samples (rlgrad samples RUN --step N; with "
+               "analysis.per_sample on that step, --by grad-norm ranks them by their gradient); lower the learning "
+               "rate if spikes repeat.")
+
+
+def _spike_clipping(v: View, top: float) -> str:
+    """Gradient clipping as the run has it: a max_grad_norm above every logged norm clipped no step (a spike's
+    unclipped step also inflates Adam's second moment, which then shrinks the following updates)."""
+    clip = _max_grad_norm(v)
+    if clip is not None and clip >= top:
+        return (f"Turn gradient clipping on: max_grad_norm is {fmt(clip)}, above every logged norm, so no step was "
+                "clipped (1.0 is verl's and rlgrad's default; it caps the step, not the logged norm)")
+    return "Keep max_grad_norm on (it caps the step, not the logged norm)"
 
 
 def _max_grad_norm(v: View) -> float | None:
