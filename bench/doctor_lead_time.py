@@ -31,6 +31,9 @@ run:
   The lead of a detection is the ground truth's step minus the detection's: positive means before the fault shows.
 
 Writes ``OUT/lead_time.json`` (everything) and ``OUT/lead_time.md`` (the table docs/doctor.md shows).
+``--excerpt`` then writes the first ``EXCERPT_STEPS`` steps of ``noisy_reward`` and ``healthy_seed1`` (their
+scalar logs and rollout files, trimmed to what ``noisy_verifier`` reads) to ``tests/data/lead_time/``, which
+tests/doctor/test_verifier.py reads.
 """
 
 from __future__ import annotations
@@ -328,6 +331,29 @@ def evaluate(out: Path, names: list[str], exe: str | None) -> dict:
     return results
 
 
+EXCERPT = ("noisy_reward", "healthy_seed1")
+EXCERPT_STEPS = 3
+EXCERPT_KEYS = ("critic/score/", "reward/", "rollout/accuracy", "val/accuracy")
+EXCERPT_FIELDS = ("step", "index", "group_id", "prompt", "response", "components", "total")
+
+
+def excerpt(out: Path, dest: Path = ROOT / "tests" / "data" / "lead_time") -> None:
+    """The first ``EXCERPT_STEPS`` steps of the ``EXCERPT`` runs, small enough to keep in the repository."""
+    for name in EXCERPT:
+        src, to = out / name, dest / name
+        shutil.rmtree(to, ignore_errors=True)
+        (to / "rollouts").mkdir(parents=True)
+        shutil.copy(src / "config.yaml", to / "config.yaml")
+        rows = [json.loads(line) for line in (src / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        keep = [{"step": r["step"], "data": {k: x for k, x in r["data"].items() if k.startswith(EXCERPT_KEYS)}}
+                for r in rows if r["step"] <= EXCERPT_STEPS]
+        (to / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in keep))
+        for step in range(1, EXCERPT_STEPS + 1):
+            lines = (src / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()
+            trimmed = [{k: x for k, x in json.loads(line).items() if k in EXCERPT_FIELDS} for line in lines]
+            (to / "rollouts" / f"step_{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trimmed))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "lead_time")
@@ -336,6 +362,7 @@ def main() -> None:
     ap.add_argument("--rldoctor", default=shutil.which("rldoctor"),
                     help="rldoctor 0.2.0's CLI (in its own venv); none: rlgrad's doctor alone")
     ap.add_argument("--only", nargs="*", default=list(SUITE), choices=list(SUITE), metavar="RUN")
+    ap.add_argument("--excerpt", action="store_true", help="then write tests/data/lead_time/ (see above)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -352,6 +379,8 @@ def main() -> None:
     (a.out / "lead_time.md").write_text(md)
     print(md)
     print(f"total: {time.perf_counter() - t0:.0f} s wall; {a.out / 'lead_time.json'}")
+    if a.excerpt:
+        excerpt(a.out)
 
 
 if __name__ == "__main__":

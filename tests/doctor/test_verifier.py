@@ -15,7 +15,7 @@ from rlgrad.doctor.findings import Thresholds
 from rlgrad.doctor.verifier import flip_rate, identical_pairs
 
 
-def _noisy_run(tmp: Path, flip: float, steps: int = 6, groups: int = 8, n: int = 8, seed: int = 0) -> D.RunData:
+def _noisy_run(tmp: Path, flip: float, steps: int = 3, groups: int = 16, n: int = 16, seed: int = 0) -> D.RunData:
     """A run whose policy answers each prompt with one of two responses (the right one 70% of the time) and whose
     verifier flips each sample's correctness with probability ``flip``; its metrics as rlgrad logs them."""
     rng = random.Random(seed)
@@ -69,11 +69,28 @@ def test_a_deterministic_verifier_and_a_small_flip_rate_stay_quiet(tmp_path):
 def test_a_prefix_reads_only_the_rollouts_of_its_own_steps(tmp_path):
     """Live, the doctor after step 3 must not read the rollouts of later steps: here the verifier turns noisy at 4."""
     (tmp_path / "clean").mkdir(), (tmp_path / "noisy").mkdir()
-    run = _noisy_run(tmp_path / "clean", 0.0)
-    _noisy_run(tmp_path / "noisy", 0.4)
+    run = _noisy_run(tmp_path / "clean", 0.0, steps=6)
+    _noisy_run(tmp_path / "noisy", 0.4, steps=6)
     for s in (4, 5, 6):
         name = f"rollouts/step_{s}.jsonl"
         (tmp_path / "clean" / name).write_bytes((tmp_path / "noisy" / name).read_bytes())
     early = D.RunData(name="t", source="t", rows={s: m for s, m in run.rows.items() if s <= 3}, run_dir=run.run_dir)
     assert "noisy_verifier" not in {f.id for f in diagnose(early).findings}
     assert next(f for f in diagnose(run).findings if f.id == "noisy_verifier").step == 4
+
+
+BENCH = Path(__file__).resolve().parents[1] / "data" / "lead_time"  # bench/doctor_lead_time.py --excerpt
+
+
+def test_the_lead_time_bench_noisy_run_is_named_from_step_1_and_its_healthy_seed_is_not():
+    """The first 3 steps of bench/doctor_lead_time.py's noisy_reward (correctness flipped on 40% of samples) and of
+    its healthy seed 1, trained the same way: the flip rate read back is 0.4 within the pairs' noise."""
+    noisy = D.load_run(BENCH / "noisy_reward")
+    f = next(f for f in diagnose(noisy).findings if f.id == "noisy_verifier")
+    assert f.step == 1 and f.severity == "warn"
+    differ, pairs = (int(x) for x in f.evidence[0].split(" pairs")[0].split(" of "))
+    assert pairs > 500 and flip_rate(differ / pairs) == pytest.approx(0.4, abs=0.06), f.evidence
+    healthy = D.load_run(BENCH / "healthy_seed1")
+    assert "noisy_verifier" not in {f.id for f in diagnose(healthy).findings}
+    counts = [identical_pairs(D.rollout_samples(healthy, s), "correctness") for s in (1, 2, 3)]
+    assert sum(n for n, _ in counts) > 500 and sum(d for _, d in counts) == 0, counts

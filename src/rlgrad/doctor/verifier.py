@@ -18,6 +18,7 @@ import math
 from rlgrad import rundata as D
 from rlgrad.doctor.findings import Finding, Thresholds, View, fmt, signature, train_series
 from rlgrad.logging.reward_signal import correctness_component
+from rlgrad.logging.rollouts import read_rollouts, step_file
 
 
 def _verdict(sample: dict, correct: str | None) -> float | None:
@@ -66,22 +67,28 @@ def _scalar_evidence(v: View, correct: str | None, since: int) -> list[str]:
 
 @signature("noisy_verifier", "critic/score/mean",
            reads="logs + rollouts (rollouts/step_N.jsonl)",
-           fires="identical responses to one prompt (a group) given different rewards: over the last {window} steps' "
-                 "rollouts, at least {verifier_pairs} such pairs and a flip rate p > {verifier_flip:g} (from the "
-                 "share d of pairs that disagree, d = 2p(1 - p))")
+           fires="identical responses to one prompt (a group) given different rewards: over the last "
+                 "{verifier_steps} steps' rollouts, at least {verifier_pairs} such pairs and a flip rate p > "
+                 "{verifier_flip:g} (from the share d of pairs that disagree, d = 2p(1 - p))")
 def _noisy_verifier(v: View, t: Thresholds) -> Finding | None:
-    last = max(v.steps, default=0)
-    steps = [s for s in D.rollout_steps(v.run) if 1 <= s <= last][-t.window:]
-    if not steps:
+    where = D.rollout_dir(v.run)
+    if where is None:
+        return None
+    # the newest steps' files only (a diagnosis runs after every step, live; rlgrad writes one every step): a
+    # verifier's noise does not drift, and the files of steps after the view's last are never read
+    last = [s for s in v.steps if s >= 1][-t.verifier_steps:]
+    files = [(s, step_file(where, s)) for s in last if step_file(where, s).is_file()]
+    if not files:
         return None
     comps = {k.split("/")[1] for k in v.keys("reward/") if k.endswith("/mean") and k.count("/") == 2}
     correct = correctness_component(comps)
     pairs = differ = 0
     first = None
-    for s in steps:
-        p, d = identical_pairs(D.rollout_samples(v.run, s), correct)
+    for s, f in files:
+        p, d = identical_pairs(read_rollouts(f), correct)
         pairs, differ = pairs + p, differ + d
         first = s if first is None and d else first
+    steps = [s for s, _ in files]
     if pairs < t.verifier_pairs or not differ:
         return None
     p = flip_rate(differ / pairs)
