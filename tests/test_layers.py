@@ -16,7 +16,9 @@ LAYERS = [
     {"errors", "foreign_names"},  # the lowest: stdlib only (foreign_names: other trainers' metric names, data)
     {"config"},  # the settings, every list of allowed values, the instruments' step rule
     {"envs", "batch", "collectives", "metrics", "runfiles"},  # leaves: torch / numpy / stdlib (+ errors, config)
-    {"algos"},  # the RL math: aggregation, advantages, KL, log-probs, the clipped losses, the actor objective
+    # the RL math: aggregation, advantages, KL, log-probs, the clipped losses, the actor objective | the metric
+    # catalogue as JSON for other tools (metrics_catalogue.json: the sinks write it into each run directory)
+    {"algos", "metrics_export"},
     {"tasks", "logging", "models", "distributed"},  # data and rewards, sinks, models, processes
     {"hooks", "rundata"},  # the hook contract | the one reader of run files
     {"analysis", "rl", "doctor"},  # the instruments | the trainer | the doctor: independent of each other

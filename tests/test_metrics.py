@@ -10,6 +10,7 @@ import pytest
 
 from rlgrad import metrics as M
 from rlgrad.metrics import CATALOGUE, FIELDS, Metric, key, markdown, match, parse
+from rlgrad.metrics_export import docs_page, export_markdown
 from tests.conftest import REPO, tiny_overrides
 from tests.helpers.readme import pages_text
 
@@ -129,8 +130,8 @@ def test_the_announced_timing_keys_are_declared():
 # ----------------------------------------------------------------------------- docs
 def test_docs_metrics_md_is_the_generated_markdown():
     text = markdown()
-    assert (REPO / "docs" / "metrics.md").read_text() == text, \
-        "docs/metrics.md is stale: python -m rlgrad.metrics > docs/metrics.md"
+    assert (REPO / "docs" / "metrics.md").read_text() == docs_page() == text + export_markdown(), \
+        "docs/metrics.md is stale: rlgrad metrics --format markdown > docs/metrics.md"
     assert text.startswith("# Metrics\n")
     for m in CATALOGUE:
         assert f"| `{m.template}` |" in text
@@ -174,6 +175,10 @@ def test_every_key_of_a_full_instrument_run_is_declared(model_cache, tmp_path):
     assert {"timing_s/analysis/buckets", "timing_s/analysis/components", "timing_s/neuron/actor"} <= keys["grpo"]
     assert {"timing_s/neuron/critic", "timing_s/analysis/buckets"} <= keys["gae"]
     assert {"actor/neuron/dormant_ratio", "critic/neuron/dormant_ratio"} <= keys["gae"]
+    # each run directory describes its keys for other tools: every key it logged is an entry's regex
+    for run in (grpo, gae):
+        regexes = [e["regex"] for e in json.loads((run / "metrics_catalogue.json").read_text())["metrics"]]
+        assert all(any(re.fullmatch(rx, k) for rx in regexes) for k in keys[run.name])
 
 
 # ----------------------------------------------------------------------------- the README

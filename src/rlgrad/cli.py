@@ -231,6 +231,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor_command(args.run, args.wandb_path, args.json, args.explain, args.thresholds, args.fail_on)
 
 
+def cmd_metrics(args: argparse.Namespace) -> int:
+    """The metric catalogue: JSON for other tools (the same document as RUN/metrics_catalogue.json), or Markdown."""
+    from rlgrad.metrics_export import docs_page, to_json
+
+    if args.format == "markdown" and args.keys:
+        raise UserError(f"--format markdown prints the whole catalogue (docs/metrics.md); drop the keys "
+                        f"{' '.join(args.keys)} or use --format json")
+    print(to_json(args.keys) if args.format == "json" else docs_page(), end="")
+    return 0
+
+
 def _steps_text(steps: list[int]) -> str:
     """1, 2, 3, 5, 7, 8, 9 -> '1-3, 5, 7-9'."""
     out, k = [], 0
@@ -510,9 +521,19 @@ def _export_parser(sub) -> None:
     p.set_defaults(func=cmd_export)
 
 
+def _metrics_parser(sub) -> None:
+    p = sub.add_parser("metrics", help="every metric key rlgrad logs, with its meaning, as JSON for other tools "
+                                       "(what it is measured on, unit, other tools' names); --format markdown: "
+                                       "docs/metrics.md")
+    p.add_argument("keys", nargs="*", metavar="KEY",
+                   help="only the entries of these keys (concrete, e.g. grad_norm/bucket_1/task, or templates)")
+    p.add_argument("--format", default="json", choices=("json", "markdown"), help="output format (default: json)")
+    p.set_defaults(func=cmd_metrics)
+
+
 # In the order `rlgrad --help` lists the commands.
 _COMMAND_PARSERS = (_train_parser, _presets_parser, _probe_parser, _plot_parser, _plot_steps_parser,
-                    _report_parser, _doctor_parser, _samples_parser, _export_parser)
+                    _report_parser, _doctor_parser, _samples_parser, _export_parser, _metrics_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

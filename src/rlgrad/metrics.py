@@ -8,8 +8,10 @@ match the regexes of :data:`FIELDS`. Code that writes a key builds it with the l
 
 so that one search for the template finds both its meaning here and the lines that write it; the
 reverse, from a concrete key to its entry, is :func:`match`, and :func:`parse` reads the field values
-back out of a key (e.g. the bucket names of a run). ``docs/metrics.md`` is :func:`markdown`'s output:
-regenerate it with ``python -m rlgrad.metrics > docs/metrics.md`` after changing the catalogue.
+back out of a key (e.g. the bucket names of a run). ``docs/metrics.md`` is :func:`markdown`'s output (``python -m
+rlgrad.metrics`` prints it) followed by the section on the JSON export (``rlgrad.metrics_export``, which writes the
+catalogue for other tools): regenerate it with ``rlgrad metrics --format markdown > docs/metrics.md`` after changing
+the catalogue.
 
 This module imports only the standard library, so anything may import it.
 """
@@ -618,7 +620,7 @@ def markdown() -> str:
         "",
         "Every key rlgrad logs (`RUN/metrics.jsonl`, TensorBoard, W&B), as a template with its meaning. "
         "A `{field}` is a placeholder for the values in the first table. This file is generated from "
-        "`rlgrad.metrics.CATALOGUE` (`python -m rlgrad.metrics > docs/metrics.md`): edit the catalogue, "
+        "`rlgrad.metrics.CATALOGUE` (`rlgrad metrics --format markdown > docs/metrics.md`): edit the catalogue, "
         "not this file. Search for a template (e.g. `grad_norm/{bucket}/{term}`) to find the code that "
         "writes it; `rlgrad.metrics.match(key)` gives the entry of a concrete key.",
         "",

@@ -7,6 +7,7 @@ Layout::
     RUN/config_changes.jsonl             {"step": N, "changes": {key: [old, new]}} per resume that changed one
     RUN/.lock                            held (flock) by the process writing the run
     RUN/metrics.jsonl                    {"step": N, "data": {...}} per step (step 0: validation before training)
+    RUN/metrics_catalogue.json           what each key of metrics.jsonl means, for other tools (rlgrad metrics)
     RUN/global_step_N/actor/             Hugging Face model + tokenizer (safetensors)
     RUN/global_step_N/trainer_state.pt   optimizer, scheduler, RNG and loop state
     RUN/latest_checkpointed_iteration.txt
@@ -114,7 +115,7 @@ def checkpoint_dirs(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 RUN_FILES = ("config.yaml", "config_changes.jsonl", "metrics.jsonl", "metrics.discarded.jsonl",
-             "reward_components.jsonl", "latest_checkpointed_iteration.txt", ".lock")
+             "metrics_catalogue.json", "reward_components.jsonl", "latest_checkpointed_iteration.txt", ".lock")
 
 
 def check_output(out: str | os.PathLike, run_dir: str | os.PathLike) -> Path:

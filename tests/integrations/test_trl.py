@@ -203,6 +203,7 @@ def test_training_is_bitwise_unchanged_and_run_files(setup, tmp_path):
     for r in rows:
         steps.setdefault(r["step"], {}).update(r["data"])
     assert sorted(steps) == [1, 2]
+    assert json.loads((run / "metrics_catalogue.json").read_text())["format"] == "rlgrad.metrics_catalogue"
     for s in (1, 2):
         assert {"grad_norm/all/task", "grad_norm/bucket_1/kl", "grad_comp/shorter/norm", "grad_sim/shorter__digits",
                 "actor/neuron/dormant_ratio", "critic/score/mean", "actor/grad_norm", "grad_norm_sample/all/task",

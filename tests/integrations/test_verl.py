@@ -193,6 +193,7 @@ def test_training_unchanged_metrics_and_run_files(model_dir, tmp_path):
     assert {"grad_norm/all/task", "grad_norm/bucket_1/kl", "actor/neuron/dormant_ratio", "actor/pg_loss"} <= set(m)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+    assert json.loads((run / "metrics_catalogue.json").read_text())["format"] == "rlgrad.metrics_catalogue"
     for r in rows:
         assert {"grad_norm/all/task", "grad_norm/all/entropy", "actor/neuron/dormant_ratio", "actor/pg_loss",
                 "actor/grad_norm", "critic/score/mean"} <= set(r["data"])

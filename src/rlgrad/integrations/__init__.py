@@ -18,7 +18,7 @@ import torch
 from rlgrad.config.load import load_config
 from rlgrad.config.schema import RLGradConfig, flat_settings
 from rlgrad.errors import UserError
-from rlgrad.logging.sinks import JsonlSink
+from rlgrad.logging.sinks import JsonlSink, metrics_sink
 from rlgrad.runfiles import read_jsonl, truncate_jsonl_after
 
 TABLES = "tables.jsonl"  # the hooks' tables (HookResult.tables), one JSON line per table and step
@@ -45,7 +45,7 @@ def open_metrics(run_dir: Path, resumed_step: int, new_dir: str, also: tuple[Pat
     for f in (path, *also):
         if f.exists():
             truncate_jsonl_after(f, resumed_step)
-    return JsonlSink(path)
+    return metrics_sink(run_dir)
 
 
 

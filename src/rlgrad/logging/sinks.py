@@ -18,6 +18,7 @@ import torch
 
 from rlgrad.errors import UserError
 from rlgrad.metrics import key
+from rlgrad.metrics_export import write_run_catalogue
 
 
 def _clean(v: Any) -> Any:
@@ -204,10 +205,18 @@ class ConsoleSink:
             self.bar.close()
 
 
+def metrics_sink(run_dir: Path) -> JsonlSink:
+    """``RUN/metrics.jsonl``, with what its keys mean for other tools next to it: ``RUN/metrics_catalogue.json``
+    (``rlgrad metrics``' JSON), rewritten at every start, so that a resume by a newer rlgrad describes its keys."""
+    sink = JsonlSink(run_dir / "metrics.jsonl")
+    write_run_catalogue(run_dir)
+    return sink
+
+
 def open_sinks(trainer, run_dir: Path, step: int, config: dict) -> list:
     """The sinks ``trainer.logger`` names for a run directory (metrics.jsonl always), opened at ``step``;
     ``trainer``: the run's ``trainer`` settings, ``config``: the whole config as a dict (for W&B)."""
-    sinks: list = [JsonlSink(run_dir / "metrics.jsonl")]
+    sinks: list = [metrics_sink(run_dir)]
     if "console" in trainer.logger:
         sinks.append(ConsoleSink(trainer.total_training_steps, initial=step, run_dir=run_dir))
     if "tensorboard" in trainer.logger:
