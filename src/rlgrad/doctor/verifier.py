@@ -93,15 +93,19 @@ def _noisy_verifier(v: View, t: Thresholds) -> Finding | None:
     steps = [s for s, _ in files]
     if pairs < t.verifier_pairs or not differ:
         return None
-    p = flip_rate(differ / pairs)
+    share = differ / pairs
+    p = flip_rate(share)
     if p <= t.verifier_flip:
         return None
+    spread = 2 * math.sqrt(share * (1 - share) / pairs)  # two binomial standard errors of the share (near p = 1/2
+    low, high = flip_rate(max(0.0, share - spread)), flip_rate(share + spread)  # the point estimate saturates)
     what = f"'{v.label(correct)}'" if correct else "the reward"
     return Finding(
         severity="warn", step=first, confidence=min(0.9, 0.5 + pairs / 500),
         title=f"The verifier is noisy: identical responses get different {what} values",
         evidence=[f"{differ} of {pairs} pairs of identical responses to one prompt got different {what} values "
-                  f"(steps {steps[0]}-{steps[-1]}): a flip rate of about {fmt(p)} per sample"]
+                  f"(steps {steps[0]}-{steps[-1]}): a flip rate of about {fmt(p)} per sample "
+                  f"({fmt(low)}-{fmt(high)} within two standard errors)"]
                  + _scalar_evidence(v, correct, steps[0]),
         explanation=f"A verifier that judges the same answer differently errs at random: about {fmt(100 * p)}% of "
                     f"the verdicts are flipped, so the reward is p + (1 - 2p) × accuracy and the advantage of a right "
