@@ -17,16 +17,23 @@ run:
   ``metrics.jsonl`` rows (verl's file-logger layout ``{"step", "data"}``, which its JSONL reader documents) after a
   leading ``{"config": ...}`` line holding the run's config.yaml (its documented convention). The first step any
   detector says WARNING or CRITICAL.
-- The ground truth (``truth``): the first step at which validation or the reward shows the fault, the earliest of
-  (a) validation: ``val/accuracy``'s gain over its value before training falls ``MARGIN`` below the mean gain of the
-  3 healthy seeds at the same step, at two validations in a row (the first of them);
-  (b) reward: the same on the sampled answers' accuracy (``rollout/accuracy``, the task's own verdict, whatever
-  the training reward pays), as a mean over 3 steps, against its step-1 value;
-  (c) no signal: the first step whose training reward is the same for every sample (``critic/score/max`` =
+- The ground truth (``truth``): the first step at which validation shows the fault, the earliest of
+  (a) validation: ``val/accuracy``'s gain over its value before training falls below the *smallest* gain of the
+  healthy seeds at the same step (a fault is judged against the 3 seeds, a healthy seed against the other two) by
+  more than ``margin``, at two validations in a row (the first of them); ``margin`` is twice the standard deviation
+  of a difference of two accuracies over ``data.val_size`` prompts, 2·sqrt(2·0.25/n) (0.125 at the demo's 128: two
+  validations of the same policy on different prompts differ by that much by chance 5% of the time), so the rule
+  is outside both the seeds' spread and the validation set's own noise;
+  (b) no signal: the first step whose training reward is the same for every sample (``critic/score/max`` =
   ``critic/score/min``: every group has zero variance).
+  The sampled answers' accuracy (``rollout/accuracy``) is not a clause: it is a 128-sample mean whose step-to-step
+  noise (±0.15 on the healthy seeds) flagged healthy seed 1 at step 4 under a 0.10 margin.
   The lead of a detection is the ground truth's step minus the detection's: positive means before the fault shows.
 
 Writes ``OUT/lead_time.json`` (everything) and ``OUT/lead_time.md`` (the table docs/doctor.md shows).
+``--excerpt`` then writes the first ``EXCERPT_STEPS`` steps of ``noisy_reward`` and ``healthy_seed1`` (their
+scalar logs and rollout files, trimmed to what ``noisy_verifier`` reads) to ``tests/data/lead_time/``, which
+tests/doctor/test_verifier.py reads.
 """
 
 from __future__ import annotations
@@ -34,9 +41,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,7 +63,6 @@ from rlgrad.foreign_names import RLDOCTOR_NAMES  # noqa: E402
 REWARDS = ROOT / "bench" / "lead_time_rewards.py"
 BASE = ["--config-name", "demo", "trainer.test_freq=2", "trainer.val_before_train=true", "analysis.every=2",
         "trainer.save_freq=-1", "trainer.logger=[jsonl]", "trainer.num_threads=1"]
-MARGIN = 0.10  # accuracy points behind the healthy seeds that count as the fault showing
 GRADIENT_READS = ("buckets", "components", "layers", "neurons", "per-sample")
 DETECTS = ("warn", "critical")
 RLDOCTOR_DETECTS = ("WARNING", "CRITICAL")
@@ -88,7 +94,7 @@ SUITE = {
     "too_easy": Case(reward_fn("always_right", "{}"), "zero-variance groups, too easy (every answer paid 1)"),
     "too_hard": Case(["model.warmstart_steps=0"], "zero-variance groups, too hard (no warm start: never right)"),
     "length_runaway": Case(reward_fn("longer", "{correctness: 0.9, format: 0.1, length: 1.0}"),
-                           "length runaway (0.15 reward per character)"),
+                           "length runaway (0.5 reward per character: a cut response outpays a right one)"),
     "noisy_reward": Case(reward_fn("noisy", "{correctness: 0.9, format: 0.1}"),
                          "noisy reward (correctness flipped on 40% of samples)"),
     "std_norm_binary": Case(["algorithm.norm_adv_by_std_in_grpo=true",
@@ -193,39 +199,40 @@ def rldoctor_firsts(run_dir: Path, exe: str, spelled: bool = False) -> dict[str,
 # ---------------------------------------------------------------- ground truth
 
 
-def gains(run: D.RunData, key: str, smooth: int) -> dict[int, float]:
-    """step -> ``key``'s rise over its first logged value (a trailing mean of ``smooth`` values)."""
+def gains(run: D.RunData, key: str) -> dict[int, float]:
+    """step -> ``key``'s rise over its first logged value."""
     steps, vals = D.series(run, key)
-    if not vals:
-        return {}
-    out = {}
-    for i, s in enumerate(steps):
-        window = vals[max(0, i - smooth + 1):i + 1]
-        out[s] = statistics.fmean(window) - vals[0]
-    return out
+    return {s: x - vals[0] for s, x in zip(steps, vals)}
 
 
-def lag_step(gain: dict[int, float], ref: dict[int, float]) -> int | None:
-    """The first step of two in a row (of the steps both have) at which ``gain`` is ``MARGIN`` below ``ref``."""
+def val_margin(run: D.RunData) -> float:
+    """Twice the std of a difference of two accuracies near 0.5 over ``data.val_size`` prompts (module docstring)."""
+    n = D.config_get(run, "data.val_size") or 128
+    return 2 * math.sqrt(2 * 0.25 / int(n))
+
+
+def lag_step(gain: dict[int, float], ref: dict[int, float], margin: float) -> int | None:
+    """The first step of two in a row (of the steps both have) at which ``gain`` is more than ``margin`` below
+    ``ref``."""
     common = sorted(s for s in gain if s in ref and s >= 1)
-    behind = [gain[s] <= ref[s] - MARGIN for s in common]
+    behind = [gain[s] < ref[s] - margin for s in common]
     for i, s in enumerate(common):
         if behind[i] and (i + 1 == len(common) or behind[i + 1]):
             return s
     return None
 
 
-def mean_of(curves: list[dict[int, float]]) -> dict[int, float]:
+def lowest_of(curves: list[dict[int, float]]) -> dict[int, float]:
+    """step -> the smallest of the curves' values, at the steps all of them have."""
     common = set.intersection(*(set(c) for c in curves)) if curves else set()
-    return {s: statistics.fmean(c[s] for c in curves) for s in common}
+    return {s: min(c[s] for c in curves) for s in common}
 
 
-def truth(run: D.RunData, ref_val: dict[int, float], ref_reward: dict[int, float]) -> dict:
+def truth(run: D.RunData, ref_val: dict[int, float]) -> dict:
     """The ground truth's step and the rule that gave it (module docstring), or step None."""
     steps, top = D.series(run, "critic/score/max")
     low = dict(zip(*D.series(run, "critic/score/min")))
-    rules = {"validation": lag_step(gains(run, "val/accuracy", 1), ref_val),
-             "reward": lag_step(gains(run, "rollout/accuracy", 3), ref_reward),
+    rules = {"validation": lag_step(gains(run, "val/accuracy"), ref_val, val_margin(run)),
              "no signal": next((s for s, x in zip(steps, top) if s >= 1 and x - low.get(s, x - 1) < 1e-9), None)}
     shown = {k: s for k, s in rules.items() if s is not None}
     if not shown:
@@ -318,11 +325,33 @@ def evaluate(out: Path, names: list[str], exe: str | None) -> dict:
     results = {}
     for n in names:
         refs = [runs[h] for h in healthy if h != n]  # a healthy seed is judged against the other seeds
-        ref_val = mean_of([gains(h, "val/accuracy", 1) for h in refs])
-        ref_reward = mean_of([gains(h, "rollout/accuracy", 3) for h in refs])
-        results[n] = {"what": SUITE[n].what, "steps": max(runs[n].rows), "truth": truth(runs[n], ref_val, ref_reward),
+        ref_val = lowest_of([gains(h, "val/accuracy") for h in refs])
+        results[n] = {"what": SUITE[n].what, "steps": max(runs[n].rows), "truth": truth(runs[n], ref_val),
                       "trained_s": float((out / n / "done").read_text()), **detect(n, out, exe)}
     return results
+
+
+EXCERPT = ("noisy_reward", "healthy_seed1")
+EXCERPT_STEPS = 3
+EXCERPT_KEYS = ("critic/score/", "reward/", "rollout/accuracy", "val/accuracy")
+EXCERPT_FIELDS = ("step", "index", "group_id", "prompt", "response", "components", "total")
+
+
+def excerpt(out: Path, dest: Path = ROOT / "tests" / "data" / "lead_time") -> None:
+    """The first ``EXCERPT_STEPS`` steps of the ``EXCERPT`` runs, small enough to keep in the repository."""
+    for name in EXCERPT:
+        src, to = out / name, dest / name
+        shutil.rmtree(to, ignore_errors=True)
+        (to / "rollouts").mkdir(parents=True)
+        shutil.copy(src / "config.yaml", to / "config.yaml")
+        rows = [json.loads(line) for line in (src / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        keep = [{"step": r["step"], "data": {k: x for k, x in r["data"].items() if k.startswith(EXCERPT_KEYS)}}
+                for r in rows if r["step"] <= EXCERPT_STEPS]
+        (to / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in keep))
+        for step in range(1, EXCERPT_STEPS + 1):
+            lines = (src / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()
+            trimmed = [{k: x for k, x in json.loads(line).items() if k in EXCERPT_FIELDS} for line in lines]
+            (to / "rollouts" / f"step_{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trimmed))
 
 
 def main() -> None:
@@ -333,6 +362,7 @@ def main() -> None:
     ap.add_argument("--rldoctor", default=shutil.which("rldoctor"),
                     help="rldoctor 0.2.0's CLI (in its own venv); none: rlgrad's doctor alone")
     ap.add_argument("--only", nargs="*", default=list(SUITE), choices=list(SUITE), metavar="RUN")
+    ap.add_argument("--excerpt", action="store_true", help="then write tests/data/lead_time/ (see above)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -349,6 +379,8 @@ def main() -> None:
     (a.out / "lead_time.md").write_text(md)
     print(md)
     print(f"total: {time.perf_counter() - t0:.0f} s wall; {a.out / 'lead_time.json'}")
+    if a.excerpt:
+        excerpt(a.out)
 
 
 if __name__ == "__main__":

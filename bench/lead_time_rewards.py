@@ -5,7 +5,8 @@ the stripped response is the integer answer, format 1 when it is a bare integer)
 
 - ``noisy``: correctness flipped on a fraction ``flip`` of the samples (a verifier that errs at random);
 - ``always_right``: 1 for every response (a verifier that passes everything: every group agrees, "too easy");
-- ``longer``: correctness and format plus a bonus for length (a length reward the policy games);
+- ``longer``: correctness and format plus a bonus for length that outpays being right (a length reward the policy
+  games: at 0.5 a character, a response cut at the demo's 8-token limit earns about 4, a right 2-digit answer 2);
 - ``brevity``: correctness plus a heavy bonus for short bare integers, which pays more than being right.
 
 None returns an ``acc`` field, so rlgrad's ``rollout/accuracy`` and ``val/accuracy`` stay the task's own verdict
@@ -43,7 +44,9 @@ def always_right(data_source, solution_str, ground_truth, extra_info=None) -> fl
     return 1.0
 
 
-def longer(data_source, solution_str, ground_truth, extra_info=None, per_char: float = 0.15) -> dict:
+def longer(data_source, solution_str, ground_truth, extra_info=None, per_char: float = 0.5) -> dict:
+    # at 0.15 a character (the first version) a cut response (8 characters: 1.2) earned less than a right answer
+    # (1 + 0.3): that reward pays correctness first, and the run learned like a healthy one
     correct, fmt = _parts(solution_str, ground_truth)
     length = per_char * len(solution_str)
     return {"score": _task_score(correct, fmt) + length, "correctness": correct, "format": fmt, "length": length}

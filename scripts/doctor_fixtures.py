@@ -5,7 +5,8 @@
     .venv/bin/python scripts/doctor_fixtures.py --sweep runs/noise_sweep batch_small  # copy from a trained sweep
 
 Each is a short rlgrad run of the demo (GRPO on the embedded default model) with one thing wrong; only its
-small files are kept (metrics.jsonl, config.yaml, the analysis JSON/CSV files), not checkpoints or rollouts.
+small files are kept (metrics.jsonl, config.yaml, the analysis JSON/CSV files), not checkpoints or rollouts (but
+the last 3 rollout files of the runs whose finding reads them).
 The runs of issue 37 use its cadence (validation every 2 steps, the instruments every 4: ``ISSUE37``) and stop
 once their fault has shown. The runs train with this interpreter's rlgrad (``python -m rlgrad``).
 """
@@ -22,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "doctor"
 BASE = ["--config-name", "demo", "trainer.total_training_steps=30", "trainer.test_freq=10", "trainer.save_freq=-1",
         "analysis.every=10", "trainer.logger=[jsonl]", "trainer.num_threads=2"]
+NOISY = [f"reward.custom_reward_function.path={ROOT / 'bench' / 'lead_time_rewards.py'}",
+         "reward.custom_reward_function.name=noisy", "reward.weights={correctness: 0.9, format: 0.1}"]
 # name -> (the fault's overrides, the finding tests/doctor/test_doctor.py expects)
 RUNS = {
     "healthy": ([], None),
@@ -141,8 +144,13 @@ RUNS |= {
     # ... whose neurons go dormant (dormant_growing, under update_too_large): the same with the learning rate lowered
     "dormant_followed": (["actor.optim.lr=1e-4", "actor.optim.lr_warmup_steps=0",
                           "reward.overlong_buffer.enable=true"], None),
+    # a verifier that flips the correctness verdict on 40% of the samples (bench/lead_time_rewards.py's ``noisy``) ...
+    "noisy_verifier": ([*NOISY, "reward.custom_reward_function.reward_kwargs={flip: 0.4}"], "noisy_verifier"),
+    # ... and the same verifier made deterministic, as noisy_verifier advises
+    "noisy_verifier_followed": ([*NOISY, "reward.custom_reward_function.reward_kwargs={flip: 0.0}"], None),
 }
 KEEP = ("layers.json", "neurons.json", "components.json", "group_rv_table.csv")
+KEEP_ROLLOUTS = 3  # the last rollout files of the runs whose finding reads them (noisy_verifier)
 
 
 def make(name: str) -> None:
@@ -164,6 +172,10 @@ def make(name: str) -> None:
                 if (step_dir / f).exists():
                     (dest / "analysis" / step_dir.name).mkdir(parents=True, exist_ok=True)
                     shutil.copy(step_dir / f, dest / "analysis" / step_dir.name / f)
+        if name.startswith("noisy_verifier"):
+            for f in sorted((run / "rollouts").glob("step_*.jsonl"), key=lambda f: int(f.stem[5:]))[-KEEP_ROLLOUTS:]:
+                (dest / "rollouts").mkdir(exist_ok=True)
+                shutil.copy(f, dest / "rollouts" / f.name)
         print(f"{name}: {dest}")
 
 

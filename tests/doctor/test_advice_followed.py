@@ -297,3 +297,18 @@ def test_the_docs_table_names_every_finding_and_only_tests_that_exist():
         source = (Path(__file__).parent / f"{module}.py").read_text()
         assert f"def {test}(" in source, (module, test)
     assert all("test_" in why or why.startswith(("not ", "informational", "its advice")) for why in rows.values())
+
+
+def test_noisy_verifier_a_deterministic_verifier_lets_the_run_learn():
+    """noisy_verifier: the arithmetic verifier flips its verdict on 40% of the samples (bench/lead_time_rewards.py's
+    ``noisy``, reward_kwargs flip 0.4). Identical answers get different rewards and the doctor says make the reward
+    deterministic; with it deterministic (flip 0, the same run otherwise) the finding is gone and validation rises
+    further and sooner."""
+    f = found("noisy_verifier", "noisy_verifier")
+    assert f.severity == "warn" and f.action.startswith("Make the reward deterministic")
+    low, high = (float(x) for x in f.evidence[0].split("(")[-1].split(" within")[0].split("-"))
+    assert low <= 0.4 <= high, f.evidence  # the flip rate the run was given
+    assert found("noisy_verifier_followed", "noisy_verifier") is None
+    fault, followed = series("noisy_verifier", "val/accuracy"), series("noisy_verifier_followed", "val/accuracy")
+    assert fault[0] == followed[0] and followed[20] > fault[20] + 0.2 and followed[30] > fault[30] + 0.05, (
+        fault, followed)

@@ -62,6 +62,10 @@ class Thresholds:
     layer_top2: float = 0.8  # update_concentrated: the two largest layer groups hold this share of the squared norm
     dormant_rise: float = 0.05  # dormant_growing: the dormant ratio rising by this much ...
     dormant_high: float = 0.1  # ... to at least this
+    # noisy_verifier: identical responses to one prompt given different rewards (a deterministic reward: never)
+    verifier_steps: int = 3  # ... read off the rollout files of the last this many steps ...
+    verifier_pairs: int = 20  # ... holding at least this many pairs of identical responses ...
+    verifier_flip: float = 0.05  # ... and a per-sample flip rate above this (the advantage shrinks by 1 - 2p)
     # McCandlish et al. 2018: steps S = S_min (1 + B_simple/N), samples E = E_min (1 + N/B_simple); at N = B_simple / 10
     # a 10x larger batch still cuts the steps ~5.5x, at N = 10 B_simple the samples are 11x the least
     noise_below: float = 10.0  # batch_below_noise_scale: the analysed batch (samples) below B_simple / this
