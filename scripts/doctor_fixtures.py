@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/doctor_fixtures.py [NAME ...]     # all of them by default, a minute or two each
     .venv/bin/python scripts/doctor_fixtures.py --threads 1 NAME  # on a shared machine: one torch thread
+    .venv/bin/python scripts/doctor_fixtures.py --sweep runs/noise_sweep batch_small  # copy from a trained sweep
 
 Each is a short rlgrad run of the demo (GRPO on the embedded default model) with one thing wrong; only its
 small files are kept (metrics.jsonl, config.yaml, the analysis JSON/CSV files), not checkpoints or rollouts (but
@@ -72,6 +73,21 @@ RUNS |= {
 # and the same run with the finding's advice applied (``*_followed``); tests/doctor/test_advice_followed.py.
 ADVICE = ["trainer.total_training_steps=20", "trainer.test_freq=5", "trainer.val_before_train=true"]
 KL_MSE = ["actor.use_kl_loss=true", "actor.kl_loss_coef=1.0", "actor.kl_loss_type=mse"]
+SENTINEL = [f"reward.custom_reward_function.path={ROOT / 'scripts' / 'doctor_fixture_rewards.py'}",
+            "reward.custom_reward_function.name=worst_sentinel", "reward.weights={correctness: 1.0}"]
+JACKPOT = [f"reward.custom_reward_function.path={ROOT / 'scripts' / 'doctor_fixture_rewards.py'}",
+           "reward.custom_reward_function.name=jackpot", "reward.weights={correctness: 0.9, format: 0.1}"]
+LENGTH_RUN = ["trainer.total_training_steps=40", "trainer.test_freq=10", "model.warmstart_steps=0",
+              "actor.optim.lr=1e-3", "reward.overlong_buffer.enable=true"]
+CLIP_NARROW = ["actor.clip_ratio_low=0.01", "actor.clip_ratio_high=0.01"]
+MANY_STEPS = ["actor.ppo_epochs=8", "actor.ppo_mini_batch_size=4"]
+CLIP_RUN = ["model.warmstart_steps=200", "actor.optim.lr=3e-4",
+            f"reward.custom_reward_function.path={ROOT / 'bench' / 'lead_time_rewards.py'}",
+            "reward.custom_reward_function.name=noisy", "reward.weights={correctness: 0.9, format: 0.1}"]
+BREVITY = ["trainer.total_training_steps=30", "trainer.test_freq=5", "trainer.val_before_train=true",
+           "analysis.every=4",
+           f"reward.custom_reward_function.path={ROOT / 'bench' / 'lead_time_rewards.py'}",
+           "reward.custom_reward_function.name=brevity", "reward.weights={correctness: 1.0, brevity: 1.0}"]
 RUNS |= {
     # a KL loss at the learning rate 30x the preset's: the KL runs away (kl_blowup) ...
     "kl_lr_high": ([*ADVICE, *KL_MSE, "actor.optim.lr=3e-3"], "kl_blowup"),
@@ -87,8 +103,41 @@ RUNS |= {
     # entropy_collapse with its advice followed (the entropy penalty removed: entropy_coeff 0)
     "entropy_collapse_followed": (["model.warmstart_steps=200", "actor.entropy_coeff=0", "actor.optim.lr=5e-4"],
                                   None),
-    # (clipfrac_saturated is not induced: 16 optimizer steps a batch, 4 epochs of 4 mini-batches, kept the demo's
-    # actor/pg_clipfrac at or below 0.25 at lr 1e-3, which destroyed the policy, and 0.16 at lr 3e-4; docs/doctor.md)
+    # a clip range 20x narrower than the usual (±0.01) under 32 optimizer steps a batch (8 epochs of 4 mini-batches)
+    # at lr 3e-4, on the weakly warm-started model with a noisy verifier (every group has a signal): ~0.38 of the
+    # tokens clipped. That is near the demo's ceiling (the preset's ±0.2 with 16 steps a batch stayed at or below
+    # 0.25 even at lr 1e-3), under Thresholds.clipfrac_high (0.4): tests read it with that threshold at 0.3 ...
+    "clip_narrow": ([*ADVICE, *CLIP_RUN, *CLIP_NARROW, *MANY_STEPS], "clipfrac_saturated"),
+    # ... with its advice followed: the clip range widened to the usual ±0.2
+    "clip_narrow_followed": ([*ADVICE, *CLIP_RUN, *MANY_STEPS], None),
+    # ... and with the other advice, one optimizer step a batch (the narrow clip kept)
+    "clip_narrow_one_step": ([*ADVICE, *CLIP_RUN, *CLIP_NARROW], None),
+    # ... and with update_too_large's advice, which the doctor says to act on first: the learning rate ~17x lower
+    "clip_narrow_lr_lowered": ([*ADVICE, *CLIP_RUN, *CLIP_NARROW, *MANY_STEPS, "actor.optim.lr=1.8e-5"], None),
+    # a reward for short bare integers that outpays correctness (bench/lead_time_rewards.py's brevity at its weight
+    # 4): its component takes the update over against correctness, and validation does not rise in 30 steps ...
+    "brevity_takeover": ([*BREVITY], "component_takes_over"),
+    # ... and with that weight lowered 10x where the reward function computes it (a custom reward function's score
+    # is its own: reward.weights only splits it into components)
+    "brevity_takeover_followed": ([*BREVITY, "reward.custom_reward_function.reward_kwargs={weight: 0.4}"], None),
+    # a reward function scoring an answer that is not a bare integer -sys.float_info.max (a "worst" sentinel):
+    # finite, but the batch's sums overflow, and the steps holding such an answer have a non-finite loss ...
+    "reward_overflow": ([*ADVICE, *SENTINEL], "nonfinite_steps"),
+    # ... and with that sentinel replaced by 0 (the reward function fixed, as the finding says)
+    "reward_overflow_followed": ([*ADVICE, *SENTINEL, "reward.custom_reward_function.reward_kwargs={worst: 0.0}"],
+                                 None),
+    # a verifier that now and then (0.3% of samples) returns a raw score of 1000, with gradient clipping off
+    # (max_grad_norm 1e6): gradient-norm spikes of 30-400x whose unclipped steps inflate AdamW's second moment ...
+    "jackpot_unclipped": ([*ADVICE, *JACKPOT, "actor.max_grad_norm=1e6"], "grad_norm_spike"),
+    "jackpot_unclipped_seed3": ([*ADVICE, *JACKPOT, "actor.max_grad_norm=1e6", "trainer.seed=3"], "grad_norm_spike"),
+    # ... and with grad_norm_spike's advice followed: max_grad_norm on (the preset's 1.0)
+    "jackpot_unclipped_followed": ([*ADVICE, *JACKPOT], None),
+    "jackpot_unclipped_seed3_followed": ([*ADVICE, *JACKPOT, "trainer.seed=3"], None),
+    # an overlong penalty whose buffer (7 tokens) covers all but the first token of the 8-token budget, on the model
+    # without its warm start (it writes ~7.7 tokens of noise), at lr 1e-3: responses shrink to ~1 token ...
+    "length_squeezed": ([*LENGTH_RUN, "reward.overlong_buffer.len=7"], "length_collapse"),
+    # (not kept: the same at rlgrad's default buffer, 4 of 8, collapsed alike, 1.16 tokens at step 40; with the
+    # penalty off it shrank slower, 2.7 at step 40, the format reward paying for short bare integers)
     # lr_too_high's responses run into the length limit (length_runaway) ... with an overlong penalty
     "length_runaway_followed": (["actor.optim.lr=3e-3", "actor.optim.lr_warmup_steps=0",
                                  "reward.overlong_buffer.enable=true"], None),
@@ -192,11 +241,44 @@ def make_wandb(name: str = "wandb_kl_explodes.json", source: str = "kl_explodes"
     print(f"{name}: {OUT / name}")
 
 
+# Issue 32's sweep (scripts/noise_sweep.py, docs/noise_scale.md) at lr 1e-3, K = 8: name -> (B prompts, seed). N = 64
+# (seed 1) fires batch_below_noise_scale; N = 256 is its advice followed (the batch grown toward B_simple, the
+# learning rate kept). Validation every 1-2 steps on 128 prompts, the per-sample analysis at steps 1, 11, 21.
+SWEEP_RUNS = {"batch_small": (8, 1), "batch_small_seed2": (8, 2),
+              "batch_small_followed": (32, 1), "batch_small_followed_seed2": (32, 2)}
+
+
+def make_sweep(name: str, source: Path | None = None) -> None:
+    """Train one run of scripts/noise_sweep.py (``run --lr 1e-3``: it stops at validation 0.85 or once collapsed)
+    and keep its metrics.jsonl and config.yaml; ``--sweep DIR``: copy that run from a sweep already trained in DIR
+    (runs/noise_sweep of issue 32) instead of training it again."""
+    prompts, seed = SWEEP_RUNS[name]
+    run_name = f"B{prompts}_K8_s{seed}_lr0.001"
+    with tempfile.TemporaryDirectory(prefix=f"rlgrad-doctor-{name}-") as tmp:
+        if source is None:
+            source = Path(tmp)
+            cmd = [sys.executable, str(ROOT / "scripts" / "noise_sweep.py"), "run", "--out", tmp, "--lr", "1e-3",
+                   "--seeds", str(seed), "--only", f"B{prompts}_K8_", "--samples", str(prompts * 8)]
+            subprocess.run(cmd, check=True)
+        dest = OUT / name
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        for f in ("metrics.jsonl", "config.yaml"):
+            shutil.copy(source / run_name / f, dest / f)
+    print(f"{name}: {dest}")
+
+
 THREADS = None  # --threads N: torch threads of each run (BASE's 2 otherwise)
 
 if __name__ == "__main__":
     names = sys.argv[1:]
     if names[:1] == ["--threads"]:
         THREADS, names = int(names[1]), names[2:]
-    for n in names or [*RUNS, *TRL_RUNS, "wandb"]:
-        make_trl(n) if n.startswith("trl") else make_wandb() if n == "wandb" else make(n)
+    sweep = None
+    if names[:1] == ["--sweep"]:
+        sweep, names = Path(names[1]), names[2:]
+    for n in names or [*RUNS, *TRL_RUNS, *SWEEP_RUNS, "wandb"]:
+        if n in SWEEP_RUNS:
+            make_sweep(n, sweep)
+        else:
+            make_trl(n) if n.startswith("trl") else make_wandb() if n == "wandb" else make(n)

@@ -2,6 +2,7 @@
 
 import copy
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -245,6 +246,18 @@ def test_nullspace_counts_duplicates_and_gram_equals_plain_autograd(tok):
     # distinct sequences: no null direction
     assert measure(model, make_batch(len(tok), n=6), NeuronHealthConfig(), role="actor", seed=0, step=1,
                    loss_fn=fn).nullspace_ratio == 0.0
+
+
+def test_nullspace_ratio_of_a_non_finite_gram_is_nan_not_a_crash():
+    """A step whose gradient is not finite (a reward whose sum overflows: tests/doctor's reward_overflow) gave
+    eigvalsh a non-finite matrix, which raised LinAlgError and killed the run before the trainer could skip the
+    update. Such a step has no spectrum: NaN, and the doctor's nonfinite_steps reads it."""
+    K = torch.eye(3, dtype=torch.float64)
+    assert nullspace_ratio(K) == 0.0
+    K[0, 1] = K[1, 0] = float("inf")
+    assert math.isnan(nullspace_ratio(K))
+    K[0, 1] = K[1, 0] = float("nan")
+    assert math.isnan(nullspace_ratio(K))
 
 
 def test_engine_per_row_path_equals_reference(tok):

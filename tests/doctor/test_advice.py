@@ -230,6 +230,14 @@ def test_a_saturated_clip_names_the_cause_the_run_supports():
     one = finding(clipfrac_run(5e-4, {"ppo_epochs": 1}), "clipfrac_saturated")
     assert "old log-probs are probably not the sampling policy's" in one.explanation
     assert one.action.startswith("Check where old_log_probs come from")
+    narrow = finding(clipfrac_run(5e-4, {"ppo_epochs": 4, "ppo_mini_batch_size": 4, "clip_ratio_low": 0.02,
+                                         "clip_ratio_high": 0.28}), "clipfrac_saturated")
+    assert "the clip range is narrow (±0.02" in narrow.explanation and narrow.action.startswith("Widen the clip range")
+    # verl's symmetric actor.clip_ratio; a narrow range under one step a batch is not the cause (the ratio starts at 1)
+    verl = finding(clipfrac_run(5e-4, {"ppo_epochs": 2, "clip_ratio": 0.05}), "clipfrac_saturated")
+    assert verl.action.startswith("Widen the clip range")
+    one_narrow = finding(clipfrac_run(5e-4, {"ppo_epochs": 1, "clip_ratio_low": 0.02}), "clipfrac_saturated")
+    assert one_narrow.action.startswith("Check where old_log_probs come from")
 
 
 def silent_correctness(run: D.RunData, steps) -> D.RunData:

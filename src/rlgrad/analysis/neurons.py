@@ -114,7 +114,10 @@ def sample_rows(n: int, k: int, seed: int) -> torch.Tensor:
 
 
 def nullspace_ratio(K: torch.Tensor) -> float:
-    """#{λ_k < NULL_EPS² · λ_max} / B of K normalised to unit diagonal (zero rows stay zero: null directions)."""
+    """#{λ_k < NULL_EPS² · λ_max} / B of K normalised to unit diagonal (zero rows stay zero: null directions); NaN
+    when K is not finite (a non-finite gradient, whose update the trainer skips: no spectrum to read)."""
+    if not bool(torch.isfinite(K).all()):
+        return math.nan
     d = K.diagonal()
     inv = torch.where(d > 0, d.clamp_min(1e-300).rsqrt(), torch.zeros_like(d))
     lam = torch.linalg.eigvalsh(inv[:, None] * K * inv[None, :])

@@ -4,6 +4,7 @@ term gradient norms, reward-component geometry, layers, neurons) and say *why* t
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from rlgrad import rundata as D
 from rlgrad.doctor.findings import Finding, Thresholds, View, correctness_silent, fmt, signature, update_size
@@ -121,7 +122,15 @@ def _regularizer(v: View, t: Thresholds) -> Finding | None:
 
 def shrink_weight(v: View, component: str, label: str) -> str:
     """"Make this component's pull smaller", right for its weight's sign: a negative weight (a penalty) is brought
-    toward 0, since "lower" would make it pull harder."""
+    toward 0, since "lower" would make it pull harder. Under a custom reward function the score is the function's
+    own (reward.weights only splits it into components, the rest going to ``rest``), so the weight to lower is the
+    one inside the function."""
+    fn = v.cfg("reward.custom_reward_function.path")
+    if isinstance(fn, str) and fn:
+        name = v.cfg("reward.custom_reward_function.name") or "compute_score"
+        return (f"Lower the weight of '{label}' where your reward function ({name} in {Path(fn).name}, "
+                "reward.custom_reward_function) computes its score: reward.weights only splits that score into "
+                "components and would not change the reward")
     w = v.cfg(f"reward.weights.{component}")
     if isinstance(w, int | float) and not isinstance(w, bool) and w < 0:
         return f"Bring the weight of '{label}' toward 0 (reward.weights.{component}, now {w:g}: a penalty)"

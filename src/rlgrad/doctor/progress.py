@@ -24,6 +24,7 @@ from rlgrad.doctor.findings import (
     train_series,
     update_size,
 )
+from rlgrad.doctor.gradient import shrink_weight
 from rlgrad.logging.reward_signal import MIN_STEPS, correctness_component, reward_problems
 
 
@@ -464,7 +465,7 @@ def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
                           f"{v.name(f'reward/{correct}/mean')} {fmt(ca)} → {fmt(cb)}"],
                 explanation=f"The policy optimises the easy '{o}' reward instead of the task: the weighted total "
                             "rises, accuracy does not.",
-                action=f"Lower the weight of '{o}' (reward.weights) or make it conditional on correctness; "
+                action=f"{shrink_weight(v, other, o)}, or make it conditional on correctness; "
                        "rlgrad's reward-component analysis shows each component's share of the update.")
     return None
 

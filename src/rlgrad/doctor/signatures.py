@@ -39,15 +39,39 @@ def _nonfinite(v: View, t: Thresholds) -> Finding | None:
     if not bad and not skipped_at:
         return None
     first = min(list(bad) + skipped_at)
-    ev = [f"step {s}: {', '.join(sorted(set(k)))} non-finite" for s, k in sorted(bad.items())[:5]]
+    ev = [f"step {s}: {_some(sorted(set(k)))} non-finite" for s, k in sorted(bad.items())[:5]]
     ev += [f"step {s}: the update skipped a non-finite gradient" for s in skipped_at[:5]]
+    scores = sorted(s for s, keys in bad.items() if any(k.startswith(SCORE_KEYS) for k in keys))
+    if scores and scores[0] == first:  # the reward was not finite before any loss was: the reward function
+        return Finding(
+            severity="critical", step=first, confidence=1.0, title="Non-finite reward",
+            evidence=[f"step {first}: {_some([k for k in sorted(bad[first]) if k.startswith(SCORE_KEYS)])} "
+                      "non-finite: the reward"] + ev,
+            explanation=f"The batch's reward itself is not finite on {len(scores)} step(s), from step {first}, "
+                        "before any loss or gradient: a reward function returning values so large that their sum "
+                        "overflows (rlgrad refuses NaN and inf rewards, not huge finite ones, such as "
+                        "-sys.float_info.max as a \"worst\" score). The loss and gradient of those steps follow "
+                        "it; rlgrad skips such an update, other trainers may not. The learning rate is not the cause.",
+            action="Bound the reward function's scores (a worst answer should score like the other wrong ones, "
+                   "e.g. 0 or -1); resume from the last checkpoint before the first bad step.",
+            explains=SKIPPED_UPDATES)
     return Finding(
         severity="critical", step=first, confidence=1.0, title="Non-finite loss or gradient",
         evidence=ev,
         explanation="A NaN or inf reached the loss or the gradient. Once the weights take one, every later step is "
                     "garbage; rlgrad skips such an update, other trainers may not.",
         action="Lower the learning rate, keep gradient clipping on, check bf16 overflow (logits, ratios) and "
-               "the reward function for NaN; resume from the last checkpoint before the first bad step.")
+               "the reward function for NaN; resume from the last checkpoint before the first bad step.",
+        explains=SKIPPED_UPDATES if skipped_at else [])
+
+
+SKIPPED_UPDATES = ["lr_too_small", "reward_plateau"]  # a skipped update moves nothing: its update_ratio is 0
+SCORE_KEYS = ("critic/score/", "rollout/score/", "critic/rewards/")
+
+
+def _some(keys: list[str], n: int = 4) -> str:
+    """The first ``n`` of ``keys``, and how many more."""
+    return ", ".join(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
 
 
 @signature("grad_norm_spike", "actor/grad_norm", trend="actor/grad_norm", min_points=lambda t: t.window + 1,
@@ -83,9 +107,19 @@ def _spike(v: View, t: Thresholds) -> Finding | None:
         title=f"Gradient-norm spike{'s' if len(spikes) > 1 else ''} ({len(spikes)})", evidence=ev,
         explanation="The gradient jumped an order of magnitude above its recent level: a few sequences with huge "
                     "ratios or advantages, or a numerical blow-up." + after,
-        action="Keep max_grad_norm on (it caps the step, not the logged norm); look at the step's samples "
-               "(rlgrad samples RUN --step N; with analysis.per_sample on that step, --by grad-norm ranks them by "
-               "their gradient); lower the learning rate if spikes repeat.")
+        action=_spike_clipping(v, max(g)) + "; look at the step's samples (rlgrad samples RUN --step N; with "
+               "analysis.per_sample on that step, --by grad-norm ranks them by their gradient); lower the learning "
+               "rate if spikes repeat.")
+
+
+def _spike_clipping(v: View, top: float) -> str:
+    """Gradient clipping as the run has it: a max_grad_norm above every logged norm clipped no step (a spike's
+    unclipped step also inflates Adam's second moment, which then shrinks the following updates)."""
+    clip = _max_grad_norm(v)
+    if clip is not None and clip >= top:
+        return (f"Turn gradient clipping on: max_grad_norm is {fmt(clip)}, above every logged norm, so no step was "
+                "clipped (1.0 is verl's and rlgrad's default; it caps the step, not the logged norm)")
+    return "Keep max_grad_norm on (it caps the step, not the logged norm)"
 
 
 def _max_grad_norm(v: View) -> float | None:
@@ -271,7 +305,8 @@ def _entropy(v: View, t: Thresholds) -> Finding | None:
 @signature("clipfrac_saturated", "actor/pg_clipfrac",
            reads="logs (+ config)",
            fires="the recent clip fraction > {clipfrac_high:g}; names the cause the run supports: the update size, "
-                 "several optimizer steps per batch, or (one step a batch) old log-probs not the sampler's")
+                 "several optimizer steps per batch (with a narrow clip range), or (one step a batch) old log-probs "
+                 "not the sampler's")
 def _clipfrac_saturated(v: View, t: Thresholds) -> Finding | None:
     steps, c = v.series("actor/pg_clipfrac")
     _, b = first_last(c, t.window) if c else (0.0, 0.0)
@@ -282,8 +317,8 @@ def _clipfrac_saturated(v: View, t: Thresholds) -> Finding | None:
             severity="warn", step=first, confidence=0.7, title="The PPO clip is saturated",
             evidence=[f"{v.name('actor/pg_clipfrac')} {fmt(b)} over the last steps (healthy: roughly 0.1-0.4)"]
                      + cause_ev,
-            explanation="Most tokens hit the clip: the policy moved far from the one that sampled the batch during "
-                        "the update, so most tokens contribute no gradient. " + why,
+            explanation=f"{fmt(100 * b)}% of the tokens hit the clip: the policy moved far from the one that "
+                        "sampled the batch during the update, and a clipped token contributes no gradient. " + why,
             action=action)
     return None
 
@@ -301,13 +336,36 @@ def optimizer_steps_per_batch(v: View) -> int | None:
     return epochs
 
 
+NARROW_CLIP = 0.1  # a PPO clip range (either side) below this is narrow: verl's, TRL's and the PPO paper's is 0.2
+
+
+def clip_range(v: View) -> float | None:
+    """The narrower side of the PPO clip range the run sets (verl's clip_ratio_low/high, else its symmetric
+    clip_ratio; TRL's epsilon/epsilon_high), or None when the run does not say."""
+    sides = [v.cfg(*keys) for keys in (
+        ("actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_low", "actor.clip_ratio",
+         "actor_rollout_ref.actor.clip_ratio", "epsilon"),
+        ("actor.clip_ratio_high", "actor_rollout_ref.actor.clip_ratio_high", "actor.clip_ratio",
+         "actor_rollout_ref.actor.clip_ratio", "epsilon_high", "epsilon"))]
+    sides = [x for x in sides if isinstance(x, int | float) and not isinstance(x, bool)]
+    return min(sides) if sides else None
+
+
 def _clip_cause(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
-    """Which cause of a saturated clip the run's metrics support: steps too large (the update size), several
-    optimizer steps per batch, or, with one step per batch (the ratio starts at 1), old log-probs that are not
-    the sampling policy's. (why, what to do, evidence)."""
+    """Which cause of a saturated clip the run's metrics support: a narrow clip range under several optimizer
+    steps per batch, steps too large (the update size), several optimizer steps per batch, or, with one step per
+    batch (the ratio starts at 1), old log-probs that are not the sampling policy's. (why, what to do, evidence)."""
     size, lr, per_batch = update_size(v), config_lr(v), optimizer_steps_per_batch(v)
     ev = ([f"actor/update_ratio {fmt(size)} (median)"] if size is not None else []) + (
         [f"{per_batch} optimizer step(s) per batch"] if per_batch is not None else [])
+    narrow = clip_range(v)
+    # a narrow range first: set on purpose or by mistake, it saturates whatever the step size
+    if per_batch is not None and per_batch > 1 and narrow is not None and narrow < NARROW_CLIP:
+        return (f"Each batch takes {per_batch} optimizer steps and the clip range is narrow (±{fmt(narrow)}; the "
+                "usual PPO/GRPO range is ±0.2): a few steps move many ratios past it.",
+                "Widen the clip range (actor.clip_ratio_low / clip_ratio_high toward 0.2), or take fewer optimizer "
+                "steps per batch (lower actor.ppo_epochs, or a larger ppo_mini_batch_size).",
+                ev + [f"clip range ±{fmt(narrow)} (the narrower side)"])
     if size is not None and size > t.update_high:
         return (f"The updates are too large ({fmt(size)} of the weights' norm, median; typical: 1e-4 to 1e-3).",
                 f"Lower the learning rate{f' (now {fmt(lr)})' if lr else ''} toward an actor/update_ratio of about "
@@ -438,9 +496,24 @@ def _length_collapse(v: View, t: Thresholds) -> Finding | None:
             first = next(s for s, x in zip(steps, m) if x < 2 * t.length_drop * a)
             return Finding(
                 severity="warn", step=first, confidence=0.6, title="Responses collapse in length",
-                evidence=[f"{v.name('response_length/mean')} {fmt(a)} → {fmt(b)}"],
+                evidence=[f"{v.name('response_length/mean')} {fmt(a)} → {fmt(b)}"] + _overlong_penalty(v),
                 explanation="The policy learned to answer shorter and shorter, often because a length or format "
                             "reward pays for it, or because short answers avoid penalties.",
-                action="Check the reward weights (a length component) and what the model writes "
-                       "(rlgrad samples RUN).")
+                action="Check the reward weights (a length component, the overlong penalty) and what the model "
+                       "writes (rlgrad samples RUN).")
     return None
+
+
+def _overlong_penalty(v: View) -> list[str]:
+    """DAPO's overlong penalty, when the run has one: from which length it penalises (a buffer covering most of the
+    budget pays for shortness itself). Evidence only: on the recorded run (length_squeezed) the default buffer
+    did not stop the collapse, so the doctor does not advise a buffer size."""
+    on = v.cfg("reward.overlong_buffer.enable", "reward_model.overlong_buffer.enable",
+               "reward_model.reward_kwargs.overlong_buffer_cfg.enable")
+    buffer = v.cfg("reward.overlong_buffer.len", "reward_model.overlong_buffer.len",
+                   "reward_model.reward_kwargs.overlong_buffer_cfg.len")
+    limit = v.cfg("rollout.response_length", "data.max_response_length")
+    if on is not True or not isinstance(buffer, int) or not isinstance(limit, int):
+        return []
+    return [f"reward.overlong_buffer: len {buffer} of a {limit}-token limit, so every response longer than "
+            f"{max(limit - buffer, 0)} token(s) is penalised"]
