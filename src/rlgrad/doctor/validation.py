@@ -51,7 +51,7 @@ def _cause(v: View, t: Thresholds, fell: int) -> tuple[str, list[str], str]:
 
 
 @signature("val_falls", "val/accuracy", trend="val/accuracy", min_points=2,
-           reads="logs (+ config, per-sample analysis)",
+           reads="logs (+ config; the noise scale, where measured, for its cause)",
            fires="validation accuracy at the last two validations below its best by > {val_drop:g} and by more than "
                  "twice the binomial noise of the difference over data.val_size prompts, while the training reward "
                  "does not rise (critical when also below its value before training)")
