@@ -244,21 +244,24 @@ def make_wandb(name: str = "wandb_kl_explodes.json", source: str = "kl_explodes"
 # Issue 32's sweep (scripts/noise_sweep.py, docs/noise_scale.md) at lr 1e-3, K = 8: name -> (B prompts, seed). N = 64
 # (seed 1) fires batch_below_noise_scale; N = 256 is its advice followed (the batch grown toward B_simple, the
 # learning rate kept). Validation every 1-2 steps on 128 prompts, the per-sample analysis at steps 1, 11, 21.
+# The same 8 prompts at the preset's lr 1e-4 (the sweep's default runs, to step 30): val_falls's advice followed.
 SWEEP_RUNS = {"batch_small": (8, 1), "batch_small_seed2": (8, 2),
-              "batch_small_followed": (32, 1), "batch_small_followed_seed2": (32, 2)}
+              "batch_small_followed": (32, 1), "batch_small_followed_seed2": (32, 2),
+              "batch_small_lr_lowered": (8, 1, None), "batch_small_lr_lowered_seed2": (8, 2, None)}
 
 
 def make_sweep(name: str, source: Path | None = None) -> None:
-    """Train one run of scripts/noise_sweep.py (``run --lr 1e-3``: it stops at validation 0.85 or once collapsed)
+    """Train one run of scripts/noise_sweep.py (``run --lr 1e-3``, or its default lr: it stops at validation 0.85 or once collapsed)
     and keep its metrics.jsonl and config.yaml; ``--sweep DIR``: copy that run from a sweep already trained in DIR
     (runs/noise_sweep of issue 32) instead of training it again."""
-    prompts, seed = SWEEP_RUNS[name]
-    run_name = f"B{prompts}_K8_s{seed}_lr0.001"
+    prompts, seed, lr = (*SWEEP_RUNS[name], "1e-3")[:3]
+    run_name = f"B{prompts}_K8_s{seed}" + (f"_lr{float(lr)}" if lr else "")
     with tempfile.TemporaryDirectory(prefix=f"rlgrad-doctor-{name}-") as tmp:
         if source is None:
             source = Path(tmp)
-            cmd = [sys.executable, str(ROOT / "scripts" / "noise_sweep.py"), "run", "--out", tmp, "--lr", "1e-3",
-                   "--seeds", str(seed), "--only", f"B{prompts}_K8_", "--samples", str(prompts * 8)]
+            cmd = [sys.executable, str(ROOT / "scripts" / "noise_sweep.py"), "run", "--out", tmp,
+                   *(["--lr", lr] if lr else []), "--seeds", str(seed), "--only", f"B{prompts}_K8_",
+                   "--samples", str(prompts * 8)]
             subprocess.run(cmd, check=True)
         dest = OUT / name
         shutil.rmtree(dest, ignore_errors=True)

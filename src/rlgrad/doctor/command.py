@@ -17,7 +17,7 @@ import math
 import statistics
 
 from rlgrad import rundata as D
-from rlgrad.doctor import forecasts, gradient, noise, progress, signatures, verifier  # noqa: F401  (importing them registers every signature)
+from rlgrad.doctor import forecasts, gradient, noise, progress, signatures, validation, verifier  # noqa: F401  (importing them registers every signature)
 from rlgrad.doctor.findings import (
     SEVERITY,
     SIGNATURES,

@@ -69,7 +69,7 @@ def _regularizer_words(term: str, coef, large_steps: str = "") -> tuple[str, str
                 "grows with that distance. The coefficient is not the cause; lowering it lets the policy run further.",
                 "Lower the learning rate toward an actor/update_ratio of about 1e-3 (update_too_large, kl_blowup); "
                 "leave kl_loss_coef as it is.",
-                ["reward_plateau", "lr_too_small", "reward_collapse"])
+                ["reward_plateau", "lr_too_small", "reward_collapse", "val_falls"])
     if term == "kl":
         return ("The KL term's gradient outweighs the task's",
                 "The update mostly follows the KL term, not the reward: the policy is held at the reference more "
@@ -83,7 +83,7 @@ def _regularizer_words(term: str, coef, large_steps: str = "") -> tuple[str, str
                 "Groups then agree, their advantages vanish, and the reward falls with the exploration.",
                 "Set actor.entropy_coeff to 0 (or a small positive bonus): a negative coefficient penalises "
                 "exploration. To keep a penalty, shrink its magnitude (bring it toward 0) by about the ratio shown.",
-                ["entropy_collapse", "reward_collapse", "zero_variance_groups", "length_collapse",
+                ["entropy_collapse", "reward_collapse", "val_falls", "zero_variance_groups", "length_collapse",
                  "val_falls_train_rises", "update_too_large", "reward_plateau", "component_dominates",
                  "component_takes_over", "format_over_correct"])
     return ("The entropy bonus's gradient outweighs the task's",
@@ -91,7 +91,7 @@ def _regularizer_words(term: str, coef, large_steps: str = "") -> tuple[str, str
             "more than it learns the task." + ("" if c is not None else " (The run does not say the entropy "
                                                                         "coefficient's sign.)"),
             "Lower entropy_coeff (toward 0) by about the ratio shown.",
-            ["reward_collapse", "reward_plateau", "length_runaway", "val_falls_train_rises"])
+            ["reward_collapse", "val_falls", "reward_plateau", "length_runaway", "val_falls_train_rises"])
 
 
 @signature("regularizer_dominates", "grad_norm/all/task",

@@ -15,7 +15,7 @@ import statistics
 from rlgrad.doctor.findings import Finding, Thresholds, View, fmt, signature
 
 
-def _noise_scale(v: View) -> tuple[float, float, int, int] | None:
+def noise_scale(v: View) -> tuple[float, float, int, int] | None:
     """(B_simple from the averaged trace and signal, the median analysed batch size, the analysed steps, the first
     of them), or None without a positive averaged signal."""
     steps, trace = v.series("noise_trace/all/task")
@@ -53,7 +53,7 @@ def _split_advice(v: View) -> str:
            fires="the analysed batch (samples) below B_simple / {noise_below:g}, trace and signal averaged over the "
                  "analysed steps")
 def _below(v: View, t: Thresholds) -> Finding | None:
-    got = _noise_scale(v)
+    got = noise_scale(v)
     factor = t.noise_below
     if got is None or got[1] * factor > got[0]:
         return None
@@ -77,7 +77,7 @@ def _below(v: View, t: Thresholds) -> Finding | None:
            fires="the analysed batch above {noise_above:g}× B_simple, trace and signal averaged over the analysed "
                  "steps")
 def _above(v: View, t: Thresholds) -> Finding | None:
-    got = _noise_scale(v)
+    got = noise_scale(v)
     factor = t.noise_above
     if got is None or got[1] <= factor * got[0]:
         return None

@@ -61,9 +61,10 @@ def _update_large(v: View, t: Thresholds) -> Finding | None:
                     "is overwritten (typical fine-tuning steps move the weights by 1e-4 to 1e-3 of their norm).",
         action=f"Lower the learning rate{f' (now {fmt(lr)})' if lr else ''} about {med / (t.update_high / 10):.2g}-"
                "fold, to bring actor/update_ratio to about 1e-3, and warm it up (actor.optim.lr_warmup_steps).",
-        explains=["reward_collapse", "grad_norm_spike", "kl_blowup", "clipfrac_saturated", "entropy_collapse",
-                  "zero_variance_groups", "component_dominates", "component_takes_over", "format_over_correct",
-                  "val_falls_train_rises", "nonfinite_steps", "length_collapse", "length_runaway", "dormant_growing"])
+        explains=["reward_collapse", "val_falls", "grad_norm_spike", "kl_blowup", "clipfrac_saturated",
+                  "entropy_collapse", "zero_variance_groups", "component_dominates", "component_takes_over",
+                  "format_over_correct", "val_falls_train_rises", "nonfinite_steps",
+                  "length_collapse", "length_runaway", "dormant_growing"])
 
 
 def _room(r: list[float], start: float) -> float:
@@ -430,7 +431,7 @@ def _inverted(v: View, t: Thresholds) -> Finding | None:
                     "Every other sign of trouble (validation falling, another component taking over) follows.",
         action=f"Make the weight of '{lc}' positive (reward.weights.{correct}); a penalty belongs on a separate "
                "component, not on correctness.",
-        explains=["reward_collapse", "val_falls_train_rises", "format_over_correct", "component_dominates",
+        explains=["reward_collapse", "val_falls", "val_falls_train_rises", "format_over_correct", "component_dominates",
                   "component_takes_over", "entropy_collapse", "unlearnable_reward", "zero_variance_groups",
                   "reward_plateau", "length_collapse"])
 
@@ -487,7 +488,7 @@ def _silent_correctness(v: View, correct: str, other: str, step: int, silent: in
         explains=[])
 
 
-def _checkpoint_words(v: View, best_step: int) -> str:
+def checkpoint_words(v: View, best_step: int) -> str:
     """What to keep for the best validation step, in words that are true of the run: step 0 is the validation of
     the initial weights (no checkpoint); a trained step is kept only where the run saved a checkpoint."""
     if best_step == 0:
@@ -532,6 +533,6 @@ def _val(v: View, t: Thresholds) -> Finding | None:
                                         if noise > t.val_drop else "")],
             explanation="The training reward keeps improving but held-out accuracy does not: reward hacking (a "
                         "component the validation does not pay for) or over-fitting to the training prompts.",
-            action=_checkpoint_words(v, best_step) + "; check which reward component drives the update "
+            action=checkpoint_words(v, best_step) + "; check which reward component drives the update "
                    "(rlgrad report RUN: the reward-component gradients).")
     return None

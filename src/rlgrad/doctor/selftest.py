@@ -19,8 +19,9 @@ from rlgrad.errors import UserError
 HEALTHY = {"healthy": "warn", "healthy_issue37": "warn", "healthy_seed2": "warn", "healthy_seed3": "warn",
            "lr_fast_collapse_followed": "warn", "weak_start": "warn", "entropy_penalty_removed": "warn",
            "kl_coef_huge_followed": "warn", "entropy_collapse_followed": "warn", "std_norm_binary_followed": "warn",
-           "dormant_followed": "warn", "noisy_verifier_followed": "warn", "brevity_takeover_followed": "warn",
-           "reward_overflow_followed": "warn"}
+           "dormant_followed": "warn", "noisy_verifier_followed": "warn",
+           "batch_small_lr_lowered": "warn", "batch_small_lr_lowered_seed2": "warn",
+           "brevity_takeover_followed": "warn", "reward_overflow_followed": "warn"}
 NEVER_LIVE = ("critical",)
 # faulty fixture -> (the finding it must give, its least severity): the faults scripts/doctor_fixtures.py induces
 FAULTS: dict[str, tuple[str, str]] = {
@@ -33,7 +34,7 @@ FAULTS: dict[str, tuple[str, str]] = {
     "entropy_penalty": ("regularizer_dominates", "warn"), "reward_inverted": ("inverted_reward", "critical"),
     "trl_too_easy": ("zero_variance_groups", "critical"), "wandb_kl_explodes.json": ("kl_blowup", "warn"),
     "kl_lr_high": ("kl_blowup", "critical"), "kl_coef_huge": ("regularizer_dominates", "warn"),
-    "noisy_verifier": ("noisy_verifier", "warn"),
+    "noisy_verifier": ("noisy_verifier", "warn"), "batch_small_seed2": ("val_falls", "critical"),
     "brevity_takeover": ("component_takes_over", "warn"), "batch_small": ("batch_below_noise_scale", "info"),
     "length_squeezed": ("length_collapse", "warn"), "reward_overflow": ("nonfinite_steps", "critical"),
     "jackpot_unclipped": ("grad_norm_spike", "warn"),

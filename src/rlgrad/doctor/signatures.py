@@ -427,7 +427,7 @@ def _length_runaway(v: View, t: Thresholds) -> Finding | None:
                     "no reward, and their many tokens dominate a token-mean loss.",
         action="Raise the response length, add an overlong penalty (DAPO's soft length penalty), or "
                "check that the model still emits its stop token.",
-        explains=["length_truncated", "reward_plateau", "reward_collapse", "zero_variance_groups"])
+        explains=["length_truncated", "reward_plateau", "reward_collapse", "val_falls", "zero_variance_groups"])
 
 
 def truncated_since(c: list[float], t: Thresholds) -> int | None:
@@ -461,7 +461,7 @@ def _length_truncated(v: View, t: Thresholds) -> Finding | None:
            "cannot be written, cut responses of a group tend to get the same reward (no signal), and the run cannot "
            "learn what lies past the limit. This is the limit, not a trend: it holds from step to step.")
     explains = ["unlearnable_reward", "zero_variance_groups", "reward_plateau", "lr_too_small", "constant_component",
-                "reward_collapse", "format_over_correct", "regularizer_dominates", "component_dominates"]
+                "reward_collapse", "val_falls", "format_over_correct", "regularizer_dominates", "component_dominates"]
     if level is not None and level <= t.hard_level:  # nothing right either: the limit or a model that never stops?
         why += (f" But nearly every answer is also wrong ({where} {fmt(level)}): a model that never stops (untrained, "
                 "or one that lost its stop token) looks the same as a limit too short; read a few responses "
