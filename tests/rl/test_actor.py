@@ -8,9 +8,11 @@ import torch
 from rlgrad.algos.aggregation import Denominators
 from rlgrad.algos.objective import LossSettings, actor_objective
 from rlgrad.batch import Batch, position_ids_from_mask
+from rlgrad.config.algorithm import OptimConfig
 from rlgrad.config.model import ModelConfig, TinyModelConfig
+from rlgrad.errors import UserError
 from rlgrad.models import build_char_tokenizer, build_tiny_model
-from rlgrad.rl.actor import update_actor, update_size
+from rlgrad.rl.actor import build_optimizer, update_actor, update_size
 from rlgrad.rl.rollout import compute_log_probs, generate
 from tests.helpers import batches
 
@@ -161,3 +163,18 @@ def test_update_size_is_the_weight_change_relative_to_the_weights():
     assert metrics["actor/update_ratio"] == pytest.approx(0.5 / 29 ** 0.5)  # sqrt(0.09 + 0.16) / sqrt(25 + 4)
     assert "actor/update_ratio/layer_1" not in metrics  # frozen
     assert set(metrics) == {"actor/update_ratio", "actor/update_ratio/embed", "actor/update_ratio/layer_0"}
+
+
+def test_float16_parameters_are_refused_before_an_update_turns_them_nan():
+    """Pure float16 AdamW (no fp32 master weights): the update is NaN where a second moment underflows; rlgrad
+    says so and names the setting instead of failing to sample a step later. bfloat16 trains."""
+    model = torch.nn.Linear(4, 4)
+    grad = torch.full((4, 4), 1e-4)  # g² = 1e-8 underflows to 0 in float16: the second moment stays 0
+    half = copy.deepcopy(model).half()
+    opt = torch.optim.AdamW(half.parameters(), lr=1e-3, eps=1e-8)  # what the check prevents, done by hand
+    half.weight.grad, half.bias.grad = grad.half(), torch.zeros(4, dtype=torch.float16)
+    opt.step()
+    assert not torch.isfinite(half.weight).all()
+    with pytest.raises(UserError, match="model.dtype=float16.*bfloat16"):
+        build_optimizer(copy.deepcopy(model).half(), OptimConfig())
+    build_optimizer(copy.deepcopy(model).bfloat16(), OptimConfig())

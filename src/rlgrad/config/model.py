@@ -53,4 +53,6 @@ class ModelConfig:
                                     ge=0, le=2**32 - 1)
     cache_dir: str | None = _f(None, "Where warm-started default models and dequantised .gguf models are "
                                "cached (default: $RLGRAD_CACHE or ~/.cache/rlgrad).")
-    dtype: str = _f("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
+    dtype: str = _f("float32", "Parameter dtype. The trainer refuses float16 (one-line error before step 1): "
+                    "AdamW on float16 parameters without fp32 master weights turns them NaN at the first update; "
+                    "bfloat16 trains.", choices=("float32", "bfloat16", "float16"))

@@ -20,6 +20,7 @@ from rlgrad.algos.objective import LossSettings, actor_objective
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_sizes, all_reduce_max, all_reduce_sum, rank
 from rlgrad.distributed import grad_sync
+from rlgrad.errors import UserError
 from rlgrad.metrics import key as metric_key
 from rlgrad.metrics import layer_group
 
@@ -185,6 +186,12 @@ def build_optimizer(model: torch.nn.Module, o) -> tuple[torch.optim.Optimizer, t
     """AdamW and its linear warm-up schedule from an ``OptimConfig`` (actor.optim, critic.optim)."""
     # the trainable parameters only: under LoRA (actor.lora) the frozen base weights hold no optimizer state
     trainable = [p for p in model.parameters() if p.requires_grad]
+    if any(p.dtype == torch.float16 for p in trainable):
+        # pure float16 AdamW: eps and the small second moments underflow (no fp32 master weights, no loss scale),
+        # so the first update turns weights into NaN and sampling fails a step later
+        raise UserError(f"'model.dtype=float16' cannot be trained: AdamW's eps ({o.eps:g}) and second moments "
+                        "underflow in float16 parameters without fp32 master weights, and the first update makes "
+                        "the weights NaN; use model.dtype=bfloat16 (what verl trains in) or float32")
     optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                   weight_decay=o.weight_decay)
     warm = o.lr_warmup_steps
