@@ -331,3 +331,16 @@ def test_val_falls_lower_the_learning_rate_and_validation_holds():
         for step in sorted(full.rows):
             part = D.RunData(**{**full.__dict__, "rows": {s: m for s, m in full.rows.items() if s <= step}})
             assert not any(x.id == "val_falls" for x in diagnose(part).findings), (followed, step)
+
+
+def test_a_rare_jackpot_on_the_first_step_is_not_a_collapse():
+    """jackpot_unclipped(_followed, _seed3): a verifier that pays 1000 on 0.3% of the samples lifts step 1's mean
+    reward to 16 and later steps' to 0.6-8.6 by chance. The first step's mean is then too uncertain (its standard
+    error, bounded from the step's max and min, is ~11) for a fall to 0.6 to count: no reward_collapse, while the
+    demo's [0, 1] reward (standard error <= 0.044 at 128 samples) still collapses where it did."""
+    for name in ("jackpot_unclipped", "jackpot_unclipped_followed", "jackpot_unclipped_seed3"):
+        assert max(series(name, "critic/score/max").values()) == 1000.0
+        assert found(name, "reward_collapse") is None, name
+    assert series("jackpot_unclipped_followed", "val/accuracy")[20] > 0.8  # a healthy run, by validation
+    assert found("lr_fast_collapse", "reward_collapse").step == 2
+    assert found("lr_too_high", "reward_collapse").severity == "critical"

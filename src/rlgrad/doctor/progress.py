@@ -229,12 +229,14 @@ def step_noise(vals: list[float]) -> float:
     return statistics.median(d) / 0.954 if d else 0.0
 
 
-def collapse_at(r: list[float], t: Thresholds) -> tuple[int, float, float] | None:
+def collapse_at(r: list[float], t: Thresholds, first_se: float = 0.0) -> tuple[int, float, float] | None:
     """The first window of ``collapse_steps`` steps in a row whose reward fell from the run's early level (its first
     step, sampled before any update) by more than ``reward_drop`` of that level, each step at least half that far
-    down, and by more than ``collapse_z`` times the step-to-step noise of the steps up to the window's end: (its
-    index, the window's mean, the fall in noise units). Only what precedes a window's end decides it, so a
-    collapse found in a run is found in every longer prefix of it."""
+    down, and by more than ``collapse_z`` times the noise of that fall: the step-to-step noise of the steps up to
+    the window's end, and ``first_se``, the standard error of the first step's mean itself (a rare large reward
+    can lift one step's mean far above the policy's level): (its index, the window's mean, the fall in noise
+    units). Only what precedes a window's end decides it, so a collapse found in a run is found in every longer
+    prefix of it."""
     k, early = t.collapse_steps, r[0] if r else 0.0
     need = max(t.reward_drop * abs(early), t.plateau_delta)
     for i in range(1, len(r) - k + 1):
@@ -243,10 +245,24 @@ def collapse_at(r: list[float], t: Thresholds) -> tuple[int, float, float] | Non
         if fall <= need or max(w) >= early - need / 2:
             continue
         noise = max(step_noise(r[:i + k]), t.plateau_delta / 2)
-        z = fall / (noise * math.sqrt(1 + 1 / k))
+        z = fall / math.hypot(noise * math.sqrt(1 + 1 / k), first_se)
         if z > t.collapse_z:
             return i, mean(w), z
     return None
+
+
+def first_step_error(v: View, step: int) -> float:
+    """An upper bound on the standard error of ``step``'s mean reward μ: a reward within [min, max] (its
+    ``critic/score/max|min``) has a variance of at most (max - μ)(μ - min) (the Bhatia-Davis inequality: a rare
+    large reward, a jackpot, makes it large), over the batch's samples (``data.train_batch_size`` ×
+    ``rollout.n``); 0 when the run logs neither."""
+    m = v.run.rows.get(step, {})
+    top, low, mid = m.get("critic/score/max"), m.get("critic/score/min"), m.get("critic/score/mean")
+    prompts, n = v.cfg("data.train_batch_size"), v.cfg("rollout.n", "actor_rollout_ref.rollout.n")
+    if None in (top, low, mid) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                          for x in (prompts, n)):
+        return 0.0
+    return math.sqrt(max(0.0, (top - mid) * (mid - low)) / (prompts * n))
 
 
 def _val_after(v: View, step: int) -> tuple[float | None, list[tuple[int, float]]]:
@@ -260,11 +276,12 @@ def _val_after(v: View, step: int) -> tuple[float | None, list[tuple[int, float]
            min_points=lambda t: t.collapse_steps + 1,
            reads="logs",
            fires="the reward of {collapse_steps} steps in a row below its first step's (the policy before any update) "
-                 "by > {reward_drop:.0%} of it and > {collapse_z:g}× its step-to-step noise (critical; a warning "
-                 "while validation holds)")
+                 "by > {reward_drop:.0%} of it and > {collapse_z:g}× the noise of that fall (the step-to-step noise, and "
+                 "the first step's standard error bounded from its max and min: a rare jackpot is not a level; "
+                 "critical; a warning while validation holds)")
 def _reward_collapse(v: View, t: Thresholds) -> Finding | None:
     steps, r = train_series(v, "critic/score/mean")
-    hit = collapse_at(r, t)
+    hit = collapse_at(r, t, first_step_error(v, steps[0]) if steps else 0.0)
     if hit is None:
         return None
     i, low, z = hit
