@@ -144,6 +144,11 @@ RUNS |= {
     # ... whose neurons go dormant (dormant_growing, under update_too_large): the same with the learning rate lowered
     "dormant_followed": (["actor.optim.lr=1e-4", "actor.optim.lr_warmup_steps=0",
                           "reward.overlong_buffer.enable=true"], None),
+    # 512 prompts x 8 samples a step (4,096 samples, ~14x B_simple) for 12 steps, the per-sample analysis every 5:
+    # batch_above_noise_scale; its advice followed is issue 32's sweep run at 32 x 8 (batch_large_followed)
+    "batch_large": (["data.train_batch_size=512", "trainer.total_training_steps=12", "trainer.test_freq=2",
+                     "analysis.every=null", "analysis.per_sample.every=5", "analysis.per_sample.proxy_corr=false"],
+                    "batch_above_noise_scale"),
     # a verifier that flips the correctness verdict on 40% of the samples (bench/lead_time_rewards.py's ``noisy``) ...
     "noisy_verifier": ([*NOISY, "reward.custom_reward_function.reward_kwargs={flip: 0.4}"], "noisy_verifier"),
     # ... and the same verifier made deterministic, as noisy_verifier advises
@@ -247,7 +252,8 @@ def make_wandb(name: str = "wandb_kl_explodes.json", source: str = "kl_explodes"
 # The same 8 prompts at the preset's lr 1e-4 (the sweep's default runs, to step 30): val_falls's advice followed.
 SWEEP_RUNS = {"batch_small": (8, 1), "batch_small_seed2": (8, 2),
               "batch_small_followed": (32, 1), "batch_small_followed_seed2": (32, 2),
-              "batch_small_lr_lowered": (8, 1, None), "batch_small_lr_lowered_seed2": (8, 2, None)}
+              "batch_small_lr_lowered": (8, 1, None), "batch_small_lr_lowered_seed2": (8, 2, None),
+              "batch_large_followed": (32, 1, None)}
 
 
 def make_sweep(name: str, source: Path | None = None) -> None:

@@ -344,3 +344,15 @@ def test_a_rare_jackpot_on_the_first_step_is_not_a_collapse():
     assert series("jackpot_unclipped_followed", "val/accuracy")[20] > 0.8  # a healthy run, by validation
     assert found("lr_fast_collapse", "reward_collapse").step == 2
     assert found("lr_too_high", "reward_collapse").severity == "critical"
+
+
+def test_batch_above_noise_scale_a_smaller_batch_reaches_the_target_on_far_fewer_samples():
+    """batch_large: 512 prompts x 8 samples a step (4,096, about 14x B_simple), lr 1e-4. Its advice followed: the
+    batch shrunk toward B_simple (issue 32's sweep run at 32 x 8 = 256, same seed and lr) and more steps. The smaller
+    batch takes a few more steps to validation 0.75 and over 10x fewer samples, as 1 + N/B_simple says."""
+    f = found("batch_large", "batch_above_noise_scale")
+    assert f is not None and f.action.startswith("Shrink the batch towards B_simple and take more steps")
+    large, small = steps_to("batch_large"), steps_to("batch_large_followed")
+    assert large < small < 1.5 * large, (large, small)  # the steps were already near their fewest
+    assert 10 * 256 * small < 4096 * large, (large, small)  # ... the samples were not
+    assert found("batch_large_followed", "batch_above_noise_scale") is None

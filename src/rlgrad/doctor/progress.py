@@ -276,9 +276,9 @@ def _val_after(v: View, step: int) -> tuple[float | None, list[tuple[int, float]
            min_points=lambda t: t.collapse_steps + 1,
            reads="logs",
            fires="the reward of {collapse_steps} steps in a row below its first step's (the policy before any update) "
-                 "by > {reward_drop:.0%} of it and > {collapse_z:g}× the noise of that fall (the step-to-step noise, and "
-                 "the first step's standard error bounded from its max and min: a rare jackpot is not a level; "
-                 "critical; a warning while validation holds)")
+                 "by > {reward_drop:.0%} of it and > {collapse_z:g}× the noise of that fall (the step-to-step noise, "
+                 "and the first step's standard error bounded from its max and min: a rare jackpot is not a "
+                 "level; critical; a warning while validation holds)")
 def _reward_collapse(v: View, t: Thresholds) -> Finding | None:
     steps, r = train_series(v, "critic/score/mean")
     hit = collapse_at(r, t, first_step_error(v, steps[0]) if steps else 0.0)

@@ -35,6 +35,7 @@ FAULTS: dict[str, tuple[str, str]] = {
     "trl_too_easy": ("zero_variance_groups", "critical"), "wandb_kl_explodes.json": ("kl_blowup", "warn"),
     "kl_lr_high": ("kl_blowup", "critical"), "kl_coef_huge": ("regularizer_dominates", "warn"),
     "noisy_verifier": ("noisy_verifier", "warn"), "batch_small_seed2": ("val_falls", "critical"),
+    "batch_large": ("batch_above_noise_scale", "info"),
     "brevity_takeover": ("component_takes_over", "warn"), "batch_small": ("batch_below_noise_scale", "info"),
     "length_squeezed": ("length_collapse", "warn"), "reward_overflow": ("nonfinite_steps", "critical"),
     "jackpot_unclipped": ("grad_norm_spike", "warn"),
