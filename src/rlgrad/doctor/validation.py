@@ -80,5 +80,5 @@ def _val_falls(v: View, t: Thresholds) -> Finding | None:
                   f"{flat_reward(v, t)[1]}: the training reward does not rise either"] + cause_ev,
         explanation="The policy gets worse at the task on held-out prompts while the training reward does not rise: "
                     "what it learned is being lost, not traded for a reward validation does not pay. " + why,
-        action=fix + "; " + checkpoint_words(v, best_step) + ".",
+        action=fix + ". " + checkpoint_words(v, best_step) + ".",
         explains=["reward_collapse", "reward_plateau"])

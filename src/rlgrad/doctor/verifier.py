@@ -107,10 +107,11 @@ def _noisy_verifier(v: View, t: Thresholds) -> Finding | None:
                   f"(steps {steps[0]}-{steps[-1]}): a flip rate of about {fmt(p)} per sample "
                   f"({fmt(low)}-{fmt(high)} within two standard errors)"]
                  + _scalar_evidence(v, correct, steps[0]),
-        explanation=f"A verifier that judges the same answer differently errs at random: about {fmt(100 * p)}% of "
-                    f"the verdicts are flipped, so the reward is p + (1 - 2p) × accuracy and the advantage of a right "
-                    f"answer shrinks to {fmt(1 - 2 * p)} of what a clean verifier gives. The run learns slower and "
-                    "from noise; the training reward understates and flattens its progress.",
+        explanation=f"A verifier that judges the same answer differently errs at random: about {fmt(100 * low)}-"
+                    f"{fmt(100 * high)}% of the verdicts are flipped, so the reward is p + (1 - 2p) × accuracy and the "
+                    f"advantage of a right answer shrinks to {fmt(1 - 2 * high)}-{fmt(1 - 2 * low)} of what a clean "
+                    "verifier gives. The run learns slower and from noise; the training reward understates and "
+                    "flattens its progress.",
         action="Make the reward deterministic: fix the checker's randomness (a judge's temperature 0, a seeded or "
                "retried sandbox) or vote over several calls; read a few disagreeing samples (rlgrad samples RUN "
                f"--step {first}). Until then trust validation, not the training reward.")
