@@ -315,6 +315,10 @@ def entropy_term_dominates(v: View, t: Thresholds, until: int) -> tuple[int, int
     return len(hits), len(rows)
 
 
+# collapse_cause's advice when neither the update size nor an entropy term explains a collapse
+NO_KNOWN_CAUSE = "Look for the cause in the samples and the reward before changing the learning rate"
+
+
 def collapse_cause(v: View, t: Thresholds, until: int) -> tuple[str, list[str], str]:
     """What the run's own metrics say drove a collapse by step ``until``, of the causes they can rule in or out:
     an entropy penalty (a negative coefficient with its gradient above the task's, or the entropy falling), an
@@ -345,7 +349,7 @@ def collapse_cause(v: View, t: Thresholds, until: int) -> tuple[str, list[str], 
     if size is not None:
         return ("Neither the update size nor an entropy term explains it: read what the model writes (rlgrad "
                 "samples RUN) and the reward function.", ev,
-                "Look for the cause in the samples and the reward before changing the learning rate")
+                NO_KNOWN_CAUSE)
     return ("The run logs no update size (actor/update_ratio) and no entropy term that would explain it: too large "
             "steps are the usual cause.", ev, f"Lower {lr_words} and keep gradient clipping on")
 

@@ -17,7 +17,7 @@ import math
 
 from rlgrad.doctor.findings import Finding, Thresholds, View, config_lr, flat_reward, fmt, signature
 from rlgrad.doctor.noise import noise_scale
-from rlgrad.doctor.progress import checkpoint_words, collapse_cause
+from rlgrad.doctor.progress import NO_KNOWN_CAUSE, checkpoint_words, collapse_cause
 
 
 def _noise(a: float, b: float, n: object) -> float:
@@ -42,7 +42,7 @@ def _cause(v: View, t: Thresholds, fell: int) -> tuple[str, list[str], str]:
                 [f"B_simple {fmt(b_simple)} against {fmt(samples)} samples per step: the noise outweighs the signal"],
                 lower + "; or grow the batch toward B_simple (more samples average the noise out)")
     why, ev, fix = collapse_cause(v, t, fell)
-    if got is None and fix.startswith("Look for the cause"):  # its "neither cause" branch, without the noise test
+    if got is None and fix == NO_KNOWN_CAUSE:  # neither cause, and no noise measurement to test a third
         return ("The update size is not extreme and no entropy term explains it; the run did not measure the "
                 "gradient noise (analysis.per_sample), which tells a batch too small for its learning rate apart.",
                 ev, lower + " (a run that learned and then lost it usually steps too far for its batch's noise); "
