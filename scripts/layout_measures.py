@@ -5,9 +5,9 @@
 
 Prints: the modules at the package root, the files per package, the longest import chain between modules
 (all imports, and those that run at import time), module-level import loops, upward imports and loops between
-units against the measured checkout's own layer rules, the largest file in lines of code (docstrings, comments
-and blank lines left out), the most complex functions (ruff's C901 / PLR0912 / PLR0915 numbers), and the share of
-source lines over 100 characters.
+units against the measured checkout's own layer rules, the largest file in lines of code (lines holding only
+string literals (docstrings among them), comments and blank lines left out), the most complex functions (ruff's C901 /
+PLR0912 / PLR0915 numbers), and the share of source lines over 100 characters.
 
 Imports are read by tests/test_layers.py's parser (this checkout's, loaded by path and pointed at the measured
 source), so the measures and the layer test see the same edges, and lines of code are counted by its code_lines
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = sorted(((parser.code_lines(s), len(s.splitlines()), rel(p, src)) for p, s in sources.items()),
                    reverse=True)
-    print("\nlargest files (lines of code: no docstrings, comments or blank lines | all lines):")
+    print("\nlargest files (lines of code: no docstrings or other lines of text, comments, blank lines | all lines):")
     for loc, total, name in sizes[:TOP]:
         print(f"  {loc:5d} | {total:5d}  {name}")
     print(f"  total: {sum(s[0] for s in sizes)} lines of code, {sum(s[1] for s in sizes)} lines")
