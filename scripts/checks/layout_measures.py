@@ -1,7 +1,7 @@
 """The layout's measures (issue 30, "Verified by"), for any checkout of rlgrad:
 
-    python scripts/layout_measures.py                          # this checkout's src/rlgrad
-    python scripts/layout_measures.py --src /other/checkout    # a checkout, its src/ or its src/rlgrad
+    python scripts/checks/layout_measures.py                          # this checkout's src/rlgrad
+    python scripts/checks/layout_measures.py --src /other/checkout    # a checkout, its src/ or its src/rlgrad
 
 Prints: the modules at the package root, the files per package, the longest import chain between modules
 (all imports, and those that run at import time), module-level import loops, upward imports and loops between
@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LONG = 100  # a source line longer than this many characters counts as long
 TOP = 5  # how many of the largest files and most complex functions to list
 
