@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check src tests bench examples
+.venv/bin/ruff check src tests bench examples scripts
 .venv/bin/python -m pytest "$@"

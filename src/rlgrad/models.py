@@ -11,7 +11,7 @@ The embedded default is a ~1M-parameter Qwen2 with a character-level tokenizer s
 Hugging Face format, warm-started by a short supervised phase on the task so that RL
 starts from partial competence. The warm start is cached by a hash of everything that
 determines it, and reused by later runs; the warm starts of the presets' and examples' settings ship with
-rlgrad (``rlgrad/warmstarts``, made by ``scripts/build_warmstarts.py``), so a first run starts in seconds.
+rlgrad (``rlgrad/warmstarts``, made by ``scripts/generate/build_warmstarts.py``), so a first run starts in seconds.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 WARMSTART_VERSION = 3  # bump when the warm-start recipe changes, so stale caches are not reused (3: the byte-level
 # character tokenizer, which AutoTokenizer reloads whole)
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
-# Warm starts of the presets' and examples' settings, made by scripts/build_warmstarts.py (package data).
+# Warm starts of the presets' and examples' settings, made by scripts/generate/build_warmstarts.py (package data).
 SHIPPED_WARMSTARTS = Path(__file__).parent / "warmstarts"
 
 
@@ -442,7 +442,8 @@ def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int, lo
 
 def build_warmstart(cfg: ModelConfig, task, seed: int, log=None, stop_after: int | None = None,
                     device: str = "cpu"):
-    """The embedded default warm-started here: (model, tokenizer). What ``scripts/build_warmstarts.py`` ships."""
+    """The embedded default warm-started here: (model, tokenizer). What ``scripts/generate/build_warmstarts.py``
+    ships."""
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(cfg, tokenizer, seed).to(device)
     with torch.random.fork_rng():

@@ -1,5 +1,5 @@
 """Each finding's "what to do", checked by doing it (issue 33): a recorded fault run of the embedded default and
-the same run with the finding's advice applied (scripts/doctor_fixtures.py; the pairs of issue 37 are in
+the same run with the finding's advice applied (scripts/generate/doctor_fixtures.py; the pairs of issue 37 are in
 test_issue37_runs.py::test_following_the_advice_helps, clipping in test_advice.py). Each test reads both runs,
 asserts that the fault's finding gives that advice, and that the followed run moves the way the finding claims
 (and, where the advice removes the cause, that the finding is gone). docs/doctor.md's "Advice checked by" table
@@ -262,7 +262,7 @@ def test_grad_norm_spike_turn_clipping_on_and_the_run_learns_through_the_spikes(
 
 def steps_to(name: str, target: float = 0.75) -> float:
     """The step where validation accuracy first reaches ``target``, interpolated between the validations around it
-    (scripts/noise_sweep.py's S)."""
+    (scripts/experiments/noise_sweep.py's S)."""
     points = sorted(series(name, "val/accuracy").items())
     return next(s0 + (target - a0) / (a1 - a0) * (s1 - s0)
                 for (s0, a0), (s1, a1) in zip(points, points[1:]) if a0 < target <= a1)

@@ -2,7 +2,7 @@
 
 Two kinds of runs: hand-made metric series (each signature fires on its fault and stays quiet on a clean
 series, the numbers in the evidence computed by hand), and the recorded rlgrad runs with known faults in
-``tests/data/doctor/`` (regenerate: ``.venv/bin/python scripts/doctor_fixtures.py``).
+``tests/data/doctor/`` (regenerate: ``.venv/bin/python scripts/generate/doctor_fixtures.py``).
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def test_bad_inputs_one_line_exit_2(tmp_path):
 def fixture(name: str) -> Path:
     p = FIXTURES / name
     if not p.exists():
-        pytest.fail(f"missing fixture {p}: .venv/bin/python scripts/doctor_fixtures.py {name}")
+        pytest.fail(f"missing fixture {p}: .venv/bin/python scripts/generate/doctor_fixtures.py {name}")
     return p
 
 
@@ -311,7 +311,7 @@ def test_finding_ids_are_the_registered_signature_ids_and_the_readme_table_is_ge
     readme = (Path(__file__).resolve().parents[2] / "docs" / "doctor.md").read_text()
     table = readme.split(README_START)[1].split(README_END)[0]
     assert table == "\n" + findings_table() + "\n", "docs/doctor.md's findings table is stale: " \
-                                                     "python scripts/doctor_table.py"
+                                                     "python scripts/generate/doctor_table.py"
     named = re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M)
     assert named == registered  # one row per registered id, in registration order
     assert "{" not in table  # every threshold placeholder filled in

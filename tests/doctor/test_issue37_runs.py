@@ -1,5 +1,5 @@
-"""The faults of issue 37 as recorded demo runs (``tests/data/doctor/``, made by scripts/doctor_fixtures.py with
-the issue's cadence: validation every 2 steps, the instruments every 4), diagnosed at every prefix, as a live
+"""The faults of issue 37 as recorded demo runs (``tests/data/doctor/``, made by scripts/generate/doctor_fixtures.py
+with the issue's cadence: validation every 2 steps, the instruments every 4), diagnosed at every prefix, as a live
 doctor would see them; and each finding's advice checked against the run that follows it."""
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def test_following_the_advice_helps():
 
 
 def test_a_trl_run_whose_groups_all_agree_is_too_easy_first():
-    """A plain TRL run paying 1 for every completion (scripts/doctor_fixtures.py trl_too_easy): TRL's
+    """A plain TRL run paying 1 for every completion (scripts/generate/doctor_fixtures.py trl_too_easy): TRL's
     frac_reward_zero_std is 1, so zero_variance_groups (too easy) comes first, and the flat reward is not blamed on
     the learning rate."""
     d = diagnose(D.load_any(fixture("trl_too_easy")))

@@ -338,11 +338,11 @@ def test_cpu_platform_restores_verls_rng_state():
 
 
 def launch_fixture(out: Path, broken: bool = False) -> Path:
-    """scripts/verl_launch_fixture.py's model, tokenizer and parquet data (what the CPU launch trains on)."""
+    """scripts/checks/verl_launch_fixture.py's model, tokenizer and parquet data (what the CPU launch trains on)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("verl_launch_fixture", Path(__file__).parents[2] / "scripts"
-                                                  / "verl_launch_fixture.py")
+                                                  / "checks" / "verl_launch_fixture.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     mod.main(out, broken)

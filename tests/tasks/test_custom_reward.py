@@ -408,7 +408,8 @@ def test_the_shipped_example_data_is_what_its_script_builds():
 
     import pyarrow.parquet as pq
 
-    spec = importlib.util.spec_from_file_location("build_example_data", REPO / "scripts" / "build_example_data.py")
+    spec = importlib.util.spec_from_file_location("build_example_data",
+                                                  REPO / "scripts" / "generate" / "build_example_data.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert pq.read_table(REPO / "examples" / "data" / "tiny_arith.parquet").to_pylist() == module.rows()

@@ -1,6 +1,6 @@
 """``rlgrad doctor --selftest``: the doctor on recorded runs with known faults (``tests/data/doctor``, built by
-``scripts/doctor_fixtures.py``), each with the finding it must give, and on healthy runs, read at every prefix as
-a live doctor reads them, where nothing serious may fire. The test suite checks the same matrix
+``scripts/generate/doctor_fixtures.py``), each with the finding it must give, and on healthy runs, read at every
+prefix as a live doctor reads them, where nothing serious may fire. The test suite checks the same matrix
 (tests/doctor/test_selftest.py)."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ HEALTHY = {"healthy": "warn", "healthy_issue37": "warn", "healthy_seed2": "warn"
            "batch_small_lr_lowered": "warn", "batch_small_lr_lowered_seed2": "warn",
            "brevity_takeover_followed": "warn", "reward_overflow_followed": "warn"}
 NEVER_LIVE = ("critical",)
-# faulty fixture -> (the finding it must give, its least severity): the faults scripts/doctor_fixtures.py induces
+# faulty fixture -> (the finding it must give, its least severity): the faults that
+# scripts/generate/doctor_fixtures.py induces
 FAULTS: dict[str, tuple[str, str]] = {
     "lr_too_low": ("lr_too_small", "warn"), "tiny_grad_clip": ("clip_every_step", "info"),
     "std_norm_binary": ("std_normalisation_amplifies", "warn"), "format_heavy": ("component_dominates", "warn"),
@@ -98,7 +99,7 @@ def selftest(root: str | Path | None = None) -> int:
     absent = [n for n in MATRIX if not (base / n).exists()]
     if len(absent) == len(MATRIX):
         raise UserError(f"--selftest: no recorded runs in '{base}' (they ship with rlgrad's source checkout, "
-                        "tests/data/doctor; build them with scripts/doctor_fixtures.py, or name their folder)")
+                        "tests/data/doctor; build them with scripts/generate/doctor_fixtures.py, or name their folder)")
     results = [check(base, n) for n in MATRIX if n not in absent]
     for _, line in results:
         print(line)

@@ -1,10 +1,10 @@
 """What the instruments find on the embedded default and on SmolLM2-135M-Instruct, side by side (docs/findings.md).
 
-    python scripts/findings.py run  [--out runs/findings] [--only demo|smollm2] [--seeds 1 2]   # train (slow on CPU)
-    python scripts/findings.py show [--out runs/findings] [--images docs/images]                # figures + tables
+    python scripts/experiments/findings.py run  [--out runs/findings] [--only demo|smollm2] [--seeds 1 2]  # train
+    python scripts/experiments/findings.py show [--out runs/findings] [--images docs/images]  # figures + tables
 
-``run`` trains each model with every instrument on (bucket analysis, reward-component geometry, neuron health),
-with GRPO's std-normalised advantages and without (Dr. GRPO), for each seed; ``show`` reads those run
+``run`` trains (slow on CPU) each model with every instrument on (bucket analysis, reward-component geometry,
+neuron health), with GRPO's std-normalised advantages and without (Dr. GRPO), for each seed; ``show`` reads those run
 directories only and prints the markdown tables docs/findings.md quotes, and draws its figures:
 
 * task-gradient norm against the bucket's mean reward std, with Spearman's rank correlation per run (RAGEN's
@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = {  # name -> (preset, extra overrides); analysis on every instrument
     "demo": ("demo", ["trainer.total_training_steps=60", "trainer.test_freq=20", "analysis.every=5",
                       "analysis.buckets.num_buckets=4"]),
@@ -129,10 +129,18 @@ def show(out: Path, images: Path) -> None:
 
     runs = sorted(p for p in out.iterdir() if (p / "metrics.jsonl").is_file())
     if not runs:
-        sys.exit(f"no runs under {out}: python scripts/findings.py run --out {out}")
+        sys.exit(f"no runs under {out}: python scripts/experiments/findings.py run --out {out}")
     data = {p.name: rows(p) for p in runs}
     images.mkdir(parents=True, exist_ok=True)
+    bucket_table(data, plt, images / "findings_buckets.png")
+    component_table(data)
+    layer_table(runs, data, plt, images / "findings_dormant.png")
+    doctor_findings(runs)
+    print(f"\nfigures: {images / 'findings_buckets.png'}, {images / 'findings_dormant.png'}")
 
+
+def bucket_table(data: dict[str, dict], plt, figure: Path) -> None:
+    """Task-gradient norm against the bucket's reward std: Spearman's rank correlation per run, and the figure."""
     print("| run | val acc before → after | Spearman(task norm, reward std) | per sample | non-zero buckets only |")
     print("|---|---|---|---|---|")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -145,8 +153,11 @@ def show(out: Path, images: Path) -> None:
         ax = axes[0 if name.startswith("demo") else 1]
         if pts:
             ax.scatter(*zip(*pts), s=12, alpha=0.7, label=name.split("-", 1)[1])
-    finish(fig, axes, "bucket mean reward std", "task-gradient norm", images / "findings_buckets.png")
+    finish(fig, axes, "bucket mean reward std", "task-gradient norm", figure)
 
+
+def component_table(data: dict[str, dict]) -> None:
+    """The reward components' shares of the update and the cosine of correctness and format, per run."""
     print("\n| run | component shares (mean over analysed steps) | cosine correctness·format |")
     print("|---|---|---|")
     for name, r in data.items():
@@ -161,6 +172,9 @@ def show(out: Path, images: Path) -> None:
         print(f"| {name} | {text or 'n/a'} | {sum(cos) / len(cos):.2f} (n={len(cos)}) |" if cos else
               f"| {name} | {text or 'n/a'} | n/a |")
 
+
+def layer_table(runs: list[Path], data: dict[str, dict], plt, figure: Path) -> None:
+    """The layer groups' shares of the task gradient's squared norm per run; the dormant-neuron ratio's figure."""
     print("\n| run | layer groups' share of the task gradient's squared norm (mean over analysed steps) |")
     print("|---|---|")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -181,8 +195,11 @@ def show(out: Path, images: Path) -> None:
         if steps:  # neuron health is not on in every run
             ax.plot(steps, [r[s]["actor/neuron/dormant_ratio"] for s in steps], marker="o",
                     label=name.split("-", 1)[1])
-    finish(fig, axes, "step", "dormant-neuron ratio (τ-score)", images / "findings_dormant.png")
+    finish(fig, axes, "step", "dormant-neuron ratio (τ-score)", figure)
 
+
+def doctor_findings(runs: list[Path]) -> None:
+    """``rlgrad doctor``'s findings on each run."""
     print("\n| run | rlgrad doctor |")
     print("|---|---|")
     for p in runs:
@@ -193,7 +210,6 @@ def show(out: Path, images: Path) -> None:
         except (json.JSONDecodeError, KeyError):
             found = [{"id": "error", "severity": res.stderr.strip()[:80]}]
         print(f"| {p.name} | " + ", ".join(f"`{f['id']}` ({f['severity']})" for f in found) + " |")
-    print(f"\nfigures: {images / 'findings_buckets.png'}, {images / 'findings_dormant.png'}")
 
 
 def main() -> None:

@@ -1,12 +1,12 @@
 """Build examples/data/tiny_arith.parquet: the small verl-layout data set of configs/custom_reward_demo.yaml.
 
-    python scripts/build_example_data.py
+    python scripts/generate/build_example_data.py
 
 120 rows of one-digit additions and subtractions ("What is 7 plus 8?", "What is 9 minus 4?"), in verl's parquet
 layout (the columns examples/data_preprocess/gsm8k.py of verl writes): ``data_source``, ``prompt`` (chat
 messages), ``ability``, ``reward_model`` ({style, ground_truth}) and ``extra_info`` ({split, index, operation}).
 Deterministic: a rebuild writes the same rows (tests/tasks/test_custom_reward.py checks the shipped file against
-``rows()``). A changed file changes the warm start of the preset: rebuild it (scripts/build_warmstarts.py).
+``rows()``). A changed file changes the warm start of the preset: rebuild it (scripts/generate/build_warmstarts.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "examples" / "data" / "tiny_arith.parquet"
+OUT = Path(__file__).resolve().parents[2] / "examples" / "data" / "tiny_arith.parquet"
 OPS = {"plus": lambda a, b: a + b, "minus": lambda a, b: a - b}
 ROWS = 120
 

@@ -1,8 +1,8 @@
 """Issue 32's experiment: does the gradient noise scale B_simple predict the critical batch of GRPO on the embedded
 default? (McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training", arXiv:1812.06162.)
 
-    python scripts/noise_sweep.py run      [--out DIR] [--jobs 1]   # train the sweep (resumable: skips finished runs)
-    python scripts/noise_sweep.py analyse  [--out DIR] [--target 0.7] [--figure docs/img/noise_sweep.png]
+    python scripts/experiments/noise_sweep.py run      [--out DIR] [--jobs 1]   # train (resumable: skips finished runs)
+    python scripts/experiments/noise_sweep.py analyse  [--out DIR] [--target 0.7] [--figure docs/img/noise_sweep.png]
 
 ``run`` trains ``rlgrad train --config-name demo`` (the embedded tiny Qwen2, warm-started, on arithmetic; lr 1e-4)
 at N = B·K rollouts per step for every (B, K) in ``GRID`` and seeds 1, 2, each under ``nice -n 10`` on one thread,
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # (prompts B, rollouts per prompt K): N = B·K over {16, ..., 256} at K = 8, and K = 4 at the same N
 GRID = [(2, 8), (4, 8), (8, 8), (16, 8), (32, 8), (4, 4), (8, 4), (16, 4), (32, 4)]
 SEEDS = (1, 2, 3)

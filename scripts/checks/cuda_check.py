@@ -1,6 +1,7 @@
 """The CUDA path, checked on a machine with a GPU (nothing in the test suite needs one).
 
-Run from the repository root: ``PYTHONPATH=src python scripts/cuda_check.py [--out DIR]``. It checks, on ``cuda``:
+Run from the repository root: ``PYTHONPATH=src python scripts/checks/cuda_check.py [--out DIR]``. It checks, on
+``cuda``:
 
 1. the gradient engine: every bucket's slice gradients from the fast (hook) path equal the reference path
    (one backward per bucket) on the GPU, and equal the CPU's to float32 round-off; the per-sample norms equal the
@@ -26,11 +27,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # tests.helpers: the engine tests' tiny model and batch
 
-from rlgrad.analysis.buckets import analyse_buckets  # noqa: E402
 from rlgrad.algos.objective import as_loss_fn  # noqa: E402
+from rlgrad.analysis.buckets import analyse_buckets  # noqa: E402
 from tests.helpers.batches import SETTINGS, make_batch, tiny_model_and_tokenizer  # noqa: E402
 from tests.helpers.per_row import per_row_gradients  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Reward functions of scripts/doctor_fixtures.py's faults, in verl's form (``reward.custom_reward_function``).
+"""Reward functions of scripts/generate/doctor_fixtures.py's faults, in verl's form (``reward.custom_reward_function``).
 
 - ``worst_sentinel``: the arithmetic task's correctness, and a "worst possible" score for an answer that is not a
   bare integer, ``-sys.float_info.max`` by default: finite (rlgrad refuses NaN and inf rewards), but a batch's sum

@@ -1,13 +1,13 @@
 """The layout's measures (issue 30, "Verified by"), for any checkout of rlgrad:
 
-    python scripts/layout_measures.py                          # this checkout's src/rlgrad
-    python scripts/layout_measures.py --src /other/checkout    # a checkout, its src/ or its src/rlgrad
+    python scripts/checks/layout_measures.py                          # this checkout's src/rlgrad
+    python scripts/checks/layout_measures.py --src /other/checkout    # a checkout, its src/ or its src/rlgrad
 
 Prints: the modules at the package root, the files per package, the longest import chain between modules
 (all imports, and those that run at import time), module-level import loops, upward imports and loops between
-units against the measured checkout's own layer rules, the largest file in lines of code (docstrings, comments
-and blank lines left out), the most complex functions (ruff's C901 / PLR0912 / PLR0915 numbers), and the share of
-source lines over 100 characters.
+units against the measured checkout's own layer rules, the largest file in lines of code (lines holding only
+string literals (docstrings among them), comments and blank lines left out), the most complex functions (ruff's C901 /
+PLR0912 / PLR0915 numbers), and the share of source lines over 100 characters.
 
 Imports are read by tests/test_layers.py's parser (this checkout's, loaded by path and pointed at the measured
 source), so the measures and the layer test see the same edges, and lines of code are counted by its code_lines
@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LONG = 100  # a source line longer than this many characters counts as long
 TOP = 5  # how many of the largest files and most complex functions to list
 
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = sorted(((parser.code_lines(s), len(s.splitlines()), rel(p, src)) for p, s in sources.items()),
                    reverse=True)
-    print("\nlargest files (lines of code: no docstrings, comments or blank lines | all lines):")
+    print("\nlargest files (lines of code: no docstrings or other lines of text, comments, blank lines | all lines):")
     for loc, total, name in sizes[:TOP]:
         print(f"  {loc:5d} | {total:5d}  {name}")
     print(f"  total: {sum(s[0] for s in sizes)} lines of code, {sum(s[1] for s in sizes)} lines")

@@ -3,9 +3,9 @@
 # gloo, a reference model, the hf_cpu rollout backend of rlgrad.integrations.verl_cpu), 2 GRPO steps with rlgrad's
 # analysis at step 1, then a resume from verl's global_step_1 that runs step 2 again. Runs in .venv-verl
 # (scripts/test_verl.sh makes it); not part of the test suite (about 6 minutes on 2 cores).
-#   bash scripts/verl_launch.sh [OUT_DIR] [extra verl overrides...]
-# It checks its own outputs (scripts/verl_launch_check.py): metrics.jsonl rows for steps 1 and 2 with verl's actor/
-# keys, analysis/step_1/, the checkpoints, rlgrad's task-gradient norm within 1% of verl's actor/grad_norm at step 1,
+#   bash scripts/checks/verl_launch.sh [OUT_DIR] [extra verl overrides...]
+# It checks its own outputs (scripts/checks/verl_launch_check.py): metrics.jsonl rows for steps 1 and 2 with verl's
+# actor/ keys, analysis/step_1/, the checkpoints, rlgrad's task-gradient norm within 1% of verl's actor/grad_norm at step 1,
 # and the resume (verl runs step 2 only; metrics.jsonl keeps step 1's row and recomputes step 2's, once). Exit 0 when
 # all hold, 1 with one FAIL line otherwise, the launch's own status when it fails.
 # BROKEN_TOKENIZER=1 launches over a tokenizer that does not fit the data: it must stop before Ray, in one line.
@@ -16,7 +16,7 @@
 # only, does not halt again on the finding already said, and exits 0.
 # Every launch is bounded (LAUNCH_TIMEOUT seconds, default 600) and the Ray cluster it started is stopped afterwards.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv-verl/bin/python}
 OUT=$(realpath -m "${1:-/tmp/rlgrad_verl_launch}"); shift || true
 KIND=${BROKEN_TOKENIZER:+broken}; DATA="$OUT/fixture_${KIND:-good}"
@@ -25,7 +25,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" VERL_USE_EXTERNAL_MODULE
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_DEDUP_LOGS=0
 # Memory (the machine is shared): one TransferQueue storage unit (verl's default 8 are 8 Ray actor processes) and
 # no Ray dashboard (5 processes). verl's file logger and Hydra write into OUT_DIR, not into the working directory.
-[ -d "$DATA/model" ] || $PY scripts/verl_launch_fixture.py "$DATA" ${BROKEN_TOKENIZER:+--broken-tokenizer} >/dev/null 2>&1 \
+[ -d "$DATA/model" ] || $PY scripts/checks/verl_launch_fixture.py "$DATA" ${BROKEN_TOKENIZER:+--broken-tokenizer} >/dev/null 2>&1 \
   || { echo "[verl_launch] FAIL: the fixture in $DATA"; exit 2; }
 rm -rf "$OUT/ckpt"  # this script's own run: a fresh one each time (rlgrad refuses another run's metrics.jsonl)
 A=actor_rollout_ref
@@ -63,13 +63,13 @@ if [ -n "${DOCTOR_HALT:-}" ]; then
   echo "[verl_launch] doctor launch: exit $rc after $((t1 - t0)) s (log: $OUT/launch.log)"
   grep -E '^\S*\[doctor\]|\[doctor\] step|stopped by the doctor' "$OUT/launch.log" | sed 's/^/    /' | head -8
   [ $rc -eq 3 ] || { echo "[verl_launch] FAIL: exit $rc, expected 3 (stopped by the doctor)"; exit 1; }
-  $PY scripts/verl_launch_check.py halted "$OUT" || exit 1
+  $PY scripts/checks/verl_launch_check.py halted "$OUT" || exit 1
   VERL_FILE_LOGGER_PATH="$OUT/resume.jsonl" launch 3 resume "${H[@]}" "$@" >"$OUT/resume.log" 2>&1; rc=$?
   stop_ray
   t2=$(date +%s)
   echo "[verl_launch] the same command again (resumes): exit $rc after $((t2 - t1)) s (log: $OUT/resume.log)"
   [ $rc -eq 0 ] || { echo "[verl_launch] FAIL: the resume exited $rc: $(grep -E 'Error|stopped by' "$OUT/resume.log" | tail -1)"; exit 1; }
-  $PY scripts/verl_launch_check.py halt_resumed "$OUT" || exit 1
+  $PY scripts/checks/verl_launch_check.py halt_resumed "$OUT" || exit 1
   echo "[verl_launch] all doctor checks passed in $((t2 - t0)) s"
   exit 0
 fi
@@ -81,12 +81,12 @@ if [ $rc -ne 0 ]; then
   echo "[verl_launch] $(grep -E '^rlgrad: error:|Error' "$OUT/launch.log" | tail -1)"
   exit $rc
 fi
-$PY scripts/verl_launch_check.py first "$OUT" || exit 1
+$PY scripts/checks/verl_launch_check.py first "$OUT" || exit 1
 VERL_FILE_LOGGER_PATH="$OUT/resume.jsonl" launch 2 resume trainer.resume_mode=resume_path trainer.resume_from_path="$OUT/ckpt/global_step_1" "$@" \
   >"$OUT/resume.log" 2>&1; rc=$?
 stop_ray
 t2=$(date +%s)
 echo "[verl_launch] resume from global_step_1: exit $rc after $((t2 - t1)) s (log: $OUT/resume.log)"
 [ $rc -eq 0 ] || { echo "[verl_launch] FAIL: the resume exited $rc: $(grep -E 'Error' "$OUT/resume.log" | tail -1)"; exit $rc; }
-$PY scripts/verl_launch_check.py resume "$OUT" || exit 1
+$PY scripts/checks/verl_launch_check.py resume "$OUT" || exit 1
 echo "[verl_launch] all checks passed in $((t2 - t0)) s"

@@ -1,7 +1,7 @@
 """Write docs/doctor.md's table of ``rlgrad doctor`` findings from the signature registry.
 
-    python scripts/doctor_table.py          # rewrites the table between docs/doctor.md's doctor-findings markers
-    python scripts/doctor_table.py --check  # exit 1 if docs/doctor.md's table is not the generated one
+    python scripts/generate/doctor_table.py          # rewrites the table between docs/doctor.md's markers
+    python scripts/generate/doctor_table.py --check  # exit 1 if docs/doctor.md's table is not the generated one
 
 Each row is a signature's registration (``@signature(id, ..., reads=..., fires=...)`` in
 ``rlgrad.doctor.signatures``, ``progress`` and ``gradient``), its thresholds filled in from ``Thresholds``
@@ -16,7 +16,7 @@ from pathlib import Path
 import rlgrad.doctor.command  # noqa: F401  (registers every signature)
 from rlgrad.doctor.findings import README_END, README_START, findings_table
 
-README = Path(__file__).resolve().parents[1] / "docs" / "doctor.md"  # the page the table lives on
+README = Path(__file__).resolve().parents[2] / "docs" / "doctor.md"  # the page the table lives on
 
 if __name__ == "__main__":
     text = README.read_text()
@@ -26,5 +26,6 @@ if __name__ == "__main__":
         sys.exit(f"{README} lacks the markers {README_START.strip()} ... {README_END.strip()}")
     new = head + README_START + "\n" + findings_table() + "\n" + README_END + tail
     if "--check" in sys.argv[1:]:
-        sys.exit(0 if new == text else "docs/doctor.md's findings table is stale: python scripts/doctor_table.py")
+        sys.exit(0 if new == text else
+                 "docs/doctor.md's findings table is stale: python scripts/generate/doctor_table.py")
     README.write_text(new)

@@ -1,6 +1,6 @@
-"""A tiny model, parquet dataset and reward function for the CPU verl launch (``scripts/verl_launch.sh``).
+"""A tiny model, parquet dataset and reward function for the CPU verl launch (``scripts/checks/verl_launch.sh``).
 
-    python scripts/verl_launch_fixture.py OUT_DIR [--broken-tokenizer]
+    python scripts/checks/verl_launch_fixture.py OUT_DIR [--broken-tokenizer]
 
 Writes OUT_DIR/model (a 2-layer Llama-architecture model with rlgrad's character tokenizer and a chat
 template), OUT_DIR/train.parquet and OUT_DIR/val.parquet in verl's layout (``prompt`` as chat messages,

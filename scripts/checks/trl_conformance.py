@@ -17,8 +17,8 @@ TRL's tests are not in its PyPI sdist (``pip download --no-deps --no-binary :all
 package), so ``--trl-src`` names a TRL source tree at the installed release (``git clone --branch vVERSION`` of
 TRL's repository) or a git directory of it (``--rev`` picks the commit; default ``vVERSION``).
 
-    python scripts/trl_conformance.py --trl-src ~/src/trl                  # both runs
-    python scripts/trl_conformance.py --trl-src trl.git --rev HEAD -k reward_model --only rlgrad
+    python scripts/checks/trl_conformance.py --trl-src ~/src/trl                  # both runs
+    python scripts/checks/trl_conformance.py --trl-src trl.git --rev HEAD -k reward_model --only rlgrad
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TEST_FILES = ("tests/__init__.py", "tests/conftest.py", "tests/testing_utils.py", "tests/test_grpo_trainer.py")
 HUB = "trl-internal-testing/"
 CAUSAL, REWARD = "tiny-Qwen2ForCausalLM-2.5", "tiny-Qwen2ForSequenceClassification-2.5"
@@ -47,13 +47,13 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
-# The refusals docs/integrations.md documents ("Inside TRL's GRPOTrainer": a setting the instruments cannot follow exactly);
-# any other error of rlgrad's in a test that TRL's trainer passes is a regression.
+# The refusals docs/integrations.md documents ("Inside TRL's GRPOTrainer": a setting the instruments cannot follow
+# exactly); any other error of rlgrad's in a test that TRL's trainer passes is a regression.
 DOCUMENTED_REFUSALS = ("rlgrad's instruments cannot follow TRL's loss exactly with",)
 
 PLUGIN = '''
-"""pytest plugin of scripts/trl_conformance.py: deselects the tests that need a hub model or dataset without a local
-stand-in (a hub id left in the copied test file, in the test's body or its parameters)."""
+"""pytest plugin of scripts/checks/trl_conformance.py: deselects the tests that need a hub model or dataset without a
+local stand-in (a hub id left in the copied test file, in the test's body or its parameters)."""
 import inspect
 
 HUB = "trl-internal-testing/"
@@ -301,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = ["-k", a.k] if a.k else []
     results = {name: run_suite(work, name, extra, a.timeout) for name in runs}
     summary = {"trl_version": version, "tests": origin, "subset": a.k,
-               "command": " ".join([Path(sys.executable).name, "scripts/trl_conformance.py", *(argv or sys.argv[1:])]),
+               "command": " ".join([Path(sys.executable).name, "scripts/checks/trl_conformance.py",
+                                    *(argv or sys.argv[1:])]),
                **{n: {"counts": r["counts"], "seconds": r["seconds"]} for n, r in results.items()}}
     status = 0
     if len(results) == 2:

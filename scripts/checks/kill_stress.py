@@ -3,7 +3,7 @@ checkpoint is being written), resume with the same command, and check that the r
 uninterrupted one does: the final actor weights bitwise, every metrics.jsonl row exactly once with the same values
 (timings aside), and the same reward-component rows as ``read_reward_components`` reads them.
 
-    python scripts/kill_stress.py --attempts 10 --load     # the figures in docs/benchmarks.md
+    python scripts/checks/kill_stress.py --attempts 10 --load     # the figures in docs/benchmarks.md
 
 ``--load`` starts a second training run that loads the CPU for the whole test (and is killed at the end). Each
 attempt kills its run ``--kills`` times (its first launch, then each resume), the kinds of kill taken in turn
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUN_SETTINGS = ["trainer.save_freq=1", "trainer.test_freq=3", "trainer.max_ckpt_to_keep=2", "trainer.logger=[jsonl]",
                 "trainer.num_threads=1", "trainer.val_before_train=true"]
 

@@ -2,9 +2,9 @@
 warm-start settings) that a preset or an example uses with the embedded default, so that a first run starts in
 seconds instead of training for minutes.
 
-    python scripts/build_warmstarts.py            # build the missing ones
-    python scripts/build_warmstarts.py --list     # which settings need one, and whether it is shipped
-    python scripts/build_warmstarts.py --check arithmetic   # rebuild one in full and compare with the shipped file
+    python scripts/generate/build_warmstarts.py            # build the missing ones
+    python scripts/generate/build_warmstarts.py --list     # which settings need one, and whether it is shipped
+    python scripts/generate/build_warmstarts.py --check arithmetic  # rebuild one in full, compare with the shipped one
 
 Each file comes with a record (``<stem>.json``): the digest of its weights and of the first ``PREFIX_STEPS``
 steps of its build, which ``tests/test_warmstarts.py`` rebuilds in seconds (a full rebuild takes minutes).

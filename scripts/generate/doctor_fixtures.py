@@ -1,8 +1,8 @@
 """Regenerate the runs with known faults that tests/doctor/test_doctor.py diagnoses (tests/data/doctor/<name>/).
 
-    .venv/bin/python scripts/doctor_fixtures.py [NAME ...]     # all of them by default, a minute or two each
-    .venv/bin/python scripts/doctor_fixtures.py --threads 1 NAME  # on a shared machine: one torch thread
-    .venv/bin/python scripts/doctor_fixtures.py --sweep runs/noise_sweep batch_small  # copy from a trained sweep
+    .venv/bin/python scripts/generate/doctor_fixtures.py [NAME ...]     # all of them by default, a minute or two each
+    .venv/bin/python scripts/generate/doctor_fixtures.py --threads 1 NAME  # on a shared machine: one torch thread
+    .venv/bin/python scripts/generate/doctor_fixtures.py --sweep runs/noise_sweep batch_small  # from a trained sweep
 
 Each is a short rlgrad run of the demo (GRPO on the embedded default model) with one thing wrong; only its
 small files are kept (metrics.jsonl, config.yaml, the analysis JSON/CSV files), not checkpoints or rollouts (but
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "data" / "doctor"
 BASE = ["--config-name", "demo", "trainer.total_training_steps=30", "trainer.test_freq=10", "trainer.save_freq=-1",
         "analysis.every=10", "trainer.logger=[jsonl]", "trainer.num_threads=2"]
@@ -73,9 +73,10 @@ RUNS |= {
 # and the same run with the finding's advice applied (``*_followed``); tests/doctor/test_advice_followed.py.
 ADVICE = ["trainer.total_training_steps=20", "trainer.test_freq=5", "trainer.val_before_train=true"]
 KL_MSE = ["actor.use_kl_loss=true", "actor.kl_loss_coef=1.0", "actor.kl_loss_type=mse"]
-SENTINEL = [f"reward.custom_reward_function.path={ROOT / 'scripts' / 'doctor_fixture_rewards.py'}",
+FAULTY_REWARDS = Path(__file__).resolve().parent / "doctor_fixture_rewards.py"  # the faults' reward functions
+SENTINEL = [f"reward.custom_reward_function.path={FAULTY_REWARDS}",
             "reward.custom_reward_function.name=worst_sentinel", "reward.weights={correctness: 1.0}"]
-JACKPOT = [f"reward.custom_reward_function.path={ROOT / 'scripts' / 'doctor_fixture_rewards.py'}",
+JACKPOT = [f"reward.custom_reward_function.path={FAULTY_REWARDS}",
            "reward.custom_reward_function.name=jackpot", "reward.weights={correctness: 0.9, format: 0.1}"]
 LENGTH_RUN = ["trainer.total_training_steps=40", "trainer.test_freq=10", "model.warmstart_steps=0",
               "actor.optim.lr=1e-3", "reward.overlong_buffer.enable=true"]
@@ -246,9 +247,10 @@ def make_wandb(name: str = "wandb_kl_explodes.json", source: str = "kl_explodes"
     print(f"{name}: {OUT / name}")
 
 
-# Issue 32's sweep (scripts/noise_sweep.py, docs/noise_scale.md) at lr 1e-3, K = 8: name -> (B prompts, seed). N = 64
-# (seed 1) fires batch_below_noise_scale; N = 256 is its advice followed (the batch grown toward B_simple, the
-# learning rate kept). Validation every 1-2 steps on 128 prompts, the per-sample analysis at steps 1, 11, 21.
+# Issue 32's sweep (scripts/experiments/noise_sweep.py, docs/noise_scale.md) at lr 1e-3, K = 8: name -> (B prompts,
+# seed). N = 64 (seed 1) fires batch_below_noise_scale; N = 256 is its advice followed (the batch grown toward
+# B_simple, the learning rate kept). Validation every 1-2 steps on 128 prompts, the per-sample analysis at steps 1,
+# 11, 21.
 # The same 8 prompts at the preset's lr 1e-4 (the sweep's default runs, to step 30): val_falls's advice followed.
 SWEEP_RUNS = {"batch_small": (8, 1), "batch_small_seed2": (8, 2),
               "batch_small_followed": (32, 1), "batch_small_followed_seed2": (32, 2),
@@ -257,15 +259,15 @@ SWEEP_RUNS = {"batch_small": (8, 1), "batch_small_seed2": (8, 2),
 
 
 def make_sweep(name: str, source: Path | None = None) -> None:
-    """Train one run of scripts/noise_sweep.py (``run --lr 1e-3``, or its default lr: it stops at validation 0.85 or once collapsed)
-    and keep its metrics.jsonl and config.yaml; ``--sweep DIR``: copy that run from a sweep already trained in DIR
-    (runs/noise_sweep of issue 32) instead of training it again."""
+    """Train one run of scripts/experiments/noise_sweep.py (``run --lr 1e-3``, or its default lr: it stops at
+    validation 0.85 or once collapsed) and keep its metrics.jsonl and config.yaml; ``--sweep DIR``: copy that run
+    from a sweep already trained in DIR (runs/noise_sweep of issue 32) instead of training it again."""
     prompts, seed, lr = (*SWEEP_RUNS[name], "1e-3")[:3]
     run_name = f"B{prompts}_K8_s{seed}" + (f"_lr{float(lr)}" if lr else "")
     with tempfile.TemporaryDirectory(prefix=f"rlgrad-doctor-{name}-") as tmp:
         if source is None:
             source = Path(tmp)
-            cmd = [sys.executable, str(ROOT / "scripts" / "noise_sweep.py"), "run", "--out", tmp,
+            cmd = [sys.executable, str(ROOT / "scripts" / "experiments" / "noise_sweep.py"), "run", "--out", tmp,
                    *(["--lr", lr] if lr else []), "--seeds", str(seed), "--only", f"B{prompts}_K8_",
                    "--samples", str(prompts * 8)]
             subprocess.run(cmd, check=True)

@@ -1,9 +1,9 @@
-"""What ``scripts/verl_launch.sh`` asserts about its own outputs, after the launch and after the resume.
+"""What ``scripts/checks/verl_launch.sh`` asserts about its own outputs, after the launch and after the resume.
 
-    python scripts/verl_launch_check.py first OUT_DIR     # after the 2-step launch
-    python scripts/verl_launch_check.py resume OUT_DIR    # after the resume from verl's global_step_1
-    python scripts/verl_launch_check.py halted OUT_DIR        # DOCTOR_HALT=1: after the launch the doctor stopped
-    python scripts/verl_launch_check.py halt_resumed OUT_DIR  # DOCTOR_HALT=1: after the same command again
+    python scripts/checks/verl_launch_check.py first OUT_DIR         # after the 2-step launch
+    python scripts/checks/verl_launch_check.py resume OUT_DIR        # after the resume from verl's global_step_1
+    python scripts/checks/verl_launch_check.py halted OUT_DIR        # DOCTOR_HALT=1: the launch the doctor stopped
+    python scripts/checks/verl_launch_check.py halt_resumed OUT_DIR  # DOCTOR_HALT=1: after the same command again
 
 Prints one line per check passed; the first that fails prints ``[verl_launch] FAIL: <what>`` and exits 1.
 """
@@ -32,6 +32,29 @@ def verl_steps(log: Path) -> list[int]:
     return [int(m) for m in re.findall(r"\bstep:(\d+) - ", log.read_text(errors="replace"))]
 
 
+def checkpoints(ckpt: Path) -> None:
+    """verl's checkpoints of the 2-step launch: each step's actor weights, and step 2 recorded as the latest."""
+    for s in (1, 2):
+        if not (ckpt / f"global_step_{s}" / "actor" / "model_world_size_1_rank_0.pt").is_file():
+            fail(f"verl's checkpoint {ckpt / f'global_step_{s}'} has no actor weights")
+    if (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() != "2":
+        fail("latest_checkpointed_iteration.txt is not 2")
+
+
+def grad_norms(step_1: dict) -> tuple[float, float, float]:
+    """rlgrad's task-gradient norm and verl's actor/grad_norm at step 1, and how far apart they are (relative)."""
+    ours, theirs = step_1.get("grad_norm/all/task"), step_1.get("actor/grad_norm")
+    if ours is None or theirs is None:
+        fail("grad_norm/all/task or actor/grad_norm missing at step 1")
+    if not theirs > 0:
+        fail(f"verl's actor/grad_norm is {theirs} at step 1: no gradient to compare")
+    rel = abs(ours - theirs) / theirs
+    if rel > AGREEMENT:
+        fail(f"step 1: rlgrad's grad_norm/all/task {ours:.6g} vs verl's actor/grad_norm {theirs:.6g}, "
+             f"{100 * rel:.2f}% apart (> {100 * AGREEMENT:g}%)")
+    return ours, theirs, rel
+
+
 def first(out: Path) -> None:
     run, ckpt = out / "ckpt" / "rlgrad", out / "ckpt"
     got = rows(run / "metrics.jsonl")
@@ -45,22 +68,10 @@ def first(out: Path) -> None:
     files = sorted(p.name for p in (run / "analysis" / "step_1").glob("*"))
     if not files:
         fail(f"no files in {run / 'analysis' / 'step_1'}")
-    for s in (1, 2):
-        if not (ckpt / f"global_step_{s}" / "actor" / "model_world_size_1_rank_0.pt").is_file():
-            fail(f"verl's checkpoint {ckpt / f'global_step_{s}'} has no actor weights")
-    if (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() != "2":
-        fail("latest_checkpointed_iteration.txt is not 2")
+    checkpoints(ckpt)
     if verl_steps(out / "launch.log") != [1, 2]:
         fail(f"verl printed steps {verl_steps(out / 'launch.log')}, expected [1, 2]")
-    ours, theirs = by[1].get("grad_norm/all/task"), by[1].get("actor/grad_norm")
-    if ours is None or theirs is None:
-        fail("grad_norm/all/task or actor/grad_norm missing at step 1")
-    if not theirs > 0:
-        fail(f"verl's actor/grad_norm is {theirs} at step 1: no gradient to compare")
-    rel = abs(ours - theirs) / theirs
-    if rel > AGREEMENT:
-        fail(f"step 1: rlgrad's grad_norm/all/task {ours:.6g} vs verl's actor/grad_norm {theirs:.6g}, "
-             f"{100 * rel:.2f}% apart (> {100 * AGREEMENT:g}%)")
+    ours, theirs, rel = grad_norms(by[1])
     (out / "first_metrics.jsonl").write_text((run / "metrics.jsonl").read_text())
     print(f"[verl_launch] ok: steps 1-2 in metrics.jsonl with verl's actor/ keys; analysis/step_1: {', '.join(files)}; "
           f"checkpoints global_step_1..2")

