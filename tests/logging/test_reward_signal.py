@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from rlgrad.doctor.command import diagnose
+from rlgrad.doctor import diagnose
 from rlgrad.logging.reward_signal import RewardSignalWatch, reward_problems
 from rlgrad.rundata import load_any
 from tests.conftest import REPO, run_cli

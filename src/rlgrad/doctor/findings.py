@@ -19,7 +19,13 @@ from rlgrad import rundata as D
 from rlgrad.errors import UserError
 from rlgrad.logging.reward_signal import correctness_component
 
-SEVERITY = {"critical": 0, "warn": 1, "info": 2}
+SEVERITY = {"critical": 0, "warn": 1, "info": 2}  # most serious first: a finding's severity is one of these
+
+
+def at_or_above(severity: str, bound: str) -> bool:
+    """Whether ``severity`` is ``bound`` or more serious; never for a bound that is no severity (``never``: the value
+    that turns ``--fail-on`` and ``doctor.halt_on`` off)."""
+    return bound in SEVERITY and SEVERITY[severity] <= SEVERITY[bound]
 
 
 @dataclass(frozen=True)
