@@ -368,8 +368,6 @@ def _restart_from(v: View, step: int) -> str:
            fires="the reward's rise from the first to the last {window} steps < {plateau_delta:g} (info)")
 def _plateau(v: View, t: Thresholds) -> Finding | None:
     steps, r = v.series("critic/score/mean")
-    if len(r) < 2 * t.window:
-        return None
     a, b = first_last(r, t.window)
     if abs(b - a) >= t.plateau_delta:  # a fall is reward_collapse's (or nothing)
         return None
@@ -399,15 +397,15 @@ def _reward_problem(v: View, pid: str, severity: str) -> Finding | None:
 
 @signature("unlearnable_reward", "reward/{component}/mean",
            reads="logs",
-           fires="every group with one correctness value on each of the first 3 steps (critical; names the likely "
-                 "cause: extraction, format, too hard, too easy)")
+           fires=f"every group with one correctness value on each of the first {MIN_STEPS} steps (critical; names "
+                 "the likely cause: extraction, format, too hard, too easy)")
 def _unlearnable(v: View, t: Thresholds) -> Finding | None:
     return _reward_problem(v, "unlearnable_reward", "critical")
 
 
 @signature("constant_component", "reward/{component}/std",
            reads="logs",
-           fires="a weighted component constant over the batch on each of the first 3 steps (info)")
+           fires=f"a weighted component constant over the batch on each of the first {MIN_STEPS} steps (info)")
 def _constant_component(v: View, t: Thresholds) -> Finding | None:
     return _reward_problem(v, "constant_component", "info")
 
@@ -457,7 +455,10 @@ def _inverted(v: View, t: Thresholds) -> Finding | None:
                   "reward_plateau", "length_collapse"])
 
 
-@signature("format_over_correct", "reward/{component}/mean", trend="critic/score/mean", min_points=4,
+COMPONENT_STEPS = 4  # format_over_correct: the fewest steps of the reward and of each component's mean it compares
+
+
+@signature("format_over_correct", "reward/{component}/mean", trend="critic/score/mean", min_points=COMPONENT_STEPS,
            reads="logs",
            fires="a non-correctness reward rising by > {component_rise:g} while correctness rises < {correct_rise:g} "
                  "(info when no group's correctness varies on most steps: no signal, not the weight)")
@@ -467,12 +468,12 @@ def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
     if correct is None:
         return None
     _, c = v.series(f"reward/{correct}/mean")
-    if len(c) < 4:
+    if len(c) < COMPONENT_STEPS:
         return None
     ca, cb = first_last(c, t.window)
     for other in sorted(comps - {correct}):
         steps, o = v.series(f"reward/{other}/mean")
-        if len(o) < 4:
+        if len(o) < COMPONENT_STEPS:
             continue
         oa, ob = first_last(o, t.window)
         if ob - oa > t.component_rise and cb - ca < t.correct_rise:
@@ -527,14 +528,12 @@ def checkpoint_words(v: View, best_step: int) -> str:
             "to keep it, with a trainer.save_freq that divides it")
 
 
-@signature("val_falls_train_rises", "val/accuracy", trend="val/accuracy", min_points=2,
+@signature("val_falls_train_rises", "val/accuracy", trend="val/accuracy", min_points=3,
            reads="logs (+ config)",
            fires="validation accuracy below its best by > {val_drop:g} and by more than twice its binomial noise over "
                  "data.val_size prompts, while the training reward rises")
 def _val(v: View, t: Thresholds) -> Finding | None:
     steps, acc = v.series("val/accuracy")
-    if len(acc) < 3:
-        return None
     best = max(acc)
     best_step = steps[acc.index(best)]
     flat, _ = flat_reward(v, t)
