@@ -378,8 +378,9 @@ def _plateau(v: View, t: Thresholds) -> Finding | None:
         action="See the other findings for why; a plateau at the reward's maximum is success.")
 
 
-def _reward_problem(v: View, pid: str, severity: str) -> Finding | None:
-    """The run's ``reward_problems`` of kind ``pid`` (the trainer prints the same ones live), as a finding."""
+def _reward_problem(v: View, pid: str) -> Finding | None:
+    """The run's ``reward_problems`` of kind ``pid`` as a finding, in the words the trainer prints it live
+    (``RewardProblem``: its severity, title, cause, advice and evidence)."""
     weights = v.cfg("reward.weights") or None  # empty: the task's defaults, unknown here
     # reward_problems reads step 0 and the first MIN_STEPS steps with rewards: only those, not a long history
     first = sorted({s for k in v.keys("reward/") for s in v.series(k)[0] if s >= 1})[:MIN_STEPS]
@@ -388,11 +389,8 @@ def _reward_problem(v: View, pid: str, severity: str) -> Finding | None:
     if not problems:
         return None
     p = problems[0]
-    title = (f"The reward cannot teach: '{p.component}' gives no group a signal" if pid == "unlearnable_reward"
-             else f"'{p.component}' is the same for every response")
-    return Finding(
-        severity=severity, step=p.step, confidence=0.9, title=title, evidence=p.evidence, explanation=p.cause,
-        action=p.advice)
+    return Finding(severity=p.severity, step=p.step, confidence=0.9, title=p.title, evidence=list(p.evidence),
+                   explanation=p.cause, action=p.advice)
 
 
 @signature("unlearnable_reward", "reward/{component}/mean",
@@ -400,14 +398,14 @@ def _reward_problem(v: View, pid: str, severity: str) -> Finding | None:
            fires=f"every group with one correctness value on each of the first {MIN_STEPS} steps (critical; names "
                  "the likely cause: extraction, format, too hard, too easy)")
 def _unlearnable(v: View, t: Thresholds) -> Finding | None:
-    return _reward_problem(v, "unlearnable_reward", "critical")
+    return _reward_problem(v, "unlearnable_reward")
 
 
 @signature("constant_component", "reward/{component}/std",
            reads="logs",
            fires=f"a weighted component constant over the batch on each of the first {MIN_STEPS} steps (info)")
 def _constant_component(v: View, t: Thresholds) -> Finding | None:
-    return _reward_problem(v, "constant_component", "info")
+    return _reward_problem(v, "constant_component")
 
 
 def reward_weights(v: View) -> dict[str, float]:
