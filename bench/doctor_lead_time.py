@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from rlgrad import rundata as D  # noqa: E402
-from rlgrad.doctor.command import diagnose  # noqa: E402
+from rlgrad.doctor import diagnose  # noqa: E402
 from rlgrad.doctor.findings import ROWS  # noqa: E402
 from rlgrad.foreign_names import RLDOCTOR_NAMES  # noqa: E402
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from doctor_speed import SOURCE, build  # noqa: E402
 
 from rlgrad import rundata as D  # noqa: E402
-from rlgrad.doctor.command import diagnose  # noqa: E402
+from rlgrad.doctor import diagnose  # noqa: E402
 from rlgrad.doctor.live import LiveDoctor  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 under rldoctor's canonical fields reads as rlgrad's keys, and rlgrad's keys are quoted back in rldoctor's names."""
 
 from rlgrad import rundata as D
-from rlgrad.doctor.command import diagnose, render_text
+from rlgrad.doctor import diagnose, render_text
 from rlgrad.metrics import FOREIGN_NAMES, RLDOCTOR_NAMES, foreign_key, foreign_markdown, own_key
 
 

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from rlgrad.analysis import hooks_from_config, schedules
 from rlgrad.config.schema import RLGradConfig
 from rlgrad.distributed import env_rank
+from rlgrad.doctor.hook import doctor_hooks
 from rlgrad.hooks import Hook, Schedule
 from rlgrad.rl.resume import resolve_run_dir
 from rlgrad.rl.trainer import Trainer
-from rlgrad.watch import doctor_hooks
 
 
 def make_trainer(cfg: RLGradConfig, hooks: list[Hook] | None = None, log: Callable = print) -> Trainer:

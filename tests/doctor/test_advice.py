@@ -10,7 +10,7 @@ import re
 import torch
 
 from rlgrad import rundata as D
-from rlgrad.doctor.command import diagnose
+from rlgrad.doctor import diagnose
 from tests.doctor.test_doctor import fixture, healthy_series, run_of
 
 STEPS = 20

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 from rlgrad import rundata as D
-from rlgrad.doctor.command import SIGNATURES, diagnose
+from rlgrad.doctor import SIGNATURES, diagnose
 from rlgrad.doctor.findings import Thresholds
 from rlgrad.doctor.selftest import prefix, prefixes
 from tests.doctor.test_doctor import fixture

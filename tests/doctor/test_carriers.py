@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from rlgrad import rundata as D
-from rlgrad.doctor.command import diagnose
+from rlgrad.doctor import diagnose
 from tests.doctor.test_doctor import healthy_series
 
 SPIKE = 16

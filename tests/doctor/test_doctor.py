@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlgrad import rundata as D
-from rlgrad.doctor.command import SIGNATURES, Thresholds, diagnose
+from rlgrad.doctor import SIGNATURES, Thresholds, diagnose
 from rlgrad.doctor.findings import README_END, README_START, SEVERITY, findings_table
 from rlgrad.doctor.selftest import FAULTS
 from rlgrad.errors import UserError
@@ -479,7 +479,7 @@ def test_a_default_kept_against_advice_says_so_and_explain_says_why_and_what_log
     """algorithm.norm_adv_by_std_in_grpo=true is verl's and TRL's default, kept by rlgrad: the finding still warns
     and names it as the kept default; --explain gives the reason (doctor/settings.py) and, for each unchecked
     signature, the setting that would log its metrics."""
-    from rlgrad.doctor.command import render_text
+    from rlgrad.doctor import render_text
     from rlgrad.doctor.settings import KEPT_DEFAULTS, producing_settings
 
     s = healthy_series()

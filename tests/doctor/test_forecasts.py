@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from rlgrad.doctor.command import diagnose
+from rlgrad.doctor import diagnose
 from rlgrad.doctor.findings import Thresholds
 from rlgrad.doctor.forecasts import line_fit
 from tests.doctor.test_doctor import healthy_series, run_of

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from rlgrad import rundata as D
-from rlgrad.doctor.command import diagnose, doctor_command, render_text
+from rlgrad.doctor import diagnose, render_text
+from rlgrad.doctor.command import doctor_command
 from rlgrad.errors import UserError
 from rlgrad.metrics import FOREIGN_NAMES, TRL_NAMES, foreign_key, match, own_key
 

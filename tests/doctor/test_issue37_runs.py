@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from rlgrad import rundata as D
-from rlgrad.doctor.command import diagnose
+from rlgrad.doctor import diagnose
 from tests.doctor.test_doctor import fixture
 
 SERIOUS = ("warn", "critical")

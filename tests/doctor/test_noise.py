@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlgrad.doctor.command import diagnose
+from rlgrad.doctor import diagnose
 from rlgrad.doctor.findings import Thresholds
 from tests.doctor.test_doctor import healthy_series, run_of
 

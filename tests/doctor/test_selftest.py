@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 from rlgrad import rundata as D
-from rlgrad.doctor.command import diagnose, doctor_command, render_text
+from rlgrad.doctor import diagnose, render_text
+from rlgrad.doctor.command import doctor_command
 from rlgrad.doctor.findings import TRENDS, Thresholds
 from rlgrad.doctor.selftest import FAULTS, HEALTHY, check, fixtures_dir, selftest
 from tests.conftest import run_cli

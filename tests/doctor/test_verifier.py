@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlgrad import rundata as D
-from rlgrad.doctor.command import diagnose
+from rlgrad.doctor import diagnose
 from rlgrad.doctor.findings import Thresholds
 from rlgrad.doctor.verifier import flip_rate, identical_pairs
 

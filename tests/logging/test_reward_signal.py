@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from rlgrad.doctor.command import diagnose
+from rlgrad.doctor import diagnose
 from rlgrad.logging.reward_signal import RewardSignalWatch, reward_problems
-from rlgrad.rundata import load_any
+from rlgrad.rundata import RunData, load_any
 from tests.conftest import REPO, run_cli
 
 FIXTURES = REPO / "tests" / "data" / "doctor"
@@ -72,6 +72,24 @@ def test_watch_prints_each_problem_once_at_the_third_step():
         watch.log(step, data[step])
         assert len(said) == (1 if step >= 3 else 0)
     assert said[0].startswith("WARNING [unlearnable_reward] step 3:")
+
+
+def test_the_live_line_and_the_doctors_finding_say_the_same_words():
+    """The trainer's line (``RewardSignalWatch``) and rlgrad doctor's finding (post hoc, and live with doctor.live)
+    word a problem once, in ``RewardProblem``: same severity, title, cause, advice and evidence."""
+    data = dict(sorted(rows(0.0, 1.0, format_mean=1.0, format_std=0.0, base=0.0).items()))
+    said = []
+    watch = RewardSignalWatch(said.append)
+    for step in sorted(data):
+        watch.log(step, data[step])
+    found = {f.id: f for f in diagnose(RunData(name="t", source="t", rows=data)).findings}
+    assert [line.split(" [")[0] for line in said] == ["WARNING", "note"]  # as before: critical warns, info notes
+    for line, fid in zip(said, ("unlearnable_reward", "constant_component")):
+        f = found[fid]
+        assert line == (f"{'WARNING' if fid == 'unlearnable_reward' else 'note'} [{fid}] step 3: {f.title}. "
+                        f"{f.explanation} {f.action} ({'; '.join(f.evidence)})")
+    assert (found["unlearnable_reward"].severity, found["constant_component"].severity) == ("critical", "info")
+    assert found["unlearnable_reward"].title == "The reward cannot teach: 'correctness' gives no group a signal"
 
 
 def test_doctor_finds_the_recorded_zero_variance_run_and_not_the_healthy_one():

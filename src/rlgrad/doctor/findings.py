@@ -19,7 +19,13 @@ from rlgrad import rundata as D
 from rlgrad.errors import UserError
 from rlgrad.logging.reward_signal import correctness_component
 
-SEVERITY = {"critical": 0, "warn": 1, "info": 2}
+SEVERITY = {"critical": 0, "warn": 1, "info": 2}  # most serious first: a finding's severity is one of these
+
+
+def at_or_above(severity: str, bound: str) -> bool:
+    """Whether ``severity`` is ``bound`` or more serious; never for a bound that is no severity (``never``: the value
+    that turns ``--fail-on`` and ``doctor.halt_on`` off)."""
+    return bound in SEVERITY and SEVERITY[severity] <= SEVERITY[bound]
 
 
 @dataclass(frozen=True)
@@ -299,8 +305,9 @@ def signature(sid: str, *needs: str, reads: str, fires: str, trend: str = "",
     it returns use it. ``needs``: metrics of which the run must hold at least one ("a|b": either). ``reads`` and
     ``fires`` are its row of docs/doctor.md's table: what it reads (logs, config, buckets ...) and when it fires,
     ``{field}`` standing for a ``Thresholds`` default. A rule that reads a trend names its metric (``trend``) and the
-    fewest training steps of it it judges from (``min_points``: a number, or one of the thresholds); with fewer the
-    rule is not run and the doctor says it is too early."""
+    fewest steps of it it judges from (``min_points``: a number, or one of the thresholds), said once here: with
+    fewer the rule is not run (so it never checks the count again) and the doctor says it is too early
+    (``too_early``; docs/doctor.md's "judged from")."""
     def deco(fn: Signature) -> Signature:
         @functools.wraps(fn)
         def rule(v: View, t: Thresholds) -> Finding | None:
@@ -321,8 +328,15 @@ def too_early(v: View, sid: str, t: Thresholds) -> tuple[int, int] | None:
     if sid not in TRENDS:
         return None
     metric, need = TRENDS[sid]
-    have = max(len(train_series(v, alt)[0]) for alt in metric.split("|"))
+    alts = metric.split("|")
+    have = len(trend_steps(v, next((alt for alt in alts if v.has(alt)), alts[0])))  # the one its rule reads
     return (have, need(t)) if have < need(t) else None
+
+
+def trend_steps(v: View, key: str) -> list[int]:
+    """The steps a trend of ``key`` is judged from: its training steps, and for a validation metric (``val/``) the
+    validation before training too (step 0: the base a fall is measured from)."""
+    return v.series(key)[0] if key.startswith("val/") else train_series(v, key)[0]
 
 
 # the docs' table lies between these

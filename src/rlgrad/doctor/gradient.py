@@ -247,7 +247,7 @@ def _concentrated(v: View, t: Thresholds) -> Finding | None:
                  "only at an update size > {update_high:g})")
 def _dormant(v: View, t: Thresholds) -> Finding | None:
     steps, d = v.series("actor/neuron/dormant_ratio")
-    if len(d) < 2 or not (d[-1] - d[0] > t.dormant_rise and d[-1] >= t.dormant_high):
+    if not (d[-1] - d[0] > t.dormant_rise and d[-1] >= t.dormant_high):
         return None
     size = update_size(v)
     large = size is not None and size > t.update_high

@@ -1,6 +1,6 @@
 """The doctor while a run trains: the signatures on the run's own metric history after each step, each new finding
 said once (one console line) and appended to ``RUN/doctor.jsonl``, and whether the run should halt
-(``doctor.halt_on``). The loops call it through one hook (``rlgrad.watch.DoctorHook``); this module reads and
+(``doctor.halt_on``). The loops call it through one hook (``rlgrad.doctor.hook.DoctorHook``); this module reads and
 writes run files only.
 
 Its cost stays under ``budget`` (1%) of the training time: each step earns ``budget`` × its time, and a diagnosis
@@ -17,15 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rlgrad import rundata as D
-from rlgrad.doctor.command import diagnose
-from rlgrad.doctor.findings import SEVERITY, Finding, Thresholds
+from rlgrad.doctor.diagnose import diagnose
+from rlgrad.doctor.findings import Finding, Thresholds, at_or_above
 
 DOCTOR_LOG = "doctor.jsonl"  # RUN/doctor.jsonl: one line per new finding
 
 
 def halts(finding: Finding, halt_on: str) -> bool:
     """Whether ``finding`` stops a run under ``doctor.halt_on`` (never | warn | critical)."""
-    return halt_on in SEVERITY and SEVERITY[finding.severity] <= SEVERITY[halt_on]
+    return at_or_above(finding.severity, halt_on)
 
 
 def one_line(step: int, f: Finding) -> str:

@@ -368,8 +368,6 @@ def _restart_from(v: View, step: int) -> str:
            fires="the reward's rise from the first to the last {window} steps < {plateau_delta:g} (info)")
 def _plateau(v: View, t: Thresholds) -> Finding | None:
     steps, r = v.series("critic/score/mean")
-    if len(r) < 2 * t.window:
-        return None
     a, b = first_last(r, t.window)
     if abs(b - a) >= t.plateau_delta:  # a fall is reward_collapse's (or nothing)
         return None
@@ -380,8 +378,9 @@ def _plateau(v: View, t: Thresholds) -> Finding | None:
         action="See the other findings for why; a plateau at the reward's maximum is success.")
 
 
-def _reward_problem(v: View, pid: str, severity: str) -> Finding | None:
-    """The run's ``reward_problems`` of kind ``pid`` (the trainer prints the same ones live), as a finding."""
+def _reward_problem(v: View, pid: str) -> Finding | None:
+    """The run's ``reward_problems`` of kind ``pid`` as a finding, in the words the trainer prints it live
+    (``RewardProblem``: its severity, title, cause, advice and evidence)."""
     weights = v.cfg("reward.weights") or None  # empty: the task's defaults, unknown here
     # reward_problems reads step 0 and the first MIN_STEPS steps with rewards: only those, not a long history
     first = sorted({s for k in v.keys("reward/") for s in v.series(k)[0] if s >= 1})[:MIN_STEPS]
@@ -390,26 +389,23 @@ def _reward_problem(v: View, pid: str, severity: str) -> Finding | None:
     if not problems:
         return None
     p = problems[0]
-    title = (f"The reward cannot teach: '{p.component}' gives no group a signal" if pid == "unlearnable_reward"
-             else f"'{p.component}' is the same for every response")
-    return Finding(
-        severity=severity, step=p.step, confidence=0.9, title=title, evidence=p.evidence, explanation=p.cause,
-        action=p.advice)
+    return Finding(severity=p.severity, step=p.step, confidence=0.9, title=p.title, evidence=list(p.evidence),
+                   explanation=p.cause, action=p.advice)
 
 
 @signature("unlearnable_reward", "reward/{component}/mean",
            reads="logs",
-           fires="every group with one correctness value on each of the first 3 steps (critical; names the likely "
-                 "cause: extraction, format, too hard, too easy)")
+           fires=f"every group with one correctness value on each of the first {MIN_STEPS} steps (critical; names "
+                 "the likely cause: extraction, format, too hard, too easy)")
 def _unlearnable(v: View, t: Thresholds) -> Finding | None:
-    return _reward_problem(v, "unlearnable_reward", "critical")
+    return _reward_problem(v, "unlearnable_reward")
 
 
 @signature("constant_component", "reward/{component}/std",
            reads="logs",
-           fires="a weighted component constant over the batch on each of the first 3 steps (info)")
+           fires=f"a weighted component constant over the batch on each of the first {MIN_STEPS} steps (info)")
 def _constant_component(v: View, t: Thresholds) -> Finding | None:
-    return _reward_problem(v, "constant_component", "info")
+    return _reward_problem(v, "constant_component")
 
 
 def reward_weights(v: View) -> dict[str, float]:
@@ -457,7 +453,10 @@ def _inverted(v: View, t: Thresholds) -> Finding | None:
                   "reward_plateau", "length_collapse"])
 
 
-@signature("format_over_correct", "reward/{component}/mean", trend="critic/score/mean", min_points=4,
+COMPONENT_STEPS = 4  # format_over_correct: the fewest steps of the reward and of each component's mean it compares
+
+
+@signature("format_over_correct", "reward/{component}/mean", trend="critic/score/mean", min_points=COMPONENT_STEPS,
            reads="logs",
            fires="a non-correctness reward rising by > {component_rise:g} while correctness rises < {correct_rise:g} "
                  "(info when no group's correctness varies on most steps: no signal, not the weight)")
@@ -467,12 +466,12 @@ def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
     if correct is None:
         return None
     _, c = v.series(f"reward/{correct}/mean")
-    if len(c) < 4:
+    if len(c) < COMPONENT_STEPS:
         return None
     ca, cb = first_last(c, t.window)
     for other in sorted(comps - {correct}):
         steps, o = v.series(f"reward/{other}/mean")
-        if len(o) < 4:
+        if len(o) < COMPONENT_STEPS:
             continue
         oa, ob = first_last(o, t.window)
         if ob - oa > t.component_rise and cb - ca < t.correct_rise:
@@ -527,14 +526,12 @@ def checkpoint_words(v: View, best_step: int) -> str:
             "to keep it, with a trainer.save_freq that divides it")
 
 
-@signature("val_falls_train_rises", "val/accuracy", trend="val/accuracy", min_points=2,
+@signature("val_falls_train_rises", "val/accuracy", trend="val/accuracy", min_points=3,
            reads="logs (+ config)",
            fires="validation accuracy below its best by > {val_drop:g} and by more than twice its binomial noise over "
                  "data.val_size prompts, while the training reward rises")
 def _val(v: View, t: Thresholds) -> Finding | None:
     steps, acc = v.series("val/accuracy")
-    if len(acc) < 3:
-        return None
     best = max(acc)
     best_step = steps[acc.index(best)]
     flat, _ = flat_reward(v, t)

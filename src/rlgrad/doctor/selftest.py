@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlgrad import rundata as D
-from rlgrad.doctor.command import diagnose
-from rlgrad.doctor.findings import SEVERITY, Diagnosis
+from rlgrad.doctor.diagnose import diagnose
+from rlgrad.doctor.findings import Diagnosis, at_or_above
 from rlgrad.errors import UserError
 
 # healthy fixture -> the severity no finding may reach at its end; at no prefix of any of them may a finding be
@@ -78,7 +78,7 @@ def check(root: Path, name: str) -> tuple[bool, str]:
     run = load(root, name)
     if name in HEALTHY:
         loud = [f"{f.id} ({f.severity})" for f in diagnose(run).findings
-                if SEVERITY[f.severity] <= SEVERITY[HEALTHY[name]]]
+                if at_or_above(f.severity, HEALTHY[name])]
         live = [(n, f.id) for n, d in prefixes(run) for f in d.findings if f.severity in NEVER_LIVE]
         if loud or live:
             what = ", ".join(loud + [f"{fid} at step {n}" for n, fid in live[:3]])
@@ -87,7 +87,7 @@ def check(root: Path, name: str) -> tuple[bool, str]:
                       f"critical at any of its {len(run.rows)} steps")
     fid, least = FAULTS[name]
     hit = next((f for f in diagnose(run).findings if f.id == fid), None)
-    if hit is not None and SEVERITY[hit.severity] <= SEVERITY[least]:
+    if hit is not None and at_or_above(hit.severity, least):
         return True, f"detected  {name}: {fid} ({hit.severity}) from step {hit.step}"
     got = f"{fid} only as {hit.severity}" if hit else f"no {fid}"
     return False, f"MISSED    {name}: expected {fid} (at least {least}), got {got}"

@@ -225,8 +225,6 @@ def _clip_every_step(v: View, t: Thresholds) -> Finding | None:
 def _kl(v: View, t: Thresholds) -> Finding | None:
     name = "actor/kl_loss" if v.has("actor/kl_loss") else "actor/ppo_kl"
     steps, k = v.series(name)
-    if len(k) < 2:
-        return None
     a, b = first_last([abs(x) for x in k], t.window)
     if b > t.kl_high:
         severity = "critical"
@@ -287,8 +285,6 @@ def _kl_cause(v: View, t: Thresholds, name: str) -> tuple[str, str, list[str]]:
                  "negative entropy_coeff, an update size > {update_high:g}, else the sampling")
 def _entropy(v: View, t: Thresholds) -> Finding | None:
     steps, e = v.series("actor/entropy")
-    if len(e) < 4:
-        return None
     a, b = first_last(e, t.window)
     if not (a > 0 and b < t.entropy_drop * a):
         return None
@@ -412,8 +408,6 @@ def _clipfrac_zero(v: View, t: Thresholds) -> Finding | None:
 def _length_runaway(v: View, t: Thresholds) -> Finding | None:
     _, m = v.series("response_length/mean")
     cs, c = train_series(v, "response_length/clip_ratio")
-    if len(c) < 2:
-        return None
     a, b = first_last(c, t.window)
     if not (b > t.length_clip_high > a):  # cut from the start is length_truncated's
         return None
@@ -430,12 +424,15 @@ def _length_runaway(v: View, t: Thresholds) -> Finding | None:
         explains=["length_truncated", "reward_plateau", "reward_collapse", "val_falls", "zero_variance_groups"])
 
 
+TRUNCATED_FROM = 3  # length_truncated judges the median share of cut responses from this many steps on
+
+
 def truncated_since(c: list[float], t: Thresholds) -> int | None:
     """The index from which the median share of cut responses over the last ``window`` steps (all of them while
-    fewer) has stayed above ``truncation_high``, at least 3 steps in; None if it is not above now. A median over
-    a window changes slowly: one step's dip neither ends the finding nor moves its first step."""
+    fewer) has stayed above ``truncation_high``, at least ``TRUNCATED_FROM`` steps in; None if it is not above now. A
+    median over a window changes slowly: one step's dip neither ends the finding nor moves its first step."""
     since = None
-    for n in range(3, len(c) + 1):
+    for n in range(TRUNCATED_FROM, len(c) + 1):
         held = statistics.median(c[max(0, n - t.window):n]) > t.truncation_high
         since = (since if since is not None else n - 1) if held else None
     if since is None:
@@ -444,10 +441,10 @@ def truncated_since(c: list[float], t: Thresholds) -> int | None:
     return next((i for i in range(start, since + 1) if c[i] > t.truncation_high), since)
 
 
-@signature("length_truncated", "response_length/clip_ratio",
-           reads="logs (+ config)",
+@signature("length_truncated", "response_length/clip_ratio", trend="response_length/clip_ratio",
+           min_points=TRUNCATED_FROM, reads="logs (+ config)",
            fires="the median share of responses cut at the length limit over the last {window} steps > "
-                 "{truncation_high:.0%} (from the 3rd step on)")
+                 "{truncation_high:.0%}")
 def _length_truncated(v: View, t: Thresholds) -> Finding | None:
     cs, c = train_series(v, "response_length/clip_ratio")
     i = truncated_since(c, t)
@@ -490,18 +487,17 @@ def _length_truncated(v: View, t: Thresholds) -> Finding | None:
            fires="the recent mean length < {length_drop:.0%} of its start")
 def _length_collapse(v: View, t: Thresholds) -> Finding | None:
     steps, m = v.series("response_length/mean")
-    if len(m) >= 4:
-        a, b = first_last(m, t.window)
-        if a > 0 and b < t.length_drop * a:
-            first = next(s for s, x in zip(steps, m) if x < 2 * t.length_drop * a)
-            return Finding(
-                severity="warn", step=first, confidence=0.6, title="Responses collapse in length",
-                evidence=[f"{v.name('response_length/mean')} {fmt(a)} → {fmt(b)}"] + _overlong_penalty(v),
-                explanation="The policy learned to answer shorter and shorter, often because a length or format "
-                            "reward pays for it, or because short answers avoid penalties.",
-                action="Check the reward weights (a length component, the overlong penalty) and what the model "
-                       "writes (rlgrad samples RUN).")
-    return None
+    a, b = first_last(m, t.window)
+    if not (a > 0 and b < t.length_drop * a):
+        return None
+    first = next(s for s, x in zip(steps, m) if x < 2 * t.length_drop * a)
+    return Finding(
+        severity="warn", step=first, confidence=0.6, title="Responses collapse in length",
+        evidence=[f"{v.name('response_length/mean')} {fmt(a)} → {fmt(b)}"] + _overlong_penalty(v),
+        explanation="The policy learned to answer shorter and shorter, often because a length or format "
+                    "reward pays for it, or because short answers avoid penalties.",
+        action="Check the reward weights (a length component, the overlong penalty) and what the model "
+               "writes (rlgrad samples RUN).")
 
 
 def _overlong_penalty(v: View) -> list[str]:

@@ -50,14 +50,14 @@ def _cause(v: View, t: Thresholds, fell: int) -> tuple[str, list[str], str]:
     return why, ev, fix
 
 
-@signature("val_falls", "val/accuracy", trend="val/accuracy", min_points=2,
+@signature("val_falls", "val/accuracy", trend="val/accuracy", min_points=3,
            reads="logs (+ config; the noise scale, where measured, for its cause)",
            fires="validation accuracy at the last two validations below its best by > {val_drop:g} and by more than "
                  "twice the binomial noise of the difference over data.val_size prompts, while the training reward "
                  "does not rise (critical when also below its value before training)")
 def _val_falls(v: View, t: Thresholds) -> Finding | None:
     steps, acc = v.series("val/accuracy")
-    if len(acc) < 3 or not flat_reward(v, t)[0]:  # a rising reward: val_falls_train_rises
+    if not flat_reward(v, t)[0]:  # a rising reward: val_falls_train_rises
         return None
     n = v.cfg("data.val_size")
     best = max(acc)

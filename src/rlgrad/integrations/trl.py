@@ -48,6 +48,7 @@ from transformers import TrainerCallback
 from rlgrad import collectives
 from rlgrad.algos.objective import LossSettings
 from rlgrad.analysis import hooks_from_config
+from rlgrad.doctor.hook import doctor_hooks
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult, HookRunner, StepContext
 from rlgrad.integrations import TABLES, activation_checkpointing_off, instrument_settings, open_metrics
@@ -58,7 +59,6 @@ from rlgrad.logging.rollouts import RolloutLog, gather_samples, prompt_texts, ro
 from rlgrad.logging.sinks import JsonlSink, JsonlTableSink
 from rlgrad.metrics import component_keys, foreign_key
 from rlgrad.runfiles import atomic_write_json
-from rlgrad.watch import doctor_hooks
 
 try:
     from trl import GRPOTrainer as _TRLGRPOTrainer

@@ -5,7 +5,7 @@ imports nothing: the ``register_trainer`` call of the module that defined it nev
 process (``ValueError: Unknown trainer 'rlgrad_sync'``). ``TaskRunner.__init__`` therefore imports this module
 by name in its own process before verl looks the trainer up.
 
-The live doctor (``doctor.*``, ``rlgrad.watch.DoctorHook``) runs here, in verl's trainer process: it is the one
+The live doctor (``doctor.*``, ``rlgrad.doctor.hook.DoctorHook``) runs here, in verl's trainer process: it is the one
 place that sees all of a step's metrics (verl's data, timing and validation metrics, the actor worker's, rlgrad's
 instruments'), at the end of verl's ``_compute_metrics``, before verl logs the step.
 """
@@ -25,10 +25,10 @@ from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 
 from rlgrad.config.load import load_config
 from rlgrad.config.schema import RLGradConfig
+from rlgrad.doctor.hook import doctor_hooks
 from rlgrad.hooks import HookRunner
 from rlgrad.integrations.verl import ActorRolloutRefWorker, flatten_settings, stop_requested
 from rlgrad.metrics import foreign_key
-from rlgrad.watch import doctor_hooks
 
 TRAINER = "rlgrad_sync"
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor)

@@ -16,7 +16,8 @@ both visible in the first few steps and both easy to miss on a reward curve:
 
 Only the start of a run counts: a component that becomes constant later has usually been learned. The trainer
 prints each problem once, live (``RewardSignalWatch``, a metrics sink), and ``rlgrad doctor`` reports the same
-problems as findings, from the same function.
+problems as findings (``doctor/progress.py``, live too with ``doctor.live``), from the same function and in the same
+words: a ``RewardProblem`` holds them all (severity, title, cause, advice, evidence).
 """
 
 from __future__ import annotations
@@ -37,6 +38,23 @@ class RewardProblem:
     evidence: list[str]
     cause: str
     advice: str
+
+    @property
+    def severity(self) -> str:
+        """As rlgrad doctor grades it: no signal at all is critical; a constant component only a note."""
+        return "critical" if self.id == "unlearnable_reward" else "info"
+
+    @property
+    def title(self) -> str:
+        if self.id == "unlearnable_reward":
+            return f"The reward cannot teach: '{self.component}' gives no group a signal"
+        return f"'{self.component}' is the same for every response"
+
+    def line(self) -> str:
+        """The problem on one console line, as the trainer says it live (the doctor's finding: the same words)."""
+        level = "note" if self.severity == "info" else "WARNING"
+        return (f"{level} [{self.id}] step {self.step}: {self.title}. {self.cause} {self.advice} "
+                f"({'; '.join(self.evidence)})")
 
 
 def correctness_component(names) -> str | None:
@@ -147,8 +165,7 @@ class RewardSignalWatch:
             return
         self.checked = True
         for p in reward_problems(self.rows, self.weights):
-            level = "WARNING" if p.id == "unlearnable_reward" else "note"
-            self.say(f"{level} [{p.id}] step {p.step}: {p.cause} {p.advice} ({'; '.join(p.evidence)})")
+            self.say(p.line())
 
     def close(self) -> None:
         return None

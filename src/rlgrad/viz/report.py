@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlgrad import rundata as D
 from rlgrad.config.schedule import Schedule, schedules
 from rlgrad.config.schema import SCHEMA_KEYS, SECTIONS, RLGradConfig
-from rlgrad.doctor.command import diagnose
+from rlgrad.doctor import diagnose
 from rlgrad.errors import UserError
 from rlgrad.runfiles import atomic_write_text, check_output
 from rlgrad.viz import run_figures as R

@@ -1,6 +1,6 @@
-"""The live doctor (``rlgrad.doctor.live`` through the hook ``rlgrad.watch.DoctorHook``): findings said once as the
-run goes, doctor.jsonl, its cost budget, and ``doctor.halt_on`` stopping rlgrad's trainer after a whole step with a
-checkpoint and a distinct exit status, resumable."""
+"""The live doctor (``rlgrad.doctor.live`` through the hook ``rlgrad.doctor.hook.DoctorHook``): findings said once
+as the run goes, doctor.jsonl, its cost budget, and ``doctor.halt_on`` stopping rlgrad's trainer after a whole step
+with a checkpoint and a distinct exit status, resumable."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The live doctor as a hook (``doctor.*``): rlgrad doctor's signatures on the run's own metrics at the end of every
 step, in every loop that runs hooks through ``rlgrad.hooks.HookRunner`` (rlgrad's trainer, rlgrad's TRL
 integration): one hook, no per-trainer code. The doctor itself (``rlgrad.doctor.live``) reads and writes run
-files only; this module is where it meets the hook contract.
+files only; this module is where it meets the hook contract: the one module of ``doctor/`` that imports
+``rlgrad.hooks`` (tests/test_layers.py), and none of ``doctor/`` imports it (the loops above do).
 """
 
 from __future__ import annotations
