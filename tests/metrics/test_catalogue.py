@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlgrad import metrics as M
-from rlgrad.metrics import CATALOGUE, FIELDS, Metric, key, markdown, match, parse
-from rlgrad.metrics_export import docs_page, export_markdown
+from rlgrad.metrics import CATALOGUE, FIELDS, PLACEHOLDER, Metric, key, markdown, match, parse
+from rlgrad.metrics.export import docs_page, export_markdown
 from tests.conftest import REPO, tiny_overrides
 from tests.helpers.readme import pages_text
 
@@ -197,10 +197,10 @@ def _segment_fits(mention: str, template_seg: str) -> bool:
     be a value of the template segment."""
     if mention == "*":
         return True
-    has_placeholder = M._PLACEHOLDER.search(template_seg) is not None
+    has_placeholder = PLACEHOLDER.search(template_seg) is not None
     if "{" in mention:
         return has_placeholder
-    parts = M._PLACEHOLDER.split(template_seg)
+    parts = PLACEHOLDER.split(template_seg)
     rx = "".join(re.escape(p) if i % 2 == 0 else f"(?:{FIELDS[p]})" for i, p in enumerate(parts))
     return re.fullmatch(rx, mention) is not None
 

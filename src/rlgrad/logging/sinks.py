@@ -17,8 +17,7 @@ from typing import Any
 import torch
 
 from rlgrad.errors import UserError
-from rlgrad.metrics import key
-from rlgrad.metrics_export import write_run_catalogue
+from rlgrad.metrics import key, write_run_catalogue
 
 
 def _clean(v: Any) -> Any:
