@@ -165,6 +165,8 @@ def test_every_key_of_a_full_instrument_run_is_declared(model_cache, tmp_path):
     unmatched = sorted(f"{run}: {k}" for run, ks in keys.items() for k, t in templates_matching(ks).items()
                        if t is None)
     assert not unmatched, "logged keys missing from rlgrad.metrics.CATALOGUE:\n  " + "\n  ".join(unmatched)
+    # each in a group that names the setting that logs it (doctor --explain, docs/metrics.md)
+    assert all(M.setting_of(k) for ks in keys.values() for k in ks)
     # the runs did exercise the instruments (the check above is not vacuous)
     seen = {t for ks in keys.values() for t in templates_matching(ks).values()}
     assert {"grad_norm/{bucket}/{term}", "grad_norm_prefilter/{bucket}/{term}", "grad_comp/total/norm",
