@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from rlgrad import rundata as D  # noqa: E402
 from rlgrad.doctor import diagnose  # noqa: E402
 from rlgrad.doctor.findings import ROWS  # noqa: E402
-from rlgrad.foreign_names import RLDOCTOR_NAMES  # noqa: E402
+from rlgrad.metrics import RLDOCTOR_NAMES  # noqa: E402
 
 REWARDS = ROOT / "bench" / "lead_time_rewards.py"
 BASE = ["--config-name", "demo", "trainer.test_freq=2", "trainer.val_before_train=true", "analysis.every=2",
@@ -164,7 +164,7 @@ for path in sys.argv[1:]:
 
 
 def in_rldoctors_names(row: dict) -> dict:
-    """A metrics.jsonl row with rlgrad's keys in rldoctor's canonical names (``rlgrad.foreign_names``), the keys
+    """A metrics.jsonl row with rlgrad's keys in rldoctor's canonical names (``rlgrad.metrics.foreign``), the keys
     it has no name for dropped (its suffix matching would misread some: rollout/accuracy as a held-out score)."""
     data = {RLDOCTOR_BY_KEY[k]: v for k, v in row["data"].items() if k in RLDOCTOR_BY_KEY}
     return {"step": row["step"], "data": data}

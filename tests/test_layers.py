@@ -15,12 +15,12 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlgrad"
 # Lowest first. A unit (a top-level module or subpackage of rlgrad) may import only units of LOWER layers
 # (and itself): siblings of one layer never import each other.
 LAYERS = [
-    {"errors", "foreign_names"},  # the lowest: stdlib only (foreign_names: other trainers' metric names, data)
+    {"errors"},  # the lowest: stdlib only
     {"config"},  # the settings, every list of allowed values, the instruments' step rule
-    {"envs", "batch", "collectives", "metrics", "runfiles"},  # leaves: torch / numpy / stdlib (+ errors, config)
+    {"envs", "batch", "collectives", "runfiles"},  # leaves: torch / numpy / stdlib (+ errors, config)
     # the RL math: aggregation, advantages, KL, log-probs, the clipped losses, the actor objective | the metric
-    # catalogue as JSON for other tools (metrics_catalogue.json: the sinks write it into each run directory)
-    {"algos", "metrics_export"},
+    # catalogue: every key, its group's facts, other tools' names, its JSON (written into each run: runfiles)
+    {"algos", "metrics"},
     {"tasks", "logging", "models", "distributed"},  # data and rewards, sinks, models, processes
     {"hooks", "rundata"},  # the hook contract | the one reader of run files
     {"analysis", "rl", "doctor"},  # the instruments | the trainer | the doctor: independent of each other

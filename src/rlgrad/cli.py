@@ -233,7 +233,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     """The metric catalogue: JSON for other tools (the same document as RUN/metrics_catalogue.json), or Markdown."""
-    from rlgrad.metrics_export import docs_page, to_json
+    from rlgrad.metrics import docs_page, to_json
 
     if args.format == "markdown" and args.keys:
         raise UserError(f"--format markdown prints the whole catalogue (docs/metrics.md); drop the keys "

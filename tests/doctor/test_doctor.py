@@ -497,3 +497,6 @@ def test_a_default_kept_against_advice_says_so_and_explain_says_why_and_what_log
     assert producing_settings(["grad_comp/{component}/share", "grad_sim/{pair}", "no/such"]) == [
         "analysis.components.every=N or analysis.every=N (outcome advantages: adv_estimator=grpo or rloo)"]
     assert producing_settings(["grad_norm/all/task"])[0].startswith("analysis.buckets.enable=true")
+    # derived from the catalogue's groups: the per-sample instrument's keys name its setting too
+    assert producing_settings(["noise_trace/all/task", "actor/entropy"]) == [
+        "analysis.per_sample.every=N or analysis.every=N"]

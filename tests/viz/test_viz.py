@@ -765,6 +765,19 @@ def test_report_config_table_says_when_each_instrument_ran():
     assert {r[0]: r[1] for r in _instrument_rows(every)}["reward-component geometry"] == "every 10 (steps 1, 11, …)"
 
 
+def test_report_config_table_has_a_row_for_every_instrument_of_the_catalogue():
+    """The table's rows come from the catalogue's instruments (rlgrad.metrics.INSTRUMENTS): one added there shows
+    here; the per-sample instrument, once missing, among them."""
+    from rlgrad.metrics import INSTRUMENTS
+    from rlgrad.viz.report import _instrument_rows
+
+    for config in ({}, {"analysis": {"every": 4}}):
+        rows = {r[0]: (r[1], r[2]) for r in _instrument_rows(D.RunData("r", "r", {}, config=config))}
+        assert {i.name for i in INSTRUMENTS} <= set(rows) and len(INSTRUMENTS) == 4
+        assert rows["per-sample gradients and noise scale"] == (
+            "off" if not config else "every 4 (steps 1, 5, …)", "analysis.per_sample.every")
+
+
 def test_report_says_the_component_geometry_never_ran_under_gae():
     """The report reads the instruments' own step rule (``config.analysis.schedules``): analysis.every puts the
     reward-component geometry on steps 1, 1+every, ... only when the run has one advantage per response, which a

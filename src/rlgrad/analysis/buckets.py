@@ -29,7 +29,6 @@ from __future__ import annotations
 import csv
 import io
 import shutil
-import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,11 +40,12 @@ from torch import nn
 from rlgrad.algos.aggregation import denominator
 from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_fn
 from rlgrad.analysis.engine import GradStats, fast_unsupported, slice_gradients
+from rlgrad.analysis.instrument import InstrumentHook, step_dir
 from rlgrad.batch import Batch, check_batch
 from rlgrad.collectives import all_gather_cat, all_gather_sizes, all_reduce_sum, rank
-from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
-from rlgrad.metrics import key, match, parse
-from rlgrad.runfiles import atomic_write_bytes, atomic_write_json, atomic_write_text
+from rlgrad.hooks import HookResult, Schedule, StepContext
+from rlgrad.metrics import BUCKETS, key, match, parse
+from rlgrad.runfiles import atomic_write_bytes, atomic_write_json
 
 if TYPE_CHECKING:
     from rlgrad.config.analysis import BucketAnalysisConfig
@@ -341,7 +341,7 @@ def save_probe_bundle(out_dir: Path, batch: Batch, buckets: Buckets, s: LossSett
         tmp.rename(out_dir / "model")
 
 
-class GradientAnalysisHook(Hook):
+class GradientAnalysisHook(InstrumentHook):
     """The bucket analysis at the trainer's hook point, with RAGEN's cadence and exit (``analysis.buckets``).
 
     ``settings``: the ``analysis.buckets`` section; ``schedule``: the steps it runs at (``schedules(cfg)``'s
@@ -349,15 +349,14 @@ class GradientAnalysisHook(Hook):
     the shape of a separate analysis batch whose ``env_groups`` / ``group_size`` are left unset (the training
     batch's); ``dp_size``: the data-parallel size ``dp_trim`` trims to (``trainer.nnodes x n_gpus_per_node``)."""
 
+    declared = BUCKETS
+
     def __init__(self, settings: BucketAnalysisConfig, schedule: Schedule, *, method: str, train_batch_size: int,
                  rollout_n: int, dp_size: int = 1):
         self.settings, self.schedule, self.method = settings, schedule, method
         self.train_batch_size, self.rollout_n, self.dp_size = train_batch_size, rollout_n, dp_size
 
-    def before_update(self, ctx: StepContext) -> HookResult | None:
-        if not self.schedule.due(ctx.step):
-            return None
-        t0 = time.perf_counter()
+    def measure(self, ctx: StepContext) -> tuple[HookResult, dict]:
         b = self.settings
         batch, unfiltered = ctx.batch, ctx.unfiltered_batch
         if b.env_groups or b.group_size:
@@ -365,7 +364,7 @@ class GradientAnalysisHook(Hook):
         runs = [("grad_norm", batch)]
         if b.log_prefilter and unfiltered is not None:
             runs.append(("grad_norm_prefilter", ctx.prepare(unfiltered)))
-        result, layers = HookResult(), {}
+        result, layers, files = HookResult(), {}, {}
         for prefix, rows in runs:
             # skipped only when the batch is empty on every rank (rows is None is decided globally)
             if rows is None or float(all_reduce_sum(torch.tensor(float(len(rows))))) == 0:
@@ -376,30 +375,26 @@ class GradientAnalysisHook(Hook):
                 result.metrics.update(rep.metrics)
                 result.metrics.update(actor_summary(rep.metrics))
                 result.tables["grad_norm/group_rv_table"] = table
+                files["group_rv_table.csv"] = group_table_csv(rep.buckets)
             else:  # the same analysis of the batch before the rollout filter: grad_norm_prefilter/{bucket}/...
                 result.metrics.update({_prefiltered(k): v for k, v in rep.metrics.items()})
                 result.tables["grad_norm_prefilter/group_rv_table"] = table
+                files["group_rv_table_prefilter.csv"] = group_table_csv(rep.buckets)
             layers[prefix] = rep.layers
-        if ctx.is_main:
-            atomic_write_json(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "layers.json", layers)
+        files["layers.json"] = layers
         if b.exit_after:
             result.metrics["trainer/exited_after_gradient_analysis"] = 1.0
             result.stop, result.reason = True, "analysis.buckets.exit_after"
-        result.metrics["timing_s/analysis/buckets"] = time.perf_counter() - t0
-        return result
+        return result, files
 
     def _analyse(self, ctx: StepContext, batch: Batch, prefix: str) -> BucketReport:
-        """One bucket analysis of ``batch``, its group table and (``save_batch``) its probe bundle on disk."""
+        """One bucket analysis of ``batch`` and (``save_batch``) its probe bundle on disk."""
         b = self.settings
         rep = analyse_buckets(ctx.actor, batch, ctx.actor_loss(), bucket_mode=b.bucket_mode,
                               num_buckets=b.num_buckets, method=self.method, dp_trim=self.dp_size if b.dp_trim else 0)
-        if ctx.is_main:
-            step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"
-            name = "group_rv_table.csv" if prefix == "grad_norm" else "group_rv_table_prefilter.csv"
-            atomic_write_text(step_dir / name, group_table_csv(rep.buckets))
-            if prefix == "grad_norm" and b.save_batch:
-                extra = {"step": ctx.step, "bucket_mode": b.bucket_mode, "num_buckets": b.num_buckets,
-                         "method": self.method, "buckets": list(rep.buckets.names)}
-                save_probe_bundle(step_dir, batch, rep.buckets, ctx.loss_settings, extra,
-                                  ctx.actor if b.save_model else None, ctx.tokenizer)
+        if ctx.is_main and prefix == "grad_norm" and b.save_batch:
+            extra = {"step": ctx.step, "bucket_mode": b.bucket_mode, "num_buckets": b.num_buckets,
+                     "method": self.method, "buckets": list(rep.buckets.names)}
+            save_probe_bundle(step_dir(ctx), batch, rep.buckets, ctx.loss_settings, extra,
+                              ctx.actor if b.save_model else None, ctx.tokenizer)
         return rep

@@ -28,7 +28,6 @@ optimizer state, ``.grad`` and RNG streams are left as they were.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import combinations
@@ -43,11 +42,11 @@ from rlgrad.algos.aggregation import denominator
 from rlgrad.algos.component_advantages import component_advantages, per_sequence_advantage
 from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_unit_loss
 from rlgrad.analysis.engine import GradStats, layer_group, slice_gradients
+from rlgrad.analysis.instrument import InstrumentHook
 from rlgrad.analysis.writer import BackgroundWriter, _stderr
 from rlgrad.batch import Batch
-from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
-from rlgrad.metrics import key
-from rlgrad.runfiles import atomic_write_json
+from rlgrad.hooks import HookResult, Schedule, StepContext
+from rlgrad.metrics import COMPONENTS, key
 
 if TYPE_CHECKING:
     from rlgrad.config.analysis import ComponentAnalysisConfig
@@ -172,10 +171,12 @@ def _group_order(g: str) -> tuple:
     return (2, {"final_norm": 0, "lm_head": 1}.get(g, 2), g)
 
 
-class ComponentGeometryHook(Hook):
+class ComponentGeometryHook(InstrumentHook):
     """Reward-component gradient geometry at ``analysis.components`` steps, on the training batch
     before the actor update: metrics, ``analysis/step_N/components.json`` and, with
     ``analysis.components.save_gradients``, ``analysis/step_N/component_grads.npz`` (keys ``<slice>/<param>``)."""
+
+    declared = COMPONENTS
 
     def __init__(self, settings: ComponentAnalysisConfig, schedule: Schedule, *, estimator: str, norm_by_std: bool,
                  method: str, log: Callable[[str], Any] = _stderr):
@@ -187,27 +188,20 @@ class ComponentGeometryHook(Hook):
         self.estimator, self.norm_by_std, self.method = estimator, norm_by_std, method
         self.writer = BackgroundWriter(log) if settings.save_gradients else None
 
-    def before_update(self, ctx: StepContext) -> HookResult | None:
-        if not self.schedule.due(ctx.step):
-            return None
-        t0 = time.perf_counter()
+    def measure(self, ctx: StepContext) -> tuple[HookResult, dict]:
         save = self.writer is not None
         split = ctx.component_advantages(ctx.batch) if ctx.component_advantages is not None else None
         rep = analyse_components(ctx.actor, ctx.batch, ctx.actor_loss(), weights=ctx.reward_weights,
                                  mode=self.settings.mode, estimator=self.estimator, norm_by_std=self.norm_by_std,
                                  method=self.method, keep_grads=save, advantages=split)
         metrics = dict(rep.metrics)
-        if ctx.is_main:
-            step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"
-            atomic_write_json(step_dir / "components.json", {"step": ctx.step, **rep.summary})
-            if save:
-                grads = rep.stats.grads[TERM]
-                arrays = {f"{sl}/{name}": g[k] for name, g in grads.items() for k, sl in enumerate(rep.stats.slices)}
-                self.writer.submit(step_dir / "component_grads.npz", arrays)
+        if ctx.is_main and save:
+            grads = rep.stats.grads[TERM]
+            arrays = {f"{sl}/{name}": g[k] for name, g in grads.items() for k, sl in enumerate(rep.stats.slices)}
+            self.writer.submit(self.path(ctx, "component_grads.npz"), arrays)
         if save:
             metrics["grad_comp/save_failures"] = float(len(self.writer.failures))
-        metrics["timing_s/analysis/components"] = time.perf_counter() - t0
-        return HookResult(metrics=metrics)
+        return HookResult(metrics=metrics), {"components.json": {"step": ctx.step, **rep.summary}}
 
     def close(self) -> None:
         if self.writer is None:

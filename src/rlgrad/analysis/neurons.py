@@ -36,7 +36,6 @@ activations; under FSDP2 it runs on the plain replica.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -46,6 +45,7 @@ from torch import nn
 from rlgrad import collectives
 from rlgrad.algos.objective import FunctionLoss, LossFn
 from rlgrad.analysis.engine import slice_gradients
+from rlgrad.analysis.instrument import InstrumentHook
 from rlgrad.analysis.neuron_base import (
     LayerStats,
     NeuronLayer,
@@ -60,9 +60,8 @@ from rlgrad.analysis.neuron_base import (
 from rlgrad.analysis.redo import reset_dormant
 from rlgrad.batch import Batch
 from rlgrad.errors import UserError
-from rlgrad.hooks import Hook, Schedule, StepContext
-from rlgrad.metrics import key
-from rlgrad.runfiles import atomic_write_json
+from rlgrad.hooks import Schedule, StepContext
+from rlgrad.metrics import NEURONS, key
 
 if TYPE_CHECKING:
     from rlgrad.config.analysis import NeuronHealthConfig, NeuronsConfig
@@ -240,7 +239,7 @@ def measure(model: nn.Module, batch: Batch | None, nc: NeuronHealthConfig, *, ro
     return rep
 
 
-class NeuronHealthHook(Hook):
+class NeuronHealthHook(InstrumentHook):
     """Neuron health at ``on_grads`` (the first mini-batch of a due step, per role) and the reset at
     ``after_update``.
 
@@ -255,6 +254,8 @@ class NeuronHealthHook(Hook):
     (``ctx.actor`` / ``ctx.critic``, whose weights are the ones the gradient was taken at), and after a
     reset of the shards the replica is refreshed (``ctx.sync_actor`` / ``ctx.sync_critic``).
     """
+
+    declared = NEURONS
 
     def __init__(self, settings: NeuronsConfig, metrics: dict[str, Schedule], resets: dict[str, Schedule], *,
                  seed: int, method: str):
@@ -278,12 +279,13 @@ class NeuronHealthHook(Hook):
             raise UserError(f"analysis.neurons.{role}.reset_every: the ReDo reset rewrites a neuron's weights, and "
                             "under LoRA those are frozen base weights the saved adapter does not hold; set it to 0 "
                             "(the neuron-health metrics work under LoRA)")
-        t0 = time.perf_counter()
-        replica = getattr(ctx, role, None) if _is_sharded(model) else model
-        rep = measure(model, minibatch, self._role(role), role=role, seed=self.seed, step=ctx.step,
-                      loss_fn=self.loss_fn(ctx, role) if metric else None, method=self.method, replica=replica)
-        self.pending[role] = (ctx.step, rep)
-        return {**rep.metrics(), key("timing_s/neuron/{role}", role=role): time.perf_counter() - t0}
+        timing: dict[str, float] = {}
+        with self.timed(timing, role=role):
+            replica = getattr(ctx, role, None) if _is_sharded(model) else model
+            rep = measure(model, minibatch, self._role(role), role=role, seed=self.seed, step=ctx.step,
+                          loss_fn=self.loss_fn(ctx, role) if metric else None, method=self.method, replica=replica)
+            self.pending[role] = (ctx.step, rep)
+        return {**rep.metrics(), **timing}
 
     def after_update(self, ctx: StepContext):
         out: dict[str, float] = {}
@@ -303,6 +305,6 @@ class NeuronHealthHook(Hook):
                     syncs[role]()
             doc[role] = rep.to_json()
         self.pending.clear()
-        if ctx.is_main and len(doc) > 1:
-            atomic_write_json(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "neurons.json", doc)
+        if len(doc) > 1:
+            self.write(ctx, {"neurons.json": doc})
         return out or None

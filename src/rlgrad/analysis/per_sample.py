@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,12 +34,12 @@ from rlgrad.algos.aggregation import denominator
 from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_fn
 from rlgrad.analysis.buckets import Buckets, global_buckets
 from rlgrad.analysis.engine import backward, fast_unsupported, run_terms
+from rlgrad.analysis.instrument import InstrumentHook
 from rlgrad.analysis.rows import RowNormReducer
 from rlgrad.batch import Batch, check_batch, position_ids_from_mask
 from rlgrad.collectives import all_gather_cat, all_gather_sizes, all_reduce_max, all_reduce_sum, rank
-from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
-from rlgrad.metrics import key
-from rlgrad.runfiles import atomic_write_text
+from rlgrad.hooks import HookResult, Schedule, StepContext
+from rlgrad.metrics import PER_SAMPLE, key
 
 if TYPE_CHECKING:
     from rlgrad.config.analysis import PerSampleConfig
@@ -295,10 +294,12 @@ def layer_summary(rep: PerSampleReport) -> dict[str, dict[str, dict[str, float]]
             for term in rep.layer_norms}
 
 
-class PerSampleHook(Hook):
+class PerSampleHook(InstrumentHook):
     """Per-sample gradient norms and the noise scale at the trainer's hook point (``analysis.per_sample``), with
     the bucket analysis' buckets. Data parallel: every rank measures its own rows, rank 0 writes every rank's
     lines. Skipped, with one warning, on a model the fast engine does not cover."""
+
+    declared = PER_SAMPLE
 
     def __init__(self, settings: PerSampleConfig, schedule: Schedule, *, bucket_mode: str, num_buckets: int,
                  mean_advantage: bool = False):
@@ -306,20 +307,19 @@ class PerSampleHook(Hook):
         self.bucket_mode, self.num_buckets, self.mean_advantage = bucket_mode, num_buckets, mean_advantage
         self.warned = False
 
-    def before_update(self, ctx: StepContext) -> HookResult | None:
+    def measure(self, ctx: StepContext) -> tuple[HookResult, dict] | None:
         # skipped only when the batch is empty on every rank (a rank without rows joins the others' collectives)
-        if not self.schedule.due(ctx.step) or float(all_reduce_sum(torch.tensor(float(len(ctx.batch))))) == 0:
+        if float(all_reduce_sum(torch.tensor(float(len(ctx.batch))))) == 0:
             return None
         if why := fast_unsupported(ctx.actor):
             if not self.warned:
-                warnings.warn(f"analysis.per_sample skipped: {why}", stacklevel=2)
+                warnings.warn(f"analysis.per_sample skipped: {why}", stacklevel=3)
                 self.warned = True
             return None
-        t0 = time.perf_counter()
         rep = analyse_per_sample(ctx.actor, ctx.batch, ctx.actor_loss(), bucket_mode=self.bucket_mode,
                                  num_buckets=self.num_buckets, proxy=self.settings.proxy_corr,
                                  terms=self.settings.terms)
-        result = HookResult(metrics=dict(rep.metrics))
+        files = {}
         if self.settings.write_samples:  # every rank: the lines are gathered
             from rlgrad.logging.rollouts import sequence_advantages
 
@@ -327,8 +327,6 @@ class PerSampleHook(Hook):
             rows = sample_rows(rep, ctx.batch, rollout_indices(ctx.batch, ctx.unfiltered_batch), advantages)
             layers = layer_summary(rep)  # every rank: a collective too
             if ctx.is_main:
-                step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"
-                atomic_write_text(step_dir / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-                atomic_write_text(step_dir / "sample_layers.json", json.dumps(layers, indent=1))
-        result.metrics[key("timing_s/analysis/per_sample")] = time.perf_counter() - t0
-        return result
+                files = {"samples.jsonl": "".join(json.dumps(r) + "\n" for r in rows),
+                         "sample_layers.json": json.dumps(layers, indent=1)}
+        return HookResult(metrics=dict(rep.metrics)), files

@@ -8,14 +8,10 @@ import queue
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from rlgrad.runfiles import atomic_write_bytes
-
-if TYPE_CHECKING:
-    pass
 
 
 def _stderr(msg: str) -> None:

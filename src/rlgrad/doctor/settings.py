@@ -10,30 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-_COMPONENTS = "analysis.components.every=N or analysis.every=N (outcome advantages: adv_estimator=grpo or rloo)"
-_NEURONS = "analysis.neurons.actor.metric_every=N or analysis.every=N"
-# Metric key prefix -> the settings that log it (rlgrad's names; the TRL and verl integrations take the same
-# analysis.* settings).
-PRODUCERS: tuple[tuple[str, str], ...] = (
-    ("grad_norm/", "analysis.buckets.enable=true (at steps 1, 1+every: analysis.buckets.every=N, or analysis.every=N)"),
-    ("grad_comp/", _COMPONENTS),
-    ("grad_sim/", _COMPONENTS),
-    ("actor/neuron/", _NEURONS),
-    ("actor/param/", _NEURONS),
-    ("critic/neuron/", "analysis.neurons.critic.metric_every=N or analysis.every=N (adv_estimator=gae)"),
-    ("critic/vf", "algorithm.adv_estimator=gae (a critic)"),
-    ("actor/kl_loss", "actor.use_kl_loss=true"),
-    ("val/", "trainer.test_freq=N or trainer.val_before_train=true (validation)"),
-    ("reward/", "a task with named reward components (rlgrad's tasks; TRL: several reward_funcs)"),
-)
+from rlgrad.metrics import EVERY_STEP, setting_of
 
 
 def producing_settings(keys: list[str]) -> list[str]:
-    """The settings that would log any of ``keys`` (metric keys or templates), each once, in ``keys``' order."""
+    """The settings that would log any of ``keys`` (metric keys or templates), each once, in ``keys``' order: what
+    the catalogue's group of each key declares (``rlgrad.metrics.setting_of``; rlgrad's names, which the TRL and verl
+    integrations take too). A key every training step logs has none to name."""
     out: list[str] = []
     for k in keys:
-        found = next((setting for prefix, setting in PRODUCERS if k.startswith(prefix)), None)
-        if found is not None and found not in out:
+        found = setting_of(k)
+        if found is not None and found != EVERY_STEP and found not in out:
             out.append(found)
     return out
 

@@ -17,8 +17,7 @@ from typing import Any
 import torch
 
 from rlgrad.errors import UserError
-from rlgrad.metrics import key
-from rlgrad.metrics_export import write_run_catalogue
+from rlgrad.metrics import INSTRUMENTS, key, match, write_run_catalogue
 
 
 def _clean(v: Any) -> Any:
@@ -118,6 +117,7 @@ def _wandb_logged_in() -> bool:
     return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
 
 
+INSTRUMENT_TIMINGS = {instrument.timing for instrument in INSTRUMENTS}  # the templates of their timing keys
 # The phases of a step, in order, as the console names them (their timing_s/<phase> keys: rlgrad.metrics).
 PHASES = ("gen", "filter", "old_log_prob", "ref", "values", "adv", "update_critic", "analysis/components",
           "analysis/buckets", "update_actor", "neuron/actor", "neuron/critic")
@@ -192,7 +192,7 @@ class ConsoleSink:
             self.write(f"step {step}/{self.total}  {stats}  ({metrics.get('timing_s/step', float('nan')):.1f} s)")
         if "val/accuracy" in metrics:
             self.write(f"step {step}: val/accuracy = {metrics['val/accuracy']:.3f}")
-        if any(k.startswith(("timing_s/analysis/", "timing_s/neuron/")) for k in metrics):
+        if any((m := match(k)) is not None and m.template in INSTRUMENT_TIMINGS for k in metrics):  # one ran
             found = analysis_summary(step, metrics)
             if found:
                 where = self.run_dir / "analysis" / f"step_{step}" if self.run_dir else None

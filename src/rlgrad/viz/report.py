@@ -21,6 +21,7 @@ from rlgrad.config.schedule import Schedule, schedules
 from rlgrad.config.schema import SCHEMA_KEYS, SECTIONS, RLGradConfig
 from rlgrad.doctor import diagnose
 from rlgrad.errors import UserError
+from rlgrad.metrics import BUCKETS, INSTRUMENTS, NEURONS, Instrument
 from rlgrad.runfiles import atomic_write_text, check_output
 from rlgrad.viz import run_figures as R
 from rlgrad.viz.figbase import png_bytes
@@ -122,28 +123,38 @@ _UNSET = object()
 
 def _instrument_rows(run: D.RunData) -> list[list]:
     """When each instrument ran: "off", or its steps, by the step rule the instruments themselves follow
-    (``rlgrad.config.analysis.schedules``) applied to the run's own settings. Nothing for a config that
-    could not be read."""
+    (``rlgrad.config.schedule.schedules``) applied to the run's own settings; a row for every instrument of the
+    catalogue (``rlgrad.metrics.INSTRUMENTS``; the actor's schedule where each trained model has one), each followed
+    by the settings that shaped what it measured. Nothing for a config that could not be read."""
     if run.config is None:
         return []
     settings = _run_settings(run)
-    at, buckets, actor = schedules(settings), settings.analysis.buckets, settings.analysis.neurons.actor
+    at = schedules(settings)
 
     def when(schedule: Schedule) -> str:
         if schedule.every <= 0:
             return "off"
         return f"every {schedule.every} (steps {schedule.first}, {schedule.first + schedule.every}, …)"
 
-    rows = [["bucket analysis", when(at["buckets"]), "analysis.buckets.every"]]
-    if at["buckets"].every > 0:
-        rows += [["bucket mode", buckets.bucket_mode, "analysis.buckets.bucket_mode"],
-                 ["buckets", buckets.num_buckets, "analysis.buckets.num_buckets"]]
-    rows.append(["reward-component geometry", when(at["components"]), "analysis.components.every"])
-    rows.append(["neuron health", when(at["neurons/actor"]), "analysis.neurons.actor.metric_every"])
-    resets = at["reset/actor"].every
-    rows.append(["ReDo resets", f"every {resets} (τ {actor.tau}, {actor.mode})" if resets > 0 else "off",
-                 "analysis.neurons.actor.reset_every"])
+    rows = []
+    for instrument in INSTRUMENTS:
+        rows.append([instrument.name, when(at[instrument.schedule.format(role="actor")]),
+                     instrument.every.format(role="actor")])
+        rows += _instrument_details(instrument, settings, at)
     return rows
+
+
+def _instrument_details(instrument: Instrument, settings: RLGradConfig, at: dict[str, Schedule]) -> list[list]:
+    """The rows under an instrument's: the bucket analysis' buckets (when it ran), the neuron health's resets."""
+    if instrument is BUCKETS and at["buckets"].every > 0:
+        buckets = settings.analysis.buckets
+        return [["bucket mode", buckets.bucket_mode, "analysis.buckets.bucket_mode"],
+                ["buckets", buckets.num_buckets, "analysis.buckets.num_buckets"]]
+    if instrument is NEURONS:
+        actor, resets = settings.analysis.neurons.actor, at["reset/actor"].every
+        return [["ReDo resets", f"every {resets} (τ {actor.tau}, {actor.mode})" if resets > 0 else "off",
+                 "analysis.neurons.actor.reset_every"]]
+    return []
 
 
 def _config_section(run: D.RunData) -> str:

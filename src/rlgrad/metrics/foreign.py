@@ -1,8 +1,11 @@
 """Other trainers' and tools' names of the quantities rlgrad logs: one table per source (TRL, OpenRLHF,
-rldoctor) and their differences. Data only, below ``rlgrad.metrics``, which re-exports them and maps keys with
-them (``foreign_key``, ``own_key``); docs/metrics.md shows both (``metrics.foreign_markdown``)."""
+rldoctor), their differences, and the mapping both ways (``foreign_key``: theirs to rlgrad's, ``own_key``: back).
+docs/metrics.md shows the tables (``rlgrad.metrics.export.foreign_markdown``)."""
 
 from __future__ import annotations
+
+from rlgrad.metrics.fields import component_keys
+from rlgrad.metrics.keys import key, match, parse
 
 # Other trainers' names of quantities rlgrad logs, read by rlgrad's TRL integration and by ``rlgrad doctor``: one
 # table per trainer, their differences in ``FOREIGN_NOTES`` (docs/metrics.md shows both, ``foreign_markdown``).
@@ -61,3 +64,56 @@ FOREIGN_NOTES = {
             "val/accuracy, `val-core/<data source>/reward/mean@N` is val/score/mean; rlgrad's metrics from its verl "
             "actor worker reach verl's logs with verl's actor prefix (actor/grad_norm/all/task is grad_norm/all/task).",
 }
+
+
+def trl_reward_name(name: str) -> str | None:
+    """The reward function (or model) of a TRL ``rewards/<name>/mean`` key, None for another key."""
+    head, tail = "rewards/", "/mean"
+    if name.startswith(head) and name.endswith(tail) and len(name) > len(head) + len(tail):
+        return name[len(head):-len(tail)]
+    return None
+
+
+def foreign_key(name: str, source: str, components: dict[str, str] | None = None) -> str | None:
+    """rlgrad's name for a metric another trainer logged (``source``: ``trl``, ``openrlhf`` or ``verl``), None if
+    unknown (``FOREIGN_NAMES``; a ``train/`` prefix is dropped).
+
+    TRL's ``rewards/<f>/mean`` is ``reward/<key>/mean``, ``<key>`` the ``{component}`` key of ``f``:
+    ``components[f]`` (``component_keys`` of all the run's reward names), else ``f`` escaped alone.
+    verl's names are rlgrad's (rlgrad follows verl), but for validation: ``val-core/<data source>/acc/mean@N``
+    is ``val/accuracy`` and ``val-core/<data source>/reward/mean@N`` is ``val/score/mean``; rlgrad's own metrics
+    from its verl actor worker reach verl's trainer ``actor/``-prefixed (``actor/grad_norm/all/task``, verl's
+    ``rename_dict``) and are rlgrad's names again without that prefix."""
+    if source in FOREIGN_NAMES:
+        name = name.removeprefix("train/")  # W&B's and TensorBoard's prefix for the training logs
+        if source == "trl" and name.startswith("rewards/") and name.endswith(("/mean", "/std")):
+            f, stat = name[len("rewards/"):].rsplit("/", 1)
+            c = (components or {}).get(f) or component_keys([f])[0]
+            return key(f"reward/{{component}}/{stat}", component=c) if f else None
+        return FOREIGN_NAMES[source].get(name)
+    if name.startswith("val-core/") or name.startswith("val-aux/"):
+        parts = name.split("/")
+        if len(parts) >= 4 and parts[-1].startswith("mean@"):  # the data source may hold slashes (openai/gsm8k)
+            return {"acc": "val/accuracy", "reward": "val/score/mean", "score": "val/score/mean"}.get(parts[-2])
+        return None
+    # name[6:]: without "actor/", where that is rlgrad's key and the prefixed name is not one of verl's
+    return name[6:] if name.startswith("actor/") and match(name) is None and match(name[6:]) is not None else name
+
+
+def trl_key(name: str, labels: dict[str, str] | None = None) -> str:
+    """TRL's name of an rlgrad metric key it logs (the reverse of ``foreign_key``; ``labels``: component key ->
+    TRL's reward name); any other key unchanged (rlgrad's own instruments log under rlgrad's names)."""
+    return own_key(name, "trl", labels)
+
+
+def own_key(name: str, source: str, labels: dict[str, str] | None = None) -> str:
+    """``source``'s name of rlgrad's metric ``name`` (the reverse of ``foreign_key``; the first name of the table
+    that maps to it); ``name`` itself where ``source`` has none (verl's names are rlgrad's)."""
+    table = FOREIGN_NAMES.get(source, {})
+    back = next((k for k, v in table.items() if v == name), None)
+    if back is not None:
+        return back
+    for stat in ("mean", "std"):
+        if source == "trl" and (f := parse(f"reward/{{component}}/{stat}", name)) is not None:
+            return f"rewards/{(labels or {}).get(f['component'], f['component'])}/{stat}"
+    return name

@@ -1,4 +1,4 @@
-"""rldoctor's and W&B's spellings in the one table of other tools' metric names (``rlgrad.foreign_names``): a log
+"""rldoctor's and W&B's spellings in the one table of other tools' metric names (``rlgrad.metrics.foreign``): a log
 under rldoctor's canonical fields reads as rlgrad's keys, and rlgrad's keys are quoted back in rldoctor's names."""
 
 from rlgrad import rundata as D

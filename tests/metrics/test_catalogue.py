@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlgrad import metrics as M
-from rlgrad.metrics import CATALOGUE, FIELDS, Metric, key, markdown, match, parse
-from rlgrad.metrics_export import docs_page, export_markdown
+from rlgrad.metrics import CATALOGUE, FIELDS, PLACEHOLDER, Metric, key, markdown, match, parse
+from rlgrad.metrics.export import docs_page, export_markdown
 from tests.conftest import REPO, tiny_overrides
 from tests.helpers.readme import pages_text
 
@@ -165,6 +165,8 @@ def test_every_key_of_a_full_instrument_run_is_declared(model_cache, tmp_path):
     unmatched = sorted(f"{run}: {k}" for run, ks in keys.items() for k, t in templates_matching(ks).items()
                        if t is None)
     assert not unmatched, "logged keys missing from rlgrad.metrics.CATALOGUE:\n  " + "\n  ".join(unmatched)
+    # each in a group that names the setting that logs it (doctor --explain, docs/metrics.md)
+    assert all(M.setting_of(k) for ks in keys.values() for k in ks)
     # the runs did exercise the instruments (the check above is not vacuous)
     seen = {t for ks in keys.values() for t in templates_matching(ks).values()}
     assert {"grad_norm/{bucket}/{term}", "grad_norm_prefilter/{bucket}/{term}", "grad_comp/total/norm",
@@ -197,10 +199,10 @@ def _segment_fits(mention: str, template_seg: str) -> bool:
     be a value of the template segment."""
     if mention == "*":
         return True
-    has_placeholder = M._PLACEHOLDER.search(template_seg) is not None
+    has_placeholder = PLACEHOLDER.search(template_seg) is not None
     if "{" in mention:
         return has_placeholder
-    parts = M._PLACEHOLDER.split(template_seg)
+    parts = PLACEHOLDER.split(template_seg)
     rx = "".join(re.escape(p) if i % 2 == 0 else f"(?:{FIELDS[p]})" for i, p in enumerate(parts))
     return re.fullmatch(rx, mention) is not None
 

@@ -7,12 +7,11 @@ import re
 import pytest
 
 from rlgrad import cli
-from rlgrad.foreign_names import FOREIGN_NAMES
 from rlgrad.logging.sinks import metrics_sink
-from rlgrad.metrics import CATALOGUE, foreign_key, key, match
-from rlgrad.metrics_export import _GROUP_UNIT, _UNIT_KEYS, FORMAT_VERSION, RUN_FILE, UNITS, catalogue
+from rlgrad.metrics import CATALOGUE, FOREIGN_NAMES, FORMAT_VERSION, RUN_FILE, UNITS, catalogue, foreign_key, key, match
+from rlgrad.metrics.export import _DATA_UNIT, _UNIT_KEYS
 from tests.conftest import run_cli
-from tests.test_metrics import SAMPLE
+from tests.metrics.test_catalogue import SAMPLE
 
 
 def printed(capsys, *args: str) -> dict:
@@ -101,7 +100,7 @@ def test_units_name_catalogued_keys_and_their_ranges_hold(by_key):
     templates = {m.template for m in CATALOGUE}
     named = [t for keys in _UNIT_KEYS.values() for t in keys]
     assert set(named) <= templates and len(named) == len(set(named))  # no stale or doubled key
-    assert set(_UNIT_KEYS) | set(_GROUP_UNIT.values()) == set(UNITS)  # every unit is used
+    assert set(_UNIT_KEYS) | set(_DATA_UNIT.values()) == set(UNITS)  # every unit is used
     assert all(e["unit"] == "seconds" and e["range"] == [0.0, None] for e in by_key.values() if e["group"] == "timing")
     assert by_key["grad_sim/{pair}"]["range"] == [-1.0, 1.0] and by_key["grad_norm/{bucket}/sample_pct"]["range"] == [
         0.0, 100.0]

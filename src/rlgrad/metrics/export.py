@@ -1,13 +1,13 @@
-"""The metric catalogue written out for other tools: one JSON document (``rlgrad metrics``, and
-``RUN/metrics_catalogue.json`` next to ``metrics.jsonl``) and the page ``docs/metrics.md`` that documents it.
+"""The metric catalogue written out: for other tools, one JSON document (``rlgrad metrics``, and
+``RUN/metrics_catalogue.json`` next to ``metrics.jsonl``); for people, the page ``docs/metrics.md`` (``docs_page``).
 
 A key's name alone is ambiguous to a tool that does not know rlgrad: rldoctor 0.2.0 read ``rollout/accuracy`` (the
 step's training samples) as a held-out score, and a per-bucket ``*/loss/entropy`` as the policy's entropy. So each
 catalogue entry goes out with fields that say what its number is measured on (``data``, ``held_out``), what it is
 per (``scope``: its placeholders), which instrument writes it, its unit and range where they are known, the names
-other tools give the same quantity (derived from ``rlgrad.foreign_names``, never a second table) and the keys it is
-easily taken for (``distinct_from``). The meanings stay in ``rlgrad.metrics``; the fields here are per group of the
-catalogue, with a few per-key exceptions, so a new key gets its group's fields without an edit here.
+other tools give the same quantity (derived from ``rlgrad.metrics.foreign``, never a second table) and the keys it is
+easily taken for (``distinct_from``). What it is measured on and its writer are its group's
+(``rlgrad.metrics.entries``), so a new key gets its group's fields without an edit here.
 """
 
 from __future__ import annotations
@@ -18,45 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from rlgrad.errors import UserError
-from rlgrad.foreign_names import FOREIGN_NAMES, FOREIGN_NOTES
-from rlgrad.metrics import CATALOGUE, FIELD_MEANINGS, FIELDS, GROUPS, Metric, markdown, match, own_key
+from rlgrad.metrics.entries import DATA, Metric
+from rlgrad.metrics.fields import FIELD_MEANINGS, FIELDS
+from rlgrad.metrics.foreign import FOREIGN_NAMES, FOREIGN_NOTES, own_key
+from rlgrad.metrics.keys import CATALOGUE, GROUPS, declared, match
 from rlgrad.runfiles import atomic_write_text
 
 FORMAT = "rlgrad.metrics_catalogue"
 FORMAT_VERSION = 1  # bump on any change a reader of an older version would misread (a field's meaning, removal)
 RUN_FILE = "metrics_catalogue.json"  # written into every run directory next to metrics.jsonl, at run start
-
-# What a value is measured on: the words of the ``data`` field, each with its meaning (in the JSON too).
-DATA: dict[str, str] = {
-    "train_rollout": "the step's sampled training responses (or agent episodes), before the rollout filter",
-    "train_batch": "the step's kept training batch, as the update sees it",
-    "update": "the optimizer update of the step (a mean over its optimizer steps unless the meaning says otherwise)",
-    "analysis": "a gradient-analysis pass on the step's training batch, before the update, with no optimizer step; "
-                "only at the instrument's analysis steps",
-    "validation": "held-out validation examples or episodes, with the weights after the step's update",
-    "wall_clock": "seconds of wall-clock time",
-    "event": "an event of the training loop",
-    "table": "a table (W&B), not a scalar of metrics.jsonl",
-}
-_GROUP_DATA = {"rollout": "train_rollout", "agent": "train_rollout", "filter": "train_rollout",
-               "reward": "train_batch", "actor": "update", "critic": "update", "buckets": "analysis",
-               "prefilter": "analysis", "per_sample": "analysis", "components": "analysis", "neurons": "analysis",
-               "validation": "validation", "timing": "wall_clock", "trainer": "event", "tables": "table"}
-# The instrument (its config section) that writes a group's keys; "trainer": the training loop (rlgrad's, or the
-# host trainer under its own names, TRL's or verl's).
-_GROUP_INSTRUMENT = {"buckets": "analysis.buckets", "prefilter": "analysis.buckets",
-                     "per_sample": "analysis.per_sample", "components": "analysis.components",
-                     "neurons": "analysis.neurons"}
-_KEY_DATA = {  # per-key exceptions to the group's
-    "actor/loss/{loss}": "analysis", "actor/grad_norm/{term}": "analysis", "grad_comp/save_failures": "event",
-    "trainer/exited_after_gradient_analysis": "event",
-}
-_KEY_INSTRUMENT = {
-    "actor/loss/{loss}": "analysis.buckets", "actor/grad_norm/{term}": "analysis.buckets",
-    "trainer/exited_after_gradient_analysis": "analysis.buckets", "timing_s/neuron/{role}": "analysis.neurons",
-    "timing_s/analysis/buckets": "analysis.buckets", "timing_s/analysis/per_sample": "analysis.per_sample",
-    "timing_s/analysis/components": "analysis.components", "timing_s/doctor": "doctor.live",
-}
 
 # Units with their range (None: unbounded that side), and the keys in each; a key in none has no fixed unit (a
 # reward, a loss, a learning rate: the task's or the setting's scale).
@@ -94,7 +64,7 @@ _UNIT_KEYS: dict[str, tuple[str, ...]] = {
     "samples": ("noise_scale/{bucket}/{term}",),
 }
 _UNIT_OF = {template: unit for unit, keys in _UNIT_KEYS.items() for template in keys}
-_GROUP_UNIT = {"timing": "seconds"}
+_DATA_UNIT = {"wall_clock": "seconds"}
 
 # Keys a reader easily takes for one another, each with why they differ (shown on both entries).
 _CONFUSED: tuple[tuple[str, str, str], ...] = (
@@ -148,17 +118,15 @@ def _names(m: Metric) -> dict[str, dict[str, str]]:
 
 def entry(m: Metric) -> dict[str, Any]:
     """The JSON object of one catalogue entry."""
-    data = _KEY_DATA.get(m.template) or _GROUP_DATA[m.group]
-    if m.template.startswith("val/"):
-        data = "validation"
-    unit = _UNIT_OF.get(m.template) or _GROUP_UNIT.get(m.group)
+    data = declared(m, "data")
+    unit = _UNIT_OF.get(m.template) or _DATA_UNIT.get(data)
     low, high = UNITS[unit] if unit else (None, None)
     confused = {b if a == m.template else a: why for a, b, why in _CONFUSED if m.template in (a, b)}
     return {
         "key": m.template, "regex": m.regex.pattern, "placeholders": list(m.fields), "group": m.group,
         "meaning": m.meaning, "data": data, "held_out": data == "validation",
         "scope": [f"per_{f}" for f in m.fields if f != "stat"] or ["whole"],
-        "instrument": _KEY_INSTRUMENT.get(m.template) or _GROUP_INSTRUMENT.get(m.group, "trainer"),
+        "instrument": declared(m, "writer"),
         "unit": unit, "range": [low, high] if unit else None, "names": _names(m), "distinct_from": confused,
     }
 
@@ -176,7 +144,8 @@ def catalogue(keys: list[str] | None = None) -> dict[str, Any]:
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "placeholders": {name: {"regex": rx, "meaning": FIELD_MEANINGS.get(name, "")} for name, rx in FIELDS.items()},
-        "groups": {g: {"title": title, "note": note} for g, (title, note) in GROUPS.items()},
+        "groups": {g.id: {"title": g.title, "note": g.note, "setting": g.setting, "data": g.data, "writer": g.writer,
+                          "files": list(g.files)} for g in GROUPS.values()},
         "data": DATA, "units": {u: list(r) for u, r in UNITS.items()},
         "sources": {s: {"note": FOREIGN_NOTES.get(s, "")} for s in (*FOREIGN_NAMES, "verl", "wandb")},
         "metrics": [entry(m) for m in entries],
@@ -193,6 +162,55 @@ def write_run_catalogue(run_dir: str | os.PathLike) -> Path:
     path = Path(run_dir) / RUN_FILE
     atomic_write_text(path, to_json())
     return path
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown() -> str:
+    """``docs/metrics.md``: the catalogue as Markdown, a table per group, under what its group declares (the setting
+    that makes a run log its keys, what they are measured on, their writer and its run files)."""
+    out = [
+        "# Metrics",
+        "",
+        "Every key rlgrad logs (`RUN/metrics.jsonl`, TensorBoard, W&B), as a template with its meaning. "
+        "A `{field}` is a placeholder for the values in the first table. This file is generated from "
+        "`rlgrad.metrics.CATALOGUE` (`rlgrad metrics --format markdown > docs/metrics.md`): edit the catalogue, "
+        "not this file. Search for a template (e.g. `grad_norm/{bucket}/{term}`) to find the code that "
+        "writes it; `rlgrad.metrics.match(key)` gives the entry of a concrete key.",
+        "",
+        "## Placeholders",
+        "",
+        "| placeholder | matches | meaning |",
+        "|---|---|---|",
+    ]
+    out += [f"| `{{{name}}}` | `{_cell(rx)}` | {_cell(FIELD_MEANINGS.get(name, ''))} |"
+            for name, rx in FIELDS.items()]
+    for group in GROUPS.values():
+        files = f"; its files: {', '.join(f'`{f}`' for f in group.files)}" if group.files else ""
+        out += ["", f"## {group.title}", "", group.note, "",
+                f"Logged with: {group.setting}. Measured on: {DATA[group.data]}. Written by: `{group.writer}`{files}.",
+                "", "| key | meaning |", "|---|---|"]
+        out += [f"| `{m.template}` | {_cell(m.meaning)}" + (f" Logged with: {m.setting}." if m.setting else "") + " |"
+                for m in group.metrics]
+    return "\n".join(out) + "\n" + foreign_markdown()
+
+
+def foreign_markdown() -> str:
+    """docs/metrics.md's table of other trainers' names: one row per rlgrad key, a column per trainer."""
+    keys = list(dict.fromkeys(v for t in FOREIGN_NAMES.values() for v in t.values()))
+    heads = list(FOREIGN_NAMES)
+    out = ["", "## Other trainers' names", "",
+           "What `rlgrad doctor` (and rlgrad's TRL integration) reads another trainer's logs as, from "
+           "`rlgrad.metrics.FOREIGN_NAMES`; `rewards/<f>/mean` and `/std` (TRL) are `reward/<f>/mean` and `/std`. "
+           "verl's names are rlgrad's. A `train/` prefix (W&B, TensorBoard) is dropped.", "",
+           "| rlgrad | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for k in keys:
+        cells = [", ".join(f"`{n}`" for n, v in FOREIGN_NAMES[h].items() if v == k) or "-" for h in heads]
+        out.append(f"| `{k}` | " + " | ".join(cells) + " |")
+    out += ["", *[f"- {src}: {_cell(note)}" for src, note in FOREIGN_NOTES.items()]]
+    return "\n".join(out) + "\n"
 
 
 def export_markdown() -> str:

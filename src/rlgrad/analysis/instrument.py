@@ -1,0 +1,90 @@
+"""The plumbing every instrument hook shares: the schedule check, the timing key, the step directory and the
+writes of its files, done once here for all (``InstrumentHook``).
+
+An instrument's hook names its catalogue declaration (``rlgrad.metrics.BUCKETS``, ...: its timing key; its group's
+run files) and measures; it never spells a timing key, a step directory or a write of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
+from rlgrad.metrics import GROUPS, Instrument, key
+from rlgrad.runfiles import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+STEP_FILE = "analysis/step_N/"  # how the catalogue's groups name a file of a step directory
+
+
+def step_dir(ctx: StepContext) -> Path:
+    """``RUN/analysis/step_N/``: where an instrument's files of step N go."""
+    return ctx.run_dir / "analysis" / f"step_{ctx.step}"
+
+
+class InstrumentHook(Hook):
+    """A hook that measures at the steps of its ``schedule`` (``before_update``) through ``measure``, and writes its
+    files and its time through this base. ``declared``: its instrument in the catalogue.
+
+    An instrument that measures elsewhere than before the update keeps its own step rule (neuron health: a
+    schedule per trained model, at ``on_grads``) and still times and writes through ``timing`` and ``write``.
+    """
+
+    declared: Instrument
+    schedule: Schedule = Schedule(0)
+
+    def before_update(self, ctx: StepContext) -> HookResult | None:
+        """At a due step, ``measure``'s result with its files written and its time under the instrument's timing
+        key; None at any other step and at a step ``measure`` skips."""
+        if not self.schedule.due(ctx.step):
+            return None
+        timing: dict[str, float] = {}
+        with self.timed(timing):
+            measured = self.measure(ctx)
+            if measured is None:
+                return None
+            result, files = measured
+            self.write(ctx, files)
+        result.metrics.update(timing)
+        return result
+
+    def measure(self, ctx: StepContext) -> tuple[HookResult, dict[str, Any]] | None:
+        """The measurement at a due step, run by every process (its collectives included): the result and the
+        files of the step directory (``name -> content``, ``write``'s); None to skip the step."""
+        raise NotImplementedError(f"{type(self).__name__} measures at before_update: it must define measure()")
+
+    @contextmanager
+    def timed(self, into: dict[str, float], **fields: str) -> Iterator[None]:
+        """The seconds the block takes, into ``into`` under the instrument's timing key (``fields``: its
+        placeholders, e.g. the role of neuron health's)."""
+        started = time.perf_counter()
+        yield
+        into[key(self.declared.timing, **fields)] = time.perf_counter() - started
+
+    def path(self, ctx: StepContext, name: str) -> Path:
+        """Where the instrument's file ``name`` of this step goes; a name its groups do not declare is refused."""
+        if STEP_FILE + name not in self.files():
+            raise ValueError(f"{self.declared.section} writes {STEP_FILE}{name}, which no group of it declares "
+                             "(rlgrad.metrics.instruments)")
+        return step_dir(ctx) / name
+
+    def files(self) -> tuple[str, ...]:
+        """The run files the catalogue's groups of this instrument declare."""
+        return tuple(f for group in GROUPS.values() if group.instrument is self.declared for f in group.files)
+
+    def write(self, ctx: StepContext, files: dict[str, Any]) -> None:
+        """Each of ``files`` into the step directory, atomically, by the main process alone: a str as text, bytes
+        as they are, anything else as JSON."""
+        if not ctx.is_main:
+            return
+        for name, content in files.items():
+            path = self.path(ctx, name)
+            if isinstance(content, str):
+                atomic_write_text(path, content)
+            elif isinstance(content, bytes):
+                atomic_write_bytes(path, content)
+            else:
+                atomic_write_json(path, content)

@@ -1,0 +1,175 @@
+"""The instruments' metric groups (``rlgrad.analysis``): each instrument declared once, with its name, config
+section, schedule and timing key, and the keys and run files it writes, measured at its analysis steps.
+
+Adding an instrument: declare it here (an ``Instrument`` and its ``Group``, its timing key among the group's keys)
+and add the group to ``rlgrad.metrics.keys.GROUPS``; its hook (``rlgrad.analysis.instrument.InstrumentHook``)
+reads its timing key and files from here, and the doctor's ``--explain``, the report's table of when each
+instrument ran and docs/metrics.md follow.
+"""
+
+from __future__ import annotations
+
+from rlgrad.metrics.entries import Group, Instrument, Metric
+
+BUCKETS = Instrument("bucket analysis", "analysis.buckets", schedule="buckets", every="analysis.buckets.every",
+                     timing="timing_s/analysis/buckets")
+PER_SAMPLE = Instrument("per-sample gradients and noise scale", "analysis.per_sample", schedule="per_sample",
+                        every="analysis.per_sample.every", timing="timing_s/analysis/per_sample")
+COMPONENTS = Instrument("reward-component geometry", "analysis.components", schedule="components",
+                        every="analysis.components.every", timing="timing_s/analysis/components")
+NEURONS = Instrument("neuron health", "analysis.neurons", schedule="neurons/{role}",
+                     every="analysis.neurons.{role}.metric_every", timing="timing_s/neuron/{role}")
+
+_ANALYSIS_EVERY = "analysis.every=N"
+_BUCKETS_ON = "analysis.buckets.enable=true (at steps 1, 1+every: analysis.buckets.every=N, or analysis.every=N)"
+_PROBE = ("analysis/step_N/batch.safetensors", "analysis/step_N/loss.json", "analysis/step_N/model")
+
+BUCKET_GROUP = Group(
+    "buckets", "Bucket analysis (`grad_norm/`)",
+    "At analysis.buckets.every steps, on the actor at the hook point (the kept batch "
+    "with its advantages, or the separate analysis batch), before the update; no optimizer "
+    "step.",
+    setting=_BUCKETS_ON, data="analysis", instrument=BUCKETS,
+    files=("analysis/step_N/layers.json", "analysis/step_N/group_rv_table.csv", *_PROBE), metrics=(
+        ("grad_norm/{bucket}/{term}",
+         "L2 norm over all trainable parameters of the gradient of the bucket's aggregated term loss "
+         "(with its coefficient), before clipping."),
+        ("grad_norm/{bucket}/per_sample/{term}", "grad_norm/{bucket}/{term} / the bucket's sample count."),
+        ("grad_norm/{bucket}/per_token/{term}",
+         "grad_norm/{bucket}/{term} / the bucket's response-token count."),
+        ("grad_norm/{bucket}/loss/{loss}",
+         "The loss value aggregated with actor.loss_agg_mode over the bucket's samples alone."),
+        ("grad_norm/{bucket}/sample_count", "Number of samples (responses) in the bucket."),
+        ("grad_norm/{bucket}/sample_pct", "100 × the bucket's samples / the analysed batch's samples."),
+        ("grad_norm/{bucket}/group_rv_count", "Number of prompt groups in the bucket."),
+        ("grad_norm/{bucket}/group_rv_zero_count",
+         "Number of the bucket's prompt groups whose reward std is 0 (every sample got the same score): the rows "
+         "of analysis/step_N/group_rv_table.csv with reward_std 0. The console's zero-variance share is "
+         "grad_norm/all/group_rv_zero_count / grad_norm/all/group_rv_count."),
+        ("grad_norm/{bucket}/reward_std_mean",
+         "Mean over the bucket's prompt groups of the group's reward std (unbiased std of its scores)."),
+        ("grad_norm/{bucket}/reward_std_min", "Smallest reward std of the bucket's prompt groups."),
+        ("grad_norm/{bucket}/reward_std_max", "Largest reward std of the bucket's prompt groups."),
+        ("actor/loss/{loss}",
+         "Copy of grad_norm/all/loss/{loss} (policy, entropy, kl, total): the bucket analysis' whole-batch "
+         "loss value (analysis steps)."),
+        ("actor/grad_norm/{term}",
+         "Copy of grad_norm/all/{term} (task, entropy, kl): the bucket analysis' whole-batch gradient "
+         "norm of the term, before clipping (analysis steps; not actor/grad_norm)."),
+        Metric("trainer/exited_after_gradient_analysis",
+               "1.0 at the step where the run stopped after the bucket analysis, before the actor update "
+               "(analysis.buckets.exit_after, RAGEN's trainer.exit_after_gradient_analysis).",
+               data="event", setting="analysis.buckets.exit_after=true (with the bucket analysis)"),
+        Metric("grad_norm/group_rv_table",
+               "One row per prompt group of the bucket analysis: bucket, group_id, reward_std (also "
+               "analysis/step_N/group_rv_table.csv).",
+               data="table"),
+        Metric(BUCKETS.timing, "Seconds spent in the bucket analysis at this step.", data="wall_clock"),
+    ))
+PREFILTER_GROUP = Group(
+    "prefilter", "Bucket analysis before the filter (`grad_norm_prefilter/`)",
+    "The same measurements on the step's whole rollout batch before the rollout filter "
+    "(advantages recomputed over it); analysis.buckets.log_prefilter=true only.",
+    setting="analysis.buckets.log_prefilter=true (with the bucket analysis)", data="analysis", instrument=BUCKETS,
+    files=("analysis/step_N/group_rv_table_prefilter.csv",), metrics=(
+        ("grad_norm_prefilter/{bucket}/{term}",
+         "grad_norm/{bucket}/{term} of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/per_sample/{term}",
+         "grad_norm/{bucket}/per_sample/{term} of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/per_token/{term}",
+         "grad_norm/{bucket}/per_token/{term} of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/loss/{loss}",
+         "grad_norm/{bucket}/loss/{loss} of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/sample_count",
+         "grad_norm/{bucket}/sample_count of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/sample_pct",
+         "grad_norm/{bucket}/sample_pct of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/group_rv_count",
+         "grad_norm/{bucket}/group_rv_count of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/group_rv_zero_count",
+         "grad_norm/{bucket}/group_rv_zero_count of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/reward_std_mean",
+         "grad_norm/{bucket}/reward_std_mean of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/reward_std_min",
+         "grad_norm/{bucket}/reward_std_min of the batch before the rollout filter."),
+        ("grad_norm_prefilter/{bucket}/reward_std_max",
+         "grad_norm/{bucket}/reward_std_max of the batch before the rollout filter."),
+        Metric("grad_norm_prefilter/group_rv_table",
+               "The same for the batch before the rollout filter (analysis/step_N/group_rv_table_prefilter.csv).",
+               data="table"),
+    ))
+PER_SAMPLE_GROUP = Group(
+    "per_sample", "Per-sample gradients and the noise scale (`grad_norm_sample/`, `noise_*/`, `coherence/`)",
+    "At analysis.per_sample.every steps, before the update, per bucket of the bucket analysis; g_i: "
+    "sample i's part of the bucket's gradient, h_i = n·g_i. Formulas, references: docs/noise_scale.md.",
+    setting=f"{PER_SAMPLE.every}=N or {_ANALYSIS_EVERY}", data="analysis", instrument=PER_SAMPLE,
+    files=("analysis/step_N/samples.jsonl", "analysis/step_N/sample_layers.json"), metrics=(
+        ("grad_norm_sample/{bucket}/{term}", "Mean over the bucket's samples of the exact norm ||g_i|| (RAGEN's "
+         "grad_norm/{bucket}/per_sample/{term} is ||Σ_i g_i|| / n: lower by the samples' cancellation)."),
+        ("noise_samples/{bucket}", "Number of samples n the bucket's per-sample metrics are over."),
+        ("noise_trace/{bucket}/{term}", "Unbiased tr(Σ) of the per-sample gradients h_i: Σ_i ||h_i − h̄||² / (n − 1)."),
+        ("noise_signal/{bucket}/{term}", "Unbiased |G|²: ||h̄||² − tr(Σ)/n, ||h̄|| being grad_norm/{bucket}/{term}."),
+        ("noise_scale/{bucket}/{term}", "B_simple = tr(Σ) / |G|² (McCandlish et al. 2018), in samples; NaN when the "
+         "|G|² estimate is <= 0."),
+        ("noise_intra/{bucket}/{term}", "Intra-prompt part of tr(Σ): the pooled spread of h_i around their prompt "
+         "group's mean."),
+        ("noise_inter/{bucket}/{term}", "Inter-prompt part of tr(Σ): the spread of the prompt groups' mean gradients, "
+         "less the intra-prompt noise they carry."),
+        ("coherence/{bucket}/{term}",
+         "||Σ_i g_i||² / (n Σ_i ||g_i||²): 1 aligned, 1/n uncorrelated, 0 cancelling samples."),
+        ("proxy_corr/spearman", "Rank correlation of verl's logit-space variance proxy A_i²·Σ_t(1 − 2π(y_t) + Σπ²) "
+         "with the true ||g_i||² of the task term, over the batch's samples."),
+        ("proxy_corr/pearson", "Linear (Pearson) correlation of the same two."),
+        Metric(PER_SAMPLE.timing, "Seconds spent in the per-sample gradient analysis at this step.", data="wall_clock"),
+    ))
+COMPONENT_GROUP = Group(
+    "components", "Reward-component gradient geometry (`grad_comp/`, `grad_sim/`)",
+    "At analysis.components.every steps, on the kept batch before the actor update "
+    "(grpo / rloo): policy-loss gradients, before clipping, no optimizer step.",
+    setting=f"{COMPONENTS.every}=N or {_ANALYSIS_EVERY} (outcome advantages: adv_estimator=grpo or rloo)",
+    data="analysis", instrument=COMPONENTS,
+    files=("analysis/step_N/components.json", "analysis/step_N/component_grads.npz"), metrics=(
+        ("grad_comp/{component}/norm",
+         "L2 norm over all trainable parameters of the policy-loss gradient with the component's "
+         "advantage (analysis.components.mode)."),
+        ("grad_comp/{component}/share",
+         "⟨g_c, g_total⟩ / |g_total|²: the component's share of the update's policy gradient (the shares "
+         "sum to 1 in shared_std); absent when g_total = 0."),
+        ("grad_comp/total/norm",
+         "L2 norm of the update's policy gradient (shared_std: the sum of the component gradients; "
+         "own_std: with the update's own advantage)."),
+        Metric("grad_comp/save_failures",
+               "component_grads.npz writes failed so far in this run (analysis.components.save_gradients only).",
+               data="event"),
+        ("grad_sim/{pair}",
+         "Cosine between the policy-loss gradients of components a and b of a__b over all trainable "
+         "parameters; absent when either is zero."),
+        Metric(COMPONENTS.timing, "Seconds spent in the reward-component gradient analysis at this step.",
+               data="wall_clock"),
+    ))
+NEURON_GROUP = Group(
+    "neurons", "Neuron health (`{role}/neuron/`, `{role}/param/`)",
+    "At analysis.neurons.{role}.metric_every / reset_every steps, on the gradient of the step's "
+    "first mini-batch, before clipping. A neuron is an MLP unit or an attention head.",
+    setting=f"{NEURONS.every}=N or {_ANALYSIS_EVERY}", data="analysis", instrument=NEURONS,
+    files=("analysis/step_N/neurons.json",), metrics=(
+        ("{role}/neuron/dormant_ratio",
+         "Fraction of neurons whose GraMa score (mean |gradient| of its incoming weights / its layer's "
+         "mean) is <= tau."),
+        ("{role}/neuron/act_dormant_ratio",
+         "Fraction of neurons whose mean |activation| over the sampled sequences' response tokens / its "
+         "layer's mean is <= tau (metric steps)."),
+        ("{role}/neuron/zero_grad_ratio",
+         "Fraction of neurons whose incoming-weight gradient is exactly zero."),
+        ("{role}/param/zero_grad_ratio",
+         "Fraction of trainable parameter elements whose gradient is exactly zero (or absent)."),
+        ("{role}/neuron/nullspace_ratio",
+         "Fraction of eigenvalues below 1e-10·λ_max of the unit-diagonal Gram matrix of up to "
+         "nullspace_samples sampled sequences' loss gradients (metric steps)."),
+        Metric("{role}/neuron/reset_count",
+               "Number of neurons the ReDo-style reset re-initialised after this step's update "
+               "(reset_every steps).",
+               setting="analysis.neurons.{role}.reset_every=N"),
+        Metric(NEURONS.timing, "Seconds spent in the neuron-health measurement of the role at this step.",
+               data="wall_clock"),
+    ))
