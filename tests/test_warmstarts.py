@@ -48,9 +48,15 @@ def test_each_shipped_warm_start_is_what_the_script_builds(task_name):
             pytest.skip(f"recorded with torch {info['torch']}: float sums may differ on {torch.__version__}")
         threads = torch.get_num_threads()
         try:
-            assert mod.digest(mod.build(cfg, task, seed, stop_after=info["prefix_steps"])) == info["prefix_sha256"]
+            got = mod.digest(mod.build(cfg, task, seed, stop_after=info["prefix_steps"]))
         finally:
             torch.set_num_threads(threads)
+        by_cpu = info.get("prefix_sha256_by_cpu", {})
+        if mod.cpu_kernels() in by_cpu:
+            assert got == by_cpu[mod.cpu_kernels()]
+        elif got != info["prefix_sha256"]:  # recorded on another kind of CPU only
+            pytest.skip(f"no prefix digest recorded for this CPU's kernels ({mod.cpu_kernels()}; recorded: "
+                        f"{sorted(by_cpu) or 'kind not noted'}): run scripts/generate/build_warmstarts.py here")
 
 
 def test_a_shipped_warm_start_is_used_without_training(tmp_path):

@@ -84,6 +84,12 @@ def digest(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def cpu_kernels() -> str:
+    """The vector kernels PyTorch picked on this CPU (``AVX2``, ``AVX512``, ...): training sums floats in their
+    order, so a build's digest holds for one kind only."""
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def record(stem: str) -> dict:
     path = SHIPPED_WARMSTARTS / f"{stem}.json"
     return json.loads(path.read_text()) if path.is_file() else {}
@@ -120,12 +126,17 @@ def main() -> int:
             continue
         info = record(stem)
         if path.is_file():
-            if "prefix_sha256" not in info:  # built on a GPU (--device cuda): record its checkable start here
+            # The prefix's float sums depend on the CPU's vector kernels (AVX2, AVX512, ...): each kind of CPU that
+            # checks it gets its own digest, recorded the first time the script runs there.
+            by_cpu = info.setdefault("prefix_sha256_by_cpu", {})
+            if cpu_kernels() not in by_cpu:
+                prefix = digest(build(cfg, task, seed, stop_after=PREFIX_STEPS))
+                by_cpu[cpu_kernels()] = prefix
+                info.setdefault("prefix_sha256", prefix)
                 info.update(sha256=digest(load_file(path)), prefix_steps=PREFIX_STEPS, threads=1,
-                            prefix_sha256=digest(build(cfg, task, seed, stop_after=PREFIX_STEPS)),
-                            torch=torch.__version__.split("+")[0])
+                            torch=info.get("torch", torch.__version__.split("+")[0]))
                 (SHIPPED_WARMSTARTS / f"{stem}.json").write_text(json.dumps(info, indent=1) + "\n")
-                print(f"recorded the first {PREFIX_STEPS} steps of {stem}")
+                print(f"recorded the first {PREFIX_STEPS} steps of {stem} on {cpu_kernels()}")
             continue
         t0 = time.perf_counter()
         print(f"building {stem} ({cfg.model.warmstart_steps} steps, for {user}, on {args.device})", flush=True)
@@ -136,8 +147,9 @@ def main() -> int:
                 "built_on": {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                              "torch": torch.__version__.split("+")[0], "threads": 1}}
         if args.device == "cpu":
+            prefix = digest(build(cfg, task, seed, stop_after=PREFIX_STEPS))
             info.update(sha256=digest(state), prefix_steps=PREFIX_STEPS, threads=1, torch=info["built_on"]["torch"],
-                        prefix_sha256=digest(build(cfg, task, seed, stop_after=PREFIX_STEPS)))
+                        prefix_sha256=prefix, prefix_sha256_by_cpu={cpu_kernels(): prefix})
         (SHIPPED_WARMSTARTS / f"{stem}.json").write_text(json.dumps(info, indent=1) + "\n")
         print(f"  {path} ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t0:.0f} s)", flush=True)
     return 1 if bad else 0
