@@ -140,6 +140,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     from rlgrad.config.load import load_config
     from rlgrad.rl.checkpoint import checkpoint_step, damage
+    from rlgrad.runfiles import CONFIG_FILE
 
     ckpt = Path(args.resume_from_path)
     if not ckpt.is_dir():
@@ -147,7 +148,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     step = checkpoint_step(ckpt)
     if why := damage(ckpt):
         raise UserError(f"checkpoint '{ckpt}' is damaged ({why}); probe an earlier global_step_N")
-    run_cfg = ckpt.parent / "config.yaml"
+    run_cfg = ckpt.parent / CONFIG_FILE
     name = f"{ckpt.parent.name}_probe_step{step}_{time.strftime('%Y%m%d-%H%M%S')}"
     # Where the probe reads and writes, and RAGEN's probe settings: it ends after the bucket analysis.
     where = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}",

@@ -20,11 +20,11 @@ from typing import Any
 from rlgrad.errors import UserError
 from rlgrad.foreign_names import FOREIGN_NAMES, FOREIGN_NOTES
 from rlgrad.metrics import CATALOGUE, FIELD_MEANINGS, FIELDS, GROUPS, Metric, markdown, match, own_key
-from rlgrad.runfiles import atomic_write_text
+from rlgrad.runfiles import CATALOGUE_FILE, atomic_write_text
 
 FORMAT = "rlgrad.metrics_catalogue"
 FORMAT_VERSION = 1  # bump on any change a reader of an older version would misread (a field's meaning, removal)
-RUN_FILE = "metrics_catalogue.json"  # written into every run directory next to metrics.jsonl, at run start
+RUN_FILE = CATALOGUE_FILE  # written into every run directory next to metrics.jsonl, at run start
 
 # What a value is measured on: the words of the ``data`` field, each with its meaning (in the JSON too).
 DATA: dict[str, str] = {

@@ -45,7 +45,7 @@ from rlgrad.batch import Batch, check_batch
 from rlgrad.collectives import all_gather_cat, all_gather_sizes, all_reduce_sum, rank
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
 from rlgrad.metrics import key, match, parse
-from rlgrad.runfiles import atomic_write_bytes, atomic_write_json, atomic_write_text
+from rlgrad.runfiles import atomic_write_bytes, atomic_write_json, atomic_write_text, step_dir
 
 if TYPE_CHECKING:
     from rlgrad.config.analysis import BucketAnalysisConfig
@@ -381,7 +381,7 @@ class GradientAnalysisHook(Hook):
                 result.tables["grad_norm_prefilter/group_rv_table"] = table
             layers[prefix] = rep.layers
         if ctx.is_main:
-            atomic_write_json(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "layers.json", layers)
+            atomic_write_json(step_dir(ctx.run_dir, ctx.step) / "layers.json", layers)
         if b.exit_after:
             result.metrics["trainer/exited_after_gradient_analysis"] = 1.0
             result.stop, result.reason = True, "analysis.buckets.exit_after"
@@ -394,12 +394,12 @@ class GradientAnalysisHook(Hook):
         rep = analyse_buckets(ctx.actor, batch, ctx.actor_loss(), bucket_mode=b.bucket_mode,
                               num_buckets=b.num_buckets, method=self.method, dp_trim=self.dp_size if b.dp_trim else 0)
         if ctx.is_main:
-            step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"
+            out_dir = step_dir(ctx.run_dir, ctx.step)
             name = "group_rv_table.csv" if prefix == "grad_norm" else "group_rv_table_prefilter.csv"
-            atomic_write_text(step_dir / name, group_table_csv(rep.buckets))
+            atomic_write_text(out_dir / name, group_table_csv(rep.buckets))
             if prefix == "grad_norm" and b.save_batch:
                 extra = {"step": ctx.step, "bucket_mode": b.bucket_mode, "num_buckets": b.num_buckets,
                          "method": self.method, "buckets": list(rep.buckets.names)}
-                save_probe_bundle(step_dir, batch, rep.buckets, ctx.loss_settings, extra,
+                save_probe_bundle(out_dir, batch, rep.buckets, ctx.loss_settings, extra,
                                   ctx.actor if b.save_model else None, ctx.tokenizer)
         return rep

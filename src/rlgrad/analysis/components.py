@@ -47,7 +47,7 @@ from rlgrad.analysis.writer import BackgroundWriter, _stderr
 from rlgrad.batch import Batch
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
 from rlgrad.metrics import key
-from rlgrad.runfiles import atomic_write_json
+from rlgrad.runfiles import atomic_write_json, step_dir
 
 if TYPE_CHECKING:
     from rlgrad.config.analysis import ComponentAnalysisConfig
@@ -198,12 +198,12 @@ class ComponentGeometryHook(Hook):
                                  method=self.method, keep_grads=save, advantages=split)
         metrics = dict(rep.metrics)
         if ctx.is_main:
-            step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"
-            atomic_write_json(step_dir / "components.json", {"step": ctx.step, **rep.summary})
+            out_dir = step_dir(ctx.run_dir, ctx.step)
+            atomic_write_json(out_dir / "components.json", {"step": ctx.step, **rep.summary})
             if save:
                 grads = rep.stats.grads[TERM]
                 arrays = {f"{sl}/{name}": g[k] for name, g in grads.items() for k, sl in enumerate(rep.stats.slices)}
-                self.writer.submit(step_dir / "component_grads.npz", arrays)
+                self.writer.submit(out_dir / "component_grads.npz", arrays)
         if save:
             metrics["grad_comp/save_failures"] = float(len(self.writer.failures))
         metrics["timing_s/analysis/components"] = time.perf_counter() - t0

@@ -62,7 +62,7 @@ from rlgrad.batch import Batch
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, Schedule, StepContext
 from rlgrad.metrics import key
-from rlgrad.runfiles import atomic_write_json
+from rlgrad.runfiles import atomic_write_json, step_dir
 
 if TYPE_CHECKING:
     from rlgrad.config.analysis import NeuronHealthConfig, NeuronsConfig
@@ -304,5 +304,5 @@ class NeuronHealthHook(Hook):
             doc[role] = rep.to_json()
         self.pending.clear()
         if ctx.is_main and len(doc) > 1:
-            atomic_write_json(ctx.run_dir / "analysis" / f"step_{ctx.step}" / "neurons.json", doc)
+            atomic_write_json(step_dir(ctx.run_dir, ctx.step) / "neurons.json", doc)
         return out or None

@@ -40,7 +40,7 @@ from rlgrad.batch import Batch, check_batch, position_ids_from_mask
 from rlgrad.collectives import all_gather_cat, all_gather_sizes, all_reduce_max, all_reduce_sum, rank
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
 from rlgrad.metrics import key
-from rlgrad.runfiles import atomic_write_text
+from rlgrad.runfiles import atomic_write_text, step_dir
 
 if TYPE_CHECKING:
     from rlgrad.config.analysis import PerSampleConfig
@@ -327,8 +327,8 @@ class PerSampleHook(Hook):
             rows = sample_rows(rep, ctx.batch, rollout_indices(ctx.batch, ctx.unfiltered_batch), advantages)
             layers = layer_summary(rep)  # every rank: a collective too
             if ctx.is_main:
-                step_dir = ctx.run_dir / "analysis" / f"step_{ctx.step}"
-                atomic_write_text(step_dir / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-                atomic_write_text(step_dir / "sample_layers.json", json.dumps(layers, indent=1))
+                out_dir = step_dir(ctx.run_dir, ctx.step)
+                atomic_write_text(out_dir / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+                atomic_write_text(out_dir / "sample_layers.json", json.dumps(layers, indent=1))
         result.metrics[key("timing_s/analysis/per_sample")] = time.perf_counter() - t0
         return result

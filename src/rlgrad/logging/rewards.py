@@ -23,8 +23,7 @@ from pathlib import Path
 import torch
 
 from rlgrad.metrics import key
-
-FILE_NAME = "reward_components.jsonl"
+from rlgrad.runfiles import CONFIG_FILE, REWARD_COMPONENTS_FILE
 
 
 def _std(x: torch.Tensor) -> float:
@@ -91,7 +90,7 @@ class RewardComponentLog:
     """Appends one line per step to ``RUN/reward_components.jsonl``. Only the main process makes one."""
 
     def __init__(self, run_dir: str | os.PathLike):
-        self.path = Path(run_dir) / FILE_NAME
+        self.path = Path(run_dir) / REWARD_COMPONENTS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._repair_torn_tail()
 
@@ -175,9 +174,10 @@ def export_rewards(run_dir: str | os.PathLike, output: str | os.PathLike | None 
     run = Path(run_dir)
     if not run.is_dir():
         raise UserError(f"run directory '{run}' does not exist")
-    src = run / FILE_NAME
+    src = run / REWARD_COMPONENTS_FILE
     if not src.is_file():
-        raise UserError(f"'{run}' has no {FILE_NAME} (not an rlgrad run directory, or no training step finished)")
+        raise UserError(f"'{run}' has no {REWARD_COMPONENTS_FILE} (not an rlgrad run directory, or no training step "
+                        "finished)")
     try:
         rows = [r for r in read_reward_components(src) if well_formed(r)]  # damaged lines are skipped
     except (OSError, UnicodeDecodeError) as e:
@@ -185,11 +185,11 @@ def export_rewards(run_dir: str | os.PathLike, output: str | os.PathLike | None 
     if not rows:
         raise UserError(f"{src} holds no complete step")
     model, dataset = None, None
-    if (run / "config.yaml").is_file():
+    if (run / CONFIG_FILE).is_file():
         from rlgrad.config.load import from_yaml_file
 
         try:  # only for the metadata: a damaged config.yaml leaves it blank
-            cfg = from_yaml_file(run / "config.yaml")
+            cfg = from_yaml_file(run / CONFIG_FILE)
             model = cfg.model.path or "embedded default (tiny Qwen2)"
             dataset = cfg.data.task + (f" ({', '.join(cfg.data.train_files)})" if cfg.data.train_files else "")
         except UserError:
