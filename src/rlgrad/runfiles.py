@@ -255,3 +255,15 @@ def being_written(run_dir: str | os.PathLike) -> bool:
 def holds_a_run(run_dir: str | os.PathLike) -> bool:
     p = Path(run_dir)
     return any((p / name).exists() for name in (CONFIG_FILE, METRICS_FILE)) or bool(checkpoint_dirs(p))
+
+
+def read_json(path: str | os.PathLike | None) -> dict | None:
+    """A file holding one JSON object; None when there is none, it does not parse or holds something else (the
+    readers of a run go on without it)."""
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        obj = json.loads(Path(path).read_text(errors="replace"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return obj if isinstance(obj, dict) else None

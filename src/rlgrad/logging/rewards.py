@@ -166,6 +166,7 @@ def export_rewards(run_dir: str | os.PathLike, output: str | os.PathLike | None 
 
     Default output: ``RUN/all_rewards.json``. A directory that is not a run with reward tracking is a UserError.
     """
+    from rlgrad.config.saved import read_saved_config
     from rlgrad.errors import UserError
     from rlgrad.runfiles import atomic_write_json, check_output
 
@@ -185,15 +186,11 @@ def export_rewards(run_dir: str | os.PathLike, output: str | os.PathLike | None 
     if not rows:
         raise UserError(f"{src} holds no complete step")
     model, dataset = None, None
-    if (run / CONFIG_FILE).is_file():
-        from rlgrad.config.load import from_yaml_file
-
-        try:  # only for the metadata: a damaged config.yaml leaves it blank
-            cfg = from_yaml_file(run / CONFIG_FILE)
-            model = cfg.model.path or "embedded default (tiny Qwen2)"
-            dataset = cfg.data.task + (f" ({', '.join(cfg.data.train_files)})" if cfg.data.train_files else "")
-        except UserError:
-            pass
+    saved = read_saved_config(run / CONFIG_FILE)
+    if isinstance(saved.tree, dict):  # only for the metadata: a damaged config.yaml leaves it blank
+        cfg = saved.settings
+        model = cfg.model.path or "embedded default (tiny Qwen2)"
+        dataset = cfg.data.task + (f" ({', '.join(cfg.data.train_files)})" if cfg.data.train_files else "")
     metadata = {"created_at": rows[0].get("timestamp"), "model": model, "dataset": dataset,
                 "last_saved": time.strftime("%Y-%m-%d %H:%M:%S"), "run_dir": str(run)}
     out = check_output(output, run) if output is not None else run / "all_rewards.json"

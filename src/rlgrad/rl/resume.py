@@ -11,7 +11,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from rlgrad.config.load import from_yaml_file
+from rlgrad.config.saved import from_yaml_file
 from rlgrad.config.schema import RLGradConfig, flat_settings
 from rlgrad.errors import HALTED_STATUS, UserError
 from rlgrad.rl import checkpoint as ckpt
