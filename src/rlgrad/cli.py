@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from rlgrad.errors import UserError
+from rlgrad.runfiles import ANALYSIS_DIR, CONFIG_FILE, METRICS_FILE
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -52,7 +53,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"validation accuracy: {100 * after:.1f}% (no validation before training"
               + (": trainer.val_before_train=false)" if not cfg.trainer.val_before_train else ")"))
     print(f"run directory: {trainer.run_dir}")
-    print(f"  metrics: {trainer.run_dir / 'metrics.jsonl'}")
+    print(f"  metrics: {trainer.run_dir / METRICS_FILE}")
     keep = [o for o in args.overrides
             if not o.startswith(("trainer.default_local_dir=", "trainer.total_training_steps="))]
     preset = f"--config-name {args.config_name} " if args.config_name else ""
@@ -140,7 +141,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     from rlgrad.config.load import load_config
     from rlgrad.rl.checkpoint import checkpoint_step, damage
-    from rlgrad.runfiles import CONFIG_FILE
 
     ckpt = Path(args.resume_from_path)
     if not ckpt.is_dir():
@@ -176,7 +176,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if not prober.is_main:
         return 0
     print(f"\nprobe of {ckpt} (step {step}) written to {prober.run_dir}")
-    print(f"  metrics: {prober.run_dir / 'metrics.jsonl'}   per-layer norms: {prober.run_dir / 'analysis'}")
+    print(f"  metrics: {prober.run_dir / METRICS_FILE}   per-layer norms: {prober.run_dir / ANALYSIS_DIR}")
     print(f"next:\n  {invoked_as()} plot {prober.run_dir}      # RAGEN's figures of the probed step")
     return 0
 

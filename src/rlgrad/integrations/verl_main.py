@@ -33,7 +33,7 @@ from rlgrad.integrations.verl_trainer import (
     TaskRunner,
     rlgrad_settings,
 )
-from rlgrad.runfiles import DOCTOR_HALT_FILE
+from rlgrad.runfiles import DOCTOR_FILE, DOCTOR_HALT_FILE
 
 __all__ = ["ACTOR_ROLES", "TRAINER", "ActorRolloutRefWorker", "RlgradPPOTrainer", "TaskRunner", "main", "prepare",
            "preflight", "check", "halted"]
@@ -146,7 +146,7 @@ def halted(run_dir: str | os.PathLike) -> None:
         halt = json.loads(path.read_text())
         step, reason = halt["step"], halt["reason"]
     except (json.JSONDecodeError, KeyError, TypeError):
-        step, reason = "?", f"see {Path(run_dir) / 'doctor.jsonl'}"
+        step, reason = "?", f"see {Path(run_dir) / DOCTOR_FILE}"
     print(f"rlgrad: stopped by the doctor after step {step}: {reason}", file=sys.stderr)
     raise SystemExit(HALTED_STATUS)
 
