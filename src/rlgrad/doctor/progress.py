@@ -26,6 +26,7 @@ from rlgrad.doctor.findings import (
 )
 from rlgrad.doctor.gradient import shrink_weight
 from rlgrad.logging.reward_signal import MIN_STEPS, correctness_component, reward_problems
+from rlgrad.metrics import key
 from rlgrad.runfiles import CHECKPOINT_PREFIX, checkpoint_due, checkpoint_steps
 
 
@@ -450,7 +451,7 @@ def _inverted(v: View, t: Thresholds) -> Finding | None:
     correct = correctness_component(weights)
     if correct is None or weights[correct] >= 0:
         return None
-    steps, c = train_series(v, f"reward/{correct}/mean")
+    steps, c = train_series(v, key("reward/{component}/mean", component=correct))
     _, total = train_series(v, "critic/score/mean")
     lc = v.label(correct)
     ev = [f"reward.weights.{correct} = {weights[correct]:g}"]
@@ -483,12 +484,12 @@ def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
     correct = correctness_component(comps)
     if correct is None:
         return None
-    _, c = v.series(f"reward/{correct}/mean")
+    _, c = v.series(key("reward/{component}/mean", component=correct))
     if len(c) < 4:
         return None
     ca, cb = first_last(c, t.window)
     for other in sorted(comps - {correct}):
-        steps, o = v.series(f"reward/{other}/mean")
+        steps, o = v.series(key("reward/{component}/mean", component=other))
         if len(o) < 4:
             continue
         oa, ob = first_last(o, t.window)

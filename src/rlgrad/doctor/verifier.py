@@ -21,6 +21,7 @@ from rlgrad import rundata as D
 from rlgrad.doctor.findings import Finding, Thresholds, View, fmt, signature, train_series
 from rlgrad.logging.reward_signal import correctness_component
 from rlgrad.logging.rollouts import read_rollouts
+from rlgrad.metrics import key
 from rlgrad.runfiles import rollout_file
 
 
@@ -58,7 +59,7 @@ def _scalar_evidence(v: View, correct: str | None, since: int) -> list[str]:
     run logs both and they differ (a custom reward without an ``acc`` field: the task scores the samples itself)."""
     if not correct:
         return []
-    steps, c = train_series(v, f"reward/{correct}/mean")
+    steps, c = train_series(v, key("reward/{component}/mean", component=correct))
     acc = dict(zip(*train_series(v, "rollout/accuracy")))
     both = [(x, acc[s]) for s, x in zip(steps, c) if s >= since and s in acc]
     if not both or all(abs(x - a) < 1e-9 for x, a in both):
