@@ -20,7 +20,7 @@ LAYERS = [
     # catalogue as JSON for other tools (metrics_catalogue.json: the sinks write it into each run directory)
     {"algos", "metrics_export"},
     {"tasks", "logging", "models", "distributed"},  # data and rewards, sinks, models, processes
-    {"hooks", "rundata"},  # the hook contract | the one reader of run files
+    {"hooks", "rundata"},  # the hook contract | the one reader of run files (a package: sources, steps, words)
     {"analysis", "rl", "doctor"},  # the instruments | the trainer | the doctor: independent of each other
     {"viz", "watch"},  # figures and the report (the doctor's findings head it) | the live doctor as a hook
     {"recipes", "integrations", "loss", "core"},  # trainer + instruments composed | inside TRL and verl | old paths
