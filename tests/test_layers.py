@@ -22,7 +22,7 @@ LAYERS = [
     # catalogue: every key, its group's facts, other tools' names, its JSON (written into each run: runfiles)
     {"algos", "metrics"},
     {"tasks", "logging", "models", "distributed"},  # data and rewards, sinks, models, processes
-    {"hooks", "rundata"},  # the hook contract | the one reader of run files
+    {"hooks", "rundata"},  # the hook contract | the one reader of run files (a package: sources, steps, words)
     {"analysis", "rl", "doctor"},  # the instruments | the trainer | the doctor: independent of each other
     {"viz"},  # figures and the report (the doctor's findings head it)
     {"recipes", "integrations", "loss", "core"},  # trainer + instruments composed | inside TRL and verl | old paths

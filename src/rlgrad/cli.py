@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from rlgrad.errors import UserError
+from rlgrad.runfiles import ANALYSIS_DIR, CONFIG_FILE, METRICS_FILE
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -52,7 +53,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"validation accuracy: {100 * after:.1f}% (no validation before training"
               + (": trainer.val_before_train=false)" if not cfg.trainer.val_before_train else ")"))
     print(f"run directory: {trainer.run_dir}")
-    print(f"  metrics: {trainer.run_dir / 'metrics.jsonl'}")
+    print(f"  metrics: {trainer.run_dir / METRICS_FILE}")
     keep = [o for o in args.overrides
             if not o.startswith(("trainer.default_local_dir=", "trainer.total_training_steps="))]
     preset = f"--config-name {args.config_name} " if args.config_name else ""
@@ -147,7 +148,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     step = checkpoint_step(ckpt)
     if why := damage(ckpt):
         raise UserError(f"checkpoint '{ckpt}' is damaged ({why}); probe an earlier global_step_N")
-    run_cfg = ckpt.parent / "config.yaml"
+    run_cfg = ckpt.parent / CONFIG_FILE
     name = f"{ckpt.parent.name}_probe_step{step}_{time.strftime('%Y%m%d-%H%M%S')}"
     # Where the probe reads and writes, and RAGEN's probe settings: it ends after the bucket analysis.
     where = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}",
@@ -175,7 +176,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if not prober.is_main:
         return 0
     print(f"\nprobe of {ckpt} (step {step}) written to {prober.run_dir}")
-    print(f"  metrics: {prober.run_dir / 'metrics.jsonl'}   per-layer norms: {prober.run_dir / 'analysis'}")
+    print(f"  metrics: {prober.run_dir / METRICS_FILE}   per-layer norms: {prober.run_dir / ANALYSIS_DIR}")
     print(f"next:\n  {invoked_as()} plot {prober.run_dir}      # RAGEN's figures of the probed step")
     return 0
 

@@ -1,5 +1,7 @@
 """A run's files: what sits where in a run directory (verl's names), written atomically, and the rules that keep
-two runs from sharing one. Whether and where a training run resumes is ``rl/resume.py``'s.
+two runs from sharing one. Every module that reads or writes a run directory names its files through the constants
+and functions here (tests/test_runfiles.py fails on another spelling). Whether and where a training run resumes is
+``rl/resume.py``'s.
 
 Layout::
 
@@ -7,9 +9,17 @@ Layout::
     RUN/config_changes.jsonl             {"step": N, "changes": {key: [old, new]}} per resume that changed one
     RUN/.lock                            held (flock) by the process writing the run
     RUN/metrics.jsonl                    {"step": N, "data": {...}} per step (step 0: validation before training)
+    RUN/metrics.discarded.jsonl          rows past a resumed checkpoint, moved aside
     RUN/metrics_catalogue.json           what each key of metrics.jsonl means, for other tools (rlgrad metrics)
+    RUN/reward_components.jsonl          each step's per-component rewards (logging/rewards.py)
+    RUN/doctor.jsonl                     the live doctor's findings, one line per new finding
+    RUN/run_source.json                  which trainer wrote the run (rlgrad's TRL / verl integrations)
+    RUN/tables.jsonl                     the hooks' tables, outside rlgrad's trainer (integrations)
+    RUN/rollouts/step_N.jsonl            what the model wrote at step N (trainer.rollout_data_dir moves it)
+    RUN/analysis/step_N/                 the instruments' files of step N (``step_dir``)
     RUN/global_step_N/actor/             Hugging Face model + tokenizer (safetensors)
     RUN/global_step_N/trainer_state.pt   optimizer, scheduler, RNG and loop state
+    RUN/global_step_N/COMPLETE           written last: the checkpoint is whole
     RUN/latest_checkpointed_iteration.txt
 """
 
@@ -17,11 +27,78 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from rlgrad.errors import UserError
+
+CONFIG_FILE = "config.yaml"
+CONFIG_CHANGES_FILE = "config_changes.jsonl"
+LOCK_FILE = ".lock"
+METRICS_FILE = "metrics.jsonl"
+DISCARDED_METRICS_FILE = "metrics.discarded.jsonl"  # truncate_jsonl_after's side file of METRICS_FILE
+CATALOGUE_FILE = "metrics_catalogue.json"
+REWARD_COMPONENTS_FILE = "reward_components.jsonl"
+DOCTOR_FILE = "doctor.jsonl"
+DOCTOR_HALT_FILE = "doctor_halt.json"  # verl's loop stopped by the live doctor: verl_main exits with status 3
+RUN_SOURCE_FILE = "run_source.json"
+TABLES_FILE = "tables.jsonl"
+WANDB_ID_FILE = "wandb_run_id.txt"  # the W&B run a resumed run logs to again
+LATEST_CHECKPOINT_FILE = "latest_checkpointed_iteration.txt"
+ROLLOUTS_DIR = "rollouts"
+ANALYSIS_DIR = "analysis"
+STEP_PREFIX = "step_"  # RUN/analysis/step_N, RUN/rollouts/step_N.jsonl
+CHECKPOINT_PREFIX = "global_step_"
+CHECKPOINT_STATE_FILE = "trainer_state.pt"
+CHECKPOINT_COMPLETE = "COMPLETE"
+_ROLLOUT_FILE = re.compile(re.escape(STEP_PREFIX) + r"(\d+)\.jsonl")
+
+
+def step_dir(run_dir: str | os.PathLike, step: int) -> Path:
+    """``RUN/analysis/step_N``: where the instruments write their files of step ``step``."""
+    return Path(run_dir) / ANALYSIS_DIR / f"{STEP_PREFIX}{int(step)}"
+
+
+def step_dirs(run_dir: str | os.PathLike, holding: str) -> dict[int, Path]:
+    """step -> the step directory of every step whose directory holds the file ``holding``."""
+    out = {}
+    for p in (Path(run_dir) / ANALYSIS_DIR).glob(f"{STEP_PREFIX}*/{holding}"):
+        suffix = p.parent.name[len(STEP_PREFIX):]
+        if suffix.isdigit():
+            out[int(suffix)] = p.parent
+    return dict(sorted(out.items()))
+
+
+def rollout_dir(run_dir: str | os.PathLike, configured: str | os.PathLike | None = None) -> Path:
+    """``trainer.rollout_data_dir`` when set, else ``RUN/rollouts``."""
+    return Path(configured) if configured else Path(run_dir) / ROLLOUTS_DIR
+
+
+def rollout_file(directory: str | os.PathLike, step: int) -> Path:
+    """Step ``step``'s file in a rollout directory (``rollout_dir``)."""
+    return Path(directory) / f"{STEP_PREFIX}{int(step)}.jsonl"
+
+
+def rollout_steps(directory: str | os.PathLike) -> list[int]:
+    """The steps with a rollout file in ``directory``, ascending (none when it does not exist)."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in d.iterdir() if (m := _ROLLOUT_FILE.fullmatch(p.name)) and p.is_file())
+
+
+def checkpoint_dir(run_dir: str | os.PathLike, step: int) -> Path:
+    """``RUN/global_step_N``: the checkpoint of step ``step`` (rlgrad's, and verl's in its own directory)."""
+    return Path(run_dir) / f"{CHECKPOINT_PREFIX}{int(step)}"
+
+
+def checkpoint_due(step: int, save_freq: int, last: bool) -> bool:
+    """Whether a run saves a checkpoint after ``step`` as planned: every ``trainer.save_freq``-th step (never
+    when it is 0 or negative) and the last. A stop (a signal, a hook) saves one too; ``checkpoint_steps`` says
+    which are still on disk (``trainer.max_ckpt_to_keep`` deletes the oldest)."""
+    return last or (save_freq > 0 and step % save_freq == 0)
 
 
 def _umask() -> int:
@@ -107,15 +184,20 @@ def truncate_jsonl_after(path: str | os.PathLike, step: int) -> int:
 def checkpoint_dirs(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """Complete checkpoints (``global_step_N`` with a COMPLETE marker), oldest first."""
     out = []
-    for p in Path(run_dir).glob("global_step_*"):
-        suffix = p.name[len("global_step_"):]
-        if suffix.isdigit() and (p / "COMPLETE").is_file():
+    for p in Path(run_dir).glob(f"{CHECKPOINT_PREFIX}*"):
+        suffix = p.name[len(CHECKPOINT_PREFIX):]
+        if suffix.isdigit() and (p / CHECKPOINT_COMPLETE).is_file():
             out.append((int(suffix), p))
     return sorted(out)
 
 
-RUN_FILES = ("config.yaml", "config_changes.jsonl", "metrics.jsonl", "metrics.discarded.jsonl",
-             "metrics_catalogue.json", "reward_components.jsonl", "latest_checkpointed_iteration.txt", ".lock")
+def checkpoint_steps(run_dir: str | os.PathLike) -> list[int]:
+    """The steps whose complete checkpoint is on disk now, oldest first: what a resume or a rollback can use."""
+    return [step for step, _ in checkpoint_dirs(run_dir)]
+
+
+RUN_FILES = (CONFIG_FILE, CONFIG_CHANGES_FILE, METRICS_FILE, DISCARDED_METRICS_FILE, CATALOGUE_FILE,
+             REWARD_COMPONENTS_FILE, LATEST_CHECKPOINT_FILE, LOCK_FILE)
 
 
 def check_output(out: str | os.PathLike, run_dir: str | os.PathLike) -> Path:
@@ -125,7 +207,8 @@ def check_output(out: str | os.PathLike, run_dir: str | os.PathLike) -> Path:
         rel = out.resolve().relative_to(rd.resolve())
     except ValueError:
         return out
-    if str(rel) in RUN_FILES or rel.parts[0] in ("rollouts", "analysis") or rel.parts[0].startswith("global_step_"):
+    top = rel.parts[0]
+    if str(rel) in RUN_FILES or top in (ROLLOUTS_DIR, ANALYSIS_DIR) or top.startswith(CHECKPOINT_PREFIX):
         raise UserError(f"--output '{out}' would overwrite the run's own {rel}; write somewhere else")
     return out
 
@@ -135,7 +218,7 @@ def lock_run_dir(run_dir: str | os.PathLike):
     processes never write one run directory; a one-line error when another process holds it."""
     import fcntl
 
-    p = Path(run_dir) / ".lock"
+    p = Path(run_dir) / LOCK_FILE
     f = open(p, "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -157,7 +240,7 @@ def being_written(run_dir: str | os.PathLike) -> bool:
     lock (shared, non-blocking) and never creates the file."""
     import fcntl
 
-    p = Path(run_dir) / ".lock"
+    p = Path(run_dir) / LOCK_FILE
     if not p.is_file():
         return False
     with open(p) as f:
@@ -171,4 +254,16 @@ def being_written(run_dir: str | os.PathLike) -> bool:
 
 def holds_a_run(run_dir: str | os.PathLike) -> bool:
     p = Path(run_dir)
-    return any((p / name).exists() for name in ("config.yaml", "metrics.jsonl")) or bool(checkpoint_dirs(p))
+    return any((p / name).exists() for name in (CONFIG_FILE, METRICS_FILE)) or bool(checkpoint_dirs(p))
+
+
+def read_json(path: str | os.PathLike | None) -> dict | None:
+    """A file holding one JSON object; None when there is none, it does not parse or holds something else (the
+    readers of a run go on without it)."""
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        obj = json.loads(Path(path).read_text(errors="replace"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return obj if isinstance(obj, dict) else None

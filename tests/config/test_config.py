@@ -2,7 +2,8 @@ import re
 
 import pytest
 
-from rlgrad.config.load import CONFIG_DIRS, from_yaml_file, load_config
+from rlgrad.config.load import CONFIG_DIRS, load_config
+from rlgrad.config.saved import from_yaml_file
 from rlgrad.config.schema import to_yaml
 from rlgrad.errors import UserError
 

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from rlgrad import rundata as D
+from rlgrad import runfiles
 from rlgrad.doctor import SIGNATURES, Thresholds, diagnose
-from rlgrad.doctor.findings import README_END, README_START, SEVERITY, findings_table
+from rlgrad.doctor.findings import README_END, README_START, SEVERITY, View, findings_table
+from rlgrad.doctor.progress import _restart_from, held_checkpoints
 from rlgrad.doctor.selftest import FAULTS
 from rlgrad.errors import UserError
 from rlgrad.viz.report import build_report
@@ -438,6 +440,38 @@ def test_no_checkpoint_of_step_0():
     run.config = {"trainer": {"save_freq": 2}}
     assert next(f for f in diagnose(run).findings if f.id == "val_falls_train_rises").action.startswith(
         "Keep the checkpoint of step 4 (global_step_4)")
+
+
+
+def test_checkpoint_advice_names_only_checkpoints_on_disk(tmp_path):
+    """trainer.max_ckpt_to_keep deletes the oldest checkpoints: the doctor never offers one that is gone. The run
+    saved global_step_2, 4, ..., 10 (save_freq 2) and kept the newest two; its best validation step is 2."""
+    s = healthy_series(10)
+    run = run_of(s, {"trainer": {"save_freq": 2, "max_ckpt_to_keep": 2}})
+    for step, acc in ((2, 0.8), (4, 0.6), (6, 0.5), (8, 0.4), (10, 0.3)):
+        run.rows[step]["val/accuracy"] = acc
+    run.run_dir = tmp_path
+    for step in (8, 10):
+        (runfiles.checkpoint_dir(tmp_path, step)).mkdir()
+        (runfiles.checkpoint_dir(tmp_path, step) / runfiles.CHECKPOINT_COMPLETE).write_text(f"{step}\n")
+    assert held_checkpoints(View(run)) == [8, 10]
+    f = next(f for f in diagnose(run).findings if f.id == "val_falls_train_rises")
+    assert f.action.startswith("No checkpoint holds step 2 any more (trainer.max_ckpt_to_keep=2 keeps the newest): "
+                               "rerun to step 2 to keep it, with a larger trainer.max_ckpt_to_keep")
+    assert "global_step_" not in f.action
+    run.run_dir = None  # no directory to look in (a W&B run): the schedule and the retention say the same
+    assert held_checkpoints(View(run)) == [8, 10]
+    assert next(f for f in diagnose(run).findings if f.id == "val_falls_train_rises").action == f.action
+    run.run_dir = tmp_path  # the checkpoint on disk is offered, whatever the settings say
+    (runfiles.checkpoint_dir(tmp_path, 2)).mkdir()
+    (runfiles.checkpoint_dir(tmp_path, 2) / runfiles.CHECKPOINT_COMPLETE).write_text("2\n")
+    assert next(f for f in diagnose(run).findings if f.id == "val_falls_train_rises").action.startswith(
+        "Keep the checkpoint of step 2 (global_step_2)")
+    # where to restart from before step 9: the newest checkpoint on disk before it, never the deleted global_step_6
+    assert _restart_from(View(run), 9) == "resume from the last checkpoint before step 9 (global_step_8)"
+    assert _restart_from(View(run), 8) == "resume from the last checkpoint before step 8 (global_step_2)"
+    run.run_dir = tmp_path / "empty"
+    assert _restart_from(View(run), 8) == "restart from the initial weights (the run holds no checkpoint before step 8)"
 
 
 def test_shares_outside_0_1_are_signed_contributions():

@@ -11,10 +11,11 @@ import pytest
 
 from rlgrad import rundata as D
 from rlgrad.config import load_config
-from rlgrad.doctor.live import DOCTOR_LOG, LiveDoctor
+from rlgrad.doctor.live import LiveDoctor
 from rlgrad.doctor.selftest import prefixes
 from rlgrad.recipes import make_trainer
 from rlgrad.rl.resume import HALTED_STATUS, Halted
+from rlgrad.runfiles import DOCTOR_FILE
 from tests.conftest import run_cli
 from tests.doctor.test_doctor import fixture
 
@@ -37,7 +38,7 @@ def test_each_finding_is_said_once_when_it_first_shows_and_logged(tmp_path):
     # the first critical finding is said at the step a diagnosis of the run so far first holds one
     first_critical = next(n for n, d in prefixes(D.load_any(fixture("lr_fast_collapse"))) if d.critical)
     assert min(s for s, fs in by_step.items() if any(f.severity == "critical" for f in fs)) == first_critical
-    rows = [json.loads(x) for x in (tmp_path / DOCTOR_LOG).read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp_path / DOCTOR_FILE).read_text().splitlines()]
     assert [(r["step"], r["finding"], r["severity"]) for r in rows] == \
         [(s, f.id, f.severity) for s, fs in sorted(by_step.items()) for f in fs]
     assert all(r["evidence"] and r["action"] for r in rows)
@@ -76,7 +77,7 @@ def test_halt_on_stops_after_the_step_with_a_checkpoint_and_resumes(tiny, tmp_pa
     # resumed past it (doctor.halt_on=never, as the message says): the finding was said and is not said again
     summary = make_trainer(load_config(overrides=[*over, "doctor.halt_on=never"]), log=lambda *a: None).fit()
     assert "stopped_at_step" not in summary
-    logged = [json.loads(x) for x in (run / DOCTOR_LOG).read_text().splitlines()]
+    logged = [json.loads(x) for x in (run / DOCTOR_FILE).read_text().splitlines()]
     assert [(r["finding"], r["severity"]) for r in logged].count(("zero_variance_groups", "critical")) == 1
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and all("timing_s/doctor" in r["data"] for r in rows)

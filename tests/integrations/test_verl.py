@@ -31,6 +31,7 @@ from rlgrad.errors import UserError  # noqa: E402
 from rlgrad.integrations.verl import check_verl_version  # noqa: E402
 from rlgrad.integrations.verl_loss import batch_from_verl, verl_loss_settings  # noqa: E402
 from rlgrad.models import build_char_tokenizer, build_tiny_model  # noqa: E402
+from rlgrad.runfiles import DOCTOR_HALT_FILE  # noqa: E402
 from tests.helpers.per_sample_dp import metric_close  # noqa: E402
 from tests.helpers.verl_cpu import N, R, actor_config, verl_batch, worker  # noqa: E402
 
@@ -623,7 +624,7 @@ def test_live_doctor_halts_verls_loop_with_a_checkpoint_and_exit_3(tmp_path, mon
         verl_main.halted(run)
     assert stop.value.code == 3 and "kl_blowup at step 2" in capsys.readouterr().err
     # resumed from global_step_2: verl runs step 3 on; the KL stays high, the finding was said: no halt
-    (run / verl_main.HALT_FILE).unlink()
+    (run / DOCTOR_HALT_FILE).unlink()
     again = doctor_trainer(tmp_path, monkeypatch, kl_stream(5), *settings)
     assert [m["training/global_step"] for m in run_verl_loop(again, 3, 5)] == [3, 4, 5] and again.saved == []
     verl_main.halted(run)  # no halt file: returns

@@ -22,12 +22,11 @@ from rlgrad.logging.rollouts import (
     gather_samples,
     prompt_texts,
     read_rollouts,
-    rollout_steps,
     sequence_advantages,
     step_samples,
 )
 from rlgrad.recipes import make_trainer
-from rlgrad.runfiles import read_jsonl
+from rlgrad.runfiles import read_jsonl, rollout_steps
 from tests.conftest import REPO, tiny_overrides
 
 N_PROMPTS, N_SAMPLES, MAX_TOKENS = 4, 4, 4  # tiny_overrides: data.train_batch_size, rollout.n, rollout.response_length
@@ -372,7 +371,7 @@ def test_two_processes_write_the_one_process_file(model_cache, tmp_path):
 
 
 def test_a_resumed_run_moves_the_files_of_steps_it_recomputes_aside(tmp_path):
-    from rlgrad.logging.rollouts import RolloutLog, rollout_steps
+    from rlgrad.logging.rollouts import RolloutLog
 
     log = RolloutLog(tmp_path / "rollouts")
     for s in (1, 2, 3):

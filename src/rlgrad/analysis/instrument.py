@@ -16,13 +16,14 @@ from typing import Any
 from rlgrad.hooks import Hook, HookResult, Schedule, StepContext
 from rlgrad.metrics import GROUPS, Instrument, key
 from rlgrad.runfiles import atomic_write_bytes, atomic_write_json, atomic_write_text
+from rlgrad.runfiles import step_dir as run_step_dir
 
 STEP_FILE = "analysis/step_N/"  # how the catalogue's groups name a file of a step directory
 
 
 def step_dir(ctx: StepContext) -> Path:
     """``RUN/analysis/step_N/``: where an instrument's files of step N go."""
-    return ctx.run_dir / "analysis" / f"step_{ctx.step}"
+    return run_step_dir(ctx.run_dir, ctx.step)
 
 
 class InstrumentHook(Hook):

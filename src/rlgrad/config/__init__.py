@@ -47,7 +47,6 @@ from rlgrad.config.load import (
     CONFIG_DIRS,
     check_key,
     find_preset,
-    from_yaml_file,
     load_config,
     parse_override,
     presets,
@@ -55,20 +54,21 @@ from rlgrad.config.load import (
 )
 from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.config.rollout import RolloutConfig
+from rlgrad.config.saved import SavedConfig, config_tree, from_yaml_file, read_saved_config
 from rlgrad.config.schedule import Schedule, schedules
 from rlgrad.config.schema import SCHEMA_KEYS, SECTIONS, RLGradConfig, documented_yaml, flat_settings, to_yaml
 from rlgrad.config.trainer import TrainerConfig
 from rlgrad.config.validate import check_field, validate
 
 __all__ = [
-    "AGG_MODES", "ALIASES", "COMPONENT_MODES", "CONFIG_DIRS", "ESTIMATORS", "KL_TYPES", "OUTCOME_ESTIMATORS",
-    "PER_TOKEN", "PROBE_ONLY_KEY", "SCHEMA_KEYS", "SECTIONS", "VERL_KL_TYPES", "ActorConfig", "AgentConfig",
-    "AlgorithmConfig", "AnalysisConfig", "BucketAnalysisConfig", "ComponentAnalysisConfig", "CriticConfig",
-    "CriticModelConfig", "DataConfig", "DoctorConfig", "EnvConfig", "FilterGroupsConfig", "FrozenLakeConfig",
-    "HALT_ON", "KLControlConfig", "LoRAConfig", "ModelConfig", "NeuronHealthConfig", "NeuronsConfig", "OptimConfig",
-    "OverlongBufferConfig", "PerSampleConfig", "RLGradConfig",
-    "ReasoningGymConfig", "RewardConfig", "RolloutConfig", "Schedule", "SokobanConfig", "TinyModelConfig",
-    "TrainerConfig", "check_field", "check_key", "documented_yaml", "find_preset", "flat_settings", "from_yaml_file",
-    "load_config", "parse_override", "per_response_advantage", "presets", "resolve_alias", "schedules",
+    "AGG_MODES", "ALIASES", "COMPONENT_MODES", "CONFIG_DIRS", "ESTIMATORS", "HALT_ON", "KL_TYPES",
+    "OUTCOME_ESTIMATORS", "PER_TOKEN", "PROBE_ONLY_KEY", "SCHEMA_KEYS", "SECTIONS", "VERL_KL_TYPES", "ActorConfig",
+    "AgentConfig", "AlgorithmConfig", "AnalysisConfig", "BucketAnalysisConfig", "ComponentAnalysisConfig",
+    "CriticConfig", "CriticModelConfig", "DataConfig", "DoctorConfig", "EnvConfig", "FilterGroupsConfig",
+    "FrozenLakeConfig", "KLControlConfig", "LoRAConfig", "ModelConfig", "NeuronHealthConfig", "NeuronsConfig",
+    "OptimConfig", "OverlongBufferConfig", "PerSampleConfig", "RLGradConfig", "ReasoningGymConfig", "RewardConfig",
+    "RolloutConfig", "SavedConfig", "Schedule", "SokobanConfig", "TinyModelConfig", "TrainerConfig", "check_field",
+    "check_key", "config_tree", "documented_yaml", "find_preset", "flat_settings", "from_yaml_file", "load_config",
+    "parse_override", "per_response_advantage", "presets", "read_saved_config", "resolve_alias", "schedules",
     "suggest_keys", "to_yaml", "validate",
 ]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import os
 from pathlib import Path
 from typing import Any
 
@@ -84,25 +83,27 @@ def find_preset(name: str) -> Path:
                     + (f"; did you mean '{hint[0]}'?" if hint else ""))
 
 
-def _read_yaml(path: Path) -> dict:
+def read_yaml_mapping(path: Path, what: str = "config file") -> dict:
+    """The mapping a YAML file the user names holds (a config file, ``--thresholds``); a one-line error naming
+    ``what`` and the file when it cannot be read or holds something else."""
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise UserError(f"config file {path} does not exist") from None
+        raise UserError(f"{what} {path} does not exist") from None
     except IsADirectoryError:
-        raise UserError(f"config file {path} is a directory") from None
+        raise UserError(f"{what} {path} is a directory") from None
     except UnicodeDecodeError:
-        raise UserError(f"config file {path} is not UTF-8 text") from None
+        raise UserError(f"{what} {path} is not UTF-8 text") from None
     except OSError as e:
-        raise UserError(f"cannot read config file {path}: {e.strerror or e}") from None
+        raise UserError(f"cannot read {what} {path}: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
-        raise UserError(f"config file {path}{where} is not valid YAML") from None
+        raise UserError(f"{what} {path}{where} is not valid YAML") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise UserError(f"config file {path} must hold a mapping of settings")
+        raise UserError(f"{what} {path} must hold a mapping of settings")
     return data
 
 
@@ -123,12 +124,12 @@ def _layers(preset: str | None, config_file: str | None, overrides: list[str] | 
     """``(origin, flat settings)`` of each layer a config is built from, lowest first."""
     layers: list[tuple[str, dict[str, Any]]] = []
     if base_file:
-        layers.append((base_file, _flatten(_read_yaml(Path(base_file)))))
+        layers.append((base_file, _flatten(read_yaml_mapping(Path(base_file)))))
     if preset:
         path = find_preset(preset)
-        layers.append((str(path), _flatten(_read_yaml(path))))
+        layers.append((str(path), _flatten(read_yaml_mapping(path))))
     if config_file:
-        layers.append((config_file, _flatten(_read_yaml(Path(config_file)))))
+        layers.append((config_file, _flatten(read_yaml_mapping(Path(config_file)))))
     layers.append(("override", dict(parse_override(item) for item in overrides or [])))
     return layers
 
@@ -213,13 +214,3 @@ def presets() -> list[tuple[str, str]]:
         for p in sorted(d.glob("*.yaml")) if d.is_dir() else []:
             found.setdefault(p.stem, preset_description(p.read_text()))
     return sorted(found.items())
-
-
-def from_yaml_file(path: str | os.PathLike) -> RLGradConfig:
-    """Reload a config.yaml written to a run directory (all keys present, no aliases)."""
-    base = OmegaConf.structured(RLGradConfig)
-    try:
-        merged = OmegaConf.merge(base, OmegaConf.load(path))
-    except (OSError, OmegaConfBaseException, yaml.YAMLError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read config {path}: {str(e).splitlines()[0]}") from None
-    return OmegaConf.to_object(merged)

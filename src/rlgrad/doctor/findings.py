@@ -18,6 +18,7 @@ from pathlib import Path
 from rlgrad import rundata as D
 from rlgrad.errors import UserError
 from rlgrad.logging.reward_signal import correctness_component
+from rlgrad.metrics import key, parse
 
 SEVERITY = {"critical": 0, "warn": 1, "info": 2}  # most serious first: a finding's severity is one of these
 
@@ -236,9 +237,10 @@ def config_lr(v: View) -> float | None:
 def reward_level(v: View) -> tuple[float | None, str]:
     """The recent level of a reward read as a share of right answers, and the metric it is read from: the
     correctness component, rlgrad's rollout accuracy, or a total reward that stays in [0, 1]; None if unknown."""
-    comps = {k.split("/")[1] for k in v.keys("reward/") if k.endswith("/mean") and k.count("/") == 2}
+    comps = {f["component"] for k in v.keys("reward/") if (f := parse("reward/{component}/mean", k))}
     correct = correctness_component(comps)
-    keys = ([f"reward/{correct}/mean"] if correct else []) + ["rollout/accuracy", "critic/score/mean"]
+    keys = ([key("reward/{component}/mean", component=correct)] if correct else []) + ["rollout/accuracy",
+                                                                                      "critic/score/mean"]
     for k in keys:
         _, x = v.series(k)
         if x and (k != "critic/score/mean" or all(0.0 <= a <= 1.0 for a in x)):
@@ -265,7 +267,8 @@ def correctness_silent(v: View, correct: str, step: int) -> bool:
     over the batch): correctness then adds nothing to the update, and any other component's share is all there is
     (the competing cause of a component "taking over": no signal, not its weight)."""
     m = v.run.rows.get(step, {})
-    frac, std = m.get(f"reward/{correct}/frac_zero_std"), m.get(f"reward/{correct}/std")
+    frac = m.get(key("reward/{component}/frac_zero_std", component=correct))
+    std = m.get(key("reward/{component}/std", component=correct))
     return frac == 1.0 if frac is not None else std == 0.0
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from rlgrad import rundata as D
 from rlgrad.doctor.findings import SEVERITY, Thresholds
 from rlgrad.doctor.live import LiveDoctor
-from rlgrad.runfiles import being_written
+from rlgrad.runfiles import METRICS_FILE, being_written
 
 
 def follow(path: str, thresholds: Thresholds | None = None, interval: float = 2.0, idle: float = 600.0,
@@ -37,7 +37,7 @@ def follow(path: str, thresholds: Thresholds | None = None, interval: float = 2.
                 worst = min(worst or f.severity, f.severity, key=SEVERITY.get)
         if new:
             seen, last_new = new[-1], clock()
-        done = (not being_written(p)) if (p / "metrics.jsonl").is_file() else clock() - last_new > idle
+        done = (not being_written(p)) if (p / METRICS_FILE).is_file() else clock() - last_new > idle
         if done:
             say(f"[doctor] {p}: the run ended at step {seen}" if seen else f"[doctor] {p}: no steps")
             return worst

@@ -9,6 +9,7 @@ from pathlib import Path
 from rlgrad import rundata as D
 from rlgrad.doctor.findings import Finding, Thresholds, View, correctness_silent, fmt, signature, update_size
 from rlgrad.logging.reward_signal import correctness_component
+from rlgrad.metrics import key, parse
 
 
 def _bucket_series(v: View, name: str) -> dict[int, dict[str, float]]:
@@ -101,8 +102,9 @@ def _regularizer_words(term: str, coef, large_steps: str = "") -> tuple[str, str
 def _regularizer(v: View, t: Thresholds) -> Finding | None:
     rows = [(s, m) for s, m in v.run.rows.items() if "grad_norm/all/task" in m]
     for term in ("kl", "entropy"):
-        hits = [(s, m[f"grad_norm/all/{term}"], m["grad_norm/all/task"]) for s, m in rows
-                if f"grad_norm/all/{term}" in m and m[f"grad_norm/all/{term}"] > t.reg_ratio * m["grad_norm/all/task"]]
+        k = key("grad_norm/{bucket}/{term}", bucket="all", term=term)
+        hits = [(s, m[k], m["grad_norm/all/task"]) for s, m in rows
+                if k in m and m[k] > t.reg_ratio * m["grad_norm/all/task"]]
         if hits and len(hits) >= max(1, len(rows) // 2):
             s, r, task = hits[0]
             name = "kl_loss_coef" if term == "kl" else "entropy_coeff"
@@ -145,20 +147,22 @@ def _takeover(v: View, t: Thresholds) -> Finding | None:
     shares = [k for k in v.keys("grad_comp/") if k.endswith("/share")]
     for s in sorted({s for k in shares for s in v.series(k)[0]}):  # the component analysis's steps
         m = v.run.rows[s]
-        comps = {k.split("/")[1] for k in m if k.startswith("grad_comp/") and k.endswith("/share")} - {"total"}
+        comps = {f["component"] for k in m if (f := parse("grad_comp/{component}/share", k))} - {"total"}
         correct = correctness_component(comps)
         if correct is None:
             continue
         for c in sorted(comps - {correct}):
-            share = m.get(f"grad_comp/{c}/share", 0.0)
-            sim = m.get(f"grad_sim/{c}__{correct}", m.get(f"grad_sim/{correct}__{c}"))
+            share_key = key("grad_comp/{component}/share", component=c)
+            share = m.get(share_key, 0.0)
+            sim = m.get(key("grad_sim/{pair}", pair=f"{c}__{correct}"),
+                        m.get(key("grad_sim/{pair}", pair=f"{correct}__{c}")))
             if share > t.share_high and sim is not None and sim < t.sim_negative \
                     and not correctness_silent(v, correct, s):  # a silent correctness has no direction to oppose
                 lc, lr = v.label(c), v.label(correct)
                 return Finding(
                     severity="warn", step=s, confidence=0.8,
                     title=f"The '{lc}' reward drives the update against correctness",
-                    evidence=[f"step {s}: grad_comp/{c}/share {fmt(share)} ({D.share_words(share)}), cosine "
+                    evidence=[f"step {s}: {share_key} {fmt(share)} ({D.share_words(share)}), cosine "
                               f"with '{lr}' {fmt(sim)}"],
                     explanation=f"Most of the update comes from the '{lc}' component, and its gradient points away "
                                 f"from the '{lr}' gradient: improving '{lc}' costs accuracy.",
@@ -171,13 +175,14 @@ def _takeover(v: View, t: Thresholds) -> Finding | None:
            fires="a non-correctness reward's share of the update > {share_high:g} on a step where correctness varies "
                  "within some group (info when it does so only where no group's correctness varied)")
 def _dominates(v: View, t: Thresholds) -> Finding | None:
-    comps = {k.split("/")[1] for k in v.keys("grad_comp/") if k.endswith("/share")} - {"total"}
+    comps = {f["component"] for k in v.keys("grad_comp/") if (f := parse("grad_comp/{component}/share", k))}
+    comps -= {"total"}
     correct = correctness_component(comps)
     if correct is None:
         return None
     for c in sorted(comps - {correct}):
-        steps, share = v.series(f"grad_comp/{c}/share")
-        cshare = dict(zip(*v.series(f"grad_comp/{correct}/share")))
+        steps, share = v.series(key("grad_comp/{component}/share", component=c))
+        cshare = dict(zip(*v.series(key("grad_comp/{component}/share", component=correct))))
         over = [(s, x) for s, x in zip(steps, share) if x > t.share_high]
         hits = [(s, x) for s, x in over if not correctness_silent(v, correct, s)]
         if over:
@@ -190,9 +195,10 @@ def _dominates_finding(v: View, t: Thresholds, c: str, correct: str, hits: list[
     weight = v.cfg(f"reward.weights.{c}")
     lc, lr = v.label(c), v.label(correct)
     s0, x0 = hits[0]
-    ev = [f"grad_comp/{c}/share {fmt(x0)} at step {s0}: {D.share_words(x0)} (above {fmt(t.share_high)} on "
+    share_c, share_r = (key("grad_comp/{component}/share", component=x) for x in (c, correct))
+    ev = [f"{share_c} {fmt(x0)} at step {s0}: {D.share_words(x0)} (above {fmt(t.share_high)} on "
           f"{len(hits)} of {of} analysis steps)",
-          f"grad_comp/{correct}/share {fmt(cshare.get(s0, math.nan))} there: {D.share_words(cshare.get(s0, math.nan))}"]
+          f"{share_r} {fmt(cshare.get(s0, math.nan))} there: {D.share_words(cshare.get(s0, math.nan))}"]
     ev += [f"reward.weights.{c} = {weight}"] if weight is not None else []
     if silent:
         return Finding(

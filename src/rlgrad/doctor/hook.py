@@ -10,9 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import yaml
-
-from rlgrad.config.schema import RLGradConfig, to_yaml
+from rlgrad.config import config_tree
+from rlgrad.config.schema import RLGradConfig
 from rlgrad.doctor.findings import SEVERITY, Thresholds
 from rlgrad.doctor.live import LiveDoctor, halt_message, halts
 from rlgrad.hooks import Hook, HookResult
@@ -27,7 +26,7 @@ class DoctorHook(Hook):
                  is_main: bool = True, config: dict | None = None):
         t = Thresholds.from_file(cfg.doctor.thresholds) if cfg.doctor.thresholds else Thresholds()
         self.halt_on = cfg.doctor.halt_on
-        own = yaml.safe_load(to_yaml(cfg)) if kind == "rlgrad" else None  # another trainer's is its settings
+        own = config_tree(cfg) if kind == "rlgrad" else None  # another trainer's is its settings
         self.doctor = LiveDoctor(run_dir, config if config is not None else own, kind=kind, settings=settings,
                                  thresholds=t, is_main=is_main)
         self.last = time.perf_counter()

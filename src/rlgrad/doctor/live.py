@@ -19,8 +19,7 @@ from pathlib import Path
 from rlgrad import rundata as D
 from rlgrad.doctor.diagnose import diagnose
 from rlgrad.doctor.findings import Finding, Thresholds, at_or_above
-
-DOCTOR_LOG = "doctor.jsonl"  # RUN/doctor.jsonl: one line per new finding
+from rlgrad.runfiles import DOCTOR_FILE, METRICS_FILE
 
 
 def halts(finding: Finding, halt_on: str) -> bool:
@@ -58,12 +57,12 @@ class LiveDoctor:
         d = self.run.run_dir
         if d is None:
             return
-        if (d / "metrics.jsonl").is_file():
+        if (d / METRICS_FILE).is_file():
             old = D.load_run(d)
             self.run.rows = {s: m for s, m in old.rows.items() if s < step}
             self.run.nonfinite = {s: k for s, k in old.nonfinite.items() if s < step}
-        if (d / DOCTOR_LOG).is_file():
-            for line in (d / DOCTOR_LOG).read_text().splitlines():
+        if (d / DOCTOR_FILE).is_file():
+            for line in (d / DOCTOR_FILE).read_text().splitlines():
                 try:
                     row = json.loads(line)
                     self.said.add((row["finding"], row["severity"]))
@@ -109,7 +108,7 @@ class LiveDoctor:
         row = {"step": step, "finding": f.id, "severity": f.severity, "first_step": f.step, "title": f.title,
                "evidence": f.evidence, "action": f.action, "cause": f.cause, "confidence": f.confidence,
                "skipped_steps": self.skipped}
-        with open(self.run.run_dir / DOCTOR_LOG, "a") as out:
+        with open(self.run.run_dir / DOCTOR_FILE, "a") as out:
             out.write(json.dumps(row) + "\n")
 
 

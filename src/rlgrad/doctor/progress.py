@@ -26,6 +26,8 @@ from rlgrad.doctor.findings import (
 )
 from rlgrad.doctor.gradient import shrink_weight
 from rlgrad.logging.reward_signal import MIN_STEPS, correctness_component, reward_problems
+from rlgrad.metrics import key
+from rlgrad.runfiles import CHECKPOINT_PREFIX, checkpoint_due, checkpoint_steps
 
 
 def _largest_layer(v: View, step: int) -> str:
@@ -354,13 +356,29 @@ def collapse_cause(v: View, t: Thresholds, until: int) -> tuple[str, list[str], 
             "steps are the usual cause.", ev, f"Lower {lr_words} and keep gradient clipping on")
 
 
+def held_checkpoints(v: View) -> list[int] | None:
+    """The steps whose checkpoint the run holds, oldest first: those on disk for an rlgrad run directory (a
+    checkpoint ``trainer.max_ckpt_to_keep`` deleted is not offered); else the steps ``trainer.save_freq`` saved up to
+    the last logged one, the newest ``trainer.max_ckpt_to_keep`` of them; None when the run does not say."""
+    if v.run.run_dir is not None and v.run.kind == "rlgrad":
+        return checkpoint_steps(v.run.run_dir)
+    freq, keep = v.cfg("trainer.save_freq"), v.cfg("trainer.max_ckpt_to_keep")
+    if not isinstance(freq, int) or not v.steps:
+        return None
+    last = max(v.steps)
+    held = [s for s in range(1, last + 1) if checkpoint_due(s, freq, s == last)]
+    return held[-keep:] if isinstance(keep, int) and keep > 0 else held
+
+
 def _restart_from(v: View, step: int) -> str:
-    """Where to start again from before ``step``: a checkpoint the run saved before it, else the initial weights."""
-    freq = v.cfg("trainer.save_freq")
-    if isinstance(freq, int) and freq > 0 and step > freq:
-        return f"resume from the last checkpoint before step {step} (global_step_{(step - 1) // freq * freq})"
-    return f"restart from the initial weights (the run saved no checkpoint before step {step})" if isinstance(
-        freq, int) else f"restart from a checkpoint before step {step}, or from the initial weights"
+    """Where to start again from before ``step``: a checkpoint the run holds before it, else the initial weights."""
+    held = held_checkpoints(v)
+    if held is None:
+        return f"restart from a checkpoint before step {step}, or from the initial weights"
+    before = [s for s in held if s < step]
+    if before:
+        return f"resume from the last checkpoint before step {step} ({CHECKPOINT_PREFIX}{before[-1]})"
+    return f"restart from the initial weights (the run holds no checkpoint before step {step})"
 
 
 @signature("reward_plateau", "critic/score/mean", trend="critic/score/mean", min_points=lambda t: 2 * t.window,
@@ -429,7 +447,7 @@ def _inverted(v: View, t: Thresholds) -> Finding | None:
     correct = correctness_component(weights)
     if correct is None or weights[correct] >= 0:
         return None
-    steps, c = train_series(v, f"reward/{correct}/mean")
+    steps, c = train_series(v, key("reward/{component}/mean", component=correct))
     _, total = train_series(v, "critic/score/mean")
     lc = v.label(correct)
     ev = [f"reward.weights.{correct} = {weights[correct]:g}"]
@@ -465,12 +483,12 @@ def _format_over_correct(v: View, t: Thresholds) -> Finding | None:
     correct = correctness_component(comps)
     if correct is None:
         return None
-    _, c = v.series(f"reward/{correct}/mean")
+    _, c = v.series(key("reward/{component}/mean", component=correct))
     if len(c) < COMPONENT_STEPS:
         return None
     ca, cb = first_last(c, t.window)
     for other in sorted(comps - {correct}):
-        steps, o = v.series(f"reward/{other}/mean")
+        steps, o = v.series(key("reward/{component}/mean", component=other))
         if len(o) < COMPONENT_STEPS:
             continue
         oa, ob = first_last(o, t.window)
@@ -514,16 +532,20 @@ def checkpoint_words(v: View, best_step: int) -> str:
     if best_step == 0:
         return ("No trained step beat the initial weights on validation (step 0 is the validation before training): "
                 "keep the initial model")
-    freq = v.cfg("trainer.save_freq")
-    last = max(v.steps)
-    if not isinstance(freq, int):
+    held = held_checkpoints(v)
+    if held is None:
         return f"Keep the weights of step {best_step} if a checkpoint holds them"
-    if (freq > 0 and best_step % freq == 0) or best_step == last:
-        return f"Keep the checkpoint of step {best_step} (global_step_{best_step})"
-    saved = (best_step // freq) * freq if freq > 0 else 0
-    nearest = f"; the nearest one before it is step {saved} (global_step_{saved})" if saved > 0 else ""
-    return (f"No checkpoint holds step {best_step} (trainer.save_freq={freq}){nearest}: rerun to step {best_step} "
-            "to keep it, with a trainer.save_freq that divides it")
+    if best_step in held:
+        return f"Keep the checkpoint of step {best_step} ({CHECKPOINT_PREFIX}{best_step})"
+    before = [s for s in held if s < best_step]
+    nearest = f"; the nearest one before it is step {before[-1]} ({CHECKPOINT_PREFIX}{before[-1]})" if before else ""
+    freq, keep = v.cfg("trainer.save_freq"), v.cfg("trainer.max_ckpt_to_keep")
+    if isinstance(freq, int) and checkpoint_due(best_step, freq, False) and isinstance(keep, int) and keep > 0:
+        return (f"No checkpoint holds step {best_step} any more (trainer.max_ckpt_to_keep={keep} keeps the newest)"
+                f"{nearest}: rerun to step {best_step} to keep it, with a larger trainer.max_ckpt_to_keep")
+    why = f" (trainer.save_freq={freq})" if isinstance(freq, int) else ""
+    return (f"No checkpoint holds step {best_step}{why}{nearest}: rerun to step {best_step} to keep it, with a "
+            "trainer.save_freq that divides it")
 
 
 @signature("val_falls_train_rises", "val/accuracy", trend="val/accuracy", min_points=3,

@@ -20,7 +20,9 @@ import math
 from rlgrad import rundata as D
 from rlgrad.doctor.findings import Finding, Thresholds, View, fmt, signature, train_series
 from rlgrad.logging.reward_signal import correctness_component
-from rlgrad.logging.rollouts import read_rollouts, step_file
+from rlgrad.logging.rollouts import read_rollouts
+from rlgrad.metrics import key
+from rlgrad.runfiles import rollout_file
 
 
 def _verdict(sample: dict, correct: str | None) -> float | None:
@@ -57,7 +59,7 @@ def _scalar_evidence(v: View, correct: str | None, since: int) -> list[str]:
     run logs both and they differ (a custom reward without an ``acc`` field: the task scores the samples itself)."""
     if not correct:
         return []
-    steps, c = train_series(v, f"reward/{correct}/mean")
+    steps, c = train_series(v, key("reward/{component}/mean", component=correct))
     acc = dict(zip(*train_series(v, "rollout/accuracy")))
     both = [(x, acc[s]) for s, x in zip(steps, c) if s >= since and s in acc]
     if not both or all(abs(x - a) < 1e-9 for x, a in both):
@@ -79,7 +81,7 @@ def _noisy_verifier(v: View, t: Thresholds) -> Finding | None:
     # the newest steps' files only (a diagnosis runs after every step, live; rlgrad writes one every step): a
     # verifier's noise does not drift, and the files of steps after the view's last are never read
     last = [s for s in v.steps if s >= 1][-t.verifier_steps:]
-    files = [(s, step_file(where, s)) for s in last if step_file(where, s).is_file()]
+    files = [(s, rollout_file(where, s)) for s in last if rollout_file(where, s).is_file()]
     if not files:
         return None
     comps = {k.split("/")[1] for k in v.keys("reward/") if k.endswith("/mean") and k.count("/") == 2}

@@ -19,9 +19,7 @@ from rlgrad.config.load import load_config
 from rlgrad.config.schema import RLGradConfig, flat_settings
 from rlgrad.errors import UserError
 from rlgrad.logging.sinks import JsonlSink, metrics_sink
-from rlgrad.runfiles import read_jsonl, truncate_jsonl_after
-
-TABLES = "tables.jsonl"  # the hooks' tables (HookResult.tables), one JSON line per table and step
+from rlgrad.runfiles import METRICS_FILE, read_jsonl, truncate_jsonl_after
 
 
 def instrument_settings(overrides: list[str], unsupported: dict[str, object], trainer: str) -> RLGradConfig:
@@ -38,7 +36,7 @@ def instrument_settings(overrides: list[str], unsupported: dict[str, object], tr
 def open_metrics(run_dir: Path, resumed_step: int, new_dir: str, also: tuple[Path, ...] = ()) -> JsonlSink:
     """``run_dir/metrics.jsonl`` for appending: another run's is refused (``new_dir`` says how to choose a new
     directory), a resumed run's (and ``also``'s) rows after ``resumed_step`` are dropped, as it recomputes them."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS_FILE
     if resumed_step == 0 and path.exists() and read_jsonl(path):
         raise UserError(f"'{run_dir}' already holds an rlgrad metrics.jsonl of another run: {new_dir}, or resume "
                         "that run")

@@ -51,14 +51,14 @@ from rlgrad.analysis import hooks_from_config
 from rlgrad.doctor.hook import doctor_hooks
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult, HookRunner, StepContext
-from rlgrad.integrations import TABLES, activation_checkpointing_off, instrument_settings, open_metrics
+from rlgrad.integrations import activation_checkpointing_off, instrument_settings, open_metrics
 from rlgrad.integrations.trl_console import use_summary_console
 from rlgrad.integrations.trl_loss import TRLLoss, TRLLossSettings, batch_from_trl, trl_reward_view
 from rlgrad.logging.rewards import RewardComponentLog, step_record
-from rlgrad.logging.rollouts import RolloutLog, gather_samples, prompt_texts, rollout_dir, step_samples
+from rlgrad.logging.rollouts import RolloutLog, gather_samples, prompt_texts, step_samples
 from rlgrad.logging.sinks import JsonlSink, JsonlTableSink
 from rlgrad.metrics import component_keys, foreign_key
-from rlgrad.runfiles import atomic_write_json
+from rlgrad.runfiles import REWARD_COMPONENTS_FILE, RUN_SOURCE_FILE, TABLES_FILE, atomic_write_json, rollout_dir
 
 try:
     from trl import GRPOTrainer as _TRLGRPOTrainer
@@ -116,7 +116,6 @@ def reward_keys(names: Sequence[str]) -> dict[str, str]:
     return out
 
 
-RUN_SOURCE = "run_source.json"  # which trainer wrote the run, and the reward names behind its component keys
 log = logging.getLogger(__name__)
 
 
@@ -196,13 +195,14 @@ class _Instruments:
         self.stop_at = None
         if self.is_main:
             self.metrics_log = open_metrics(self.run_dir, step, "use a new output_dir (or rlgrad_dir)",
-                                            also=(self.run_dir / "reward_components.jsonl", self.run_dir / TABLES))
-            self.table_log = JsonlTableSink(self.run_dir / TABLES)
+                                            also=(self.run_dir / REWARD_COMPONENTS_FILE, self.run_dir / TABLES_FILE))
+            self.table_log = JsonlTableSink(self.run_dir / TABLES_FILE)
             self.reward_log = RewardComponentLog(self.run_dir)
             self.rollout_log = RolloutLog(rollout_dir(self.run_dir))
             self.rollout_log.discard_after(step)
-            # The original names, for rlgrad report / doctor (the metric keys hold the escaped ones).
-            atomic_write_json(self.run_dir / RUN_SOURCE, {
+            # Which trainer wrote the run, and the original reward names behind its component keys, for rlgrad
+            # report / doctor (the metric keys hold the escaped ones).
+            atomic_write_json(self.run_dir / RUN_SOURCE_FILE, {
                 "trainer": "trl", "trl_version": importlib.metadata.version("trl"),
                 "reward_names": dict(zip(self.components, self.trainer.reward_func_names)),
                 "settings": trl_settings(self.trainer.args)})

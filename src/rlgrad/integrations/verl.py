@@ -50,9 +50,10 @@ from rlgrad.collectives import all_reduce_sum, is_main
 from rlgrad.distributed import sync_policy
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookRunner, Schedule, StepContext
-from rlgrad.integrations import TABLES, activation_checkpointing_off, instrument_settings, open_metrics
+from rlgrad.integrations import activation_checkpointing_off, instrument_settings, open_metrics
 from rlgrad.integrations.verl_loss import batch_from_verl, verl_loss_settings
 from rlgrad.logging.sinks import JsonlSink, JsonlTableSink
+from rlgrad.runfiles import TABLES_FILE
 
 try:
     from verl.single_controller.base.decorator import MAGIC_ATTR, register
@@ -206,8 +207,8 @@ class _Instruments:
         if is_main():  # self.step is the step about to run: the run resumed after step - 1
             self.metrics_log = open_metrics(self.run_dir, self.step - 1,
                                             "set actor_rollout_ref.rlgrad.dir to a new directory",
-                                            also=(self.run_dir / TABLES,))
-            self.table_log = JsonlTableSink(self.run_dir / TABLES)
+                                            also=(self.run_dir / TABLES_FILE,))
+            self.table_log = JsonlTableSink(self.run_dir / TABLES_FILE)
 
     def resume(self, step: int) -> None:
         self.step = step

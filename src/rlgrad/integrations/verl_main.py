@@ -28,12 +28,12 @@ from rlgrad.errors import HALTED_STATUS, UserError
 from rlgrad.integrations.verl import ActorRolloutRefWorker, check_verl_version
 from rlgrad.integrations.verl_trainer import (
     ACTOR_ROLES,
-    HALT_FILE,
     TRAINER,
     RlgradPPOTrainer,
     TaskRunner,
     rlgrad_settings,
 )
+from rlgrad.runfiles import DOCTOR_FILE, DOCTOR_HALT_FILE
 
 __all__ = ["ACTOR_ROLES", "TRAINER", "ActorRolloutRefWorker", "RlgradPPOTrainer", "TaskRunner", "main", "prepare",
            "preflight", "check", "halted"]
@@ -139,14 +139,14 @@ def check(config) -> None:
 def halted(run_dir: str | os.PathLike) -> None:
     """After verl's run: if the live doctor stopped it (``RUN/doctor_halt.json``, written by rlgrad's verl trainer),
     its message on stderr and exit status 3 (``HALTED_STATUS``, as ``rlgrad train``); otherwise nothing."""
-    path = Path(run_dir) / HALT_FILE
+    path = Path(run_dir) / DOCTOR_HALT_FILE
     if not path.is_file():
         return
     try:
         halt = json.loads(path.read_text())
         step, reason = halt["step"], halt["reason"]
     except (json.JSONDecodeError, KeyError, TypeError):
-        step, reason = "?", f"see {Path(run_dir) / 'doctor.jsonl'}"
+        step, reason = "?", f"see {Path(run_dir) / DOCTOR_FILE}"
     print(f"rlgrad: stopped by the doctor after step {step}: {reason}", file=sys.stderr)
     raise SystemExit(HALTED_STATUS)
 
@@ -158,7 +158,7 @@ def main(config) -> None:
     check(config)
     run_dir = config.actor_rollout_ref.rlgrad.dir
     print(f"[rlgrad] instruments in verl's actor worker; run files in {run_dir}")
-    Path(run_dir, HALT_FILE).unlink(missing_ok=True)  # an earlier launch's halt: this launch says its own
+    Path(run_dir, DOCTOR_HALT_FILE).unlink(missing_ok=True)  # an earlier launch's halt: this launch says its own
     OmegaConf.set_struct(config, True)
     run_ppo(config, task_runner_class=TaskRunner)
     halted(run_dir)

@@ -29,12 +29,10 @@ from rlgrad.doctor.hook import doctor_hooks
 from rlgrad.hooks import HookRunner
 from rlgrad.integrations.verl import ActorRolloutRefWorker, flatten_settings, stop_requested
 from rlgrad.metrics import foreign_key
+from rlgrad.runfiles import DOCTOR_HALT_FILE, checkpoint_dir, checkpoint_due
 
 TRAINER = "rlgrad_sync"
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor)
-# RUN/doctor_halt.json: the live doctor stopped this launch (doctor.halt_on): its step and message. verl's run_ppo
-# returns nothing from the trainer's process; verl_main reads this file after it to exit with HALTED_STATUS.
-HALT_FILE = "doctor_halt.json"
 
 
 def rlgrad_settings(config) -> RLGradConfig:
@@ -72,8 +70,7 @@ class RlgradPPOTrainer(PPOTrainerSync):
     def step(self, metrics: dict, timing_raw: dict):
         # what verl's loop decided for this step, before anything below moves its bound
         self.rlgrad_last = self.global_steps >= self.total_training_steps
-        freq = self.config.trainer.save_freq
-        self.rlgrad_saves = freq > 0 and (self.rlgrad_last or self.global_steps % freq == 0)
+        self.rlgrad_saves = checkpoint_due(self.global_steps, self.config.trainer.save_freq, self.rlgrad_last)
         batch = super().step(metrics, timing_raw)
         if stop_requested(metrics):
             # verl's loop runs while global_steps <= total_training_steps and counts this step after logging it:
@@ -114,9 +111,11 @@ class RlgradPPOTrainer(PPOTrainerSync):
             metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
         self.total_training_steps = step  # verl's loop ends once it has logged this step
         run_dir = Path(self.config.actor_rollout_ref.rlgrad.dir)
-        (run_dir / HALT_FILE).write_text(json.dumps({"step": step, "reason": reason}) + "\n")
+        # RUN/doctor_halt.json: verl's run_ppo returns nothing from the trainer's process; verl_main reads
+        # this file after it to exit with HALTED_STATUS
+        (run_dir / DOCTOR_HALT_FILE).write_text(json.dumps({"step": step, "reason": reason}) + "\n")
         print(f"[rlgrad] stopped by the doctor after step {step}, checkpoint "
-              f"{Path(self.config.trainer.default_local_dir) / f'global_step_{step}'}: {reason}", flush=True)
+              f"{checkpoint_dir(self.config.trainer.default_local_dir, step)}: {reason}", flush=True)
 
 
 @ray.remote(num_cpus=1)

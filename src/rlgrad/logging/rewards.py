@@ -23,8 +23,7 @@ from pathlib import Path
 import torch
 
 from rlgrad.metrics import key
-
-FILE_NAME = "reward_components.jsonl"
+from rlgrad.runfiles import CONFIG_FILE, REWARD_COMPONENTS_FILE
 
 
 def _std(x: torch.Tensor) -> float:
@@ -91,7 +90,7 @@ class RewardComponentLog:
     """Appends one line per step to ``RUN/reward_components.jsonl``. Only the main process makes one."""
 
     def __init__(self, run_dir: str | os.PathLike):
-        self.path = Path(run_dir) / FILE_NAME
+        self.path = Path(run_dir) / REWARD_COMPONENTS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._repair_torn_tail()
 
@@ -167,6 +166,7 @@ def export_rewards(run_dir: str | os.PathLike, output: str | os.PathLike | None 
 
     Default output: ``RUN/all_rewards.json``. A directory that is not a run with reward tracking is a UserError.
     """
+    from rlgrad.config.saved import read_saved_config
     from rlgrad.errors import UserError
     from rlgrad.runfiles import atomic_write_json, check_output
 
@@ -175,9 +175,10 @@ def export_rewards(run_dir: str | os.PathLike, output: str | os.PathLike | None 
     run = Path(run_dir)
     if not run.is_dir():
         raise UserError(f"run directory '{run}' does not exist")
-    src = run / FILE_NAME
+    src = run / REWARD_COMPONENTS_FILE
     if not src.is_file():
-        raise UserError(f"'{run}' has no {FILE_NAME} (not an rlgrad run directory, or no training step finished)")
+        raise UserError(f"'{run}' has no {REWARD_COMPONENTS_FILE} (not an rlgrad run directory, or no training step "
+                        "finished)")
     try:
         rows = [r for r in read_reward_components(src) if well_formed(r)]  # damaged lines are skipped
     except (OSError, UnicodeDecodeError) as e:
@@ -185,15 +186,11 @@ def export_rewards(run_dir: str | os.PathLike, output: str | os.PathLike | None 
     if not rows:
         raise UserError(f"{src} holds no complete step")
     model, dataset = None, None
-    if (run / "config.yaml").is_file():
-        from rlgrad.config.load import from_yaml_file
-
-        try:  # only for the metadata: a damaged config.yaml leaves it blank
-            cfg = from_yaml_file(run / "config.yaml")
-            model = cfg.model.path or "embedded default (tiny Qwen2)"
-            dataset = cfg.data.task + (f" ({', '.join(cfg.data.train_files)})" if cfg.data.train_files else "")
-        except UserError:
-            pass
+    saved = read_saved_config(run / CONFIG_FILE)
+    if isinstance(saved.tree, dict):  # only for the metadata: a damaged config.yaml leaves it blank
+        cfg = saved.settings
+        model = cfg.model.path or "embedded default (tiny Qwen2)"
+        dataset = cfg.data.task + (f" ({', '.join(cfg.data.train_files)})" if cfg.data.train_files else "")
     metadata = {"created_at": rows[0].get("timestamp"), "model": model, "dataset": dataset,
                 "last_saved": time.strftime("%Y-%m-%d %H:%M:%S"), "run_dir": str(run)}
     out = check_output(output, run) if output is not None else run / "all_rewards.json"

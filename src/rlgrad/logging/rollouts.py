@@ -33,25 +33,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import torch
 
 from rlgrad.collectives import initialized, world_size
-from rlgrad.runfiles import atomic_write_bytes
-
-DIR_NAME = "rollouts"
-_FILE = re.compile(r"step_(\d+)\.jsonl")
-
-
-def rollout_dir(run_dir: str | os.PathLike, configured: str | os.PathLike | None = None) -> Path:
-    """``trainer.rollout_data_dir`` when set, else ``RUN/rollouts``."""
-    return Path(configured) if configured else Path(run_dir) / DIR_NAME
-
-
-def step_file(directory: str | os.PathLike, step: int) -> Path:
-    return Path(directory) / f"step_{int(step)}.jsonl"
+from rlgrad.runfiles import atomic_write_bytes, rollout_file, rollout_steps
 
 
 def prompt_texts(tokenizer, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -136,22 +123,14 @@ class RolloutLog:
         if later:
             (self.dir / "discarded").mkdir(exist_ok=True)
         for s in later:
-            os.replace(step_file(self.dir, s), self.dir / "discarded" / step_file(self.dir, s).name)
+            os.replace(rollout_file(self.dir, s), self.dir / "discarded" / rollout_file(self.dir, s).name)
         return len(later)
 
     def write(self, step: int, samples: list[dict]) -> Path:
-        path = step_file(self.dir, step)
+        path = rollout_file(self.dir, step)
         text = "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples)
         atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))
         return path
-
-
-def rollout_steps(directory: str | os.PathLike) -> list[int]:
-    """The steps with a rollout file in ``directory``, ascending (none when it does not exist)."""
-    d = Path(directory)
-    if not d.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in d.iterdir() if (m := _FILE.fullmatch(p.name)) and p.is_file())
 
 
 def read_rollouts(path: str | os.PathLike) -> list[dict]:

@@ -18,6 +18,7 @@ import torch
 
 from rlgrad.errors import UserError
 from rlgrad.metrics import INSTRUMENTS, key, match, write_run_catalogue
+from rlgrad.runfiles import METRICS_FILE, WANDB_ID_FILE, step_dir
 
 
 def _clean(v: Any) -> Any:
@@ -91,7 +92,7 @@ class WandbSink:
         except ImportError:
             raise UserError("trainer.logger=wandb needs the wandb package (pip install 'rlgrad[wandb]')") from None
         self.wandb = wandb
-        id_file = run_dir / "wandb_run_id.txt"
+        id_file = run_dir / WANDB_ID_FILE
         run_id = id_file.read_text().strip() if id_file.exists() else None
         # Without credentials (or network) log offline rather than fail; `wandb sync` uploads later.
         mode = os.environ.get("WANDB_MODE") or (None if os.environ.get("WANDB_API_KEY") or _wandb_logged_in()
@@ -195,7 +196,7 @@ class ConsoleSink:
         if any((m := match(k)) is not None and m.template in INSTRUMENT_TIMINGS for k in metrics):  # one ran
             found = analysis_summary(step, metrics)
             if found:
-                where = self.run_dir / "analysis" / f"step_{step}" if self.run_dir else None
+                where = step_dir(self.run_dir, step) if self.run_dir else None
                 self.write(found + (f" (files: {where})" if where is not None and where.is_dir() else ""))
             parts = [f"{p} {metrics['timing_s/' + p]:.2f}" for p in PHASES if "timing_s/" + p in metrics]
             self.write(f"step {step}: {metrics.get('timing_s/step', float('nan')):.2f} s ({', '.join(parts)})")
@@ -208,7 +209,7 @@ class ConsoleSink:
 def metrics_sink(run_dir: Path) -> JsonlSink:
     """``RUN/metrics.jsonl``, with what its keys mean for other tools next to it: ``RUN/metrics_catalogue.json``
     (``rlgrad metrics``' JSON), rewritten at every start, so that a resume by a newer rlgrad describes its keys."""
-    sink = JsonlSink(run_dir / "metrics.jsonl")
+    sink = JsonlSink(run_dir / METRICS_FILE)
     write_run_catalogue(run_dir)
     return sink
 

@@ -22,11 +22,11 @@ from rlgrad.metrics.entries import DATA, Metric
 from rlgrad.metrics.fields import FIELD_MEANINGS, FIELDS
 from rlgrad.metrics.foreign import FOREIGN_NAMES, FOREIGN_NOTES, own_key
 from rlgrad.metrics.keys import CATALOGUE, GROUPS, declared, match
-from rlgrad.runfiles import atomic_write_text
+from rlgrad.runfiles import CATALOGUE_FILE, atomic_write_text
 
 FORMAT = "rlgrad.metrics_catalogue"
 FORMAT_VERSION = 1  # bump on any change a reader of an older version would misread (a field's meaning, removal)
-RUN_FILE = "metrics_catalogue.json"  # written into every run directory next to metrics.jsonl, at run start
+RUN_FILE = CATALOGUE_FILE  # written into every run directory next to metrics.jsonl, at run start
 
 # Units with their range (None: unbounded that side), and the keys in each; a key in none has no fixed unit (a
 # reward, a loss, a learning rate: the task's or the setting's scale).

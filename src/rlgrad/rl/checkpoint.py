@@ -16,23 +16,29 @@ from typing import Any
 import torch
 
 from rlgrad.errors import UserError
-from rlgrad.runfiles import atomic_write_text, checkpoint_dirs
-
-STATE_FILE = "trainer_state.pt"
+from rlgrad.runfiles import (
+    CHECKPOINT_COMPLETE,
+    CHECKPOINT_PREFIX,
+    CHECKPOINT_STATE_FILE,
+    LATEST_CHECKPOINT_FILE,
+    atomic_write_text,
+    checkpoint_dir,
+    checkpoint_dirs,
+)
 
 
 def save_checkpoint(run_dir: Path, step: int, models: dict[str, Any], tokenizer, state: dict[str, Any],
                     max_to_keep: int | None = None) -> Path:
     """``models`` maps a role ("actor", later "critic") to a model with ``save_pretrained``."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    final = run_dir / f"global_step_{step}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".global_step_{step}.tmp-", dir=run_dir))
+    final = checkpoint_dir(run_dir, step)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=run_dir))
     try:
         for role, model in models.items():
             model.save_pretrained(tmp / role, safe_serialization=True)
             tokenizer.save_pretrained(tmp / role)
-        torch.save(state, tmp / STATE_FILE)
-        (tmp / "COMPLETE").write_text(f"{step}\n")
+        torch.save(state, tmp / CHECKPOINT_STATE_FILE)
+        (tmp / CHECKPOINT_COMPLETE).write_text(f"{step}\n")
         if final.exists():  # re-saving a step after resuming from an older checkpoint
             old = final.with_name(final.name + ".old")
             shutil.rmtree(old, ignore_errors=True)
@@ -42,11 +48,11 @@ def save_checkpoint(run_dir: Path, step: int, models: dict[str, Any], tokenizer,
         else:
             tmp.rename(final)
     except OSError as e:  # a full disk, a quota: the earlier checkpoints and the metrics are intact
-        raise UserError(f"could not write checkpoint global_step_{step} in '{run_dir}': {e.strerror or e}; the "
+        raise UserError(f"could not write checkpoint {final.name} in '{run_dir}': {e.strerror or e}; the "
                         "run's earlier checkpoints and metrics are intact (free space, then resume)") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    atomic_write_text(run_dir / "latest_checkpointed_iteration.txt", f"{step}\n")
+    atomic_write_text(run_dir / LATEST_CHECKPOINT_FILE, f"{step}\n")
     if max_to_keep is not None and max_to_keep > 0:  # null or -1: keep every checkpoint
         for _, old in checkpoint_dirs(run_dir)[:-max_to_keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -58,7 +64,8 @@ def remove_unfinished(run_dir: Path) -> list[str]:
     ``global_step_N.old`` being replaced): never resumed from, as large as a checkpoint. Call it only while
     holding the run's lock, when no other process can be saving. Returns the names removed."""
     gone = []
-    for p in sorted([*Path(run_dir).glob(".global_step_*.tmp-*"), *Path(run_dir).glob("global_step_*.old")]):
+    run_dir = Path(run_dir)
+    for p in sorted([*run_dir.glob(f".{CHECKPOINT_PREFIX}*.tmp-*"), *run_dir.glob(f"{CHECKPOINT_PREFIX}*.old")]):
         if p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
             gone.append(p.name)
@@ -68,15 +75,15 @@ def remove_unfinished(run_dir: Path) -> list[str]:
 def checkpoint_step(path: Path) -> int:
     path = Path(path)
     name = path.name
-    if not name.startswith("global_step_") or not name[len("global_step_"):].isdigit():
+    if not name.startswith(CHECKPOINT_PREFIX) or not name[len(CHECKPOINT_PREFIX):].isdigit():
         raise UserError(f"trainer.resume_from_path '{path}' is not a global_step_N directory")
-    if not (path / "COMPLETE").is_file() or not (path / STATE_FILE).is_file():
+    if not (path / CHECKPOINT_COMPLETE).is_file() or not (path / CHECKPOINT_STATE_FILE).is_file():
         raise UserError(f"trainer.resume_from_path '{path}' is not a complete rlgrad checkpoint")
-    return int(name[len("global_step_"):])
+    return int(name[len(CHECKPOINT_PREFIX):])
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    f = Path(path) / STATE_FILE
+    f = Path(path) / CHECKPOINT_STATE_FILE
     try:
         return torch.load(f, map_location="cpu", weights_only=False)
     except Exception as e:  # truncated or overwritten: name the file, not the unpickler's internals
@@ -91,7 +98,7 @@ def damage(path: Path) -> str | None:
     try:
         load_state(path)
     except UserError:
-        return f"{STATE_FILE} does not load"
+        return f"{CHECKPOINT_STATE_FILE} does not load"
     for f in sorted(path.rglob("*.safetensors")):
         try:
             with open(f, "rb") as fh:

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from rlgrad.config.load import from_yaml_file
+from rlgrad.config.saved import from_yaml_file
 from rlgrad.config.schema import RLGradConfig, flat_settings
 from rlgrad.errors import HALTED_STATUS, UserError
 from rlgrad.rl import checkpoint as ckpt
-from rlgrad.runfiles import checkpoint_dirs, holds_a_run
+from rlgrad.runfiles import CONFIG_FILE, checkpoint_dirs, holds_a_run
 
 # Settings that define a run: a resume that changes one is refused (a cadence or more steps may change).
 DEFINING = ("model.", "data.task", "data.train_files", "data.val_files", "data.reasoning_gym", "data.train_batch_size",
@@ -70,7 +70,7 @@ def find_resume_point(cfg: RLGradConfig, run_dir: Path, log: Callable[[str], Non
 def config_changes(run_dir: Path, cfg: RLGradConfig) -> dict[str, list]:
     """Settings that differ from the run's config.yaml: a one-line error for one that defines the run
     (``DEFINING``), else ``{key: [old, new]}``."""
-    old, new = flat_settings(from_yaml_file(run_dir / "config.yaml")), flat_settings(cfg)
+    old, new = flat_settings(from_yaml_file(run_dir / CONFIG_FILE)), flat_settings(cfg)
     diff = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
     fixed = [k for k in diff if k.startswith(DEFINING) and k != "model.cache_dir"]
     if fixed:
@@ -85,7 +85,7 @@ def check_finished_run(run_dir: Path, cfg: RLGradConfig, step: int, log: Callabl
     finished it (as after a kill past the last checkpoint) says so in one line through ``log``; settings the run
     never had, fewer steps than it ran, or another directory's checkpoint are refused (UserError naming the
     settings) rather than silently ignored."""
-    diff = config_changes(run_dir, cfg) if (run_dir / "config.yaml").is_file() else None
+    diff = config_changes(run_dir, cfg) if (run_dir / CONFIG_FILE).is_file() else None
     if diff is not None:
         diff.pop("trainer.total_training_steps", None)
     changes = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in (diff or {}).items())

@@ -53,7 +53,6 @@ from rlgrad.logging.rollouts import (
     RolloutLog,
     gather_samples,
     prompt_texts,
-    rollout_dir,
     sequence_advantages,
     step_samples,
 )
@@ -75,7 +74,17 @@ from rlgrad.rl.rollout import (
     render_prompts,
 )
 from rlgrad.rl.shaping import KLController, dynamic_sampling, kl_in_reward, kl_reward_share, overlong_penalty
-from rlgrad.runfiles import atomic_write_text, lock_run_dir, read_jsonl, truncate_jsonl_after
+from rlgrad.runfiles import (
+    CONFIG_CHANGES_FILE,
+    CONFIG_FILE,
+    METRICS_FILE,
+    atomic_write_text,
+    checkpoint_due,
+    lock_run_dir,
+    read_jsonl,
+    rollout_dir,
+    truncate_jsonl_after,
+)
 from rlgrad.tasks import task_from_config
 
 
@@ -224,7 +233,7 @@ class Trainer:
         run_dir = self.run_dir
         if not self.is_main:  # only rank 0 writes
             return MetricLogger([])
-        changes = runs.config_changes(run_dir, self.cfg) if (run_dir / "config.yaml").is_file() else {}
+        changes = runs.config_changes(run_dir, self.cfg) if (run_dir / CONFIG_FILE).is_file() else {}
         self.created_run_dir = not (run_dir.exists() and any(run_dir.iterdir()))
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_lock = lock_run_dir(run_dir)
@@ -232,14 +241,14 @@ class Trainer:
         if unfinished:
             self.log(f"removed {len(unfinished)} unfinished checkpoint(s) of a save that was killed: "
                      + ", ".join(unfinished))
-        if changes or not (run_dir / "config.yaml").exists():
-            atomic_write_text(run_dir / "config.yaml", to_yaml(self.cfg))
+        if changes or not (run_dir / CONFIG_FILE).exists():
+            atomic_write_text(run_dir / CONFIG_FILE, to_yaml(self.cfg))
         if changes:
-            with open(run_dir / "config_changes.jsonl", "a") as f:
+            with open(run_dir / CONFIG_CHANGES_FILE, "a") as f:
                 f.write(json.dumps({"step": self.step, "changes": changes}) + "\n")
             self.log(f"resuming at step {self.step} with changed settings (recorded in config_changes.jsonl): "
                      + ", ".join(f"{k}: {old} -> {new}" for k, (old, new) in changes.items()))
-        moved = truncate_jsonl_after(run_dir / "metrics.jsonl", self.step)
+        moved = truncate_jsonl_after(run_dir / METRICS_FILE, self.step)
         if moved:
             self.log(f"resuming at step {self.step}: {moved} metric rows past the checkpoint moved to "
                      "metrics.discarded.jsonl")
@@ -611,7 +620,7 @@ class Trainer:
     def _validate_before_training(self, logger: MetricLogger) -> None:
         """``trainer.val_before_train``: a step-0 (or resumed-step) validation row, unless the run has that row."""
         has_row = distributed.decide(
-            lambda: any(row.get("step") == self.step for row in read_jsonl(self.run_dir / "metrics.jsonl")))
+            lambda: any(row.get("step") == self.step for row in read_jsonl(self.run_dir / METRICS_FILE)))
         if self.cfg.trainer.val_before_train and not has_row:
             val = self.validate()
             self.summary.setdefault("val/accuracy_before", val["val/accuracy"])
@@ -639,7 +648,7 @@ class Trainer:
         halt = self.hooks.after_step(step, metrics)  # the live doctor reads the whole row
         metrics.update(halt.metrics)
         logger.log(step, metrics)
-        if last or interrupted or halt.stop or _due(trainer_cfg.save_freq, step):
+        if interrupted or halt.stop or checkpoint_due(step, trainer_cfg.save_freq, last):
             self._save_checkpoint(step)
         if halt.stop and not last:
             self.summary["stopped_at_step"] = step

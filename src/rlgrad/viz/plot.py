@@ -38,7 +38,7 @@ def rv_table_csv(run: D.RunData, step: int) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["bucket", "reward_std", "group_id"])
-    for bucket, gid, sd in sorted(D.rv_table(run, step), key=lambda r: (D._bucket_key(r[0]), r[1])):
+    for bucket, gid, sd in sorted(D.rv_table(run, step), key=lambda r: (D.bucket_order(r[0]), r[1])):
         writer.writerow([bucket, f"{sd:.8g}", gid])
     return buf.getvalue()
 

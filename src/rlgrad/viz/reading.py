@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 
 from rlgrad import rundata as D
+from rlgrad.metrics import key
 
 Rule = Callable[[D.RunData], list[str]]
 
@@ -285,7 +286,7 @@ def rule_dormant_neurons(run: D.RunData) -> list[str]:
     """Per role (actor, critic): the dormant-neuron ratio, first to last step."""
     out = []
     for role in D.ROLES:
-        s, v = D.series(run, f"{role}/neuron/dormant_ratio")
+        s, v = D.series(run, key("{role}/neuron/dormant_ratio", role=role))
         if len(s) >= 2:
             trend = "rose" if v[-1] > v[0] else "fell" if v[-1] < v[0] else "stayed"
             out.append(f"The {role}'s dormant-neuron ratio {trend} from {_pct(v[0])} (step {s[0]}) to "
@@ -299,7 +300,7 @@ def rule_neuron_resets(run: D.RunData) -> list[str]:
     """Per role: how many neurons the ReDo-style reset re-initialised, over which steps."""
     out = []
     for role in D.ROLES:
-        s, v = D.series(run, f"{role}/neuron/reset_count")
+        s, v = D.series(run, key("{role}/neuron/reset_count", role=role))
         hits = [(st, n) for st, n in zip(s, v) if n]
         if hits:
             out.append(f"ReDo reset {int(sum(n for _, n in hits))} {role} neurons over {len(hits)} reset "

@@ -13,12 +13,9 @@ import html
 import math
 import time
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
 from rlgrad import rundata as D
 from rlgrad.config.schedule import Schedule, schedules
-from rlgrad.config.schema import SCHEMA_KEYS, SECTIONS, RLGradConfig
+from rlgrad.config.schema import RLGradConfig
 from rlgrad.doctor import diagnose
 from rlgrad.errors import UserError
 from rlgrad.metrics import BUCKETS, INSTRUMENTS, NEURONS, Instrument
@@ -100,27 +97,6 @@ KEY_SETTINGS = [
 ]
 
 
-def _run_settings(run: D.RunData) -> RLGradConfig:
-    """The run's settings as the schema holds them: its config.yaml's values (a key saved before it moved read
-    under its alias, ``rundata.config_get``) over the schema's defaults. A value the schema refuses (a
-    hand-edited file) leaves that setting at its default rather than hide the report."""
-    settings = OmegaConf.structured(RLGradConfig)
-    for key in SCHEMA_KEYS:
-        if key in SECTIONS:
-            continue
-        value = D.config_get(run, key, _UNSET)
-        if value is _UNSET:
-            continue
-        try:
-            OmegaConf.update(settings, key, value, merge=False)
-        except OmegaConfBaseException:
-            continue
-    return OmegaConf.to_object(settings)
-
-
-_UNSET = object()
-
-
 def _instrument_rows(run: D.RunData) -> list[list]:
     """When each instrument ran: "off", or its steps, by the step rule the instruments themselves follow
     (``rlgrad.config.schedule.schedules``) applied to the run's own settings; a row for every instrument of the
@@ -128,7 +104,7 @@ def _instrument_rows(run: D.RunData) -> list[list]:
     by the settings that shaped what it measured. Nothing for a config that could not be read."""
     if run.config is None:
         return []
-    settings = _run_settings(run)
+    settings = run.saved.settings
     at = schedules(settings)
 
     def when(schedule: Schedule) -> str:

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from rlgrad import rundata as D
+from rlgrad.metrics import key, parse
 from rlgrad.viz.figbase import (
     BAD_CELL,
     COLORS,
@@ -280,10 +281,10 @@ def _series_grid(run: D.RunData, panels: list[Panel], title: str, ncols: int = 3
     nrows = math.ceil(len(keep) / ncols)
     fig, axes = new_fig(nrows, ncols, (5.6 * ncols, 3.8 * nrows))
     for ax, (keys, ptitle, ylabel) in zip(axes.flat, keep):
-        for key, label in keys:
-            s, v = D.series(run, key)
+        for name, label in keys:
+            s, v = D.series(run, name)
             if s:
-                v = [100 * x for x in v] if key in pct else v
+                v = [100 * x for x in v] if name in pct else v
                 ax.plot(s, v, "o-" if len(s) < 30 else "-", markersize=3, label=label)
         ax.set_title(ptitle, fontweight="bold", fontsize=11)
         if ptitle in counts:
@@ -429,8 +430,7 @@ def _component_names(run: D.RunData, by_step: dict) -> list[str]:
     for row in by_step.values():
         comps += [c for c in row.get("components", []) if c not in comps]
     if not comps:  # metrics only (e.g. a W&B run): reward/<c>/mean
-        comps = sorted({k.split("/")[1] for k in D.metric_keys(run)
-                        if k.startswith("reward/") and k.endswith("/mean")})
+        comps = sorted({f["component"] for k in D.metric_keys(run) if (f := parse("reward/{component}/mean", k))})
     return comps
 
 
@@ -438,8 +438,9 @@ def _component_series(run: D.RunData, by_step: dict, comp: str) -> tuple[list, n
     """(steps, mean, std, low, high) of one component's reward: the band's bounds are the values the samples
     took (±inf where only the metrics are there: no band)."""
     if not by_step:
-        steps, mean = D.series(run, f"reward/{comp}/mean")
-        std = np.asarray([run.metrics(st).get(f"reward/{comp}/std", np.nan) for st in steps], dtype=float)
+        steps, mean = D.series(run, key("reward/{component}/mean", component=comp))
+        std_key = key("reward/{component}/std", component=comp)
+        std = np.asarray([run.metrics(st).get(std_key, np.nan) for st in steps], dtype=float)
         return steps, np.asarray(mean, dtype=float), std, -np.inf, np.inf
     steps = [st for st, row in by_step.items() if comp in row.get("stats", {})]
     stats = [by_step[st]["stats"][comp] for st in steps]
@@ -474,9 +475,9 @@ def _draw_sample_counts(ax: Axes, by_step: dict) -> None:
     steps = list(by_step)
     n = np.array([max(1, by_step[st].get("num_samples", 1)) for st in steps], dtype=float)
     drew = False
-    for key, label in (("num_correct", "correct"), ("num_valid_format", "valid format")):
-        if any(key in by_step[st] for st in steps):
-            ax.plot(steps, [100 * by_step[st].get(key, np.nan) / n[i] for i, st in enumerate(steps)], "o-",
+    for field, label in (("num_correct", "correct"), ("num_valid_format", "valid format")):
+        if any(field in by_step[st] for st in steps):
+            ax.plot(steps, [100 * by_step[st].get(field, np.nan) / n[i] for i, st in enumerate(steps)], "o-",
                     markersize=3, label=label)
             drew = True
     if not drew:
@@ -506,13 +507,14 @@ def fig_reward_components(run: D.RunData) -> Figure | None:
 
 def fig_neuron_trend(run: D.RunData) -> Figure | None:
     panels: list[Panel] = [
-        ([(f"{role}/neuron/dormant_ratio", "dormant"),
-          (f"{role}/neuron/act_dormant_ratio", "activation-dormant"),
-          (f"{role}/neuron/zero_grad_ratio", "zero-gradient neurons"),
-          (f"{role}/param/zero_grad_ratio", "zero-gradient parameters"),
-          (f"{role}/neuron/nullspace_ratio", "gradient null space")], f"{role}: neuron health", "fraction")
+        ([(key("{role}/neuron/dormant_ratio", role=role), "dormant"),
+          (key("{role}/neuron/act_dormant_ratio", role=role), "activation-dormant"),
+          (key("{role}/neuron/zero_grad_ratio", role=role), "zero-gradient neurons"),
+          (key("{role}/param/zero_grad_ratio", role=role), "zero-gradient parameters"),
+          (key("{role}/neuron/nullspace_ratio", role=role), "gradient null space")], f"{role}: neuron health",
+         "fraction")
         for role in D.ROLES]
-    panels.append(([(f"{role}/neuron/reset_count", role) for role in D.ROLES], "ReDo resets",
+    panels.append(([(key("{role}/neuron/reset_count", role=role), role) for role in D.ROLES], "ReDo resets",
                    "neurons reset (count)"))
     return _series_grid(run, panels, f"Neuron health over training — run {run.name}",
                         counts=frozenset({"ReDo resets"}))
