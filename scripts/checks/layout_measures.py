@@ -289,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
 
     edges = parser.all_edges()
     bad = rules.violations(edges)
-    cycles = rules.unit_cycles(edges)
+    # the rules' own circle finder: cycles(edges) since issue 44, unit_cycles(edges) before
+    cycles = (rules.cycles if hasattr(rules, "cycles") else rules.unit_cycles)(edges)
     print(f"\nlayer rules ({len(rules.LAYERS)} layers): {len(edges)} import edges")
     print(f"  upward or forbidden imports: {len(bad)}")
     for line in bad:
