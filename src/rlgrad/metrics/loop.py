@@ -5,6 +5,7 @@ names) logs at every step, each group with the setting that makes a run log it a
 from __future__ import annotations
 
 from rlgrad.metrics.entries import EVERY_STEP, Group, Metric
+from rlgrad.runfiles import REWARD_COMPONENTS_FILE
 
 # The settings that bring keys of the loop's groups (rlgrad's names; TRL and verl take the same where they have one).
 VALIDATION = "trainer.test_freq=N or trainer.val_before_train=true (validation)"
@@ -95,7 +96,7 @@ FILTER = Group(
 REWARD = Group(
     "reward", "Rewards and advantages",
     "The kept batch: the responses the rollout filter kept, as the update sees them.",
-    setting=EVERY_STEP, data="train_batch", files=("reward_components.jsonl",), metrics=(
+    setting=EVERY_STEP, data="train_batch", files=(REWARD_COMPONENTS_FILE,), metrics=(
         ("critic/score/{stat}",
          "Mean / max / min sequence score (the task's weighted total reward) over the kept responses "
          "(verl's name; logged with or without a critic)."),
