@@ -22,9 +22,10 @@ import torch
 
 from rlgrad.algos.advantages import group_reward_std, grpo_advantages
 from rlgrad.algos.objective import LossSettings
-from rlgrad.analysis.noise import group_noise, pooled_scale, ratio_interval, t_quantile, trace_and_signal
+from rlgrad.analysis.noise import group_noise, trace_and_signal
 from rlgrad.analysis.per_sample import analyse_per_sample
 from rlgrad.batch import Batch
+from rlgrad.metrics.pooling import pooled_scale, ratio_interval, t_quantile
 from rlgrad.rl.rollout import compute_log_probs, generate
 
 POOL_GROUPS, K = 192, 4
@@ -118,20 +119,17 @@ def test_the_signal_estimate_averages_to_the_pools_value(pool, groups):
 def test_unequal_group_sizes(pool):
     """Groups of 2 to 4 samples (as after a rollout filter that drops rows): the estimate averages to the pool's
     per-sample gradient ||Σ_k S_k / Σ_k K_k||²."""
-    row_sq, gram, _ = pool
-    # keep the first K_k rows of group k: its sum is rebuilt from the engine's per-row gradients' Gram only for whole
-    # groups, so emulate smaller groups by scaling a group's sum (a group of K_k identical-in-law samples); the
-    # estimator sees consistent (row_sq, gram, sizes)
+    _, gram, _ = pool
+    # a group of K_k samples with the same mean gradient u_k as the pool's group k: its sum S_k = K_k u_k
     sizes = torch.tensor([2.0, 3.0, 4.0]).repeat(POOL_GROUPS // 3)
     scale = sizes / K
     gram_k = gram * scale[:, None] * scale[None, :]
-    row_k = row_sq.reshape(POOL_GROUPS, K) * (scale[:, None])  # Σ_i ||h_i||² of a group scales with its size
     truth = float(gram_k.sum()) / float(sizes.sum()) ** 2
     _, total, diag, n, sum_k2 = _many(gram_k, sizes, 16, DRAWS, torch.Generator().manual_seed(7))
     got = trace_and_signal(total, diag, n, sum_k2)[1]
     se = float(got.std() / math.sqrt(DRAWS))
     # a ratio of two unbiased sums (pairs of groups' <S_a, S_b> over pairs' K_a K_b): biased by O(Var(K)/P) when the
-    # sizes vary, seen -1.1% at 16 groups of 2-4 (4 standard errors of 200,000 batches; 100,000 here); equal sizes are exact
+    # sizes vary, seen -1.1% at 16 groups of 2-4 (4 standard errors of 200,000 batches); equal sizes are exact
     assert abs(float(got.mean()) - truth) <= 3.5 * se + 0.02 * truth, (float(got.mean()), truth, se)
 
 
