@@ -79,6 +79,10 @@ def metric_close(name: str, got: float, want: float, metrics: dict[str, float], 
         return math.isnan(got) and math.isnan(want)
     scale = max(abs(got), abs(want))
     what, _, rest = name.partition("/")
+    if what in ("noise_trace_se", "noise_signal_se", "noise_cov", "noise_scale_low", "noise_scale_high"):
+        rel = 1e3 * rel  # leave-one-group-out differences of differences: they lose three more digits
+    elif what == "noise_trace":  # n (||h̄||² − |G|²): to ``rel`` of n ||h̄||²
+        scale += metrics[f"noise_samples/{rest.split('/')[0]}"] * abs(metrics[f"noise_signal/{rest}"])
     if what in ("noise_signal", "noise_scale", "noise_inter"):
         trace, signal = metrics[f"noise_trace/{rest}"], metrics[f"noise_signal/{rest}"]
         whole = abs(signal) + trace / metrics[f"noise_samples/{rest.split('/')[0]}"]  # ||Σ g||²

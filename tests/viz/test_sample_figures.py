@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 
 import numpy as np
@@ -65,3 +66,27 @@ def test_the_report_has_the_per_sample_section_only_with_samples_jsonl(tmp_path)
     alts = re.findall(r'<img alt="([^"]*)"', section)
     assert len(alts) == 1 and html.unescape(alts[0]).startswith("step 3: per-sample task norm against |advantage|")
     assert _per_sample_section(_run(tmp_path / "without", samples=False), dpi=20) == ""
+
+
+@pytest.mark.parametrize("signal_se,resolved", [(0.05, True), (2.0, False)])
+def test_the_per_sample_section_gives_the_noise_scale_with_its_interval_or_unresolved(tmp_path, signal_se, resolved):
+    from rlgrad.metrics.pooling import pooled_scale
+
+    run_dir = tmp_path / "run"
+    _run(run_dir, samples=True)
+    noise = {"noise_trace/all/task": 300.0, "noise_signal/all/task": 1.0, "noise_trace_se/all/task": 30.0,
+             "noise_signal_se/all/task": signal_se, "noise_cov/all/task": 0.0, "noise_groups/all": 16.0,
+             "noise_samples/all": 64.0}
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        if row["step"] in (1, 3):
+            row["data"].update(noise)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = html.unescape(_per_sample_section(D.load_run(run_dir), dpi=20))
+    want = pooled_scale([{k.split("/")[0].removeprefix("noise_"): v for k, v in noise.items()}] * 2)
+    if resolved:  # 600 / 2 = 300, its Fieller interval from the two steps' standard errors
+        from rlgrad.doctor.findings import fmt
+
+        assert f"B_simple 300 (95% interval {fmt(want['low'])}-{fmt(want['high'])}), pooled over 2" in text
+    else:
+        assert "unresolved" in text and "B_simple" not in text and math.isnan(want["scale"])

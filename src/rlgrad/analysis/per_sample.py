@@ -35,6 +35,7 @@ from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_f
 from rlgrad.analysis.buckets import Buckets, global_buckets
 from rlgrad.analysis.engine import backward, fast_unsupported, run_terms
 from rlgrad.analysis.instrument import InstrumentHook
+from rlgrad.analysis.noise import group_noise
 from rlgrad.analysis.rows import RowNormReducer
 from rlgrad.batch import Batch, check_batch, position_ids_from_mask
 from rlgrad.collectives import all_gather_cat, all_gather_sizes, all_reduce_max, all_reduce_sum, rank
@@ -45,10 +46,13 @@ if TYPE_CHECKING:
     from rlgrad.config.analysis import PerSampleConfig
 
 NAN = float("nan")
-# noise_metrics' names -> their catalogue keys
+# group_noise's names -> their catalogue keys
 NOISE_KEYS = {"trace": "noise_trace/{bucket}/{term}", "signal": "noise_signal/{bucket}/{term}",
-              "scale": "noise_scale/{bucket}/{term}", "intra": "noise_intra/{bucket}/{term}",
-              "inter": "noise_inter/{bucket}/{term}", "coherence": "coherence/{bucket}/{term}"}
+              "scale": "noise_scale/{bucket}/{term}", "trace_se": "noise_trace_se/{bucket}/{term}",
+              "signal_se": "noise_signal_se/{bucket}/{term}", "cov": "noise_cov/{bucket}/{term}",
+              "scale_low": "noise_scale_low/{bucket}/{term}", "scale_high": "noise_scale_high/{bucket}/{term}",
+              "intra": "noise_intra/{bucket}/{term}", "inter": "noise_inter/{bucket}/{term}",
+              "coherence": "coherence/{bucket}/{term}", "coherence_floor": "coherence_floor/{bucket}/{term}"}
 
 
 @dataclass
@@ -64,34 +68,6 @@ class PerSampleReport:
     buckets: Buckets
     group_ids: torch.Tensor
     group_gram: dict[str, dict[str, torch.Tensor]]
-
-
-def noise_metrics(row_sq: torch.Tensor, gram: torch.Tensor, sizes: torch.Tensor) -> dict[str, float]:
-    """The noise estimates of ``n = Σ sizes`` per-sample gradients ``h_i`` in ``P`` prompt groups.
-
-    ``row_sq`` ``[n]``: ``||h_i||²``; ``gram`` ``[P, P]``: ``<S_k, S_l>`` of the groups' sums ``S_k = Σ_{i∈k} h_i``;
-    ``sizes`` ``[P]``: the groups' sample counts. Returns ``trace`` (unbiased tr Σ), ``signal`` (unbiased |G|²),
-    ``scale`` (B_simple = trace / signal), ``intra`` and ``inter`` (the within- and between-prompt parts of tr Σ)
-    and ``coherence`` (``||Σ h_i||² / (n Σ ||h_i||²)``); NaN where the batch cannot tell (too few samples or
-    groups, a signal estimate <= 0, all gradients zero).
-    """
-    row_sq, gram, sizes = row_sq.double(), gram.double(), sizes.double()
-    n, groups = float(sizes.sum()), len(sizes)
-    sum_sq, total = float(row_sq.sum()), float(gram.sum())
-    group_sq = float((gram.diagonal() / sizes).sum())  # Σ_k K_k ||m_k||², m_k the group mean
-    out = {"trace": NAN, "signal": NAN, "scale": NAN, "intra": NAN, "inter": NAN,
-           "coherence": total / (n * sum_sq) if sum_sq > 0 else NAN}
-    if n > 1:
-        out["trace"] = (sum_sq - total / n) / (n - 1)
-        out["signal"] = total / n ** 2 - out["trace"] / n
-        out["scale"] = out["trace"] / out["signal"] if out["signal"] > 0 else NAN
-    if n > groups:
-        out["intra"] = (sum_sq - group_sq) / (n - groups)
-    if groups > 1 and n > groups:
-        between = (group_sq - total / n) / (groups - 1)
-        n0 = (n - float((sizes ** 2).sum()) / n) / (groups - 1)
-        out["inter"] = (between - out["intra"]) / n0
-    return out
 
 
 @torch.no_grad()
@@ -229,10 +205,11 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
             metrics[key("noise_samples/{bucket}", bucket=b)] = float(len(idx))
             in_bucket = torch.unique(all_inverse[idx])
             scale = len(idx) / denom[b]  # h_i = n_b · g_i^b = n_b · raw_i / denom_b
-            got = noise_metrics(row_sq[idx] * scale ** 2, gram[in_bucket][:, in_bucket] * scale ** 2,
+            got = group_noise(row_sq[idx] * scale ** 2, gram[in_bucket][:, in_bucket] * scale ** 2,
                                 sizes[in_bucket])
             metrics[key("grad_norm_sample/{bucket}/{term}", bucket=b, term=term)] = float(
                 row_sq[idx].clamp_min(0).sqrt().mean()) / denom[b]
+            metrics[key("noise_groups/{bucket}", bucket=b)] = got.pop("groups")
             for name, value in got.items():
                 metrics[key(NOISE_KEYS[name], bucket=b, term=term)] = value
     if proxy and "task" in norms:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from rlgrad.doctor.findings import Finding, Thresholds, View, config_lr, flat_reward, fmt, signature
-from rlgrad.doctor.noise import noise_scale
+from rlgrad.doctor.noise import below_noise_scale, noise_scale
 from rlgrad.doctor.progress import NO_KNOWN_CAUSE, checkpoint_words, collapse_cause
 
 
@@ -33,13 +33,12 @@ def _cause(v: View, t: Thresholds, fell: int) -> tuple[str, list[str], str]:
     got = noise_scale(v)
     lr = config_lr(v)
     lower = "Lower the learning rate" + (f" (now {fmt(lr)})" if lr else "")
-    if got is not None and got[1] < got[0]:
-        b_simple, samples = got[0], got[1]
-        return (f"The batch ({fmt(samples)} samples a step) is {fmt(b_simple / samples)}× below the gradient noise "
-                f"scale (B_simple {fmt(b_simple)}): each step follows mostly the sampling noise of its few samples, "
-                "and the noise a step adds grows with the learning rate, so the policy drifts away from what it "
-                "learned.",
-                [f"B_simple {fmt(b_simple)} against {fmt(samples)} samples per step: the noise outweighs the signal"],
+    if below_noise_scale(got):
+        return (f"The batch ({fmt(got.samples)} samples a step) is {fmt(got.scale / got.samples)}× below the "
+                f"gradient noise scale (B_simple {fmt(got.scale)}): each step follows mostly the sampling noise of its "
+                "few samples, and the noise a step adds grows with the learning rate, so the policy drifts away from "
+                "what it learned.",
+                [f"{got.interval()} against {fmt(got.samples)} samples per step: the noise outweighs the signal"],
                 lower + "; or grow the batch toward B_simple (more samples average the noise out)")
     why, ev, fix = collapse_cause(v, t, fell)
     if got is None and fix == NO_KNOWN_CAUSE:  # neither cause, and no noise measurement to test a third

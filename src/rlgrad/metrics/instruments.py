@@ -107,16 +107,32 @@ PER_SAMPLE_GROUP = Group(
         ("grad_norm_sample/{bucket}/{term}", "Mean over the bucket's samples of the exact norm ||g_i|| (RAGEN's "
          "grad_norm/{bucket}/per_sample/{term} is ||Σ_i g_i|| / n: lower by the samples' cancellation)."),
         ("noise_samples/{bucket}", "Number of samples n the bucket's per-sample metrics are over."),
-        ("noise_trace/{bucket}/{term}", "Unbiased tr(Σ) of the per-sample gradients h_i: Σ_i ||h_i − h̄||² / (n − 1)."),
-        ("noise_signal/{bucket}/{term}", "Unbiased |G|²: ||h̄||² − tr(Σ)/n, ||h̄|| being grad_norm/{bucket}/{term}."),
-        ("noise_scale/{bucket}/{term}", "B_simple = tr(Σ) / |G|² (McCandlish et al. 2018), in samples; NaN when the "
-         "|G|² estimate is <= 0."),
-        ("noise_intra/{bucket}/{term}", "Intra-prompt part of tr(Σ): the pooled spread of h_i around their prompt "
-         "group's mean."),
-        ("noise_inter/{bucket}/{term}", "Inter-prompt part of tr(Σ): the spread of the prompt groups' mean gradients, "
-         "less the intra-prompt noise they carry."),
+        ("noise_groups/{bucket}", "Number of prompt groups P the bucket's per-sample metrics are over: the "
+         "independent units of the noise estimates."),
+        ("noise_trace/{bucket}/{term}", "The batch gradient's noise in per-sample units, prompt groups as the units: "
+         "n (||h̄||² − noise_signal), unbiased; a batch of N samples grown by prompts at the same group size has "
+         "noise noise_trace / N."),
+        ("noise_signal/{bucket}/{term}", "Unbiased |G|² with prompt groups as the units: Σ_{k≠l} <S_k, S_l> / "
+         "(n² − Σ_k K_k²), S_k the sum of group k's h_i (the mean of <u_k, u_l> over pairs of distinct groups)."),
+        ("noise_scale/{bucket}/{term}", "B_simple = noise_trace / noise_signal (McCandlish et al. 2018), in samples, "
+         "for a batch grown by prompts at fixed rollout.n; NaN (unresolved) where noise_signal's 95% interval "
+         "reaches 0."),
+        ("noise_trace_se/{bucket}/{term}", "Standard error of noise_trace: jackknife, one prompt group left out."),
+        ("noise_signal_se/{bucket}/{term}", "Standard error of noise_signal: jackknife, one prompt group left out."),
+        ("noise_cov/{bucket}/{term}", "Jackknife covariance of the noise_trace and noise_signal estimates (pooling "
+         "over steps and Fieller's interval need it)."),
+        ("noise_scale_low/{bucket}/{term}", "Lower end of noise_scale's 95% interval (Fieller's, Student's t with "
+         "P − 1 degrees of freedom); NaN when unresolved."),
+        ("noise_scale_high/{bucket}/{term}", "Upper end of noise_scale's 95% interval; NaN when unresolved."),
+        ("noise_intra/{bucket}/{term}", "Spread of the h_i around their prompt group's mean: Σ_k Σ_{i∈k} ||h_i − "
+         "u_k||² / (n − P). Not a variance component under GRPO's zero-sum advantages (docs/noise_scale.md)."),
+        ("noise_inter/{bucket}/{term}", "(noise_trace − noise_intra) / (n/P), so the batch's noise is "
+         "(K·inter + intra)/n: the groups' means' spread beyond what their samples' own spread gives; negative "
+         "where a group's samples cancel (zero-sum advantages)."),
         ("coherence/{bucket}/{term}",
-         "||Σ_i g_i||² / (n Σ_i ||g_i||²): 1 aligned, 1/n uncorrelated, 0 cancelling samples."),
+         "||Σ_i g_i||² / (n Σ_i ||g_i||²): 1 aligned, 0 cancelling samples; compare with coherence_floor, not 1/n."),
+        ("coherence_floor/{bucket}/{term}", "Σ_k ||S_k||² / (n Σ_i ||h_i||²): the coherence the batch would have if "
+         "its prompt groups' gradients were orthogonal (no shared signal); 1/n only for groups of one sample."),
         ("proxy_corr/spearman", "Rank correlation of verl's logit-space variance proxy A_i²·Σ_t(1 − 2π(y_t) + Σπ²) "
          "with the true ||g_i||² of the task term, over the batch's samples."),
         ("proxy_corr/pearson", "Linear (Pearson) correlation of the same two."),

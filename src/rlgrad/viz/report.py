@@ -17,6 +17,8 @@ from rlgrad import rundata as D
 from rlgrad.config.schedule import Schedule, schedules
 from rlgrad.config.schema import RLGradConfig
 from rlgrad.doctor import diagnose
+from rlgrad.doctor.findings import View, fmt
+from rlgrad.doctor.noise import noise_scale
 from rlgrad.errors import UserError
 from rlgrad.metrics import BUCKETS, INSTRUMENTS, NEURONS, Instrument
 from rlgrad.runfiles import atomic_write_text, check_output
@@ -292,9 +294,23 @@ def _per_sample_section(run: D.RunData, dpi: int) -> str:
     return ('<section id="per_sample"><h2>Per-sample gradients</h2>'
             f'<p class="muted">Per-sample analysis steps: {", ".join(map(str, steps))}. ||g_i|| is sample i\'s '
             "exact contribution to the step's task gradient (docs/noise_scale.md); <code>" + cmd + "</code> lists "
-            "the samples that carry the most of it.</p>"
+            "the samples that carry the most of it.</p>" + _noise_scale_line(run)
             + _img(fig, dpi, f"step {steps[-1]}: per-sample task norm against |advantage| (colour: the prompt "
                              "group's reward std) and by reward-variance bucket.") + "</section>")
+
+
+def _noise_scale_line(run: D.RunData) -> str:
+    """The run's noise scale as the doctor pools it: the figure with its interval, or "unresolved"."""
+    got = noise_scale(View(run))
+    if got is None:
+        return ""
+    if not math.isfinite(got.scale):
+        said = (f"unresolved: over {got.steps} analysed step(s) the gradient's |G|² is not told apart from 0 "
+                "(its 95% interval reaches 0), so the batch's noise could be any multiple of its signal")
+    else:
+        said = f"{html.escape(got.interval())}, pooled over {got.steps} analysed step(s)"
+    return (f"<p>Noise scale (task term, batch grown by prompts at this rollout.n): {said}; "
+            f"{fmt(got.samples)} samples per step.</p>")
 
 
 def _components_section(run: D.RunData, dpi: int) -> str:
