@@ -13,6 +13,7 @@ from rlgrad.algos.objective import LossSettings, as_loss_fn
 from rlgrad.analysis.buckets import analyse_buckets
 from rlgrad.analysis.noise import group_noise
 from rlgrad.analysis.per_sample import (
+    _ranks,
     analyse_per_sample,
     layer_summary,
     proxy_correlation,
@@ -279,6 +280,25 @@ def test_proxy_correlation():
     assert proxy_correlation(x, 2 * x + 1)["proxy_corr/pearson"] == pytest.approx(1.0)
     # ties take their mean rank
     y = torch.tensor([0.0, 3.0, 3.0, 3.0, 1.0])
-    ranks_x, ranks_y = torch.tensor([0, 1.5, 1.5, 3, 4]), torch.tensor([0, 3, 3, 3, 1.0])
+    keep = y > 0  # the sample with a zero gradient is left out
+    ranks_x, ranks_y = torch.tensor([0.5, 0.5, 2, 3]), torch.tensor([2, 2, 2, 0.0])
     want = torch.corrcoef(torch.stack([ranks_x, ranks_y]))[0, 1]
-    assert proxy_correlation(x, y)["proxy_corr/spearman"] == pytest.approx(float(want))
+    got = proxy_correlation(x[keep], y[keep])
+    assert proxy_correlation(x, y)["proxy_corr/spearman"] == pytest.approx(float(want)) == got["proxy_corr/spearman"]
+    assert proxy_correlation(x, y)["proxy_corr/samples"] == 4
+
+
+def test_the_proxy_correlation_leaves_out_tied_zeros_and_has_a_null():
+    """Half the samples with a zero gradient and a zero proxy (zero-variance groups) and an uninformative proxy on
+    the others: over every sample Spearman reads about 0.6 (what the construction gives); over the non-zero samples,
+    about 0, inside the shuffled null."""
+    torch.manual_seed(0)
+    norms = torch.cat([torch.zeros(50), torch.rand(50) + 0.1])
+    proxy = torch.cat([torch.zeros(50), torch.rand(50) + 0.1])  # independent of the norms
+    got = proxy_correlation(proxy, norms)
+    assert got["proxy_corr/samples"] == 50
+    assert abs(got["proxy_corr/spearman"]) < got["proxy_corr/spearman_null95"] < 0.4
+    everything = torch.corrcoef(torch.stack([_ranks(proxy), _ranks(norms)]))[0, 1]
+    assert everything > 0.5  # what the tied zeros give an uninformative proxy
+    informative = proxy_correlation(norms + 0.01 * torch.rand(100), norms)
+    assert informative["proxy_corr/spearman"] > 0.9 > informative["proxy_corr/spearman_null95"]

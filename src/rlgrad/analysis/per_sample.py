@@ -112,10 +112,30 @@ def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b) / den if den > 0 else NAN
 
 
+NULL_SHUFFLES = 1000  # shuffles of the proxy behind proxy_corr/spearman_null95
+
+
 def proxy_correlation(proxy: torch.Tensor, sq_norms: torch.Tensor) -> dict[str, float]:
-    """Spearman and Pearson correlation of verl's proxy with the true squared per-sample norms (``proxy_corr/*``)."""
-    return {key("proxy_corr/spearman"): _pearson(_ranks(proxy.double()), _ranks(sq_norms.double())),
-            key("proxy_corr/pearson"): _pearson(proxy, sq_norms)}
+    """Spearman and Pearson correlation of verl's proxy with the true squared per-sample norms (``proxy_corr/*``),
+    over the samples whose true gradient is not 0: a zero-variance group's samples have a zero gradient and a zero
+    proxy both, tied points that agree by construction and would lift any proxy's rank correlation. Beside it, the
+    null: the 95th percentile of |Spearman| over the same samples with the proxy shuffled (a fixed seed), what a proxy
+    with no information about the samples scores."""
+    keep = sq_norms > 0
+    proxy, sq_norms = proxy[keep].double(), sq_norms[keep].double()
+    out = {key("proxy_corr/samples"): float(len(proxy)), key("proxy_corr/spearman"): NAN,
+           key("proxy_corr/pearson"): NAN, key("proxy_corr/spearman_null95"): NAN}
+    if len(proxy) < 3:
+        return out
+    rank_proxy, rank_norms = _ranks(proxy), _ranks(sq_norms)
+    rng = torch.Generator().manual_seed(0)
+    shuffles = torch.stack([rank_proxy[torch.randperm(len(proxy), generator=rng)] for _ in range(NULL_SHUFFLES)])
+    centred, norms_c = shuffles - shuffles.mean(1, keepdim=True), rank_norms - rank_norms.mean()
+    null = (centred @ norms_c).abs() / (centred.norm(dim=1) * norms_c.norm()).clamp_min(1e-300)
+    out.update({key("proxy_corr/spearman"): _pearson(rank_proxy, rank_norms),
+                key("proxy_corr/pearson"): _pearson(proxy, sq_norms),
+                key("proxy_corr/spearman_null95"): float(torch.quantile(null, 0.95))})
+    return out
 
 
 def _term_passes(model: nn.Module, batch: Batch, loss_fn: LossFn, inverse: torch.Tensor, groups: int

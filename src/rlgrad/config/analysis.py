@@ -76,7 +76,8 @@ class PerSampleConfig:
                              "mean per-sample norm).")
     proxy_corr: bool = _f(True, "Also compute verl's logit-space variance proxy (A² x W, W = Σ_t 1 - 2π(y_t) + Σπ²; "
                           "one more no-grad forward) and its rank and linear correlation with the true squared "
-                          "per-sample task norms: proxy_corr/spearman, proxy_corr/pearson.")
+                          "per-sample task norms over the samples with a non-zero gradient, beside a shuffled-proxy "
+                          "null: proxy_corr/spearman, proxy_corr/pearson, proxy_corr/spearman_null95.")
 
 
 @dataclass

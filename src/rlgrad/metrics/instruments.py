@@ -134,8 +134,13 @@ PER_SAMPLE_GROUP = Group(
         ("coherence_floor/{bucket}/{term}", "Σ_k ||S_k||² / (n Σ_i ||h_i||²): the coherence the batch would have if "
          "its prompt groups' gradients were orthogonal (no shared signal); 1/n only for groups of one sample."),
         ("proxy_corr/spearman", "Rank correlation of verl's logit-space variance proxy A_i²·Σ_t(1 − 2π(y_t) + Σπ²) "
-         "with the true ||g_i||² of the task term, over the batch's samples."),
-        ("proxy_corr/pearson", "Linear (Pearson) correlation of the same two."),
+         "with the true ||g_i||² of the task term, over the batch's samples whose task gradient is not 0 (a "
+         "zero-variance group's samples are 0 in both: tied points that agree by construction)."),
+        ("proxy_corr/pearson", "Linear (Pearson) correlation of the same two, over the same samples."),
+        ("proxy_corr/samples", "Number of samples proxy_corr/spearman and proxy_corr/pearson are over: those with a "
+         "non-zero task gradient."),
+        ("proxy_corr/spearman_null95", "The null beside proxy_corr/spearman: the 95th percentile of |Spearman| over "
+         "1,000 shuffles of the proxy among the same samples, what a proxy with no information scores."),
         Metric(PER_SAMPLE.timing, "Seconds spent in the per-sample gradient analysis at this step.", data="wall_clock"),
     ))
 COMPONENT_GROUP = Group(
