@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,36 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_last_sound_one(tiny, tmp
     said = [line for line in (out + err).splitlines() if "damaged checkpoint" in line]
     assert said == [f"skipping damaged checkpoint '{run / 'global_step_3'}': actor/model.safetensors is truncated"]
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+
+
+def test_a_header_length_from_garbage_is_checked_against_the_file_before_it_is_read(tmp_path):
+    """Issue 50: 4 KB of random bytes as the newest checkpoint's weights made ``damage`` read a header as long as
+    their first 8 bytes said (a MemoryError); a length past the file's end now means "not a safetensors file"."""
+    import torch
+
+    from rlgrad.rl.checkpoint import damage
+
+    ckpt = tmp_path / "global_step_2"
+    (ckpt / "actor").mkdir(parents=True)
+    torch.save({"step": 2}, ckpt / runfiles.CHECKPOINT_STATE_FILE)
+    weights = ckpt / "actor" / "model.safetensors"
+    for length in (2**62, 4096 - 8 + 1, 2**64 - 1):  # far past the end, one byte past it, the largest
+        weights.write_bytes(length.to_bytes(8, "little") + bytes(4088))
+        assert damage(ckpt) == "actor/model.safetensors is not a safetensors file"
+    weights.write_bytes(b"\x01\x02")  # shorter than the length field itself
+    assert damage(ckpt) == "actor/model.safetensors is not a safetensors file"
+
+
+def test_random_bytes_as_the_newest_weights_fall_back_to_the_previous_checkpoint(tiny, tmp_path):
+    run = tmp_path / "run"
+    quiet(tiny + ["trainer.total_training_steps=2", "trainer.save_freq=1"]).fit()
+    (run / "global_step_2" / "actor" / "model.safetensors").write_bytes(random.Random(50).randbytes(4096))
+    lines = []
+    t = make_trainer(load_config(overrides=tiny + ["trainer.total_training_steps=3", "trainer.save_freq=1"]),
+                     log=lines.append)
+    assert t.step == 1
+    assert lines == [f"skipping damaged checkpoint '{run / 'global_step_2'}': actor/model.safetensors is not a "
+                     "safetensors file"]
 
 
 def test_a_resume_removes_what_a_killed_save_left(tiny, tmp_path):

@@ -101,11 +101,14 @@ def damage(path: Path) -> str | None:
         return f"{CHECKPOINT_STATE_FILE} does not load"
     for f in sorted(path.rglob("*.safetensors")):
         try:
+            size = f.stat().st_size
             with open(f, "rb") as fh:
                 n = int.from_bytes(fh.read(8), "little")
+                if size < 8 or 8 + n > size:  # a length read from garbage: never trusted past the file's end
+                    return f"{f.relative_to(path)} is not a safetensors file"
                 header = json.loads(fh.read(n))
             end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-            if 8 + n + end != f.stat().st_size:
+            if 8 + n + end != size:
                 return f"{f.relative_to(path)} is truncated"
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return f"{f.relative_to(path)} is not a safetensors file"
