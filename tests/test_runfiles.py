@@ -244,6 +244,33 @@ def test_the_same_command_on_a_finished_run_is_no_error(tiny, tmp_path, capsys):
     assert (run / "metrics.jsonl").read_bytes() == rows
 
 
+def test_a_copied_or_moved_run_directory_is_the_same_run(tiny, tmp_path, capsys):
+    """Issue 50: a run directory copied elsewhere (from a cluster, say) and its command rerun with the new
+    trainer.default_local_dir was refused as "other settings (trainer.default_local_dir: OLD -> NEW)". Where a run
+    lives is not one of its settings: the copy says nothing to train, or resumes."""
+    import shutil
+
+    quiet(tiny + ["trainer.total_training_steps=1"]).fit()
+    copy = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(tmp_path / "run", copy)
+    moved = [o for o in tiny if not o.startswith("trainer.default_local_dir=")] + [
+        f"trainer.default_local_dir={copy}", f"model.cache_dir={tmp_path / 'another_cache'}"]
+    assert cli.main(["train", *moved, "trainer.total_training_steps=1"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and f"the run in {copy} already finished step 1 with these settings: nothing to train" in out
+    lines = []
+    t = make_trainer(load_config(overrides=moved + ["trainer.total_training_steps=2"]), log=lines.append)
+    assert t.step == 1
+    t.fit()
+    assert [r["step"] for r in read_jsonl(copy / "metrics.jsonl")] == [0, 1, 2]
+    assert read_jsonl(copy / "config_changes.jsonl") == [{"step": 1, "changes": {
+        "trainer.total_training_steps": [1, 2]}}]
+    assert [line for line in lines if "changed settings" in line] == [
+        "resuming at step 1 with changed settings (recorded in config_changes.jsonl): "
+        "trainer.total_training_steps: 1 -> 2"]
+    assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [0, 1]  # the original untouched
+
+
 # ---------------------------------------------------------------- the run directory's names live in runfiles
 
 SRC = Path(runfiles.__file__).parent
