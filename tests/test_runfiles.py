@@ -201,6 +201,59 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_run(tiny, tmp
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
 
 
+def _mount_point(path):
+    """The highest folder above ``path`` on the same device: the disk's mount point (by device ids)."""
+    path = path.resolve()
+    while path.parent != path and path.parent.stat().st_dev == path.stat().st_dev:
+        path = path.parent
+    return path
+
+
+def _disk_full_in_safetensors(monkeypatch):
+    """The issue's fault: safetensors' writer (what save_pretrained calls) meeting a full disk, as it reports it."""
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+
+
+def _disk_full_in_torch_save(monkeypatch):
+    """torch.save on a full disk: a short write that names no cause, the disk left with no free space."""
+    import collections
+    import shutil
+
+    import torch
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(torch, "save", full)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 << 20, 10 << 20, 0))
+
+
+@pytest.mark.parametrize("fault", [_disk_full_in_safetensors, _disk_full_in_torch_save])
+def test_a_full_disk_names_the_disk_and_step_and_the_same_command_resumes(fault, tiny, tmp_path, capsys):
+    """Issue 50: a full disk while writing a checkpoint ended in a traceback (SafetensorError, exit 1)."""
+    run = tmp_path / "run"
+    command = ["train", *tiny, "trainer.total_training_steps=2", "trainer.save_freq=1"]
+    quiet(tiny + ["trainer.total_training_steps=1", "trainer.save_freq=1"]).fit()
+    with pytest.MonkeyPatch.context() as patch:
+        fault(patch)
+        assert cli.main(command) == 2
+    err = capsys.readouterr().err
+    assert err == (f"rlgrad: error: step 2: checkpoint global_step_2 could not be written in '{run}': the disk at "
+                   f"'{_mount_point(run)}' is full (No space left on device); the run's earlier checkpoints and "
+                   "metrics are intact: free space there, then the same command resumes\n")
+    assert sorted(p.name for p in run.iterdir() if "global_step" in p.name) == ["global_step_1"]  # no temp folder
+    assert cli.main(command) == 0  # space freed: the same command
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
+    assert sorted(p.name for p in run.iterdir() if "global_step" in p.name) == ["global_step_1", "global_step_2"]
+
+
 def test_probe_of_a_damaged_checkpoint_is_one_line(tiny, tmp_path, capsys):
     run = tmp_path / "run"
     quiet(tiny + ["trainer.total_training_steps=1", "trainer.save_freq=1"]).fit()
