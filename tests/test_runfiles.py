@@ -201,6 +201,24 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_run(tiny, tmp
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
 
 
+def test_a_prompt_too_long_is_refused_before_the_run_directory_or_its_parents_exist(tiny, tmp_path, monkeypatch,
+                                                                                      capsys):
+    """Issue 50: a data row whose prompt is over data.max_prompt_length was refused only at the step that sampled
+    it, after the run directory was made: runs/<project_name>/ stayed behind. Every row is now measured first."""
+    monkeypatch.chdir(tmp_path)
+    f = tmp_path / "long.jsonl"
+    rows = [f'{{"question": "{i} + {i}", "answer": "{2 * i}"}}\n' for i in range(10)]
+    rows[1] = '{"question": "' + "1 " * 150 + 'what?", "answer": "1"}\n'  # a training row
+    f.write_text("".join(rows))
+    default_dir = [o for o in tiny if not o.startswith("trainer.default_local_dir=")]
+    settings = [*default_dir, "data.task=math", f"data.train_files=[{f}]", "trainer.total_training_steps=1"]
+    with pytest.raises(UserError, match=rf"^{f}:2: the prompt has 305 tokens, more than data.max_prompt_length=256"):
+        make_trainer(load_config(overrides=settings), log=lambda *a: None)
+    assert cli.main(["train", *settings]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl"]  # no runs/
+
+
 def _mount_point(path):
     """The highest folder above ``path`` on the same device: the disk's mount point (by device ids)."""
     path = path.resolve()

@@ -368,6 +368,9 @@ class MathTask:
     def val_examples(self) -> list[Example]:
         return list(self._val)
 
+    def data_examples(self) -> list[Example]:
+        return self._train + self._val
+
     def score(self, response: str, example: Example, num_tokens: int | None = None) -> Score:
         read = read_answer(response, example.answer, self.answer_extraction)
         components = {
