@@ -452,3 +452,22 @@ def test_math_loading_errors(tmp_path):
         build_task("math", train_files=[unboxed])
     with pytest.raises(UserError, match="train_files"):
         build_task("math")
+
+
+def test_math_without_validation_rows_is_refused_naming_the_way_out(tmp_path):
+    """Issue 50: a one-row training file trained with no validation rows and logged val/accuracy as "nan". A split
+    that leaves validation empty is refused; five rows hold one out; data.val_files names them instead."""
+    rows = [f'{{"prompt": "{i} + {i}", "answer": "{2 * i}"}}\n' for i in range(5)]
+    for n in (1, 4):
+        few = _write(tmp_path, f"few{n}.jsonl", "".join(rows[:n]))
+        refusal = (rf"^task 'math': {n} training row\(s\) in {re.escape(few)}, too few to hold out validation rows "
+                   r".* name the validation rows with data\.val_files$")
+        with pytest.raises(UserError, match=refusal):
+            build_task("math", train_files=[few])
+    five = build_task("math", train_files=[_write(tmp_path, "five.jsonl", "".join(rows))])
+    assert [e.prompt for e in five.val_examples()] == ["4 + 4"]
+    one = _write(tmp_path, "one.jsonl", rows[0])
+    assert [e.prompt for e in build_task("math", train_files=[one], val_files=[one]).val_examples()] == ["0 + 0"]
+    blank = _write(tmp_path, "blank.jsonl", "\n")
+    with pytest.raises(UserError, match=rf"^task 'math': no validation rows in {re.escape(blank)}$"):
+        build_task("math", train_files=[one], val_files=[blank])

@@ -10,7 +10,8 @@ Row layouts, detected per row:
 
 Without ``val_files`` the last ``min(val_size, len(train) // 5)`` training rows
 are held out as the validation set; with ``val_files`` their first ``val_size``
-rows are the validation set and all training rows are used for training.
+rows are the validation set and all training rows are used for training. A split
+with no validation row (fewer than 5 training rows, empty ``val_files``) is refused.
 
 Reward components: ``correctness`` (the answer equals the ground truth after LaTeX normalisation of both; the
 answer is the last boxed one, or under ``reward.answer_extraction=auto|flexible`` the last number of a response
@@ -361,6 +362,11 @@ class MathTask:
             self._train, self._val = train[:len(train) - k], train[len(train) - k:]
         if not self._train:
             raise UserError(f"task 'math': no training rows in {', '.join(map(str, train_files))}")
+        if not self._val:  # a validation accuracy over no rows is no number: say so before anything runs
+            raise UserError(f"task 'math': no validation rows in {', '.join(map(str, val_files))}" if val_files else
+                            f"task 'math': {len(train)} training row(s) in {', '.join(map(str, train_files))}, too "
+                            "few to hold out validation rows (a fifth of them: 5 rows at least); add rows, or name "
+                            "the validation rows with data.val_files")
 
     def train_examples(self, n: int, rng: random.Random) -> list[Example]:
         return [self._train[rng.randrange(len(self._train))] for _ in range(n)]
