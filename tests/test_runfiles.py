@@ -172,7 +172,7 @@ def test_a_data_row_with_a_null_answer_is_named(tmp_path):
 
 def test_a_prompt_too_long_names_its_data_row(tiny, tmp_path, capsys):
     f = tmp_path / "long.jsonl"
-    f.write_text("".join(f'{{"question": "{"x" * 400} {i}", "answer": "{i}"}}\n' for i in range(4)))
+    f.write_text("".join(f'{{"question": "{"x" * 400} {i}", "answer": "{i}"}}\n' for i in range(5)))  # 5: one held out
     rc = cli.main(["train", *tiny, "data.task=math", f"data.train_files=[{f}]", "data.val_size=2",
                    "trainer.total_training_steps=1"])
     err = capsys.readouterr().err
