@@ -199,6 +199,29 @@ def test_damaged_run_files(damaged, tmp_path, capsys):
             assert snapshot(run) == before, (name, damaged, k)
 
 
+def test_a_metrics_file_of_binary_garbage_is_named_unreadable(tmp_path, capsys):
+    """Issue 50: rlgrad plot on a run whose metrics.jsonl is random bytes said the run "holds no analysis steps"
+    (report and doctor went on with no rows). A torn first row alone (a crash mid-append) is no damage."""
+    import random
+
+    run = tmp_path / "run"
+    run.mkdir()
+    metrics = run / "metrics.jsonl"
+    out = tmp_path / "out"
+    commands = [["plot", str(run), "--output-dir", str(out)], ["report", str(run), "--output", str(out / "r.html")],
+                ["doctor", str(run)]]
+    for garbage in (random.Random(50).randbytes(4096), b"not json\nnor this\n"):
+        metrics.write_bytes(garbage)
+        for argv in commands:
+            rc, err = run_main(argv, capsys)
+            assert (rc, err) == (2, f"rlgrad: error: '{metrics}' cannot be read: no line of it is a metric row "
+                                    "(damaged, or not a metrics file)\n"), argv
+    assert not out.exists()
+    metrics.write_text('{"step": 1, "data": {"critic/sc')  # torn: the run has no row yet, nothing is damaged
+    rc, err = run_main(commands[0], capsys)
+    assert rc == 2 and "holds no analysis steps" in err, err
+
+
 def test_outputs_never_overwrite_the_run_and_bad_output_paths_are_one_line(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,36 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_last_sound_one(tiny, tmp
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2, 3, 4]
 
 
+def test_a_header_length_from_garbage_is_checked_against_the_file_before_it_is_read(tmp_path):
+    """Issue 50: 4 KB of random bytes as the newest checkpoint's weights made ``damage`` read a header as long as
+    their first 8 bytes said (a MemoryError); a length past the file's end now means "not a safetensors file"."""
+    import torch
+
+    from rlgrad.rl.checkpoint import damage
+
+    ckpt = tmp_path / "global_step_2"
+    (ckpt / "actor").mkdir(parents=True)
+    torch.save({"step": 2}, ckpt / runfiles.CHECKPOINT_STATE_FILE)
+    weights = ckpt / "actor" / "model.safetensors"
+    for length in (2**62, 4096 - 8 + 1, 2**64 - 1):  # far past the end, one byte past it, the largest
+        weights.write_bytes(length.to_bytes(8, "little") + bytes(4088))
+        assert damage(ckpt) == "actor/model.safetensors is not a safetensors file"
+    weights.write_bytes(b"\x01\x02")  # shorter than the length field itself
+    assert damage(ckpt) == "actor/model.safetensors is not a safetensors file"
+
+
+def test_random_bytes_as_the_newest_weights_fall_back_to_the_previous_checkpoint(tiny, tmp_path):
+    run = tmp_path / "run"
+    quiet(tiny + ["trainer.total_training_steps=2", "trainer.save_freq=1"]).fit()
+    (run / "global_step_2" / "actor" / "model.safetensors").write_bytes(random.Random(50).randbytes(4096))
+    lines = []
+    t = make_trainer(load_config(overrides=tiny + ["trainer.total_training_steps=3", "trainer.save_freq=1"]),
+                     log=lines.append)
+    assert t.step == 1
+    assert lines == [f"skipping damaged checkpoint '{run / 'global_step_2'}': actor/model.safetensors is not a "
+                     "safetensors file"]
+
+
 def test_a_resume_removes_what_a_killed_save_left(tiny, tmp_path):
     """A SIGKILL mid-save leaves ``.global_step_N.tmp-*`` (or ``global_step_N.old`` while replacing one), as
     large as a checkpoint; kill-stress runs piled them up. The resumed run, holding the lock, removes them."""
@@ -141,7 +172,7 @@ def test_a_data_row_with_a_null_answer_is_named(tmp_path):
 
 def test_a_prompt_too_long_names_its_data_row(tiny, tmp_path, capsys):
     f = tmp_path / "long.jsonl"
-    f.write_text("".join(f'{{"question": "{"x" * 400} {i}", "answer": "{i}"}}\n' for i in range(4)))
+    f.write_text("".join(f'{{"question": "{"x" * 400} {i}", "answer": "{i}"}}\n' for i in range(5)))  # 5: one held out
     rc = cli.main(["train", *tiny, "data.task=math", f"data.train_files=[{f}]", "data.val_size=2",
                    "trainer.total_training_steps=1"])
     err = capsys.readouterr().err
@@ -168,6 +199,77 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_run(tiny, tmp
         quiet(tiny + ["trainer.total_training_steps=2", "trainer.save_freq=1"]).fit()
     assert sorted(p.name for p in run.glob("global_step_*")) == ["global_step_1"]  # no half checkpoint
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_a_prompt_too_long_is_refused_before_the_run_directory_or_its_parents_exist(tiny, tmp_path, monkeypatch,
+                                                                                      capsys):
+    """Issue 50: a data row whose prompt is over data.max_prompt_length was refused only at the step that sampled
+    it, after the run directory was made: runs/<project_name>/ stayed behind. Every row is now measured first."""
+    monkeypatch.chdir(tmp_path)
+    f = tmp_path / "long.jsonl"
+    rows = [f'{{"question": "{i} + {i}", "answer": "{2 * i}"}}\n' for i in range(10)]
+    rows[1] = '{"question": "' + "1 " * 150 + 'what?", "answer": "1"}\n'  # a training row
+    f.write_text("".join(rows))
+    default_dir = [o for o in tiny if not o.startswith("trainer.default_local_dir=")]
+    settings = [*default_dir, "data.task=math", f"data.train_files=[{f}]", "trainer.total_training_steps=1"]
+    with pytest.raises(UserError, match=rf"^{f}:2: the prompt has 305 tokens, more than data.max_prompt_length=256"):
+        make_trainer(load_config(overrides=settings), log=lambda *a: None)
+    assert cli.main(["train", *settings]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl"]  # no runs/
+
+
+def _mount_point(path):
+    """The highest folder above ``path`` on the same device: the disk's mount point (by device ids)."""
+    path = path.resolve()
+    while path.parent != path and path.parent.stat().st_dev == path.stat().st_dev:
+        path = path.parent
+    return path
+
+
+def _disk_full_in_safetensors(monkeypatch):
+    """The issue's fault: safetensors' writer (what save_pretrained calls) meeting a full disk, as it reports it."""
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+
+
+def _disk_full_in_torch_save(monkeypatch):
+    """torch.save on a full disk: a short write that names no cause, the disk left with no free space."""
+    import collections
+    import shutil
+
+    import torch
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(torch, "save", full)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 << 20, 10 << 20, 0))
+
+
+@pytest.mark.parametrize("fault", [_disk_full_in_safetensors, _disk_full_in_torch_save])
+def test_a_full_disk_names_the_disk_and_step_and_the_same_command_resumes(fault, tiny, tmp_path, capsys):
+    """Issue 50: a full disk while writing a checkpoint ended in a traceback (SafetensorError, exit 1)."""
+    run = tmp_path / "run"
+    command = ["train", *tiny, "trainer.total_training_steps=2", "trainer.save_freq=1"]
+    quiet(tiny + ["trainer.total_training_steps=1", "trainer.save_freq=1"]).fit()
+    with pytest.MonkeyPatch.context() as patch:
+        fault(patch)
+        assert cli.main(command) == 2
+    err = capsys.readouterr().err
+    assert err == (f"rlgrad: error: step 2: checkpoint global_step_2 could not be written in '{run}': the disk at "
+                   f"'{_mount_point(run)}' is full (No space left on device); the run's earlier checkpoints and "
+                   "metrics are intact: free space there, then the same command resumes\n")
+    assert sorted(p.name for p in run.iterdir() if "global_step" in p.name) == ["global_step_1"]  # no temp folder
+    assert cli.main(command) == 0  # space freed: the same command
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
+    assert sorted(p.name for p in run.iterdir() if "global_step" in p.name) == ["global_step_1", "global_step_2"]
 
 
 def test_probe_of_a_damaged_checkpoint_is_one_line(tiny, tmp_path, capsys):
@@ -211,6 +313,33 @@ def test_the_same_command_on_a_finished_run_is_no_error(tiny, tmp_path, capsys):
     assert "validation accuracy: before" in out  # the closing summary, from the checkpoint's
     assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before
     assert (run / "metrics.jsonl").read_bytes() == rows
+
+
+def test_a_copied_or_moved_run_directory_is_the_same_run(tiny, tmp_path, capsys):
+    """Issue 50: a run directory copied elsewhere (from a cluster, say) and its command rerun with the new
+    trainer.default_local_dir was refused as "other settings (trainer.default_local_dir: OLD -> NEW)". Where a run
+    lives is not one of its settings: the copy says nothing to train, or resumes."""
+    import shutil
+
+    quiet(tiny + ["trainer.total_training_steps=1"]).fit()
+    copy = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(tmp_path / "run", copy)
+    moved = [o for o in tiny if not o.startswith("trainer.default_local_dir=")] + [
+        f"trainer.default_local_dir={copy}", f"model.cache_dir={tmp_path / 'another_cache'}"]
+    assert cli.main(["train", *moved, "trainer.total_training_steps=1"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and f"the run in {copy} already finished step 1 with these settings: nothing to train" in out
+    lines = []
+    t = make_trainer(load_config(overrides=moved + ["trainer.total_training_steps=2"]), log=lines.append)
+    assert t.step == 1
+    t.fit()
+    assert [r["step"] for r in read_jsonl(copy / "metrics.jsonl")] == [0, 1, 2]
+    assert read_jsonl(copy / "config_changes.jsonl") == [{"step": 1, "changes": {
+        "trainer.total_training_steps": [1, 2]}}]
+    assert [line for line in lines if "changed settings" in line] == [
+        "resuming at step 1 with changed settings (recorded in config_changes.jsonl): "
+        "trainer.total_training_steps: 1 -> 2"]
+    assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [0, 1]  # the original untouched
 
 
 # ---------------------------------------------------------------- the run directory's names live in runfiles

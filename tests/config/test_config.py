@@ -133,6 +133,10 @@ def test_a_hub_id_as_critic_path_says_how_to_download(tmp_path):
     ("analysis.per_sample.terms=[task,entropi]", r"analysis.per_sample.terms.*task, entropy, kl"),
     ("analysis.per_sample.terms=[]", "analysis.per_sample.terms"),
     ("data.train_batch_size=6", None),  # fine alone
+    # issue 50: a mapping's value is named by its own key, not the mapping's
+    ("reward.weights={format: 0.5, correctness: nan}",
+     r"^'reward\.weights\.correctness' must be a finite number, got nan$"),
+    ("actor.optim.betas=[0.9, .inf]", r"^'actor\.optim\.betas' must be a finite number, got inf$"),
 ])
 def test_bad_values_name_the_key(item, pattern):
     if pattern is None:

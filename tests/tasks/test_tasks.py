@@ -409,6 +409,31 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
     return str(p)
 
 
+def test_an_unreadable_data_file_says_what_to_fix_and_nothing_is_written(tmp_path):
+    """Issue 50: a training file without read permission was a 47-line PermissionError traceback. The read fails
+    for real: as root, whom permissions do not stop, rlgrad runs with the capabilities that bypass them dropped."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    data = Path(_write(tmp_path, "train.jsonl", '{"prompt": "1+1", "answer": "2"}\n' * 10))
+    data.chmod(0)
+    prefix = []
+    if os.access(data, os.R_OK):
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv to drop the capabilities that bypass permissions")
+        caps = "-dac_override,-dac_read_search"
+        prefix = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}", "--"]
+    run = tmp_path / "run"
+    res = subprocess.run([*prefix, sys.executable, "-m", "rlgrad", "train", "data.task=math",
+                          f"data.train_files=[{data}]", f"trainer.default_local_dir={run}"],
+                         capture_output=True, text=True, timeout=300)
+    assert (res.returncode, res.stderr) == (2, f"rlgrad: error: data file {data} cannot be read (Permission denied): "
+                                               "make it readable, then run the same command again\n")
+    assert not run.exists()
+
+
 def test_math_loading_errors(tmp_path):
     bad = _write(tmp_path, "bad.jsonl", '{"prompt": "a", "answer": "1"}\n{"prompt": "b", \n')
     with pytest.raises(UserError, match=re.escape(f"{bad}:2")):
@@ -427,3 +452,22 @@ def test_math_loading_errors(tmp_path):
         build_task("math", train_files=[unboxed])
     with pytest.raises(UserError, match="train_files"):
         build_task("math")
+
+
+def test_math_without_validation_rows_is_refused_naming_the_way_out(tmp_path):
+    """Issue 50: a one-row training file trained with no validation rows and logged val/accuracy as "nan". A split
+    that leaves validation empty is refused; five rows hold one out; data.val_files names them instead."""
+    rows = [f'{{"prompt": "{i} + {i}", "answer": "{2 * i}"}}\n' for i in range(5)]
+    for n in (1, 4):
+        few = _write(tmp_path, f"few{n}.jsonl", "".join(rows[:n]))
+        refusal = (rf"^task 'math': {n} training row\(s\) in {re.escape(few)}, too few to hold out validation rows "
+                   r".* name the validation rows with data\.val_files$")
+        with pytest.raises(UserError, match=refusal):
+            build_task("math", train_files=[few])
+    five = build_task("math", train_files=[_write(tmp_path, "five.jsonl", "".join(rows))])
+    assert [e.prompt for e in five.val_examples()] == ["4 + 4"]
+    one = _write(tmp_path, "one.jsonl", rows[0])
+    assert [e.prompt for e in build_task("math", train_files=[one], val_files=[one]).val_examples()] == ["0 + 0"]
+    blank = _write(tmp_path, "blank.jsonl", "\n")
+    with pytest.raises(UserError, match=rf"^task 'math': no validation rows in {re.escape(blank)}$"):
+        build_task("math", train_files=[one], val_files=[blank])

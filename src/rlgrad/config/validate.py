@@ -51,14 +51,15 @@ def check_field(key: str, f: dataclasses.Field, v: Any) -> None:
         hint = difflib.get_close_matches(str(v), choices, n=1)
         raise UserError(f"'{key}' must be one of {', '.join(choices)}, got '{v}'"
                         + (f"; did you mean '{hint[0]}'?" if hint else ""))
-    numbers = [v] if isinstance(v, int | float) and not isinstance(v, bool) else []
-    if isinstance(v, list | dict):  # a list of numbers (betas) or a mapping to numbers (reward weights)
-        numbers = [x for x in (v.values() if isinstance(v, dict) else v)
-                   if isinstance(x, int | float) and not isinstance(x, bool)]
+    if isinstance(v, dict):  # a mapping to numbers (reward weights): each value named by its own key
+        items = [(f"{key}.{k}", x) for k, x in v.items()]
+    else:  # a number, or a list of numbers (betas)
+        items = [(key, x) for x in (v if isinstance(v, list) else [v])]
+    numbers = [(name, x) for name, x in items if isinstance(x, int | float) and not isinstance(x, bool)]
     why = f.metadata.get("why")
-    for x in numbers:
+    for name, x in numbers:
         if not math.isfinite(x):
-            raise UserError(f"'{key}' must be a finite number, got {x}")
+            raise UserError(f"'{name}' must be a finite number, got {x}")
         if x in f.metadata.get("also", ()):
             continue
         for op, bound in f.metadata.get("bounds", {}).items():
@@ -66,7 +67,7 @@ def check_field(key: str, f: dataclasses.Field, v: Any) -> None:
             if not ok(x, bound):
                 allowed = " and ".join(f"{_OPS[o][0]} {b:g}" for o, b in f.metadata["bounds"].items())
                 extra = "".join(f" or {a}" for a in f.metadata.get("also", ()))
-                raise UserError(f"'{key}' must be {allowed}{extra}, got {x}" + (f": {why}" if why else ""))
+                raise UserError(f"'{name}' must be {allowed}{extra}, got {x}" + (f": {why}" if why else ""))
 
 
 def validate(cfg: RLGradConfig) -> None:

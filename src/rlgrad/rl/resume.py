@@ -21,6 +21,11 @@ from rlgrad.runfiles import CONFIG_FILE, checkpoint_dirs, holds_a_run
 DEFINING = ("model.", "data.task", "data.train_files", "data.val_files", "data.reasoning_gym", "data.train_batch_size",
             "data.system_prompt", "data.apply_chat_template", "algorithm.", "reward.", "rollout.n",
             "actor.policy_loss", "actor.loss_agg_mode", "actor.lora.", "critic.model", "trainer.seed", "env.", "agent.")
+# Where the run and what it uses live, not what the run is: never compared on a resume. A run directory copied or
+# moved (from a cluster, say) and named anew (trainer.default_local_dir, or project_name / experiment_name, the
+# parts of its default path) is the same run: it resumes, or has nothing to train, as where it was written.
+LOCATION = ("trainer.default_local_dir", "trainer.project_name", "trainer.experiment_name", "trainer.rollout_data_dir",
+            "model.cache_dir")
 
 
 def resolve_run_dir(cfg: RLGradConfig) -> Path:
@@ -68,11 +73,12 @@ def find_resume_point(cfg: RLGradConfig, run_dir: Path, log: Callable[[str], Non
 
 
 def config_changes(run_dir: Path, cfg: RLGradConfig) -> dict[str, list]:
-    """Settings that differ from the run's config.yaml: a one-line error for one that defines the run
-    (``DEFINING``), else ``{key: [old, new]}``."""
+    """Settings that differ from the run's config.yaml, its ``LOCATION`` aside: a one-line error for one that
+    defines the run (``DEFINING``), else ``{key: [old, new]}``."""
     old, new = flat_settings(from_yaml_file(run_dir / CONFIG_FILE)), flat_settings(cfg)
-    diff = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
-    fixed = [k for k in diff if k.startswith(DEFINING) and k != "model.cache_dir"]
+    diff = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
+            if old.get(k) != new.get(k) and k not in LOCATION}
+    fixed = [k for k in diff if k.startswith(DEFINING)]
     if fixed:
         raise UserError(f"run directory '{run_dir}' holds a run with other " + ", ".join(
             f"{k} ({diff[k][0]!r}, now {diff[k][1]!r})" for k in fixed)

@@ -113,6 +113,23 @@ class PromptTooLong(UserError):
         self.index = index
 
 
+def check_prompt_lengths(tokenizer, examples, chat: bool, system_prompt: str | None, max_prompt_length: int) -> None:
+    """Every prompt of ``examples`` (a data file's rows) within ``max_prompt_length`` tokens, measured before the run
+    writes anything: the first one over is a one-line error naming its row, not a refusal at whichever step samples
+    it. A chunk at a time, each prompt cut one token past the limit (a 3,000,000-token prompt is never held whole as
+    token ids but to count them for the message)."""
+    for first in range(0, len(examples), 256):
+        chunk = examples[first:first + 256]
+        prompts = render_prompts(tokenizer, chunk, chat, system_prompt)
+        ids = tokenizer(prompts, add_special_tokens=False, truncation=True, max_length=max_prompt_length + 1)
+        over = next((i for i, row in enumerate(ids["input_ids"]) if len(row) > max_prompt_length), None)
+        if over is not None:
+            tokens = len(tokenizer(prompts[over], add_special_tokens=False)["input_ids"])
+            source = (chunk[over].meta or {}).get("source") or f"data row {first + over + 1}"
+            raise UserError(f"{source}: the prompt has {tokens} tokens, more than data.max_prompt_length="
+                            f"{max_prompt_length}: {prompts[over][:60]!r}")
+
+
 def encode_prompts(tokenizer, prompts: list[str], max_prompt_length: int) -> tuple[torch.Tensor, torch.Tensor]:
     enc = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
     lengths = enc["attention_mask"].sum(-1)

@@ -67,6 +67,7 @@ from rlgrad.rl.filter import rollout_filter
 from rlgrad.rl.lora import add_adapters, load_adapters
 from rlgrad.rl.rollout import (
     PromptTooLong,
+    check_prompt_lengths,
     check_prompt_rendering,
     compute_log_probs,
     generate,
@@ -86,6 +87,7 @@ from rlgrad.runfiles import (
     truncate_jsonl_after,
 )
 from rlgrad.tasks import task_from_config
+from rlgrad.tasks.base import data_rows
 
 
 class Trainer:
@@ -152,6 +154,8 @@ class Trainer:
         self.chat, self.stop_ids = distributed.agree(lambda: check_prompt_rendering(
             self.tokenizer, self.actor, cfg.data.apply_chat_template, cfg.data.system_prompt,
             self.task.val_examples()[:1] or self.task.train_examples(1, random.Random(0))))
+        distributed.agree(lambda: check_prompt_lengths(self.tokenizer, data_rows(self.task), self.chat,
+                                                       cfg.data.system_prompt, cfg.data.max_prompt_length))
         self.agent = None  # a multi-turn environment: its episodes are the rollouts (rl/episodes.py)
         if getattr(self.task, "multi_turn", False):
             self.agent = distributed.agree(lambda: EpisodeRunner(

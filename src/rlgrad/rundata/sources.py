@@ -61,6 +61,16 @@ def run_dir_of(path: str | Path) -> Path:
     return p.parent if p.name == METRICS_FILE and p.is_file() else p
 
 
+def _garbled(path: Path) -> bool:
+    """Whether a metrics file that gave no row is more than a torn first row (a crash mid-append): bytes that are
+    not UTF-8 text, or more than one line."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return "\x00" in text or len([line for line in text.splitlines() if line.strip()]) > 1
+
+
 def load_run(run_dir: str | Path) -> RunData:
     """A local run directory (or its metrics.jsonl: ``run_dir_of``); one-line error if it is not one."""
     p = run_dir_of(run_dir)
@@ -70,6 +80,8 @@ def load_run(run_dir: str | Path) -> RunData:
     if not mfile.is_file():
         raise UserError(f"'{p}' is not a run directory (no {METRICS_FILE})")
     rows, bad = _read_metric_lines(mfile)
+    if not rows and _garbled(mfile):
+        raise UserError(f"'{mfile}' cannot be read: no line of it is a metric row (damaged, or not a metrics file)")
     saved = read_saved_config(p / CONFIG_FILE)
     # Written by rlgrad's TRL integration: the trainer whose metric names the run's users know, and the reward
     # names behind the escaped component keys (rlgrad.metrics.component_keys).

@@ -51,6 +51,12 @@ class Task(Protocol):
     def sft_target(self, example: Example) -> str: ...
 
 
+def data_rows(task: Task) -> list[Example]:
+    """Every row of the data files a task reads (training and validation), for checks before a run writes anything;
+    empty for a task that generates its prompts (``data_examples``: a task with data files)."""
+    return task.data_examples() if hasattr(task, "data_examples") else []
+
+
 def resolve_weights(task: str, defaults: dict[str, float], user: dict[str, float] | None) -> dict[str, float]:
     """Defaults overridden key by key; a key the task does not produce is a typo worth failing on."""
     weights = dict(defaults)

@@ -46,7 +46,7 @@ from typing import Any
 
 from rlgrad.errors import UserError
 from rlgrad.metrics import component_keys
-from rlgrad.tasks.base import Example, Score, Task
+from rlgrad.tasks.base import Example, Score, Task, data_rows
 
 VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 REST = "rest"  # score less the weighted fields
@@ -289,6 +289,9 @@ class CustomRewardTask:
 
     def val_examples(self) -> list[Example]:
         return self.task.val_examples()
+
+    def data_examples(self) -> list[Example]:
+        return data_rows(self.task)
 
     def sft_target(self, example: Example) -> str:
         return self.task.sft_target(example)

@@ -10,7 +10,8 @@ Row layouts, detected per row:
 
 Without ``val_files`` the last ``min(val_size, len(train) // 5)`` training rows
 are held out as the validation set; with ``val_files`` their first ``val_size``
-rows are the validation set and all training rows are used for training.
+rows are the validation set and all training rows are used for training. A split
+with no validation row (fewer than 5 training rows, empty ``val_files``) is refused.
 
 Reward components: ``correctness`` (the answer equals the ground truth after LaTeX normalisation of both; the
 answer is the last boxed one, or under ``reward.answer_extraction=auto|flexible`` the last number of a response
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
 from pathlib import Path
@@ -205,30 +207,49 @@ def _read_rows(path: str) -> list[tuple[str, Any]]:
     if not p.is_file():
         raise UserError(f"data file not found: {path}")
     if p.suffix == ".jsonl":
-        rows = []
-        try:
-            lines = p.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as e:
-            raise UserError(f"{path}: not UTF-8 text ({e.reason})") from None
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((f"{path}:{lineno}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
-        return rows
+        return _read_jsonl(path)
     if p.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise UserError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
-        try:
-            table = pq.read_table(p)
-        except (OSError, ValueError) as e:
-            raise UserError(f"{path}: cannot read parquet ({e})") from None
-        return [(f"{path}: row {i}", row) for i, row in enumerate(table.to_pylist())]
+        return _read_parquet(path)
     raise UserError(f"{path}: unsupported data file extension '{p.suffix}' (use .jsonl or .parquet)")
+
+
+def _read_jsonl(path: str) -> list[tuple[str, Any]]:
+    rows = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text ({e.reason})") from None
+    except OSError as e:
+        raise _unreadable(path, e) from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((f"{path}:{lineno}", json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
+    return rows
+
+
+def _read_parquet(path: str) -> list[tuple[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+    try:
+        table = pq.read_table(path)
+    except PermissionError as e:
+        raise _unreadable(path, e) from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: cannot read parquet ({e})") from None
+    return [(f"{path}: row {i}", row) for i, row in enumerate(table.to_pylist())]
+
+
+def _unreadable(path: str, e: OSError) -> UserError:
+    """A data file the machine will not let us read (permissions): what to fix, and that the same command then
+    runs (nothing was written)."""
+    why = os.strerror(e.errno) if e.errno else str(e)
+    return UserError(f"data file {path} cannot be read ({why}): make it readable, then run the same command again")
 
 
 # Each layout reader: (question, ground truth, chat messages or None) of a row in its layout, None for another.
@@ -341,12 +362,20 @@ class MathTask:
             self._train, self._val = train[:len(train) - k], train[len(train) - k:]
         if not self._train:
             raise UserError(f"task 'math': no training rows in {', '.join(map(str, train_files))}")
+        if not self._val:  # a validation accuracy over no rows is no number: say so before anything runs
+            raise UserError(f"task 'math': no validation rows in {', '.join(map(str, val_files))}" if val_files else
+                            f"task 'math': {len(train)} training row(s) in {', '.join(map(str, train_files))}, too "
+                            "few to hold out validation rows (a fifth of them: 5 rows at least); add rows, or name "
+                            "the validation rows with data.val_files")
 
     def train_examples(self, n: int, rng: random.Random) -> list[Example]:
         return [self._train[rng.randrange(len(self._train))] for _ in range(n)]
 
     def val_examples(self) -> list[Example]:
         return list(self._val)
+
+    def data_examples(self) -> list[Example]:
+        return self._train + self._val
 
     def score(self, response: str, example: Example, num_tokens: int | None = None) -> Score:
         read = read_answer(response, example.answer, self.answer_extraction)
