@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -263,3 +264,20 @@ def test_a_reward_gain_within_noise_does_not_switch_lr_too_small_off():
     assert "7.68% of its room to 1, within noise (a rise of 0.0381 against a standard error of 0.0472)" in \
         f.evidence[1], f.evidence
     assert "lr_too_small" not in found(slow_run(0.3))  # a real gain: 0.3 over the run, beyond noise
+
+
+# ---------------------------------------------------------------- every threshold says where it came from
+
+
+def test_every_threshold_says_where_it_came_from_in_the_generated_table():
+    from dataclasses import fields
+
+    from rlgrad.doctor.findings import THRESHOLD_SOURCES, THRESHOLDS_END, THRESHOLDS_START, Thresholds, thresholds_table
+
+    assert list(THRESHOLD_SOURCES) == [f.name for f in fields(Thresholds)]
+    table = thresholds_table()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "doctor.md").read_text()
+    assert page.split(THRESHOLDS_START)[1].split(THRESHOLDS_END)[0] == "\n" + table + "\n"
+    for name, source in THRESHOLD_SOURCES.items():
+        assert f"| `{name}` | {getattr(Thresholds(), name):g} | {source} |" in table
+    assert "issue 46" in THRESHOLD_SOURCES["sim_negative"] and "in-sample" in THRESHOLD_SOURCES["component_steps"]
