@@ -231,6 +231,19 @@ def test_host_setting_maps_keys_entries_and_settings_trl_lacks():
         "algorithm.norm_adv_by_std_in_grpo=false")
 
 
+def test_a_setting_in_a_sentence_is_the_hosts_short_name():
+    run = run_of(healthy_series(3))
+    short = {}
+    for host in ("rlgrad", "trl", "verl"):
+        run.kind = host
+        short[host] = [View(run).setting(k, short=True) for k in ("actor.max_grad_norm", "actor.kl_loss_coef")]
+    assert short == {"rlgrad": ["max_grad_norm", "kl_loss_coef"], "trl": ["max_grad_norm", "beta"],
+                     "verl": ["grad_clip", "kl_loss_coef"]}
+    run.kind = "trl"
+    assert View(run).setting("actor.ppo_mini_batch_size", short=True) == (
+        "actor.ppo_mini_batch_size (rlgrad's setting; TRL has none)")
+
+
 def test_explain_says_the_update_size_is_the_rlgrad_loops_not_an_integration_to_add():
     """A run of rlgrad's TRL integration lacks actor/update_ratio: rlgrad's trainer loop logs it, not an instrument
     the integration could turn on."""

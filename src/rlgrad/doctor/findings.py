@@ -244,11 +244,11 @@ class View:
         """A setting (rlgrad's dotted key, or ``key=value``) as the run's own trainer takes it, for advice: TRL's
         GRPOConfig argument on a TRL run, verl's key on a verl run, rlgrad's otherwise (``config.aliases``).
         ``short``: the name alone, as a sentence says it (``kl_loss_coef``; TRL's ``beta``)."""
-        host = self.run.kind if self.run.kind in HOSTS else "rlgrad"
-        if short and host != "trl":
-            name, eq, value = key.partition("=")
-            return name.rsplit(".", 1)[-1] + eq + value
-        return host_setting(key, host).split(" (")[0] if short else host_setting(key, host)
+        spelled = host_setting(key, self.run.kind if self.run.kind in HOSTS else "rlgrad")
+        if not short or self.run.kind == "trl":  # TRL's names are short; one TRL lacks keeps its note
+            return spelled
+        name, eq, value = spelled.partition("=")
+        return name.rsplit(".", 1)[-1] + eq + value
 
     def label(self, component: str) -> str:
         """A reward component as its trainer names it (``data.label``)."""
