@@ -32,7 +32,10 @@ RUNS = {
     "tiny_grad_clip": (["actor.max_grad_norm=0.001"], "clip_every_step"),
     "std_norm_binary": (["algorithm.norm_adv_by_std_in_grpo=true", "reward.weights={correctness: 1.0, format: 0.0}"],
                         "std_normalisation_amplifies"),
-    "format_heavy": (["reward.weights={correctness: 0.1, format: 0.9}"], "component_dominates"),
+    # the instruments every 2 steps: component_dominates judges from a share of the analysis steps, not one
+    "format_heavy": (["reward.weights={correctness: 0.1, format: 0.9}", "analysis.every=2"], "component_dominates"),
+    # ... and its advice followed: format's weight lowered to the task's default (0.9 / 0.1), at the same cadence
+    "format_heavy_followed": (["analysis.every=2"], None),
     "kl_explodes": (["actor.use_kl_loss=true", "actor.kl_loss_coef=1.0", "actor.kl_loss_type=mse",
                      "actor.optim.lr=3e-3"], "kl_blowup"),
     # a policy pushed to determinism: an entropy *penalty* (a negative bonus) on a weakly warm-started model

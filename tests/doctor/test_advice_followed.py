@@ -111,17 +111,24 @@ def test_zero_variance_and_unlearnable_reward_a_stronger_model_gives_the_groups_
 
 
 def test_component_dominates_lower_the_format_weight_and_correctness_gets_the_update():
-    """format_heavy: reward.weights {correctness 0.1, format 0.9}; the format reward makes most of the update
-    (98% at step 1). Lowering its weight (the task's default 0.9 / 0.1: the healthy run) puts the update on
-    correctness: format's share stays small, and the training correctness of the same prompts ends higher. The
-    effect is modest on this task (the model already formats nearly every answer): 0.78 against 0.82."""
+    """format_heavy: reward.weights {correctness 0.1, format 0.9}, the instruments every 2 steps; the format reward
+    makes most of the update (above 0.5 on 8 of its 15 analysis steps, 99% at step 11). Lowering its weight to the
+    task's default (0.9 / 0.1: format_heavy_followed, the same cadence) puts the update on correctness: format's
+    share stays small, the training correctness of the same prompts ends higher (0.64 against 0.79 over the last 10
+    steps), and so does validation (0.68 against 0.89 at step 30). Recorded again for issue 46: the first recording
+    analysed 3 steps, and format's 98% at step 1 was 1 of them, one batch (the finding now needs 2 and a quarter
+    of them)."""
     f = found("format_heavy", "component_dominates")
     assert f.severity == "warn" and f.action.startswith("Lower the weight of 'format'")
-    share = {n: series(n, "grad_comp/format/share") for n in ("format_heavy", "healthy")}
-    assert share["format_heavy"][1] > 0.9 and max(share["healthy"].values()) < 0.1, share
-    correct = {n: last(n, "reward/correctness/mean", 10) for n in ("format_heavy", "healthy")}
-    assert correct["healthy"] > correct["format_heavy"] + 0.02, correct
+    share = {n: series(n, "grad_comp/format/share") for n in ("format_heavy", "format_heavy_followed", "healthy")}
+    assert share["format_heavy"][11] > 0.9 and max(share["healthy"].values()) < 0.1, share
+    assert max(share["format_heavy_followed"].values()) < 0.1, share
+    correct = {n: last(n, "reward/correctness/mean", 10) for n in ("format_heavy", "format_heavy_followed")}
+    assert correct["format_heavy_followed"] > correct["format_heavy"] + 0.02, correct
+    val = {n: series(n, "val/accuracy")[30] for n in ("format_heavy", "format_heavy_followed")}
+    assert val["format_heavy_followed"] > val["format_heavy"] + 0.1, val
     assert found("healthy", "component_dominates") is None
+    assert found("format_heavy_followed", "component_dominates") is None
 
 
 def test_length_runaway_an_overlong_penalty_stops_the_cut_responses():
@@ -137,15 +144,20 @@ def test_length_runaway_an_overlong_penalty_stops_the_cut_responses():
     assert found("length_runaway_followed", "reward_collapse") is not None
 
 
-def test_dormant_growing_under_too_large_steps_lower_the_learning_rate_and_the_neurons_stay_alive():
-    """length_runaway_followed (lr 3e-3 without warm-up): its neurons go dormant (0.2 → 1 by step 21) under an
-    update of 1.3% of the weights a step; the doctor blames the update size (not "consider ReDo resets") and says
-    lower the learning rate. At the preset's 1e-4 (dormant_followed) the dormant ratio stays where it started."""
-    f = found("length_runaway_followed", "dormant_growing")
-    assert f.cause == "update_too_large" and "lower the learning rate" in f.action.lower() and "ReDo" not in f.action
+def test_dormant_growing_is_not_read_off_a_step_without_a_gradient():
+    """length_runaway_followed (lr 3e-3 without warm-up): its dormant ratio reads 0.2 → 1 by step 21, but step 21
+    is a step without a gradient (every advantage 0: the collapsed policy's groups all agree, grad_norm 0), where
+    every unit reads dormant. This run used to check dormant_growing's advice (lower the learning rate); the finding
+    now leaves such steps out (issue 46), and on the steps with a gradient the ratio holds (0.20, 0.18): no finding,
+    and no recorded run checks its advice. At the preset's 1e-4 (dormant_followed) the ratio stays where it
+    started."""
+    assert found("length_runaway_followed", "dormant_growing") is None
     fault, followed = (series(n, "actor/neuron/dormant_ratio") for n in ("length_runaway_followed", "dormant_followed"))
     assert fault[21] > 0.9 and max(followed.values()) < fault[1] + 0.05, (fault, followed)
+    assert series("length_runaway_followed", "actor/grad_norm")[21] == 0.0
+    assert series("length_runaway_followed", "critic/advantages/max")[21] == 0.0
     assert found("dormant_followed", "dormant_growing") is None
+
 
 def test_component_takes_over_lower_the_brevity_weight_in_the_reward_function_and_accuracy_rises():
     """brevity_takeover: bench/lead_time_rewards.py's brevity reward (a short bare integer outpays being right).

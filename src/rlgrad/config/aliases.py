@@ -84,3 +84,66 @@ def resolve_alias(key: str) -> str:
             break
         key = ALIASES[prefix] + key[len(prefix):]
     return key
+
+
+# The same settings under the name a host trainer takes them by, for advice on a run rlgrad did not train (rlgrad
+# doctor on a TRL or verl run): our key (or key=value) -> TRL's GRPOConfig argument. A key absent here has no TRL
+# counterpart; rlgrad's own sections (analysis.*, doctor.*) go to rlgrad's TRL integration as they are.
+TRL_SETTINGS: dict[str, str] = {
+    "rollout.n": "num_generations",
+    "reward.weights": "reward_weights",
+    "actor.kl_loss_coef": "beta",
+    "actor.use_kl_loss=false": "beta=0",
+    "actor.entropy_coeff": "entropy_coef",
+    "actor.optim.lr": "learning_rate",
+    "actor.optim.lr_warmup_steps": "warmup_steps",
+    "actor.optim.eps": "adam_epsilon",
+    "actor.optim.optimizer": "optim",
+    "actor.max_grad_norm": "max_grad_norm",
+    "actor.clip_ratio_low": "epsilon",
+    "actor.clip_ratio_high": "epsilon_high",
+    "actor.ppo_epochs": "num_iterations",
+    "rollout.response_length": "max_completion_length",
+    "rollout.temperature": "temperature",
+    "algorithm.norm_adv_by_std_in_grpo": "scale_rewards",
+    "algorithm.norm_adv_by_std_in_grpo=false": "scale_rewards=none",
+    "trainer.save_freq": "save_steps",
+    "trainer.max_ckpt_to_keep": "save_total_limit",
+}
+# ours -> verl's where it is not a prefix away (actor.* is actor_rollout_ref.actor.*, rollout.* is
+# actor_rollout_ref.rollout.*; algorithm.*, data.*, trainer.* are spelled alike).
+VERL_SETTINGS: dict[str, str] = {
+    "actor.max_grad_norm": "actor_rollout_ref.actor.grad_clip",
+    "rollout.response_length": "data.max_response_length",
+    "reward.overlong_buffer.": "reward_model.overlong_buffer.",
+    "actor.": "actor_rollout_ref.actor.",
+    "rollout.": "actor_rollout_ref.rollout.",
+    "analysis.": "+actor_rollout_ref.rlgrad.analysis.",  # rlgrad's own sections, under rlgrad's verl worker
+    "doctor.": "+actor_rollout_ref.rlgrad.doctor.",
+}
+HOSTS = ("rlgrad", "trl", "verl")  # the trainers whose setting names advice is written in
+
+
+def host_setting(setting: str, host: str) -> str:
+    """Our ``setting`` (a dotted key, or ``key=value``) as ``host`` (``HOSTS``) spells it: rlgrad's own name for
+    rlgrad (and any other host); TRL's GRPOConfig argument, or the key marked as having none there; verl's key. A
+    key under a mapping (``reward.weights.format``) maps with its parent (TRL: ``reward_weights``, the entry of
+    ``format``)."""
+    key, eq, value = setting.partition("=")
+    if host == "trl":
+        if setting in TRL_SETTINGS:
+            return TRL_SETTINGS[setting]
+        parent = next((k for k in TRL_SETTINGS if key.startswith(k + ".")), None)
+        if parent is not None:
+            return f"{TRL_SETTINGS[parent]} (the entry of '{key[len(parent) + 1:]}')" + (eq + value)
+        if key in TRL_SETTINGS:
+            return TRL_SETTINGS[key] + eq + value
+        if key.startswith(("analysis.", "doctor.")):
+            return f"{setting} (rlgrad's TRL integration: GRPOTrainer(rlgrad=[...]))"
+        return f"{setting} (rlgrad's setting; TRL has none)"
+    if host == "verl":
+        exact = VERL_SETTINGS.get(key)
+        prefix = next((p for p in VERL_SETTINGS if p.endswith(".") and key.startswith(p)), None)
+        name = exact or (VERL_SETTINGS[prefix] + key[len(prefix):] if prefix else key)
+        return name + eq + value
+    return setting

@@ -29,6 +29,7 @@ from rlgrad.doctor.findings import (
     too_early,
 )
 from rlgrad.doctor.settings import kept_default, yaml_value
+from rlgrad.metrics import TRAINER, declared, match
 
 # Every module that holds signatures, in the order they register (the order of docs/doctor.md's table and of the
 # findings of one severity and step). A module of signatures is run only if it is listed here:
@@ -61,6 +62,9 @@ def spelled(v: View, key: str) -> str:
     own = v.name(key)
     if own != key or v.run.kind == "verl" and not key.startswith(("grad_norm/", "grad_comp/", "actor/neuron/")):
         return own
+    if (m := match(key)) is not None and declared(m, "writer") == TRAINER:  # no instrument logs it: the loop does
+        return (f"{key} (rlgrad train's own loop logs it; the {v.run.kind} run's trainer does not, with or without "
+                "rlgrad's integration)")
     return f"{key} (rlgrad's instruments: {HOSTS.get(v.run.kind, 'rlgrad train')})"
 
 

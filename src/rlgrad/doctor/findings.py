@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from rlgrad import rundata as D
+from rlgrad.config.aliases import HOSTS, host_setting
 from rlgrad.errors import UserError
 from rlgrad.logging.reward_signal import correctness_component
 from rlgrad.metrics import key, parse
@@ -42,6 +43,7 @@ class Thresholds:
     update_high: float = 0.01  # update_too_large: the median update of the first window above this
     update_low: float = 2e-4  # lr_too_small: the median update of the last window below this ...
     progress_low: float = 0.05  # ... while the reward rose less than this share of its room to its best (1 - level)
+    gain_z: float = 2.0  # ... or by no more than this many standard errors of the rise (a gain within noise)
     lr_low: float = 1e-6  # lr_too_small, last resort (no actor/update_ratio logged): lr at or below this, flat reward
     lr_very_low: float = 1e-7  # ... or at or below this whatever the reward does
     kl_high: float = 1.0  # kl_blowup: the recent KL loss above this is critical
@@ -63,8 +65,13 @@ class Thresholds:
     correct_rise: float = 0.02  # ... while correctness rises less than this
     val_drop: float = 0.05  # val_falls_train_rises: validation accuracy below its best by this much
     reg_ratio: float = 1.0  # regularizer_dominates: the entropy / KL gradient norm above this × the task's
-    share_high: float = 0.5  # component_takes_over: a component's share of the update above this ...
-    sim_negative: float = 0.0  # ... while its gradient cosine with correctness is below this
+    share_high: float = 0.5  # component_takes_over / _dominates: a component's share of the update above this ...
+    # ... while its gradient's cosine with correctness is below this (takes_over): against it beyond noise. Two
+    # gradients of one batch whose samples' advantages are unrelated have a cosine of roughly ±1/√(samples), 0.09
+    # on the demo's 128; a cosine of -0.03 says nothing
+    sim_negative: float = -0.1
+    component_steps: int = 2  # ... on at least this many analysis steps (one step is one batch's chance) ...
+    component_frac: float = 0.25  # ... and at least this share of them (where correctness varied within a group)
     adv_over_range: float = 1.2  # std_normalisation_amplifies: the largest advantage above this × the reward range
     layer_top2: float = 0.8  # update_concentrated: the two largest layer groups hold this share of the squared norm
     dormant_rise: float = 0.05  # dormant_growing: the dormant ratio rising by this much ...
@@ -103,6 +110,61 @@ class Thresholds:
         if out.get("window", 1) < 1:
             raise UserError(f"thresholds file '{p}': 'window' must be at least 1")
         return cls(**out)
+
+
+# Where each threshold came from: the commit that set it and the runs it was fitted on (or checked against), from
+# the project's history and docs; "not recorded" where neither says. docs/doctor.md's thresholds table shows it.
+_FIRST = "the doctor's first version (ab408a2, 2026-11-23); runs fitted on: not recorded"
+_ISSUE37 = ("issue 37 (141a915); checked against its recorded runs (c2916a4: lr_fast_collapse critical by step 4, "
+            "nothing on healthy_issue37 or weak_start at any prefix): whether fitted on them is not recorded; "
+            "in-sample on those runs")
+THRESHOLD_SOURCES: dict[str, str] = {
+    "window": _FIRST, "spike_factor": _FIRST, "clip_steps_frac": _FIRST,
+    "clip_factor_cv": "9c64458, checked on a tiny model trained under Adam and SGD (test_advice.py); runs fitted on: "
+                      "not recorded",
+    "update_high": "issue 37 (141a915): between the demo's measured update sizes, 4e-4 to 8e-4 at lr 1e-4 "
+                   "(healthy_issue37) and 1e-2 to 5e-2 at 3e-3 (lr_fast_collapse); in-sample on those runs",
+    "update_low": "issue 37 (141a915): between the demo's 4e-4 to 8e-4 at lr 1e-4 and its 7e-5 at 1e-5 (lr_slow); "
+                  "in-sample on those runs",
+    "progress_low": "issue 37 (141a915); runs fitted on: not recorded",
+    "gain_z": "issue 46: two standard errors, a convention; written after the lr 1e-5 run the issue reports (in-sample "
+              "on it)",
+    "lr_low": _FIRST + " (sizes for 7B-class models: common practice)", "lr_very_low": _FIRST,
+    "kl_high": _FIRST, "kl_growth": _FIRST, "kl_floor": _FIRST, "entropy_drop": _FIRST,
+    "clipfrac_high": _FIRST + "; the demo tops out near it (clip_narrow is read at 0.3)",
+    "zero_var_frac": _FIRST + "; read as the median of the last window since healthy_seed3 warned on two early steps "
+                              "(8991280): in-sample on healthy_seed3",
+    "easy_level": "issue 37 (141a915); runs fitted on: not recorded",
+    "hard_level": "issue 37 (141a915); runs fitted on: not recorded",
+    "length_clip_high": _FIRST,
+    "truncation_high": "issue 37 (141a915), checked on the truncated fixture (75-100% cut); runs fitted "
+                       "on: not recorded",
+    "length_drop": _FIRST + "; length_squeezed (1.1 of 7.7 tokens) is far below it",
+    "reward_drop": _ISSUE37, "collapse_steps": _ISSUE37, "collapse_z": _ISSUE37,
+    "plateau_delta": _FIRST, "component_rise": _FIRST, "correct_rise": _FIRST,
+    "val_drop": _FIRST + "; the binomial noise over data.val_size added after healthy_seed3's dip (8991280): "
+                         "in-sample on healthy_seed3",
+    "reg_ratio": _FIRST, "share_high": _FIRST,
+    "sim_negative": "0 in the first version (ab408a2); -0.1 since issue 46, from the ±1/√n scale of a cosine over the "
+                    "demo's 128 samples, after the healthy TRL run's -0.027: in-sample on that run",
+    "component_steps": "issue 46, after the healthy TRL run (format over half the update on 1 of 9 analysis steps): "
+                       "in-sample on it, brevity_takeover and format_heavy",
+    "component_frac": "issue 46, as component_steps: in-sample on the healthy TRL run, brevity_takeover (3 of 8 steps) "
+                      "and format_heavy",
+    "adv_over_range": _FIRST, "layer_top2": _FIRST, "dormant_rise": _FIRST, "dormant_high": _FIRST,
+    "verifier_steps": "8034c3c: the lead-time bench's noisy run and a healthy seed (tests/data/lead_time); in-sample "
+                      "on them",
+    "verifier_pairs": "d7dff9d: the lead-time bench's noisy run (flip rate 0.40) and its 12 runs with a deterministic "
+                      "reward (no disagreeing pair); in-sample on them",
+    "verifier_flip": "d7dff9d, as verifier_pairs; in-sample on the lead-time runs",
+    "noise_below": "McCandlish et al. 2018's steps and samples against the batch (a factor of 10: steps still cut "
+                   "~5.5x); not fitted on runs (462baf9 made it a field)",
+    "noise_above": "McCandlish et al. 2018, as noise_below (11x the least samples); not fitted on runs",
+    "forecast_points": "70a4bf0, checked on synthetic trends with a known answer (test_forecasts.py); not fitted on "
+                       "runs",
+    "forecast_r2": "70a4bf0, as forecast_points; not fitted on runs",
+    "forecast_horizon": "70a4bf0, as forecast_points; not fitted on runs",
+}
 
 
 @dataclass
@@ -178,6 +240,16 @@ class View:
         ``grad_norm``, ``reward``, ``rewards/<f>/mean``), rlgrad's otherwise (``data.metric_name``)."""
         return D.metric_name(self.run, key)
 
+    def setting(self, key: str, short: bool = False) -> str:
+        """A setting (rlgrad's dotted key, or ``key=value``) as the run's own trainer takes it, for advice: TRL's
+        GRPOConfig argument on a TRL run, verl's key on a verl run, rlgrad's otherwise (``config.aliases``).
+        ``short``: the name alone, as a sentence says it (``kl_loss_coef``; TRL's ``beta``)."""
+        spelled = host_setting(key, self.run.kind if self.run.kind in HOSTS else "rlgrad")
+        if not short or self.run.kind == "trl":  # TRL's names are short; one TRL lacks keeps its note
+            return spelled
+        name, eq, value = spelled.partition("=")
+        return name.rsplit(".", 1)[-1] + eq + value
+
     def label(self, component: str) -> str:
         """A reward component as its trainer names it (``data.label``)."""
         return D.label(self.run, component)
@@ -248,6 +320,29 @@ def reward_level(v: View) -> tuple[float | None, str]:
     return None, ""
 
 
+def reward_weights(v: View) -> dict[str, float]:
+    """The weight of each reward component: the run's config (reward.weights), else what its
+    reward_components.jsonl recorded (the task's defaults included); empty when neither says."""
+    w = v.cfg("reward.weights")
+    if isinstance(w, dict) and w:
+        return {str(k): float(x) for k, x in w.items() if isinstance(x, int | float)}
+    rows = D.reward_components(v.run)
+    first = rows[min(rows)] if rows else {}
+    got = first.get("weights") if isinstance(first, dict) else None
+    return {str(k): float(x) for k, x in got.items() if isinstance(x, int | float)} if isinstance(got, dict) else {}
+
+
+def unpaid_correctness(v: View) -> str | None:
+    """The correctness component when its weight is 0 while another component's is not: the reward then does not
+    pay for right answers, whatever correctness does (the cause of groups that agree on the reward, and of another
+    component making the whole update); None otherwise."""
+    weights = reward_weights(v)
+    correct = correctness_component(weights)
+    if correct is None or weights[correct] != 0:
+        return None
+    return correct if any(w != 0 for c, w in weights.items() if c != correct) else None
+
+
 def entropy_coef(v: View) -> float | None:
     """The entropy term's coefficient (rlgrad's / verl's ``entropy_coeff``, TRL's ``entropy_coef``), None if unset."""
     c = v.cfg("actor.entropy_coeff", "actor_rollout_ref.actor.entropy_coeff", "entropy_coef")
@@ -272,6 +367,33 @@ def correctness_silent(v: View, correct: str, step: int) -> bool:
     return frac == 1.0 if frac is not None else std == 0.0
 
 
+def dead_steps(v: View) -> tuple[list[int], int, str]:
+    """The steps on which every advantage was 0, of how many steps say, and from what: the advantages' max = min =
+    0, else a reward std of exactly 0 over the batch (TRL's reward_std: every sample of every group alike), else a
+    task gradient of exactly 0 in every bucket the instruments measured (``grad_norm/{bucket}/task``)."""
+    ss, amax = v.series("critic/advantages/max")
+    if ss:
+        _, amin = v.series("critic/advantages/min")
+        dead = [s for s, a, b in zip(ss, amax, amin) if a == 0.0 and b == 0.0]
+        return dead, len(ss), "critic/advantages max = min = 0"
+    ss, std = v.series("critic/score/std")
+    if ss and not v.has("critic/score/frac_zero_std"):  # the share of groups says more, where logged
+        # 0 up to float rounding (TRL's weighted sum of constant rewards has a std of ~1e-8)
+        return [s for s, x in zip(ss, std) if x < 1e-6], len(ss), f"{v.name('critic/score/std')} 0 (every reward alike)"
+    rows = {s: [x for k, x in m.items() if k.startswith("grad_norm/") and k.endswith("/task")]
+            for s, m in v.run.rows.items()}
+    rows = {s: xs for s, xs in rows.items() if xs}
+    return ([s for s, xs in rows.items() if max(xs) == 0.0], len(rows),
+            "the task gradient 0 in every bucket (grad_norm/{bucket}/task)")
+
+
+def gradless_steps(v: View) -> set[int]:
+    """The steps whose batch gave the task no gradient: every advantage 0 (``dead_steps``), or every prompt group
+    with one reward for all its samples (``critic/score/frac_zero_std`` 1, TRL's)."""
+    steps, frac = v.series("critic/score/frac_zero_std")
+    return set(dead_steps(v)[0]) | {s for s, x in zip(steps, frac) if x >= 1.0}
+
+
 def entropy_cause(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
     """What drove the entropy down, of the causes the run's metrics can rule in or out: an entropy penalty (a
     negative coefficient), steps too large (the update size), else the reward sharpening the policy.
@@ -281,16 +403,19 @@ def entropy_cause(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
         [f"actor/update_ratio {fmt(size)} (median)"] if size is not None else [])
     if coef is not None and coef < 0:
         return (f"entropy_coeff is negative ({coef:g}): a penalty whose gradient lowers the entropy.",
-                "Set actor.entropy_coeff to 0 (or a small positive bonus): bring it toward 0, do not lower it.", ev)
+                f"Set {v.setting('actor.entropy_coeff')} to 0 (or a small positive bonus): bring it toward 0, do not "
+                "lower it.", ev)
     if size is not None and size > t.update_high:
         return (f"The updates are large ({fmt(size)} of the weights' norm, median; typical: 1e-4 to 1e-3).",
                 f"Lower the learning rate{f' (now {fmt(lr)})' if lr else ''} toward an actor/update_ratio of about "
                 "1e-3; then a small entropy bonus or clip-higher if it still falls.", ev)
-    bonus = (f"raise the entropy bonus a little (entropy_coeff, now {coef:g})" if coef is not None and coef > 0
-             else "add a small entropy bonus (entropy_coeff > 0)")
+    name = v.setting("actor.entropy_coeff", short=True)
+    bonus = (f"raise the entropy bonus a little ({name}, now {coef:g})" if coef is not None and coef > 0
+             else f"add a small entropy bonus ({name} > 0)")
     return (("The update size is normal: the learning rate is not the first suspect; the reward sharpens the "
              "policy." if size is not None else ""),
-            f"Raise the sampling temperature or {bonus}, or use clip-higher (clip_ratio_high > clip_ratio_low)"
+            f"Raise the sampling temperature or {bonus}, or use clip-higher ("
+            f"{v.setting('actor.clip_ratio_high', short=True)} > {v.setting('actor.clip_ratio_low', short=True)})"
             + ("." if size is not None else "; or lower the learning rate."), ev)
 
 
@@ -332,8 +457,14 @@ def too_early(v: View, sid: str, t: Thresholds) -> tuple[int, int] | None:
         return None
     metric, need = TRENDS[sid]
     alts = metric.split("|")
-    have = len(trend_steps(v, next((alt for alt in alts if v.has(alt)), alts[0])))  # the one its rule reads
+    alt = next((alt for alt in alts if v.has(alt) or "{" in alt and _keys_of(v, alt)), alts[0])  # the one it reads
+    have = len({s for k in (_keys_of(v, alt) if "{" in alt else [alt]) for s in trend_steps(v, k)})
     return (have, need(t)) if have < need(t) else None
+
+
+def _keys_of(v: View, template: str) -> list[str]:
+    """The run's keys of a metric template (``grad_comp/{component}/share``: one per component)."""
+    return [k for k in v.all_keys() if parse(template, k) is not None]
 
 
 def trend_steps(v: View, key: str) -> list[int]:
@@ -345,6 +476,8 @@ def trend_steps(v: View, key: str) -> list[int]:
 # the docs' table lies between these
 README_START = "<!-- doctor-findings: generated by scripts/generate/doctor_table.py -->\n"
 README_END = "<!-- /doctor-findings -->\n"
+THRESHOLDS_START = "<!-- doctor-thresholds: generated by scripts/generate/doctor_table.py -->\n"
+THRESHOLDS_END = "<!-- /doctor-thresholds -->\n"
 
 
 def findings_table() -> str:
@@ -354,7 +487,15 @@ def findings_table() -> str:
     defaults = asdict(t)
     rows = ["| finding | reads | fires when (thresholds in `Thresholds`) | judged from |", "|---|---|---|---|"]
     rows += [f"| `{sid}` | {reads} | {fires.format(**defaults)} | "
-             + (f"{TRENDS[sid][1](t)} steps of " + " or ".join(f"`{k}`" for k in TRENDS[sid][0].split("|"))
+             + (f"{TRENDS[sid][1](t)} steps of " + " or ".join(f"`{k.replace('{', '<').replace('}', '>')}`"
+                                                           for k in TRENDS[sid][0].split("|"))
                 if sid in TRENDS else "step 1") + " |"
              for sid, (reads, fires) in ROWS.items()]
+    return "\n".join(rows) + "\n"
+
+
+def thresholds_table() -> str:
+    """docs/doctor.md's table of thresholds: each one's default and where it came from (``THRESHOLD_SOURCES``)."""
+    rows = ["| threshold | default | where it came from (the runs it was fitted on) |", "|---|---|---|"]
+    rows += [f"| `{name}` | {value:g} | {THRESHOLD_SOURCES[name]} |" for name, value in asdict(Thresholds()).items()]
     return "\n".join(rows) + "\n"

@@ -7,7 +7,19 @@ import math
 from pathlib import Path
 
 from rlgrad import rundata as D
-from rlgrad.doctor.findings import Finding, Thresholds, View, correctness_silent, fmt, signature, update_size
+from rlgrad.doctor.findings import (
+    Finding,
+    Thresholds,
+    View,
+    correctness_silent,
+    entropy_coef,
+    fmt,
+    gradless_steps,
+    reward_weights,
+    signature,
+    unpaid_correctness,
+    update_size,
+)
 from rlgrad.logging.reward_signal import correctness_component
 from rlgrad.metrics import key, parse
 
@@ -55,35 +67,38 @@ def _std_amplifies(v: View, t: Thresholds) -> Finding | None:
                     "sample among many) advantages larger than any reward difference: with binary rewards the "
                     "groups with the least signal push hardest, and the per-sample gradient no longer grows with "
                     "the reward variance.",
-        action="Set algorithm.norm_adv_by_std_in_grpo=false (Dr. GRPO), or use RLOO advantages.")
+        action=f"Set {v.setting('algorithm.norm_adv_by_std_in_grpo=false')} (Dr. GRPO), or use RLOO advantages.")
 
 
-def _regularizer_words(term: str, coef, large_steps: str = "") -> tuple[str, str, str, list[str]]:
+def _regularizer_words(v: View, term: str, coef, large_steps: str = "") -> tuple[str, str, str, list[str]]:
     """(title, why, what to do, the findings it explains) for a dominating KL or entropy term, by the sign of
     its coefficient: a negative entropy coefficient is a penalty that pushes toward determinism, and "lower the
     coefficient" would make it stronger. A KL term under too large steps (``large_steps``: the update size in
     words) is their symptom, not its coefficient's fault."""
     c = float(coef) if isinstance(coef, int | float) and not isinstance(coef, bool) else None
+    kl_coef, entropy_coeff = v.setting("actor.kl_loss_coef", short=True), v.setting("actor.entropy_coeff", short=True)
     if term == "kl" and large_steps:
         return ("The KL term's gradient outweighs the task's: the policy ran away from the reference",
                 f"The updates are too large ({large_steps}): the policy left the reference, and the KL term's gradient "
                 "grows with that distance. The coefficient is not the cause; lowering it lets the policy run further.",
                 "Lower the learning rate toward an actor/update_ratio of about 1e-3 (update_too_large, kl_blowup); "
-                "leave kl_loss_coef as it is.",
+                f"leave {kl_coef} as it is.",
                 ["reward_plateau", "lr_too_small", "reward_collapse", "val_falls"])
     if term == "kl":
         return ("The KL term's gradient outweighs the task's",
                 "The update mostly follows the KL term, not the reward: the policy is held at the reference more "
                 "than it learns the task.",
-                "Lower kl_loss_coef by about the ratio shown (or drop the KL loss: actor.use_kl_loss=false).",
+                f"Lower {kl_coef} by about the ratio shown (or drop the KL loss: "
+                f"{v.setting('actor.use_kl_loss=false')}).",
                 ["reward_plateau", "lr_too_small"])
     if c is not None and c < 0:
         return ("The entropy penalty's gradient outweighs the task's",
                 f"entropy_coeff is negative ({c:g}): the entropy term is a penalty whose gradient lowers the entropy, "
                 "pushing the policy toward determinism (one answer per prompt) harder than the reward moves it. "
                 "Groups then agree, their advantages vanish, and the reward falls with the exploration.",
-                "Set actor.entropy_coeff to 0 (or a small positive bonus): a negative coefficient penalises "
-                "exploration. To keep a penalty, shrink its magnitude (bring it toward 0) by about the ratio shown.",
+                f"Set {v.setting('actor.entropy_coeff')} to 0 (or a small positive bonus): a negative coefficient "
+                "penalises exploration. To keep a penalty, shrink its magnitude (bring it toward 0) by about the "
+                "ratio shown.",
                 ["entropy_collapse", "reward_collapse", "val_falls", "zero_variance_groups", "length_collapse",
                  "val_falls_train_rises", "update_too_large", "reward_plateau", "component_dominates",
                  "component_takes_over", "format_over_correct"])
@@ -91,7 +106,7 @@ def _regularizer_words(term: str, coef, large_steps: str = "") -> tuple[str, str
             "The update mostly follows the entropy bonus, not the reward: the policy is pushed toward randomness "
             "more than it learns the task." + ("" if c is not None else " (The run does not say the entropy "
                                                                         "coefficient's sign.)"),
-            "Lower entropy_coeff (toward 0) by about the ratio shown.",
+            f"Lower {entropy_coeff} (toward 0) by about the ratio shown.",
             ["reward_collapse", "val_falls", "reward_plateau", "length_runaway", "val_falls_train_rises"])
 
 
@@ -107,11 +122,12 @@ def _regularizer(v: View, t: Thresholds) -> Finding | None:
                 if k in m and m[k] > t.reg_ratio * m["grad_norm/all/task"]]
         if hits and len(hits) >= max(1, len(rows) // 2):
             s, r, task = hits[0]
-            name = "kl_loss_coef" if term == "kl" else "entropy_coeff"
-            coef = v.cfg("actor.kl_loss_coef" if term == "kl" else "actor.entropy_coeff")
+            name = v.setting("actor.kl_loss_coef" if term == "kl" else "actor.entropy_coeff", short=True)
+            coef = (v.cfg("actor.kl_loss_coef", "actor_rollout_ref.actor.kl_loss_coef", "beta") if term == "kl"
+                    else entropy_coef(v))
             size = update_size(v)
             large = f"actor/update_ratio {fmt(size)}, median" if size is not None and size > t.update_high else ""
-            title, why, action, explains = _regularizer_words(term, coef, large)
+            title, why, action, explains = _regularizer_words(v, term, coef, large)
             ratio = f" (ratio {fmt(r / task)})" if task > 0 else " (the task's gradient is 0)"
             return Finding(
                 severity="warn", step=s, confidence=0.8, title=title,
@@ -122,84 +138,138 @@ def _regularizer(v: View, t: Thresholds) -> Finding | None:
     return None
 
 
+# Components a trainer adds to the task's (rl/trainer.py's reward weights): their size is set elsewhere, not by
+# reward.weights, which takes only the task's components.
+SHAPING_KNOBS = {"overlong": "reward.overlong_buffer.penalty_factor", "kl_penalty": "algorithm.kl_ctrl.kl_coef"}
+
+
 def shrink_weight(v: View, component: str, label: str) -> str:
-    """"Make this component's pull smaller", right for its weight's sign: a negative weight (a penalty) is brought
-    toward 0, since "lower" would make it pull harder. Under a custom reward function the score is the function's
-    own (reward.weights only splits it into components, the rest going to ``rest``), so the weight to lower is the
-    one inside the function."""
+    """"Make this component's pull smaller", by the setting that sets it and right for its sign: a trainer's shaping
+    term (DAPO's overlong penalty, the KL in the reward) by its own coefficient; a negative weight (a penalty) is
+    brought toward 0, since "lower" would make it pull harder; never the only weighted component while correctness
+    has weight 0 (that would leave no reward: correctness needs a weight instead). Under a custom reward function
+    the score is the function's own (reward.weights only splits it into components, the rest going to ``rest``), so
+    the weight to lower is the one inside the function."""
+    if component in SHAPING_KNOBS:
+        return f"Lower the '{label}' penalty ({v.setting(SHAPING_KNOBS[component])})"
+    unpaid = unpaid_correctness(v)
+    if unpaid is not None:
+        return (f"Give '{v.label(unpaid)}' a positive weight ({v.setting(f'reward.weights.{unpaid}')}, now 0): it "
+                f"pays nothing, so '{label}' is the reward; lowering '{label}' instead would leave no reward at all")
     fn = v.cfg("reward.custom_reward_function.path")
     if isinstance(fn, str) and fn:
         name = v.cfg("reward.custom_reward_function.name") or "compute_score"
         return (f"Lower the weight of '{label}' where your reward function ({name} in {Path(fn).name}, "
                 "reward.custom_reward_function) computes its score: reward.weights only splits that score into "
                 "components and would not change the reward")
-    w = v.cfg(f"reward.weights.{component}")
-    if isinstance(w, int | float) and not isinstance(w, bool) and w < 0:
-        return f"Bring the weight of '{label}' toward 0 (reward.weights.{component}, now {w:g}: a penalty)"
-    return f"Lower the weight of '{label}' (reward.weights)"
+    w = reward_weights(v).get(component)
+    if w is not None and w < 0:
+        setting = v.setting(f"reward.weights.{component}")
+        return f"Bring the weight of '{label}' toward 0 ({setting}, now {w:g}: a penalty)"
+    return f"Lower the weight of '{label}' ({v.setting('reward.weights')})"
 
 
-@signature("component_takes_over", "grad_comp/{component}/share",
+COMPONENT_SHARE = "grad_comp/{component}/share"  # the component analysis's steps: those that log a share
+
+
+Hit = tuple[int, float, float | None]  # an analysis step where a component's pattern shows: (step, share, cosine)
+
+
+def _component_pattern(v: View, t: Thresholds, c: str, correct: str,
+                       against: bool) -> tuple[list[Hit], list[tuple[int, float]], int, int]:
+    """Where component ``c`` makes more than ``share_high`` of the update (and, ``against``, its gradient points
+    against correctness beyond noise: a cosine below ``sim_negative``), over the component analysis's steps:
+    (such steps where correctness varied within some group, as (step, share, cosine); such steps where it varied in
+    none; the steps where it varied; all the steps)."""
+    voiced, silent, n_voiced = [], [], 0
+    steps, shares = v.series(key(COMPONENT_SHARE, component=c))
+    for s, share in zip(steps, shares):
+        m = v.run.rows[s]
+        sim = m.get(key("grad_sim/{pair}", pair=f"{c}__{correct}"),
+                    m.get(key("grad_sim/{pair}", pair=f"{correct}__{c}")))
+        quiet = correctness_silent(v, correct, s)
+        n_voiced += not quiet
+        if share > t.share_high and (not against or (sim is not None and sim < t.sim_negative)):
+            if quiet:
+                silent.append((s, share))
+            else:
+                voiced.append((s, share, sim))
+    return voiced, silent, n_voiced, len(steps)
+
+
+def sustained(hits: list, of: int, t: Thresholds) -> bool:
+    """Whether a pattern seen on ``hits`` of ``of`` analysis steps is more than one step's chance: on at least
+    ``component_steps`` of them and at least ``component_frac`` of all."""
+    return len(hits) >= t.component_steps and len(hits) >= t.component_frac * of
+
+
+def _components(v: View) -> tuple[str | None, list[str]]:
+    """(the correctness component, the others) of the component analysis."""
+    comps = {f["component"] for k in v.keys("grad_comp/") if (f := parse(COMPONENT_SHARE, k))} - {"total"}
+    correct = correctness_component(comps)
+    return correct, sorted(comps - {correct}) if correct else []
+
+
+@signature("component_takes_over", COMPONENT_SHARE, trend=COMPONENT_SHARE, min_points=lambda t: t.component_steps,
            reads="components",
            fires="a non-correctness reward's share of the update > {share_high:g} and its gradient pointing against "
-                 "correctness (cosine < {sim_negative:g}), on a step where correctness varies within some group")
+                 "correctness beyond noise (cosine < {sim_negative:g}), on ≥ {component_steps} analysis steps and "
+                 "≥ {component_frac:.0%} of those where correctness varies within some group")
 def _takeover(v: View, t: Thresholds) -> Finding | None:
-    shares = [k for k in v.keys("grad_comp/") if k.endswith("/share")]
-    for s in sorted({s for k in shares for s in v.series(k)[0]}):  # the component analysis's steps
-        m = v.run.rows[s]
-        comps = {f["component"] for k in m if (f := parse("grad_comp/{component}/share", k))} - {"total"}
-        correct = correctness_component(comps)
-        if correct is None:
+    correct, others = _components(v)
+    for c in others:
+        hits, _, voiced, _ = _component_pattern(v, t, c, correct, against=True)
+        if not sustained(hits, voiced, t):  # a silent correctness has no direction to oppose: its steps don't count
             continue
-        for c in sorted(comps - {correct}):
-            share_key = key("grad_comp/{component}/share", component=c)
-            share = m.get(share_key, 0.0)
-            sim = m.get(key("grad_sim/{pair}", pair=f"{c}__{correct}"),
-                        m.get(key("grad_sim/{pair}", pair=f"{correct}__{c}")))
-            if share > t.share_high and sim is not None and sim < t.sim_negative \
-                    and not correctness_silent(v, correct, s):  # a silent correctness has no direction to oppose
-                lc, lr = v.label(c), v.label(correct)
-                return Finding(
-                    severity="warn", step=s, confidence=0.8,
-                    title=f"The '{lc}' reward drives the update against correctness",
-                    evidence=[f"step {s}: {share_key} {fmt(share)} ({D.share_words(share)}), cosine "
-                              f"with '{lr}' {fmt(sim)}"],
-                    explanation=f"Most of the update comes from the '{lc}' component, and its gradient points away "
-                                f"from the '{lr}' gradient: improving '{lc}' costs accuracy.",
-                    action=f"{shrink_weight(v, c, lc)} or gate it on correctness.")
+        s, share, sim = hits[0]
+        lc, lr = v.label(c), v.label(correct)
+        share_key = key(COMPONENT_SHARE, component=c)
+        return Finding(
+            severity="warn", step=s, confidence=0.8,
+            title=f"The '{lc}' reward drives the update against correctness",
+            evidence=[f"step {s}: {share_key} {fmt(share)} ({D.share_words(share)}), cosine with '{lr}' {fmt(sim)}",
+                      f"on {len(hits)} of the {voiced} analysis steps where '{lr}' varied within some group (cosines "
+                      + ", ".join(fmt(x) for _, _, x in hits) + ")"],
+            explanation=f"Most of the update comes from the '{lc}' component, and its gradient points away "
+                        f"from the '{lr}' gradient: improving '{lc}' costs accuracy.",
+            action=f"{shrink_weight(v, c, lc)} or gate it on correctness.")
     return None
 
 
-@signature("component_dominates", "grad_comp/{component}/share",
+@signature("component_dominates", COMPONENT_SHARE, trend=COMPONENT_SHARE, min_points=lambda t: t.component_steps,
            reads="components",
-           fires="a non-correctness reward's share of the update > {share_high:g} on a step where correctness varies "
-                 "within some group (info when it does so only where no group's correctness varied)")
+           fires="a non-correctness reward's share of the update > {share_high:g} on ≥ {component_steps} analysis "
+                 "steps and ≥ {component_frac:.0%} of those where correctness varies within some group (info when it "
+                 "does so only where no group's correctness varied)")
 def _dominates(v: View, t: Thresholds) -> Finding | None:
-    comps = {f["component"] for k in v.keys("grad_comp/") if (f := parse("grad_comp/{component}/share", k))}
-    comps -= {"total"}
-    correct = correctness_component(comps)
-    if correct is None:
-        return None
-    for c in sorted(comps - {correct}):
-        steps, share = v.series(key("grad_comp/{component}/share", component=c))
-        cshare = dict(zip(*v.series(key("grad_comp/{component}/share", component=correct))))
-        over = [(s, x) for s, x in zip(steps, share) if x > t.share_high]
-        hits = [(s, x) for s, x in over if not correctness_silent(v, correct, s)]
-        if over:
-            return _dominates_finding(v, t, c, correct, hits or over, len(share), cshare, silent=not hits)
+    correct, others = _components(v)
+    for c in others:
+        hits, silent, voiced, of = _component_pattern(v, t, c, correct, against=False)
+        cshare = dict(zip(*v.series(key(COMPONENT_SHARE, component=correct))))
+        if sustained(hits, voiced, t):
+            return _dominates_finding(v, t, c, correct, [(s, x) for s, x, _ in hits], voiced, cshare, silent=False)
+        if not hits and sustained(silent, of, t):
+            return _dominates_finding(v, t, c, correct, silent, of, cshare, silent=True)
     return None
 
 
 def _dominates_finding(v: View, t: Thresholds, c: str, correct: str, hits: list[tuple[int, float]], of: int,
                        cshare: dict[int, float], silent: bool) -> Finding:
-    weight = v.cfg(f"reward.weights.{c}")
+    weights = reward_weights(v)
     lc, lr = v.label(c), v.label(correct)
     s0, x0 = hits[0]
-    share_c, share_r = (key("grad_comp/{component}/share", component=x) for x in (c, correct))
+    share_c, share_r = (key(COMPONENT_SHARE, component=x) for x in (c, correct))
     ev = [f"{share_c} {fmt(x0)} at step {s0}: {D.share_words(x0)} (above {fmt(t.share_high)} on "
-          f"{len(hits)} of {of} analysis steps)",
+          f"{len(hits)} of the {of} analysis steps" + ("" if silent else f" where '{lr}' varied") + ")",
           f"{share_r} {fmt(cshare.get(s0, math.nan))} there: {D.share_words(cshare.get(s0, math.nan))}"]
-    ev += [f"reward.weights.{c} = {weight}"] if weight is not None else []
+    ev += [f"{v.setting(f'reward.weights.{x}')} = {weights[x]:g}" for x in (c, correct) if x in weights]
+    if not silent and unpaid_correctness(v) == correct:
+        return Finding(
+            severity="warn", step=s0, confidence=0.8,
+            title=f"'{lr}' has weight 0: the '{lc}' reward is all the update follows", evidence=ev,
+            explanation=f"'{lr}' is in the logs but not in the reward (its weight is 0): right answers are paid "
+                        f"nothing, '{lr}' adds nothing to the update, and the run learns '{lc}' alone.",
+            action=f"{shrink_weight(v, c, lc)}.")
     if silent:
         return Finding(
             severity="info", step=s0, confidence=0.6,
@@ -249,21 +319,28 @@ def _concentrated(v: View, t: Thresholds) -> Finding | None:
 
 @signature("dormant_growing", "actor/neuron/dormant_ratio", trend="actor/neuron/dormant_ratio", min_points=2,
            reads="neurons",
-           fires="the dormant ratio rising by > {dormant_rise:g} to ≥ {dormant_high:g} (blames the learning rate "
+           fires="the dormant ratio rising by > {dormant_rise:g} to ≥ {dormant_high:g}, on steps with a task gradient "
+                 "(a step whose every advantage is 0 reads every unit as dormant: left out; blames the learning rate "
                  "only at an update size > {update_high:g})")
 def _dormant(v: View, t: Thresholds) -> Finding | None:
-    steps, d = v.series("actor/neuron/dormant_ratio")
+    # a step whose batch gave no task gradient reads every unit as dormant (its gradient is 0): not the network's
+    gradless = gradless_steps(v)
+    kept = [(s, x) for s, x in zip(*v.series("actor/neuron/dormant_ratio")) if s not in gradless]
+    if len(kept) < 2:
+        return None
+    steps, d = [s for s, _ in kept], [x for _, x in kept]
     if not (d[-1] - d[0] > t.dormant_rise and d[-1] >= t.dormant_high):
         return None
     size = update_size(v)
     large = size is not None and size > t.update_high
     return Finding(
         severity="warn", step=steps[-1], confidence=0.7, title="Dormant neurons are growing",
-        evidence=[f"actor/neuron/dormant_ratio {fmt(d[0])} (step {steps[0]}) → {fmt(d[-1])} (step {steps[-1]})"]
+        evidence=[f"actor/neuron/dormant_ratio {fmt(d[0])} (step {steps[0]}) → {fmt(d[-1])} (step {steps[-1]})"
+                  + (f"; {len(gradless)} step(s) without a task gradient left out" if gradless else "")]
                  + ([f"actor/update_ratio {fmt(size)} (median)"] if size is not None else []),
         explanation="A growing share of neurons receives (almost) no gradient: capacity the policy no longer uses, "
                     "a known precursor of plasticity loss in long RL runs."
                     + (" The updates are too large: they push units past where they fire." if large else ""),
         action="Lower the learning rate toward an actor/update_ratio of about 1e-3." if large else
-               "Consider ReDo resets (analysis.neurons.actor.reset_every)"
+               f"Consider ReDo resets ({v.setting('analysis.neurons.actor.reset_every')})"
                + (", or a lower learning rate." if size is None else "; the update size is normal."))

@@ -113,8 +113,8 @@ def _below(v: View, t: Thresholds) -> Finding | None:
                     "tracks the critical batch of RL fine-tuning is not settled (docs/noise_scale.md).",
         action="Grow the batch (samples per step) towards B_simple if steps, not samples, are what costs, and "
                "re-tune the learning rate for it. B_simple is measured for a batch grown by prompts "
-               "(data.train_batch_size) at the same rollout.n; whether more samples per prompt would do as well is "
-               "known only from a run at another rollout.n.")
+               f"({v.setting('data.train_batch_size')}) at the same {v.setting('rollout.n')}; whether more samples "
+               f"per prompt would do as well is known only from a run at another {v.setting('rollout.n')}.")
 
 
 @signature("batch_above_noise_scale", "noise_trace/all/task",

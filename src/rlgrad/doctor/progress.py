@@ -7,21 +7,23 @@ from __future__ import annotations
 import math
 import statistics
 
-from rlgrad import rundata as D
 from rlgrad.doctor.findings import (
     Finding,
     Thresholds,
     View,
     config_lr,
     correctness_silent,
+    dead_steps,
     entropy_coef,
     first_last,
     flat_reward,
     fmt,
     mean,
     reward_level,
+    reward_weights,
     signature,
     train_series,
+    unpaid_correctness,
     update_size,
 )
 from rlgrad.doctor.gradient import shrink_weight
@@ -62,7 +64,8 @@ def _update_large(v: View, t: Thresholds) -> Finding | None:
                     "rewritten faster than the reward can guide it, so what it learned in warm-up or pre-training "
                     "is overwritten (typical fine-tuning steps move the weights by 1e-4 to 1e-3 of their norm).",
         action=f"Lower the learning rate{f' (now {fmt(lr)})' if lr else ''} about {med / (t.update_high / 10):.2g}-"
-               "fold, to bring actor/update_ratio to about 1e-3, and warm it up (actor.optim.lr_warmup_steps).",
+               f"fold, to bring actor/update_ratio to about 1e-3, and warm it up "
+               f"({v.setting('actor.optim.lr_warmup_steps')}).",
         explains=["reward_collapse", "val_falls", "grad_norm_spike", "kl_blowup", "clipfrac_saturated",
                   "entropy_collapse", "zero_variance_groups", "component_dominates", "component_takes_over",
                   "format_over_correct", "val_falls_train_rises", "nonfinite_steps",
@@ -79,7 +82,8 @@ def _room(r: list[float], start: float) -> float:
 @signature("lr_too_small", "actor/update_ratio|actor/lr|critic/score/mean",
            reads="logs (+ config)",
            fires="the update size ‖Δθ‖/‖θ‖ (`actor/update_ratio`) < {update_low:g} over the last {window} steps while "
-                 "the reward gained < {progress_low:.0%} of its room to its best; a run without "
+                 "the reward gained < {progress_low:.0%} of its room to its best, or no more than {gain_z:g} "
+                 "standard errors (from its step-to-step noise: a gain within noise); a run without "
                  "`actor/update_ratio` (last resort): lr ≤ {lr_low:g} with a flat reward, or ≤ {lr_very_low:g}")
 def _lr_small(v: View, t: Thresholds) -> Finding | None:
     return _small_updates(v, t) if v.has("actor/update_ratio") else _small_lr(v, t)
@@ -94,10 +98,15 @@ def _small_updates(v: View, t: Thresholds) -> Finding | None:
     recent = statistics.median(u[-t.window:])
     a, b = first_last(r, t.window)
     room = _room(r, a)
-    if recent >= t.update_low or (room > 0 and b - a >= t.progress_low * room):
+    # the rise's standard error: the step-to-step noise of a mean of the first and of the last window's steps
+    k = max(1, min(t.window, len(r) // 2))
+    noise = step_noise(r) * math.sqrt(2 / k)
+    if recent >= t.update_low or (room > 0 and b - a >= t.progress_low * room and b - a > t.gain_z * noise):
         return None
     lr = config_lr(v)
     gained = f"{fmt(100 * (b - a) / room)}% of its room to {fmt(a + room)}" if room > 0 else "nothing"
+    if room > 0 and b - a >= t.progress_low * room:
+        gained += f", within noise (a rise of {fmt(b - a)} against a standard error of {fmt(noise)})"
     return Finding(
         severity="warn", step=steps[0], confidence=0.7,
         title="The updates are too small for the run to move",
@@ -146,7 +155,17 @@ def _zero_var_fraction(v: View) -> tuple[list[int], list[float], str]:
 
 
 def _difficulty(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
-    """Why groups agree (too easy, too hard, or split) from the reward's level, what to do, and the evidence."""
+    """Why groups agree (correctness not in the reward; too easy, too hard, or split) from the reward's weights and
+    level, what to do, and the evidence."""
+    unpaid = unpaid_correctness(v)
+    if unpaid is not None:  # correctness varies or not, the reward is the other components: its level says nothing
+        weights, lc = reward_weights(v), v.label(unpaid)
+        paid = ", ".join(f"'{v.label(c)}'" for c, w in sorted(weights.items()) if w != 0)
+        return (f"'{lc}' has weight 0 ({v.setting(f'reward.weights.{unpaid}')}): the reward is {paid} alone, and the "
+                f"samples of a group get it alike; right and wrong answers are paid the same, so neither the "
+                f"group size nor the prompts' difficulty is the cause",
+                f"Give '{lc}' a positive weight ({v.setting(f'reward.weights.{unpaid}')}, now 0).",
+                [f"{v.setting(f'reward.weights.{c}')} = {w:g}" for c, w in sorted(weights.items())])
     level, where = reward_level(v)
     if level is None:
         return ("every sample of a group got the same reward: the task is too easy or too hard for this model (the "
@@ -163,28 +182,8 @@ def _difficulty(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
                 "reward", "Make the task easier or the model stronger (a longer warm start, SFT), and check that "
                 "right answers are read (rlgrad samples RUN).", ev)
     return ("each prompt is either always right or always wrong: the groups split into too easy and too hard",
-            "Sample more per prompt (rollout.n) or move the prompts' difficulty toward the model's level; drop the "
-            "groups with no variance (rollout filter, DAPO dynamic sampling).", ev)
-
-
-def _dead_steps(v: View) -> tuple[list[int], int, str]:
-    """The steps on which every advantage was 0, of how many steps say, and from what: the advantages' max = min =
-    0, else a reward std of exactly 0 over the batch (TRL's reward_std: every sample of every group alike), else a
-    task gradient of exactly 0 in every bucket the instruments measured (``grad_norm/{bucket}/task``)."""
-    ss, amax = v.series("critic/advantages/max")
-    if ss:
-        _, amin = v.series("critic/advantages/min")
-        dead = [s for s, a, b in zip(ss, amax, amin) if a == 0.0 and b == 0.0]
-        return dead, len(ss), "critic/advantages max = min = 0"
-    ss, std = v.series("critic/score/std")
-    if ss and not v.has("critic/score/frac_zero_std"):  # the share of groups says more, where logged
-        # 0 up to float rounding (TRL's weighted sum of constant rewards has a std of ~1e-8)
-        return [s for s, x in zip(ss, std) if x < 1e-6], len(ss), f"{v.name('critic/score/std')} 0 (every reward alike)"
-    rows = {s: [x for k, x in m.items() if k.startswith("grad_norm/") and k.endswith("/task")]
-            for s, m in v.run.rows.items()}
-    rows = {s: xs for s, xs in rows.items() if xs}
-    return ([s for s, xs in rows.items() if max(xs) == 0.0], len(rows),
-            "the task gradient 0 in every bucket (grad_norm/{bucket}/task)")
+            f"Sample more per prompt ({v.setting('rollout.n')}) or move the prompts' difficulty toward the model's "
+            "level; drop the groups with no variance (rollout filter, DAPO dynamic sampling).", ev)
 
 
 @signature("zero_variance_groups",
@@ -196,7 +195,7 @@ def _dead_steps(v: View) -> tuple[list[int], int, str]:
                  "frac_reward_zero_std, rlgrad's filter count; the median of the last {window} steps); says too easy "
                  "(a [0, 1] reward ≥ {easy_level:g}) or too hard (≤ {hard_level:g})")
 def _zero_var(v: View, t: Thresholds) -> Finding | None:
-    dead, of, how = _dead_steps(v)
+    dead, of, how = dead_steps(v)
     zs, frac, where = _zero_var_fraction(v)
     # the median of the last steps: two noisy early steps of a healthy run (13 and 14 of 16 groups) decide nothing
     recent = statistics.median(frac[-t.window:]) if frac else 0.0
@@ -341,10 +340,11 @@ def collapse_cause(v: View, t: Thresholds, until: int) -> tuple[str, list[str], 
         return (f"The entropy penalty (entropy_coeff {coef:g}) drove it: its gradient lowers the entropy, and the "
                 "groups' answers agree" + ("" if big else ", while the update size is not too large: the learning "
                 "rate is not the cause") + ".", ev,
-                "Set actor.entropy_coeff to 0 (or a small positive bonus): bring it toward 0, do not lower it")
+                f"Set {v.setting('actor.entropy_coeff')} to 0 (or a small positive bonus): bring it toward 0, do "
+                "not lower it")
     if coef is not None and coef > 0 and 2 * dom >= max(of, 1) and not fell:
         return (f"The entropy bonus (entropy_coeff {coef:g}) drove it: its gradient outweighs the task's and "
-                "pushes the policy toward randomness.", ev, "Lower actor.entropy_coeff toward 0")
+                "pushes the policy toward randomness.", ev, f"Lower {v.setting('actor.entropy_coeff')} toward 0")
     if big or (rose and not (coef and coef > 0)):
         return ("The steps are too large" + (" (the update size)" if big else " (the entropy rose with it: the "
                 "model drifts toward noise)") + ".", ev, f"Lower {lr_words} and keep gradient clipping on")
@@ -424,18 +424,6 @@ def _unlearnable(v: View, t: Thresholds) -> Finding | None:
            fires=f"a weighted component constant over the batch on each of the first {MIN_STEPS} steps (info)")
 def _constant_component(v: View, t: Thresholds) -> Finding | None:
     return _reward_problem(v, "constant_component")
-
-
-def reward_weights(v: View) -> dict[str, float]:
-    """The weight of each reward component: the run's config (reward.weights), else what its
-    reward_components.jsonl recorded (the task's defaults included); empty when neither says."""
-    w = v.cfg("reward.weights")
-    if isinstance(w, dict) and w:
-        return {str(k): float(x) for k, x in w.items() if isinstance(x, int | float)}
-    rows = D.reward_components(v.run)
-    first = rows[min(rows)] if rows else {}
-    got = first.get("weights") if isinstance(first, dict) else None
-    return {str(k): float(x) for k, x in got.items() if isinstance(x, int | float)} if isinstance(got, dict) else {}
 
 
 @signature("inverted_reward", "reward/{component}/mean",

@@ -21,7 +21,7 @@ HEALTHY = {"healthy": "warn", "healthy_issue37": "warn", "healthy_seed2": "warn"
            "kl_coef_huge_followed": "warn", "entropy_collapse_followed": "warn", "std_norm_binary_followed": "warn",
            "dormant_followed": "warn", "noisy_verifier_followed": "warn",
            "batch_small_lr_lowered": "warn", "batch_small_lr_lowered_seed2": "warn",
-           "brevity_takeover_followed": "warn", "reward_overflow_followed": "warn"}
+           "brevity_takeover_followed": "warn", "reward_overflow_followed": "warn", "format_heavy_followed": "warn"}
 NEVER_LIVE = ("critical",)
 # faulty fixture -> (the finding it must give, its least severity): the faults that
 # scripts/generate/doctor_fixtures.py induces

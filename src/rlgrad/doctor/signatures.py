@@ -115,11 +115,11 @@ def _spike(v: View, t: Thresholds) -> Finding | None:
 def _spike_clipping(v: View, top: float) -> str:
     """Gradient clipping as the run has it: a max_grad_norm above every logged norm clipped no step (a spike's
     unclipped step also inflates Adam's second moment, which then shrinks the following updates)."""
-    clip = _max_grad_norm(v)
+    clip, name = _max_grad_norm(v), v.setting("actor.max_grad_norm", short=True)
     if clip is not None and clip >= top:
-        return (f"Turn gradient clipping on: max_grad_norm is {fmt(clip)}, above every logged norm, so no step was "
+        return (f"Turn gradient clipping on: {name} is {fmt(clip)}, above every logged norm, so no step was "
                 "clipped (1.0 is verl's and rlgrad's default; it caps the step, not the logged norm)")
-    return "Keep max_grad_norm on (it caps the step, not the logged norm)"
+    return f"Keep {name} on (it caps the step, not the logged norm)"
 
 
 def _max_grad_norm(v: View) -> float | None:
@@ -163,6 +163,7 @@ def _clip_words(v: View, t: Thresholds, scale: float, cv: float, med: float) -> 
     """(severity, why, what to do, confidence) of clipping on every step, by what the optimizer makes of it."""
     name, known_from = optimizer_of(v)
     family = optimizer_family(name)
+    clip_name = v.setting("actor.max_grad_norm", short=True)
     lr = v.cfg("actor.optim.lr", "actor_rollout_ref.actor.optim.lr", "learning_rate")
     eps = v.cfg("actor.optim.eps", "actor_rollout_ref.actor.optim.eps", "adam_epsilon") or 1e-8
     opt = f"{name} ({known_from})" if name else "an optimizer the run does not name"
@@ -182,14 +183,14 @@ def _clip_words(v: View, t: Thresholds, scale: float, cv: float, med: float) -> 
         return ("warn" if varies else "info", base + adam + varies + " What clipping every step removes is the "
                 "gradient's size as a signal (a spike is capped like any step).",
                 f"Nothing to fix for the learning speed: do not raise the learning rate to make up for the clip. To "
-                f"have the clip catch only spikes, raise max_grad_norm to about the typical gradient norm "
+                f"have the clip catch only spikes, raise {clip_name} to about the typical gradient norm "
                 f"({fmt(med)}).", 0.8 if known_from == "the run's config" or v.run.kind == "rlgrad" else 0.6)
     if family == "sgd":
         return ("warn", base + sgd + " The clip, not the learning rate, sets the step size.",
-                f"Raise max_grad_norm to about the typical gradient norm ({fmt(med)}) so it only catches spikes, or "
+                f"Raise {clip_name} to about the typical gradient norm ({fmt(med)}) so it only catches spikes, or "
                 f"keep it and raise the learning rate about {fmt(1 / scale)}-fold knowingly.", 0.9)
     return ("warn", base + sgd + " " + adam + varies,
-            f"Check which optimizer the run uses. SGD: raise max_grad_norm to about {fmt(med)} (or the learning "
+            f"Check which optimizer the run uses. SGD: raise {clip_name} to about {fmt(med)} (or the learning "
             "rate); Adam-family: nothing to fix for the learning speed.", 0.5)
 
 
@@ -254,7 +255,9 @@ def _kl_cause(v: View, t: Thresholds, name: str) -> tuple[str, str, list[str]]:
     ev = ([f"actor/update_ratio {fmt(size)} (median)"] if size is not None else []) + (
         [f"kl_loss_coef {coef}" + (f", kl_loss_type {kind}" if kind else "")] if loss and coef is not None else [])
     now = f" (now {fmt(lr)})" if lr else ""
-    estimator = "" if kind == "low_var_kl" else " or use kl_loss_type=low_var_kl (bounded: verl clamps it)"
+    kl_coef = v.setting("actor.kl_loss_coef", short=True)
+    estimator = "" if kind == "low_var_kl" or v.run.kind == "trl" else \
+        f" or use {v.setting('actor.kl_loss_type=low_var_kl', short=True)} (bounded: verl clamps it)"
     if size is not None and size > t.update_high:
         return (f"The updates are too large (each moves the weights by {fmt(size)} of their norm, median; typical "
                 "fine-tuning steps: 1e-4 to 1e-3): the policy leaves the reference faster than the KL term pulls it "
@@ -266,16 +269,17 @@ def _kl_cause(v: View, t: Thresholds, name: str) -> tuple[str, str, list[str]]:
         return (f"The update size is normal ({fmt(size)} of the weights' norm, median): not the learning rate. The "
                 "KL term's own gradient is unstable: a large coefficient, or an estimator that grows fast in the "
                 "log-ratio (k3 grows exponentially, mse quadratically).",
-                f"Lower kl_loss_coef{estimator}; check the run's samples for degenerate text.", ev)
+                f"Lower {kl_coef}{estimator}; check the run's samples for degenerate text.", ev)
     if size is not None:
         return (f"The update size is normal ({fmt(size)} of the weights' norm, median): the policy moves far within "
                 "one batch's optimizer steps (ppo_epochs, mini-batches).",
-                "Lower actor.ppo_epochs or the number of mini-batches per batch (a larger ppo_mini_batch_size); "
-                "check the run's samples for degenerate text.", ev)
+                f"Lower {v.setting('actor.ppo_epochs')} or the number of mini-batches per batch (a larger "
+                f"{v.setting('actor.ppo_mini_batch_size', short=True)}); check the run's samples for degenerate "
+                "text.", ev)
     return ("The updates are too large for the KL term to hold the policy, or the KL coefficient is large enough "
             "that its own gradient is unstable (the k3 estimate grows exponentially in the log-ratio); the run "
             "logs no update size (actor/update_ratio) to tell which.",
-            f"Lower the learning rate{now} or the clip range; for an exploding KL term lower kl_loss_coef"
+            f"Lower the learning rate{now} or the clip range; for an exploding KL term lower {kl_coef}"
             f"{estimator}; check the run's samples for degenerate text.", ev)
 
 
@@ -359,8 +363,10 @@ def _clip_cause(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
     if per_batch is not None and per_batch > 1 and narrow is not None and narrow < NARROW_CLIP:
         return (f"Each batch takes {per_batch} optimizer steps and the clip range is narrow (±{fmt(narrow)}; the "
                 "usual PPO/GRPO range is ±0.2): a few steps move many ratios past it.",
-                "Widen the clip range (actor.clip_ratio_low / clip_ratio_high toward 0.2), or take fewer optimizer "
-                "steps per batch (lower actor.ppo_epochs, or a larger ppo_mini_batch_size).",
+                f"Widen the clip range ({v.setting('actor.clip_ratio_low')} / "
+                f"{v.setting('actor.clip_ratio_high', short=True)} toward 0.2), or take fewer optimizer steps per "
+                f"batch (lower {v.setting('actor.ppo_epochs')}, or a larger "
+                f"{v.setting('actor.ppo_mini_batch_size', short=True)}).",
                 ev + [f"clip range ±{fmt(narrow)} (the narrower side)"])
     if size is not None and size > t.update_high:
         return (f"The updates are too large ({fmt(size)} of the weights' norm, median; typical: 1e-4 to 1e-3).",
@@ -368,13 +374,14 @@ def _clip_cause(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
                 "1e-3.", ev)
     if per_batch is not None and per_batch > 1:
         return (f"Each batch takes {per_batch} optimizer steps: the later ones start far from the sampling policy.",
-                "Take fewer optimizer steps per batch (lower actor.ppo_epochs, or a larger ppo_mini_batch_size), or "
-                "lower the learning rate.", ev)
+                f"Take fewer optimizer steps per batch (lower {v.setting('actor.ppo_epochs')}, or a larger "
+                f"{v.setting('actor.ppo_mini_batch_size', short=True)}), or lower the learning rate.", ev)
     if per_batch == 1:
         return ("With one optimizer step per batch the ratio starts at 1 and the clip should rarely act: the old "
                 "log-probs are probably not the sampling policy's (recomputed after an update, or a sampler whose "
                 "numerics differ from the trainer's).",
-                "Check where old_log_probs come from (rollout.recompute_log_probs, the rollout engine's dtype) "
+                f"Check where old_log_probs come from ({v.setting('rollout.recompute_log_probs')}, the rollout "
+                "engine's dtype) "
                 "before changing the learning rate.", ev)
     return ("", "Lower the learning rate or the number of optimizer steps per batch (ppo_epochs, smaller "
             "ppo_mini_batch_size means more steps).", ev)
@@ -476,9 +483,10 @@ def _length_truncated(v: View, t: Thresholds) -> Finding | None:
                  + ([f"{v.name('response_length/mean')} {fmt(statistics.median(m[-t.window:]))} (median)"
                      + (f" against a limit of {limit}" if limit is not None else "")] if m else []),
         explanation=why,
-        action="Raise the response length limit" + (f" (rollout.response_length, now {limit})" if limit is not None
-                                                    else "") + " to fit a whole answer; if the answers ramble, add "
-               "an overlong penalty (reward.overlong_buffer, DAPO's soft length penalty).",
+        action="Raise the response length limit" + (f" ({v.setting('rollout.response_length')}, now {limit})"
+                                                    if limit is not None else "") + " to fit a whole answer; if the "
+               f"answers ramble, add an overlong penalty ({v.setting('reward.overlong_buffer')}, DAPO's soft length "
+               "penalty).",
         explains=explains)
 
 
