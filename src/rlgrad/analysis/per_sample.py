@@ -123,6 +123,11 @@ def proxy_correlation(proxy: torch.Tensor, sq_norms: torch.Tensor) -> dict[str, 
     with no information about the samples scores."""
     keep = sq_norms > 0
     proxy, sq_norms = proxy[keep].double(), sq_norms[keep].double()
+    # a canonical order (by norm, then proxy), so the shuffles, and the null, do not depend on the samples' order
+    # (data parallel: every rank's rows, ranks in order)
+    order = torch.sort(proxy, stable=True).indices
+    order = order[torch.sort(sq_norms[order], stable=True).indices]
+    proxy, sq_norms = proxy[order], sq_norms[order]
     out = {key("proxy_corr/samples"): float(len(proxy)), key("proxy_corr/spearman"): NAN,
            key("proxy_corr/pearson"): NAN, key("proxy_corr/spearman_null95"): NAN}
     if len(proxy) < 3:
