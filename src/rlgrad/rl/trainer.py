@@ -82,6 +82,7 @@ from rlgrad.runfiles import (
     checkpoint_due,
     lock_run_dir,
     read_jsonl,
+    refuse_if_in_use,
     rollout_dir,
     truncate_jsonl_after,
 )
@@ -99,6 +100,7 @@ class Trainer:
         self._set_up_process(log)
         distributed.agree(lambda: distributed.check_config(cfg))
         self.task = distributed.agree(lambda: task_from_config(cfg))
+        distributed.decide(lambda: refuse_if_in_use(self.run_dir))  # the writer named, checkpoint or not
         self.resume_from = distributed.decide(lambda: runs.find_resume_point(cfg, self.run_dir, log=self.log))
         torch.manual_seed(cfg.trainer.seed)
         self._load_policy()
