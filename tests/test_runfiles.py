@@ -44,6 +44,16 @@ def test_a_run_in_use_before_its_first_checkpoint_names_the_writer(tiny, tmp_pat
     assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml"]  # nothing touched
 
 
+def test_a_resumed_run_says_first_that_it_resumes_and_from_which_checkpoint(tiny, tmp_path):
+    """Issue 48: a resume after Ctrl-C said nothing about resuming; its first line was `step 3/20`."""
+    run = tmp_path / "run"
+    quiet(tiny + ["trainer.total_training_steps=1"]).fit()
+    said: list[str] = []
+    make_trainer(load_config(overrides=tiny + ["trainer.total_training_steps=2"]), log=said.append).fit()
+    assert said[0] == (f"resuming the run in {run} from its checkpoint of step 1 ({run / 'global_step_1'}): steps 2 "
+                       "to 2")
+
+
 def test_a_run_rejected_before_its_first_step_leaves_no_trace(tiny, tmp_path, capsys):
     run = tmp_path / "run"
     rc = cli.main(["train", *tiny, "data.max_prompt_length=3", "trainer.total_training_steps=1"])

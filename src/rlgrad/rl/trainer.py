@@ -600,6 +600,9 @@ class Trainer:
         if self.step >= self.cfg.trainer.total_training_steps:  # nothing to train: one line, or refused
             distributed.decide(lambda: runs.check_finished_run(self.run_dir, self.cfg, self.step, self.log))
             return self.summary
+        if self.resume_from is not None:  # the first line of a resumed run says so, and from where
+            self.log(f"resuming the run in {self.run_dir} from its checkpoint of step {self.step} "
+                     f"({self.resume_from}): steps {self.step + 1} to {self.cfg.trainer.total_training_steps}")
         logger = distributed.agree(self._open_run_dir)
         start = self.step
         with runs.stop_requests() as signals:
