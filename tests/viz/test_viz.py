@@ -346,9 +346,12 @@ def test_narrative_rules_on_hand_made_numbers():
     assert "moved to another bucket" in text and "from 0.25 to 0.5 (+100%)" in text
     assert "it grows with reward variance" in text
     assert "dormant-neuron ratio went from 10.0% (step 1) to 20.0% (step 5)" in text
-    # regularisers dominate only where the task gradient vanishes (step 1, bucket 1): checked on step 1 alone
+    # regularisers alone where the task gradient vanishes (step 1, bucket 1): checked on step 1 alone. Issue 48:
+    # "the KL exceeds the task gradient" where that gradient is 0 is said as what it is
     text1 = " ".join(narrative(D.RunData(name="t", source="t", rows={1: m1})))
-    assert "exceeds the task gradient in bucket 1 — the low-variance half" in text1
+    assert "At step 1 only the regulariser gradient (KL + entropy) moves bucket 1 — the low-variance half: the task " \
+           "gradient there is zero" in text1
+    assert "exceeds the task gradient" not in text1
     assert "1 of 3 buckets (33% of samples) hold only groups with zero reward std" in text1
     assert "peaks at bucket 2" in text1
 
@@ -500,13 +503,19 @@ def test_rule_monotonicity_at_the_last_step():
 def test_rule_regulariser_vs_task_at_the_last_step():
     low = _bucket_metrics(rv=[0.0, 0.1, 0.2, 0.4], task=[0.0, 0.5, 1.0, 2.0], kl=[0.02, 0.01, 0.01, 0.01],
                           ent=[0.01, 0.0, 0.0, 0.0])
+    # issue 48: a task gradient of 0 is not "exceeded": those groups are moved by the regularisers alone
     assert R.rule_regulariser_vs_task(_run({1: low})) == [
+        "At step 1 only the regulariser gradient (KL + entropy) moves bucket 1 — the low-variance half: the task "
+        "gradient there is zero (every sample of a group got the same reward)."]
+    small = _bucket_metrics(rv=[0.05, 0.1, 0.2, 0.4], task=[0.01, 0.5, 1.0, 2.0], kl=[0.02, 0.01, 0.01, 0.01],
+                            ent=[0.01, 0.0, 0.0, 0.0])
+    assert R.rule_regulariser_vs_task(_run({1: small})) == [
         "At step 1 the regulariser gradient (KL + entropy) exceeds the task gradient in bucket 1 — the "
         "low-variance half: those groups are pushed mainly by the regularisers."]
     high = _bucket_metrics(rv=[0.1, 0.2, 0.3, 0.4], task=[0.0, 0.0, 0.0, 1.0], kl=[0.1] * 4)
     assert R.rule_regulariser_vs_task(_run({1: high})) == [  # bucket 3 is not in the low half (1, 2)
-        "At step 1 the regulariser gradient (KL) exceeds the task gradient in bucket 1, bucket 2, bucket 3: "
-        "those groups are pushed mainly by the regularisers."]
+        "At step 1 only the regulariser gradient (KL) moves bucket 1, bucket 2, bucket 3: the task gradient there "
+        "is zero (every sample of a group got the same reward)."]
     task_wins = _bucket_metrics(rv=[0.1, 0.2, 0.4], task=[0.5, 1.0, 2.0], ent=[0.1, 0.1, 0.4])
     assert R.rule_regulariser_vs_task(_run({1: low, 4: task_wins})) == [  # ratios 5, 10, 5
         "At step 4 the task gradient exceeds the regulariser gradient (entropy) in every bucket (by at "

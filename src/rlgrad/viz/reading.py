@@ -213,14 +213,27 @@ def rule_regulariser_vs_task(run: D.RunData) -> list[str]:
                 "gradient is the whole update."]
     regname = " + ".join("KL" if c == "kl" else c for c in regc)
     reg = {b: sum(D.bucket_value(m, b, c, 0.0) for c in regc) for b in names}
-    dom = [b for b in names if reg[b] > D.bucket_value(m, b, "task", 0.0)]
+    task = {b: D.bucket_value(m, b, "task", 0.0) for b in names}
+    lows = names[: max(1, len(names) // 2)]
+
+    def where(buckets: list[str]) -> str:
+        return (", ".join(b.replace("_", " ") for b in buckets)
+                + (" — the low-variance half" if set(buckets) <= set(lows) and len(buckets) < len(names) else ""))
+
+    # a bucket whose task gradient is 0 (no reward variance) has no task gradient to exceed: only its regularisers
+    # move it, which is said as such, never as "exceeds the task gradient"
+    alone = [b for b in names if task[b] == 0 < reg[b]]
+    dom = [b for b in names if 0 < task[b] < reg[b]]
+    out = []
     if dom:
-        lows = names[: max(1, len(names) // 2)]
-        low_note = " — the low-variance half" if set(dom) <= set(lows) else ""
-        return [f"At step {st} the regulariser gradient ({regname}) exceeds the task gradient in "
-                f"{', '.join(b.replace('_', ' ') for b in dom)}{low_note}: those groups are pushed mainly by "
-                "the regularisers."]
-    ratios = [D.bucket_value(m, b, "task", 0.0) / reg[b] for b in names if reg[b] > 0]
+        out.append(f"At step {st} the regulariser gradient ({regname}) exceeds the task gradient in {where(dom)}: "
+                   "those groups are pushed mainly by the regularisers.")
+    if alone:
+        out.append(f"At step {st} only the regulariser gradient ({regname}) moves {where(alone)}: the task gradient "
+                   "there is zero (every sample of a group got the same reward).")
+    if out:
+        return out
+    ratios = [task[b] / reg[b] for b in names if reg[b] > 0]
     ratio = min(ratios) if ratios else math.inf
     return [f"At step {st} the task gradient exceeds the regulariser gradient ({regname}) in "
             f"every bucket" + (f" (by at least {ratio:.3g}×)." if math.isfinite(ratio) else ".")]
