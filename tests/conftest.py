@@ -25,6 +25,19 @@ def tiny_overrides(cache_dir: Path, run_dir: Path | None = None) -> list[str]:
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """Every in-process test on one torch thread (the tiny runs already ask for it: trainer.num_threads=1). Their
+    tensors are tiny: a second thread only adds synchronisation, and on a shared machine its spin-waiting burns
+    CPU while it waits for a core. The warm starts and the recorded fixtures are built on one thread too."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("model_cache")

@@ -91,6 +91,30 @@ def test_every_link_leads_somewhere(page):
     assert not broken, f"{page}: {broken}"
 
 
+PAGE_REF = re.compile(r"(?<![\w/])((?:README|docs/\w+)\.md)(?:#([\w-]+))?")
+QUOTED_SECTION = re.compile(r"(README(?:\.md)?|docs/\w+\.md)\W{0,4}\"([^\"]+)\"")
+
+
+def test_every_preset_description_is_whole_and_its_references_resolve():
+    """`rlgrad presets` shows each description whole (no sentence cut off before an indented command), and every
+    page, anchor or section a preset names exists (sections moved from the README to docs/ once)."""
+    from rlgrad.config.load import presets
+
+    cut = [name for name, about in presets() if not re.search(r"[.!?][)`\"']?$", about)]
+    assert not cut, f"descriptions cut off: {cut}"
+    broken = []
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        comments = "\n".join(line for line in path.read_text().splitlines() if line.lstrip().startswith("#"))
+        for file, anchor in PAGE_REF.findall(comments):
+            if not (REPO / file).is_file() or (anchor and anchor not in _anchors(REPO / file)):
+                broken.append(f"{path.name}: {file}#{anchor}")
+        for page, section in QUOTED_SECTION.findall(comments):
+            dest = REPO / (page if page.endswith(".md") else "README.md")
+            if not any(anchor.startswith(_slug(section)) for anchor in _anchors(dest)):
+                broken.append(f"{path.name}: {page} \"{section}\"")
+    assert not broken, broken
+
+
 def test_the_readme_reads_top_down():
     """What rlgrad shows (a figure, a diagnosis) before the Quickstart, then Install, then pointers to the
     reference pages, which hold the reference itself."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import random
 from pathlib import Path
 
@@ -27,6 +28,31 @@ def test_two_writers_cannot_share_a_run_directory(tmp_path):
         lock_run_dir(tmp_path)
     held.close()  # the first writer ends: the directory is free again
     lock_run_dir(tmp_path).close()
+
+
+def test_a_run_in_use_before_its_first_checkpoint_names_the_writer(tiny, tmp_path, capsys):
+    """Issue 48: a second rlgrad train on a run directory being written, before its first checkpoint, was told the
+    directory "already holds a run and has no complete checkpoint"; docs/runs.md promises the holder's pid."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("trainer: {}\n")  # a run that started: config written, no checkpoint yet
+    held = lock_run_dir(run)  # the first writer (its pid is this process's)
+    rc = cli.main(["train", *tiny, "trainer.total_training_steps=1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip().endswith(f"run directory '{run}' is in use by another rlgrad process "
+                                            f"(pid {os.getpid()})"), err
+    held.close()
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml"]  # nothing touched
+
+
+def test_a_resumed_run_says_first_that_it_resumes_and_from_which_checkpoint(tiny, tmp_path):
+    """Issue 48: a resume after Ctrl-C said nothing about resuming; its first line was `step 3/20`."""
+    run = tmp_path / "run"
+    quiet(tiny + ["trainer.total_training_steps=1"]).fit()
+    said: list[str] = []
+    make_trainer(load_config(overrides=tiny + ["trainer.total_training_steps=2"]), log=said.append).fit()
+    assert said[0] == (f"resuming the run in {run} from its checkpoint of step 1 ({run / 'global_step_1'}): steps 2 "
+                       "to 2")
 
 
 def test_a_run_rejected_before_its_first_step_leaves_no_trace(tiny, tmp_path, capsys):

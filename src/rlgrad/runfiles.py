@@ -226,13 +226,26 @@ def lock_run_dir(run_dir: str | os.PathLike):
         f.seek(0)
         pid = f.read().strip()
         f.close()
-        raise UserError(f"run directory '{run_dir}' is in use by another rlgrad process"
-                        + (f" (pid {pid})" if pid else "")) from None
+        raise _in_use(run_dir, pid) from None
     f.seek(0)
     f.truncate()
     f.write(f"{os.getpid()}\n")
     f.flush()
     return f
+
+
+def _in_use(run_dir: str | os.PathLike, pid: str) -> UserError:
+    held = f" (pid {pid})" if pid else ""
+    return UserError(f"run directory '{run_dir}' is in use by another rlgrad process{held}")
+
+
+def refuse_if_in_use(run_dir: str | os.PathLike) -> None:
+    """The one-line error of ``lock_run_dir``, naming the holder's pid, when another process writes the run now:
+    said before anything else looks at the directory (a run with no checkpoint yet would otherwise be refused as
+    "already holds a run")."""
+    if being_written(run_dir):
+        with open(Path(run_dir) / LOCK_FILE) as f:
+            raise _in_use(run_dir, f.read().strip())
 
 
 def being_written(run_dir: str | os.PathLike) -> bool:

@@ -50,6 +50,16 @@ def test_clean_run_is_healthy_and_explains_the_scale():
     assert "0.31" in d.scale and "not comparable" in d.scale  # the median gradient norm: 0.31
 
 
+def test_the_healthy_line_never_denies_an_info_finding_above_it():
+    """Issue 48: "None of the checked signatures fired" stood right under an INFO finding that fired."""
+    alone = next(f for f in diagnose(run_of(healthy_series())).findings if f.id == "healthy")
+    assert alone.explanation.startswith("None of the checked signatures fired.")
+    d = diagnose(D.load_any(fixture("healthy")))
+    assert [f.id for f in d.findings] == ["clipfrac_zero", "healthy"]
+    assert d.findings[-1].explanation.startswith(
+        "No checked signature fired as a warning or worse (an info finding is a note, not a fault).")
+
+
 @pytest.mark.parametrize("fault,key,values,expect", [
     ("spike", "actor/grad_norm", [0.3] * 15 + [9.0] + [0.3] * 10, ("grad_norm_spike", "warn")),
     ("kl", "actor/kl_loss", [0.001] * 20 + [2.0] * 20, ("kl_blowup", "critical")),
@@ -518,8 +528,25 @@ def test_a_default_kept_against_advice_says_so_and_explain_says_why_and_what_log
 
     s = healthy_series()
     s.update({"critic/score/max": [1.0] * 40, "critic/score/min": [0.0] * 40, "critic/advantages/max": [2.47] * 40})
-    d = diagnose(run_of(s, {"algorithm": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True}}))
+    cfg = {"algorithm": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True}}
+    # issue 48: a run that only uses the default (its reward rises, no bucket analysis) gets a note, not a warning
+    note = next(f for f in diagnose(run_of(s, cfg)).findings if f.id == "std_normalisation_amplifies")
+    assert note.severity == "info" and note.evidence[-2].startswith(
+        "algorithm.norm_adv_by_std_in_grpo=true is rlgrad's default, kept against this advice")
+    assert note.evidence[-1] == (
+        "this run measured no harm from it (the lowest-variance bucket's per-sample task gradient above the highest's "
+        "while the reward stalls: not seen), so this is a note, not a warning")
+    # the harm measured: the reward stalls and the lowest-variance bucket's per-sample gradient outweighs the others'
+    s["critic/score/mean"] = [0.5] * 40
+    run = run_of(s, cfg)
+    for b, per, std in (("bucket_1", 0.3, 0.35), ("bucket_2", 0.1, 0.5)):
+        run.rows[11].update({f"grad_norm/{b}/task": per, f"grad_norm/{b}/per_sample/task": per,
+                             f"grad_norm/{b}/reward_std_mean": std})
+    d = diagnose(run)
     f = next(f for f in d.findings if f.id == "std_normalisation_amplifies")
+    assert f.evidence[-2] == ("this run measured the harm: the lowest-variance bucket's per-sample task gradient "
+                              "outweighs the highest's, and the reward stalls (critic/score/mean 0.5 (first steps) → "
+                              "0.5 (last steps))")
     assert f.severity == "warn" and f.evidence[-1].startswith(
         "algorithm.norm_adv_by_std_in_grpo=true is rlgrad's default, kept against this advice: rlgrad keeps GRPO's "
         "std normalisation on by default, as verl") and f.evidence[-1].endswith("(--explain says why)")

@@ -11,6 +11,7 @@ import pytest
 
 from rlgrad import rundata as D
 from rlgrad.config import load_config
+from rlgrad.doctor.diagnose import diagnose
 from rlgrad.doctor.live import LiveDoctor
 from rlgrad.doctor.selftest import prefixes
 from rlgrad.recipes import make_trainer
@@ -58,6 +59,43 @@ def test_the_cost_stays_within_its_budget_by_skipping_steps(tmp_path):
     assert doctor.cost - doctor.last_spent <= 0.01 * 0.1 * steps
     free, _, _ = replay("healthy_issue37", None, budget=1.0, step_seconds=1.0)
     assert free.skipped == 0  # with time to spare, every step is diagnosed
+
+
+@pytest.mark.parametrize("name", ["healthy", "batch_small", "brevity_takeover", "noisy_verifier", "entropy_collapse"])
+def test_the_live_doctors_end_is_the_post_hoc_diagnosis(name, tmp_path):
+    """Issue 48: the live doctor said reward_plateau at step 20 and rlgrad doctor RUN did not list it. At the run's
+    end the live doctor diagnoses the whole history once more: its last line lists exactly what rlgrad doctor RUN
+    finds (step files included: update_concentrated, noisy_verifier), and names what it said earlier that no
+    longer holds."""
+    import shutil
+
+    run_dir = tmp_path / name
+    shutil.copytree(fixture(name), run_dir)
+    doctor, said, _ = replay(name, run_dir, budget=1e9)
+    final = doctor.finish()
+    post = diagnose(D.load_any(fixture(name)))
+    assert [(f.id, f.severity) for f in final.findings] == [(f.id, f.severity) for f in post.findings]
+    held = [f"{f.severity.upper()} {f.id}" for f in post.findings if f.id != "healthy"]
+    gone = sorted({line.split()[4].rstrip(":") for line in said[:-1]} - {f.id for f in post.findings})
+    assert said[-1] == (f"[doctor] end of run, step {max(D.load_any(fixture(name)).rows)}: "
+                        + ("; ".join(held) or "no sign of trouble")
+                        + (f"; no longer holding: {', '.join(gone)}" if gone else "")
+                        + f" (in full: rlgrad doctor {run_dir})")
+    if name == "batch_small":  # said as the run went, gone at its end
+        assert gone == ["length_forecast", "val_falls_train_rises"]
+
+
+def test_no_plateau_while_validation_rises():
+    """A flat training reward while validation accuracy rises beyond its noise is not announced as a plateau (the
+    healthy fixture: validation 50% -> 87.5% over 128 prompts, the training reward flat over the first 20 steps)."""
+    run = D.load_any(fixture("healthy"))
+    run.rows = {s: m for s, m in run.rows.items() if s <= 20}
+    assert "reward_plateau" not in {f.id for f in diagnose(run).findings}
+    for m in run.rows.values():  # the same run with validation flat (within its binomial noise over 128 prompts)
+        if "val/accuracy" in m:
+            m["val/accuracy"] = 0.5
+    plateau = next(f for f in diagnose(run).findings if f.id == "reward_plateau")
+    assert plateau.evidence[1] == "val/accuracy 0.5 → 0.5: stayed within its noise"
 
 
 def test_halt_on_stops_after_the_step_with_a_checkpoint_and_resumes(tiny, tmp_path):
@@ -127,7 +165,12 @@ def test_follow_prints_findings_as_a_run_is_written_and_ends_with_it(tmp_path):
     assert worst == "critical" and said[-1][1].endswith(f"the run ended at step {written[-1]}")
     collapse = next((w, line) for w, line in said if "CRITICAL reward_collapse" in line)
     assert collapse[0][-1] < written[-1]  # said while the run was still being written
-    assert len([line for _, line in said if "reward_collapse" in line]) == 1
+    assert len([line for _, line in said if "reward_collapse" in line and line.startswith("[doctor] step ")]) == 1
+    # the end: what holds then, as rlgrad doctor RUN says it afterwards (issue 48)
+    final = said[-2][1]
+    assert final.startswith(f"[doctor] end of run, step {written[-1]}: ") and "CRITICAL reward_collapse" in final
+    assert [f"{f.severity.upper()} {f.id}" for f in diagnose(D.load_any(run)).findings if f.id != "healthy"] == \
+        final.split(": ", 1)[1].split(" (in full")[0].split("; no longer")[0].split("; ")
 
 
 def test_follow_on_a_finished_run_reads_it_once_and_exits_by_fail_on(capsys):

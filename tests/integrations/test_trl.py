@@ -411,8 +411,9 @@ def test_versions_and_settings_refused_in_one_line(setup, tmp_path):
         make(setup, tmp_path, loss_type="grpo", entropy_coef=0.01)
     with pytest.raises(UserError, match="analysis.buckets.every"):
         make(setup, tmp_path, rlgrad=["analysis.buckets.every=0"])
-    assert trl_metrics({"reward": 0.5, "rewards/fmt/mean": 0.25, "loss": 1.0}) == {
-        "critic/score/mean": 0.5, "reward/fmt/mean": 0.25}
+    # TRL's loss is its own (the report's Losses panel draws it, issue 48); a scalar rlgrad has no name for is dropped
+    assert trl_metrics({"reward": 0.5, "rewards/fmt/mean": 0.25, "loss": 1.0, "num_tokens": 100.0}) == {
+        "critic/score/mean": 0.5, "reward/fmt/mean": 0.25, "actor/loss": 1.0}
     from rlgrad.metrics import TRL_NAMES, match
 
     assert all(match(k) is not None for k in TRL_NAMES.values())  # every name it writes is in the catalogue

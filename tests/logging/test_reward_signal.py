@@ -109,6 +109,7 @@ def live(tmp_path: Path, overrides: list[str]):
     return res.stdout + res.stderr, run
 
 
+@pytest.mark.e2e  # whole `rlgrad train --config-name demo` runs (2.5 minutes of the suite on 2 shared cores)
 @pytest.mark.parametrize("overrides,fires", [
     ([], False),  # the demo as shipped: its warm start has a signal in most groups
     (["model.warmstart_steps=0", "rollout.n=4", "data.train_batch_size=8"], True),  # an untrained model: all wrong

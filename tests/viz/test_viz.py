@@ -345,10 +345,13 @@ def test_narrative_rules_on_hand_made_numbers():
     assert "At step 5 the task gradient is largest in bucket 3 (the highest-variance bucket" in text
     assert "moved to another bucket" in text and "from 0.25 to 0.5 (+100%)" in text
     assert "it grows with reward variance" in text
-    assert "dormant-neuron ratio rose from 10.0% (step 1) to 20.0% (step 5)" in text
-    # regularisers dominate only where the task gradient vanishes (step 1, bucket 1): checked on step 1 alone
+    assert "dormant-neuron ratio went from 10.0% (step 1) to 20.0% (step 5)" in text
+    # regularisers alone where the task gradient vanishes (step 1, bucket 1): checked on step 1 alone. Issue 48:
+    # "the KL exceeds the task gradient" where that gradient is 0 is said as what it is
     text1 = " ".join(narrative(D.RunData(name="t", source="t", rows={1: m1})))
-    assert "exceeds the task gradient in bucket 1 — the low-variance half" in text1
+    assert "At step 1 only the regulariser gradient (KL + entropy) moves bucket 1 — the low-variance half: the task " \
+           "gradient there is zero" in text1
+    assert "exceeds the task gradient" not in text1
     assert "1 of 3 buckets (33% of samples) hold only groups with zero reward std" in text1
     assert "peaks at bucket 2" in text1
 
@@ -500,13 +503,19 @@ def test_rule_monotonicity_at_the_last_step():
 def test_rule_regulariser_vs_task_at_the_last_step():
     low = _bucket_metrics(rv=[0.0, 0.1, 0.2, 0.4], task=[0.0, 0.5, 1.0, 2.0], kl=[0.02, 0.01, 0.01, 0.01],
                           ent=[0.01, 0.0, 0.0, 0.0])
+    # issue 48: a task gradient of 0 is not "exceeded": those groups are moved by the regularisers alone
     assert R.rule_regulariser_vs_task(_run({1: low})) == [
+        "At step 1 only the regulariser gradient (KL + entropy) moves bucket 1 — the low-variance half: the task "
+        "gradient there is zero (every sample of a group got the same reward)."]
+    small = _bucket_metrics(rv=[0.05, 0.1, 0.2, 0.4], task=[0.01, 0.5, 1.0, 2.0], kl=[0.02, 0.01, 0.01, 0.01],
+                            ent=[0.01, 0.0, 0.0, 0.0])
+    assert R.rule_regulariser_vs_task(_run({1: small})) == [
         "At step 1 the regulariser gradient (KL + entropy) exceeds the task gradient in bucket 1 — the "
         "low-variance half: those groups are pushed mainly by the regularisers."]
     high = _bucket_metrics(rv=[0.1, 0.2, 0.3, 0.4], task=[0.0, 0.0, 0.0, 1.0], kl=[0.1] * 4)
     assert R.rule_regulariser_vs_task(_run({1: high})) == [  # bucket 3 is not in the low half (1, 2)
-        "At step 1 the regulariser gradient (KL) exceeds the task gradient in bucket 1, bucket 2, bucket 3: "
-        "those groups are pushed mainly by the regularisers."]
+        "At step 1 only the regulariser gradient (KL) moves bucket 1, bucket 2, bucket 3: the task gradient there "
+        "is zero (every sample of a group got the same reward)."]
     task_wins = _bucket_metrics(rv=[0.1, 0.2, 0.4], task=[0.5, 1.0, 2.0], ent=[0.1, 0.1, 0.4])
     assert R.rule_regulariser_vs_task(_run({1: low, 4: task_wins})) == [  # ratios 5, 10, 5
         "At step 4 the task gradient exceeds the regulariser gradient (entropy) in every bucket (by at "
@@ -607,6 +616,19 @@ def test_console_says_n_a_for_an_undefined_share_or_cosine():
     assert "largest reward component: correctness (80%" in line and "nan" not in line
 
 
+def test_console_calls_a_conflict_only_beyond_the_reports_threshold():
+    """Issue 48: a cosine of -0.0025 was "pull apart"; the console and the report word a cosine by one rule."""
+    from rlgrad.logging.sinks import analysis_summary
+
+    shares = {"grad_comp/correctness/share": 0.8, "grad_comp/format/share": 0.2}
+    line = analysis_summary(3, {**shares, "grad_sim/correctness__format": -0.0025})
+    assert "pull apart" not in line and "largest reward component: correctness (80%" in line
+    line = analysis_summary(3, {**shares, "grad_sim/correctness__format": -0.25})
+    assert "correctness vs format pull apart (cosine -0.25)" in line
+    rows = {2: {"grad_sim/correctness__format": -0.0025}}
+    assert "are nearly orthogonal (cosine -0.00)" in " ".join(R.rule_component_cosines(D.RunData("r", "r", rows)))
+
+
 def test_component_trend_draws_cosines_and_shares_over_steps_with_gaps(tmp_path):
     rows = {s: {"grad_sim/correctness__format": c, "grad_comp/correctness/norm": 1.0, "grad_comp/format/norm": n,
                 "grad_comp/correctness/share": sc, "grad_comp/format/share": sf, "grad_comp/total/norm": 1.0}
@@ -638,18 +660,37 @@ def test_config_get_reads_a_setting_under_its_earlier_name():
     assert D.config_get(new, "analysis.buckets.num_buckets", "-") == "-"
 
 
+def test_a_component_is_said_to_fall_only_beyond_its_noise(tmp_path):
+    """Issue 48: the README's every10 run: correctness 0.695 at step 1 and 0.617 at step 20, while its 5-step means
+    rose from 0.651 to 0.716; the report said it "fell over the run" from the two single steps."""
+    values = [0.695, 0.62, 0.66, 0.64, 0.64] + [0.68] * 10 + [0.76, 0.72, 0.74, 0.745, 0.617]
+    lines = [{"step": s, "components": ["correctness"], "num_samples": 128,
+              "stats": {"correctness": {"mean": x, "std": 0.45}}} for s, x in enumerate(values, start=1)]
+    (tmp_path / "reward_components.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert R.rule_reward_components(_run({1: {"val/accuracy": 0.5}}, run_dir=tmp_path)) == [
+        "Reward components (mean per sample, step 1 → 20): correctness 0.651 → 0.716 (means of the first and last "
+        "5 steps)."]
+
+
 def test_rule_dormant_neurons_per_role():
     run = _run({1: {"actor/neuron/dormant_ratio": 0.1},
                 4: {"actor/neuron/dormant_ratio": 0.05, "critic/neuron/dormant_ratio": 0.2}})
+    # two measurements: one at each end, no spread to judge a change by: stated, not called a rise or a fall
     assert R.rule_dormant_neurons(run) == [
-        "The actor's dormant-neuron ratio fell from 10.0% (step 1) to 5.0% (step 4).",
+        "The actor's dormant-neuron ratio went from 10.0% (step 1) to 5.0% (step 4).",
         "The critic's dormant-neuron ratio was 20.0% at step 4."]
     run = _run({1: {"critic/neuron/dormant_ratio": 0.125}, 2: {"critic/neuron/dormant_ratio": 0.25}})
     assert R.rule_dormant_neurons(run) == [
-        "The critic's dormant-neuron ratio rose from 12.5% (step 1) to 25.0% (step 2)."]
-    run = _run({1: {"actor/neuron/dormant_ratio": 0.1}, 2: {"actor/neuron/dormant_ratio": 0.1}})
+        "The critic's dormant-neuron ratio went from 12.5% (step 1) to 25.0% (step 2)."]
+    # four: halves of two (standard errors 0.005 each, the rise 0.1 beyond 2 x 0.0071)
+    run = _run({s: {"critic/neuron/dormant_ratio": x} for s, x in zip((1, 2, 3, 4), (0.1, 0.11, 0.2, 0.21))})
     assert R.rule_dormant_neurons(run) == [
-        "The actor's dormant-neuron ratio stayed from 10.0% (step 1) to 10.0% (step 2)."]
+        "The critic's dormant-neuron ratio rose from 10.0% (step 1) to 21.0% (step 4), 10.5% to 20.5% over the "
+        "first and last 2 measurements."]
+    run = _run({s: {"actor/neuron/dormant_ratio": x} for s, x in zip((1, 2, 3, 4), (0.1, 0.3, 0.1, 0.3))})
+    assert R.rule_dormant_neurons(run) == [
+        "The actor's dormant-neuron ratio stayed within its noise from 10.0% (step 1) to 30.0% (step 4), 20.0% to "
+        "20.0% over the first and last 2 measurements."]
     assert R.rule_dormant_neurons(_run({1: {"actor/neuron/zero_grad_ratio": 0.5}})) == []
 
 
@@ -703,7 +744,7 @@ def test_report_is_self_contained(rich_run, rich_report):
     assert "correctness and format are weakly aligned (cosine +0.30)" in page  # step 2's components.json
     # the stale step-2 line is ignored
     assert "correctness 0.1 → 0.2, format 0.1 → 0.2, length 0.1 → 0.2" in page
-    assert "dormant-neuron ratio rose from 5.0% (step 1) to 10.0% (step 2)" in page
+    assert "dormant-neuron ratio went from 5.0% (step 1) to 10.0% (step 2)" in page
     assert "the actor update trained on: after the rollout filter" in page  # which samples the rewards are of
     assert "reward std mean" in page and "RV mean" not in page
 
@@ -876,13 +917,19 @@ def test_neuron_figures_read_plainly():
 
 
 def test_narrative_names_resets_and_a_falling_component(tmp_path):
-    lines = [{"step": 1, "components": ["correctness", "format"],
-              "stats": {"correctness": {"mean": 0.25}, "format": {"mean": 0.9}}},
-             {"step": 9, "components": ["correctness", "format"],
-              "stats": {"correctness": {"mean": 0.75}, "format": {"mean": 0.4}}}]
+    # two steps: each end's noise is its samples' (std 0.3 over 64: standard error 0.0375; the fall 0.5 is beyond)
+    lines = [{"step": 1, "components": ["correctness", "format"], "num_samples": 64,
+              "stats": {"correctness": {"mean": 0.25, "std": 0.4}, "format": {"mean": 0.9, "std": 0.3}}},
+             {"step": 9, "components": ["correctness", "format"], "num_samples": 64,
+              "stats": {"correctness": {"mean": 0.75, "std": 0.4}, "format": {"mean": 0.4, "std": 0.3}}}]
     (tmp_path / "reward_components.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     run = _run({1: {"val/accuracy": 0.5}}, run_dir=tmp_path)
     assert R.rule_reward_components(run)[-1] == "Fell over the run: format."
+    for line in lines:  # without the samples' spread a lone step's mean has no noise: the fall is not called
+        line.pop("num_samples")
+    (tmp_path / "reward_components.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert R.rule_reward_components(run) == [
+        "Reward components (mean per sample, step 1 → 9): correctness 0.25 → 0.75, format 0.9 → 0.4."]
     resets = _run({5: {"actor/neuron/reset_count": 100.0}, 10: {"actor/neuron/reset_count": 0.0},
                    15: {"actor/neuron/reset_count": 52.0}})
     assert R.rule_neuron_resets(resets) == ["ReDo reset 152 actor neurons over 2 reset steps (steps 5–15)."]

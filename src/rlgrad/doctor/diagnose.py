@@ -24,12 +24,12 @@ from rlgrad.doctor.findings import (
     Finding,
     Thresholds,
     View,
-    flat_reward,
     fmt,
     too_early,
 )
 from rlgrad.doctor.settings import kept_default, yaml_value
 from rlgrad.metrics import TRAINER, declared, match
+from rlgrad.metrics.judge import windows
 
 # Every module that holds signatures, in the order they register (the order of docs/doctor.md's table and of the
 # findings of one severity and step). A module of signatures is run only if it is listed here:
@@ -73,8 +73,10 @@ def _scale(v: View) -> str:
     if not g:
         return "The run logs no gradient norm."
     med = statistics.median(g)
-    flat, ev = flat_reward(v, Thresholds())
-    trend = f" Its reward went {ev.split(' ', 1)[1]}." if ev else ""
+    _, r = v.series("critic/score/mean")
+    change = windows(r, Thresholds().window) if len(r) >= 4 else None
+    trend = (f" Its reward {change.verb}: {fmt(change.before)} (first {change.window} steps) → {fmt(change.after)} "
+             f"(last {change.window} steps)." if change else "")
     return (f"The median gradient norm is {fmt(med)}.{trend} Absolute gradient norms are not comparable across "
             "runs or frameworks: they scale with the model, the loss aggregation (token-mean vs sequence-mean), "
             "the advantage normalisation, the batch size and the share of zero-advantage groups. Small norms are "
@@ -108,7 +110,8 @@ def diagnose(run: D.RunData, thresholds: Thresholds | None = None) -> Diagnosis:
             title="No sign of trouble" + (" yet" if early else ""),
             evidence=[f"{checked} of {len(SIGNATURES)} signatures checked"
                       + (f", {len(early)} too early to judge (too few steps)" if early else "")],
-            explanation="None of the checked signatures fired."
+            explanation=("None of the checked signatures fired." if not findings else  # info findings did
+                         "No checked signature fired as a warning or worse (an info finding is a note, not a fault).")
                         + (" Some could not be checked: see --explain." if missing else "")
                         + (f" Too early for {', '.join(early)}." if early else ""),
             action="Keep watching the reward, validation accuracy and KL."))
@@ -118,11 +121,19 @@ def diagnose(run: D.RunData, thresholds: Thresholds | None = None) -> Diagnosis:
 
 
 def _note_kept_default(v: View, f: Finding) -> None:
-    """A finding against a default rlgrad keeps on purpose (``doctor/settings.py``) says so; its severity stays:
-    the run shows what it shows, and the reason to keep the default is the user's to weigh (``--explain``)."""
-    if (kept := kept_default(f.id, v.cfg)) is not None:
-        f.evidence.append(f"{kept.setting}={yaml_value(kept.default)} is rlgrad's default, kept against this advice: "
-                          f"{kept.reason.split('. ')[0]} (--explain says why)")
+    """A finding against a default rlgrad keeps on purpose (``doctor/settings.py``) says so. It stays a warning only
+    where the run measured the harm the advice prevents (``Finding.harm``), and the evidence says which: a run that
+    merely uses rlgrad's default is told it is a note, not that it did something wrong (``--explain`` says why)."""
+    if (kept := kept_default(f.id, v.cfg)) is None:
+        return
+    default = (f"{kept.setting}={yaml_value(kept.default)} is rlgrad's default, kept against this advice: "
+               f"{kept.reason.split('. ')[0]} (--explain says why)")
+    if f.harm:
+        f.evidence += [f"this run measured the harm: {f.harm}", default]
+        return
+    f.severity = "info"
+    f.evidence += [default, f"this run measured no harm from it ({kept.harm}: not seen), so this is a note, "
+                            "not a warning"]
 
 
 def _order(f: Finding) -> tuple:

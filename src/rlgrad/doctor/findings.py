@@ -20,6 +20,7 @@ from rlgrad.config.aliases import HOSTS, host_setting
 from rlgrad.errors import UserError
 from rlgrad.logging.reward_signal import correctness_component
 from rlgrad.metrics import key, parse
+from rlgrad.metrics.judge import Change, share_error, windows
 
 SEVERITY = {"critical": 0, "warn": 1, "info": 2}  # most serious first: a finding's severity is one of these
 
@@ -179,6 +180,9 @@ class Finding:
     id: str = ""  # a signature's findings take its registered id (``signature``); set by hand only outside one
     explains: list[str] = field(default_factory=list)  # ids of findings this one's evidence explains (its effects)
     cause: str = ""  # set by ``diagnose``: the id of the fired finding that explains this one
+    # against a default rlgrad keeps on purpose (doctor/settings.py): the harm the run measured, in words; "" for
+    # none, and the finding is then a note (info), not a warning, on a run that keeps the default
+    harm: str = ""
 
 
 @dataclass
@@ -285,6 +289,19 @@ def flat_reward(v: View, t: Thresholds) -> tuple[bool, str]:
         return False, ""
     a, b = first_last(r, t.window)
     return b - a < t.plateau_delta, f"{v.name('critic/score/mean')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"
+
+
+def val_size(v: View) -> int | None:
+    """The prompts each validation scores (``data.val_size``), None when the run does not say."""
+    n = v.cfg("data.val_size")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def validation_change(v: View) -> Change | None:
+    """Validation accuracy from the first to the last validations, judged against its binomial noise over
+    ``data.val_size`` prompts (``rlgrad.metrics.judge``: the one rule of rises and falls); None under two."""
+    _, acc = v.series("val/accuracy")
+    return windows(acc, errors=[share_error(a, val_size(v)) for a in acc])
 
 
 def train_series(v: View, key: str) -> tuple[list[int], list[float]]:

@@ -39,6 +39,8 @@ def follow(path: str, thresholds: Thresholds | None = None, interval: float = 2.
             seen, last_new = new[-1], clock()
         done = (not being_written(p)) if (p / METRICS_FILE).is_file() else clock() - last_new > idle
         if done:
+            if seen:
+                doctor.finish(run)
             say(f"[doctor] {p}: the run ended at step {seen}" if seen else f"[doctor] {p}: no steps")
             return worst
         time.sleep(interval)

@@ -13,6 +13,7 @@ from rlgrad.doctor.findings import (
     View,
     correctness_silent,
     entropy_coef,
+    flat_reward,
     fmt,
     gradless_steps,
     reward_weights,
@@ -54,12 +55,18 @@ def _std_amplifies(v: View, t: Thresholds) -> Finding | None:
           f"{len(rows)} steps)"]
     per = _bucket_series(v, "per_sample/task")
     std = _bucket_series(v, "reward_std_mean")
+    outweighs = False
     for step in sorted(per):  # the gradient side: the lowest-variance groups' per-sample push
         bs = [b for b in D.sort_buckets(per[step]) if b != "all" and std.get(step, {}).get(b, 0) > 0]
         if len(bs) >= 2:
             ev.append(f"step {step}: per-sample task gradient " + ", ".join(
                 f"{fmt(per[step][b])} in {b} (reward std {fmt(std[step][b])})" for b in bs))
+            outweighs = per[step][bs[0]] > per[step][bs[-1]]
             break
+    # the harm the advice prevents: the least-signal groups push hardest AND the run stalls
+    stalls, reward = flat_reward(v, t)
+    harm = (f"the lowest-variance bucket's per-sample task gradient outweighs the highest's, and the reward stalls "
+            f"({reward})" if outweighs and stalls else "")
     return Finding(
         severity="warn", step=s, confidence=0.8,
         title="Std-normalised advantages amplify low-variance groups", evidence=ev,
@@ -67,7 +74,8 @@ def _std_amplifies(v: View, t: Thresholds) -> Finding | None:
                     "sample among many) advantages larger than any reward difference: with binary rewards the "
                     "groups with the least signal push hardest, and the per-sample gradient no longer grows with "
                     "the reward variance.",
-        action=f"Set {v.setting('algorithm.norm_adv_by_std_in_grpo=false')} (Dr. GRPO), or use RLOO advantages.")
+        action=f"Set {v.setting('algorithm.norm_adv_by_std_in_grpo=false')} (Dr. GRPO), or use RLOO advantages.",
+        harm=harm)
 
 
 def _regularizer_words(v: View, term: str, coef, large_steps: str = "") -> tuple[str, str, str, list[str]]:

@@ -43,6 +43,11 @@ class DoctorHook(Hook):
                           if stop else "")
 
 
+    def close(self) -> None:
+        """The run's end: the live doctor's final diagnosis, the one ``rlgrad doctor RUN`` gives afterwards."""
+        self.doctor.finish()
+
+
 def doctor_hooks(cfg: RLGradConfig, run_dir: Path, **kw) -> list[Hook]:
     """The live doctor's hook when ``doctor.live`` asks for it (the loops add it after their other hooks)."""
     return [DoctorHook(cfg, run_dir, **kw)] if cfg.doctor.live else []

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rlgrad import rundata as D
 from rlgrad.doctor.diagnose import diagnose
-from rlgrad.doctor.findings import Finding, Thresholds, at_or_above
+from rlgrad.doctor.findings import Diagnosis, Finding, Thresholds, at_or_above
 from rlgrad.runfiles import DOCTOR_FILE, METRICS_FILE
 
 
@@ -102,6 +102,21 @@ class LiveDoctor:
                 self._append(step, f)
         return new
 
+    def finish(self, run: D.RunData | None = None) -> Diagnosis | None:
+        """At the run's end: the whole history (or ``run``, a follower's fresh read of the run) diagnosed once more,
+        no step skipped, as ``rlgrad doctor RUN`` diagnoses it afterwards; one line says what holds at the end and
+        which findings said during the run no longer do (a plateau that the later steps lifted). doctor.jsonl keeps
+        what was said as the run went. None before any step."""
+        run = run or self.run
+        if not run.rows:
+            return None
+        dx = diagnose(run, self.thresholds)
+        gone = sorted({finding for finding, _ in self.said} - {f.id for f in dx.findings})
+        if self.is_main:
+            where = str(run.run_dir) if run.run_dir else run.source or "RUN"
+            self.say(final_line(max(run.rows), dx.findings, gone, where))
+        return dx
+
     def _append(self, step: int, f: Finding) -> None:
         if self.run.run_dir is None:
             return
@@ -110,6 +125,15 @@ class LiveDoctor:
                "skipped_steps": self.skipped}
         with open(self.run.run_dir / DOCTOR_FILE, "a") as out:
             out.write(json.dumps(row) + "\n")
+
+
+def final_line(step: int, findings: list[Finding], gone: list[str], where: str = "RUN") -> str:
+    """The live doctor's last line: the findings that hold at the end (those ``rlgrad doctor`` lists), and the ones
+    said earlier that no longer hold."""
+    held = [f"{f.severity.upper()} {f.id}" for f in findings if f.id != "healthy"]
+    news = "; ".join(held) if held else "no sign of trouble"
+    later = f"; no longer holding: {', '.join(gone)}" if gone else ""
+    return f"[doctor] end of run, step {step}: {news}{later} (in full: rlgrad doctor {where})"
 
 
 RESUME = {"rlgrad": "the same rlgrad train command resumes from the checkpoint of step {step}",

@@ -25,10 +25,13 @@ from rlgrad.doctor.findings import (
     train_series,
     unpaid_correctness,
     update_size,
+    val_size,
+    validation_change,
 )
 from rlgrad.doctor.gradient import shrink_weight
 from rlgrad.logging.reward_signal import MIN_STEPS, correctness_component, reward_problems
 from rlgrad.metrics import key
+from rlgrad.metrics.judge import Z, share_error, windows
 from rlgrad.runfiles import CHECKPOINT_PREFIX, checkpoint_due, checkpoint_steps
 
 
@@ -382,17 +385,24 @@ def _restart_from(v: View, step: int) -> str:
 
 
 @signature("reward_plateau", "critic/score/mean", trend="critic/score/mean", min_points=lambda t: 2 * t.window,
-           reads="logs",
-           fires="the reward's rise from the first to the last {window} steps < {plateau_delta:g} (info)")
+           reads="logs (+ config)",
+           fires="the reward's change from the first to the last {window} steps < {plateau_delta:g} and within twice "
+                 "its standard error, while validation accuracy does not rise beyond its noise (info)")
 def _plateau(v: View, t: Thresholds) -> Finding | None:
-    steps, r = v.series("critic/score/mean")
-    a, b = first_last(r, t.window)
-    if abs(b - a) >= t.plateau_delta:  # a fall is reward_collapse's (or nothing)
+    _, r = v.series("critic/score/mean")
+    change = windows(r, t.window)
+    if abs(change.after - change.before) >= t.plateau_delta or change.direction:  # a fall is reward_collapse's
         return None
-    ev = f"{v.name('critic/score/mean')} {fmt(a)} (first steps) → {fmt(b)} (last steps)"
+    val = validation_change(v)
+    if val is not None and val.direction > 0:  # the policy still learns: a flat training reward is not the news
+        return None
+    ev = [f"{v.name('critic/score/mean')} {fmt(change.before)} (first {change.window} steps) → {fmt(change.after)} "
+          f"(last {change.window} steps): {change.verb} (±{fmt(Z * change.noise)})"]
+    if val is not None:
+        ev.append(f"val/accuracy {fmt(val.before)} → {fmt(val.after)}: {val.verb}")
     return Finding(
-        severity="info", step=None, confidence=0.5, title="Reward plateau", evidence=[ev],
-        explanation="The mean reward did not rise between the first and the last steps.",
+        severity="info", step=None, confidence=0.5, title="Reward plateau", evidence=ev,
+        explanation="The mean reward did not rise between the first and the last steps, nor did validation accuracy.",
         action="See the other findings for why; a plateau at the reward's maximum is success.")
 
 
@@ -547,8 +557,8 @@ def _val(v: View, t: Thresholds) -> Finding | None:
     flat, _ = flat_reward(v, t)
     # the competing cause the run can rule out: the validation set's own sampling noise (twice the binomial std of
     # an accuracy of ``best`` over data.val_size prompts; a 128-prompt set at 0.85 moves by ±0.06 by chance)
-    n = v.cfg("data.val_size")
-    noise = 2 * math.sqrt(best * (1 - best) / n) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0.0
+    n = val_size(v)
+    noise = Z * share_error(best, n) if n else 0.0
     drop = max(t.val_drop, noise)
     if acc[-1] < best - drop and not flat:
         at = "before training (step 0: the initial weights)" if best_step == 0 else f"at step {best_step}"

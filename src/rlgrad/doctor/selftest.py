@@ -27,7 +27,8 @@ NEVER_LIVE = ("critical",)
 # scripts/generate/doctor_fixtures.py induces
 FAULTS: dict[str, tuple[str, str]] = {
     "lr_too_low": ("lr_too_small", "warn"), "tiny_grad_clip": ("clip_every_step", "info"),
-    "std_norm_binary": ("std_normalisation_amplifies", "warn"), "format_heavy": ("component_dominates", "warn"),
+    "std_norm_binary": ("std_normalisation_amplifies", "info"),  # rlgrad's default, no harm measured: a note
+    "format_heavy": ("component_dominates", "warn"),
     "kl_explodes": ("kl_blowup", "warn"), "entropy_collapse": ("entropy_collapse", "warn"),
     "zero_variance": ("zero_variance_groups", "warn"), "trl_lr_too_low": ("lr_too_small", "warn"),
     "lr_too_high": ("reward_collapse", "critical"), "lr_fast_collapse": ("reward_collapse", "critical"),

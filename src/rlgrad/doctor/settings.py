@@ -1,8 +1,9 @@
 """The settings behind the doctor's words (``rlgrad doctor --explain``): which setting makes a run log a metric a
 signature needs, and which of rlgrad's defaults stay against a finding's advice, and why.
 
-A default kept against advice: where the run's value is the default named here, the finding (its severity as
-the run earns it) adds the reason's first sentence to its evidence, and ``--explain`` prints the whole reason.
+A default kept against advice: where the run's value is the default named here, the finding adds the reason's
+first sentence to its evidence, and ``--explain`` prints the whole reason; it stays a warning only where the run
+measured the harm named here (the signature's ``Finding.harm``), and is a note (info) otherwise.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class KeptDefault:
     setting: str
     default: object
     reason: str  # its first sentence: the short form the finding's evidence carries
+    harm: str  # what a run measures when the default hurts it: the finding warns only then (``Finding.harm``)
 
 
 KEPT_DEFAULTS: tuple[KeptDefault, ...] = (
@@ -43,7 +45,8 @@ KEPT_DEFAULTS: tuple[KeptDefault, ...] = (
         "84.4% with it, 74.2 / 82.0% without; SmolLM2-135M on chain_sum at 75.0% with it, 57.8% without (one seed). "
         "Dr. GRPO's case against it (nearly unanimous groups get full-size advantages: a difficulty bias) is what the "
         "finding shows; set it false (as the demo preset does) where the low-variance groups' per-sample gradient "
-        "outweighs the others' and the run stalls."),
+        "outweighs the others' and the run stalls.",
+        "the lowest-variance bucket's per-sample task gradient above the highest's while the reward stalls"),
 )
 
 

@@ -18,6 +18,7 @@ import torch
 
 from rlgrad.errors import UserError
 from rlgrad.metrics import INSTRUMENTS, key, match, write_run_catalogue
+from rlgrad.metrics.judge import cosine_word
 from rlgrad.runfiles import METRICS_FILE, WANDB_ID_FILE, step_dir
 
 
@@ -152,7 +153,7 @@ def analysis_summary(step: int, m: dict[str, float]) -> str | None:
         sims = {k.split("/", 1)[1].replace("__", " vs "): v for k, v in m.items()
                 if k.startswith("grad_sim/") and defined(v)}
         worst = min(sims, key=sims.get) if sims else None
-        if worst is not None and sims[worst] < 0:
+        if worst is not None and cosine_word(sims[worst]) == "in conflict":  # -0.003 is orthogonal, not a conflict
             parts.append(f"{worst} pull apart (cosine {sims[worst]:+.2f})")
     if "actor/neuron/dormant_ratio" in m:
         parts.append(f"{100 * m['actor/neuron/dormant_ratio']:.1f}% of actor neurons dormant")

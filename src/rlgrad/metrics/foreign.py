@@ -17,7 +17,7 @@ TRL_NAMES = {
     "frac_reward_zero_std": "critic/score/frac_zero_std", "completions/mean_length": "response_length/mean",
     "completions/max_length": "response_length/max", "completions/min_length": "response_length/min",
     "completions/clipped_ratio": "response_length/clip_ratio", "entropy": "actor/entropy", "kl": "actor/kl_loss",
-    "policy_loss": "actor/pg_loss", "clip_ratio/region_mean": "actor/pg_clipfrac",
+    "policy_loss": "actor/pg_loss", "loss": "actor/loss", "clip_ratio/region_mean": "actor/pg_clipfrac",
     "cispo_clip_ratio": "actor/pg_clipfrac", "grad_norm": "actor/grad_norm", "learning_rate": "actor/lr",
     "step_time": "timing_s/step",
 }

@@ -15,6 +15,7 @@ KL_IN_REWARD = "algorithm.use_kl_in_reward=true"
 FILTER_GROUPS = "algorithm.filter_groups.enable=true"
 COMPONENTS = "a task with named reward components (rlgrad's tasks; TRL: several reward_funcs)"
 EXTRACTION = "data.task=math, countdown or reasoning_gym (reward.answer_extraction=auto or flexible)"
+HOST_LOSS = "TRL as the host trainer (rlgrad's trainer logs the loss's terms instead)"
 
 ROLLOUT = Group(
     "rollout", "Rollout", "The step's sampled training responses, before the rollout filter.",
@@ -141,6 +142,11 @@ ACTOR = Group(
     setting=EVERY_STEP, data="update", metrics=(
         ("actor/pg_loss",
          "Policy loss (PPO-clip or CISPO, aggregated with actor.loss_agg_mode over the mini-batch)."),
+        Metric("actor/loss",
+               "The actor's whole loss as the host trainer reports it: TRL's loss (its GRPO objective, the policy "
+               "loss plus beta times the KL to the reference, as TRL aggregates it by loss_type). rlgrad's trainer "
+               "logs the terms: actor/pg_loss, actor/kl_loss.",
+               setting=HOST_LOSS),
         ("actor/pg_clipfrac",
          "Fraction of response tokens whose ratio is clipped (ppo: the clipped term is the larger; "
          "cispo: ratio > 1 + clip_ratio_high)."),

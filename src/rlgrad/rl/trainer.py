@@ -83,6 +83,7 @@ from rlgrad.runfiles import (
     checkpoint_due,
     lock_run_dir,
     read_jsonl,
+    refuse_if_in_use,
     rollout_dir,
     truncate_jsonl_after,
 )
@@ -101,6 +102,7 @@ class Trainer:
         self._set_up_process(log)
         distributed.agree(lambda: distributed.check_config(cfg))
         self.task = distributed.agree(lambda: task_from_config(cfg))
+        distributed.decide(lambda: refuse_if_in_use(self.run_dir))  # the writer named, checkpoint or not
         self.resume_from = distributed.decide(lambda: runs.find_resume_point(cfg, self.run_dir, log=self.log))
         torch.manual_seed(cfg.trainer.seed)
         self._load_policy()
@@ -602,6 +604,9 @@ class Trainer:
         if self.step >= self.cfg.trainer.total_training_steps:  # nothing to train: one line, or refused
             distributed.decide(lambda: runs.check_finished_run(self.run_dir, self.cfg, self.step, self.log))
             return self.summary
+        if self.resume_from is not None:  # the first line of a resumed run says so, and from where
+            self.log(f"resuming the run in {self.run_dir} from its checkpoint of step {self.step} "
+                     f"({self.resume_from}): steps {self.step + 1} to {self.cfg.trainer.total_training_steps}")
         logger = distributed.agree(self._open_run_dir)
         start = self.step
         with runs.stop_requests() as signals:

@@ -34,6 +34,26 @@ MISSING = {"entropy": "not computed in this run\n(actor.entropy_coeff = 0)",
 WHY_ABSENT = {"entropy": "entropy (actor.entropy_coeff = 0)", "kl": "KL (actor.use_kl_loss = false)"}
 
 
+JOIN_GAP = 10  # steps: two measurements farther apart are drawn as points, not joined
+
+
+def plot_steps(ax, steps: Sequence[int], values: Sequence[float], style: str = "o-", **kw) -> list:
+    """A metric over training steps: a line joins two measurements at most ``JOIN_GAP`` steps apart; farther apart
+    (analysis steps 1 and 51) they stay points, with markers, since a line across the gap would draw values for
+    steps never measured."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for i, (step, value) in enumerate(zip(steps, values)):
+        if i and step - steps[i - 1] > JOIN_GAP:
+            xs.append((step + steps[i - 1]) / 2)
+            ys.append(math.nan)  # the line breaks here
+        xs.append(step)
+        ys.append(value)
+    if len(xs) > len(steps) and "o" not in style:
+        style = "o" + style
+    return ax.plot(xs, ys, style, **kw)
+
+
 def line_through_means(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
     """A line's points by increasing x, the y of points that share an x (to 3 digits) averaged: buckets of one
     reward std joined in bucket order would zigzag up and down a vertical."""
@@ -73,9 +93,36 @@ def left_out(terms: Sequence[str]) -> str:
 
 
 def png_bytes(fig: Figure, dpi: int = 150) -> bytes:
+    fit_ylabels(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, facecolor="white")  # constrained layout already fits the text
     return buf.getvalue()
+
+
+def fit_ylabels(fig: Figure) -> None:
+    """Wrap each y-axis label taller than its axes onto as many lines as it needs to fit along them (a long unit
+    on a short panel ran off both ends of the figure); constrained layout then makes room beside it."""
+    import textwrap
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    height = fig.get_figheight() * 72  # points
+    if not any(len(ax.get_ylabel()) * 0.6 * ax.yaxis.label.get_fontsize() > 0.7 * ax.get_position().height * height
+               for ax in fig.axes):  # no label near its axes' length (a character is ~0.6 em): no layout to measure
+        return
+    renderer = canvas.get_renderer()
+    fig.draw(renderer)  # the layout the labels are measured against
+    for ax in fig.axes:
+        label = ax.yaxis.label
+        text = label.get_text()
+        if not text or not ax.get_visible():
+            continue
+        room = ax.get_window_extent(renderer).height
+        need = label.get_window_extent(renderer).height
+        if need > room > 0:
+            lines = math.ceil(need / (0.95 * room))
+            label.set_text("\n".join(textwrap.wrap(text.replace("\n", " "), math.ceil(len(text) / lines))))
 
 
 def new_fig(nrows: int, ncols: int, size: tuple[float, float], **kw) -> tuple[Figure, np.ndarray]:

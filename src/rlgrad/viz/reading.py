@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from rlgrad import rundata as D
 from rlgrad.metrics import key
+from rlgrad.metrics.judge import Change, cosine_word, windows
 
 Rule = Callable[[D.RunData], list[str]]
 
@@ -212,14 +213,27 @@ def rule_regulariser_vs_task(run: D.RunData) -> list[str]:
                 "gradient is the whole update."]
     regname = " + ".join("KL" if c == "kl" else c for c in regc)
     reg = {b: sum(D.bucket_value(m, b, c, 0.0) for c in regc) for b in names}
-    dom = [b for b in names if reg[b] > D.bucket_value(m, b, "task", 0.0)]
+    task = {b: D.bucket_value(m, b, "task", 0.0) for b in names}
+    lows = names[: max(1, len(names) // 2)]
+
+    def where(buckets: list[str]) -> str:
+        return (", ".join(b.replace("_", " ") for b in buckets)
+                + (" — the low-variance half" if set(buckets) <= set(lows) and len(buckets) < len(names) else ""))
+
+    # a bucket whose task gradient is 0 (no reward variance) has no task gradient to exceed: only its regularisers
+    # move it, which is said as such, never as "exceeds the task gradient"
+    alone = [b for b in names if task[b] == 0 < reg[b]]
+    dom = [b for b in names if 0 < task[b] < reg[b]]
+    out = []
     if dom:
-        lows = names[: max(1, len(names) // 2)]
-        low_note = " — the low-variance half" if set(dom) <= set(lows) else ""
-        return [f"At step {st} the regulariser gradient ({regname}) exceeds the task gradient in "
-                f"{', '.join(b.replace('_', ' ') for b in dom)}{low_note}: those groups are pushed mainly by "
-                "the regularisers."]
-    ratios = [D.bucket_value(m, b, "task", 0.0) / reg[b] for b in names if reg[b] > 0]
+        out.append(f"At step {st} the regulariser gradient ({regname}) exceeds the task gradient in {where(dom)}: "
+                   "those groups are pushed mainly by the regularisers.")
+    if alone:
+        out.append(f"At step {st} only the regulariser gradient ({regname}) moves {where(alone)}: the task gradient "
+                   "there is zero (every sample of a group got the same reward).")
+    if out:
+        return out
+    ratios = [task[b] / reg[b] for b in names if reg[b] > 0]
     ratio = min(ratios) if ratios else math.inf
     return [f"At step {st} the task gradient exceeds the regulariser gradient ({regname}) in "
             f"every bucket" + (f" (by at least {ratio:.3g}×)." if math.isfinite(ratio) else ".")]
@@ -237,30 +251,36 @@ def rule_no_analysis(run: D.RunData) -> list[str]:
 
 
 def rule_reward_components(run: D.RunData) -> list[str]:
-    """Mean of each reward component, first to last step of reward_components.jsonl."""
+    """Mean of each reward component, first to last step of reward_components.jsonl, and the components that fell
+    beyond their noise (``rlgrad.metrics.judge``: the first and last windows of steps, a lone step by its samples'
+    standard error)."""
     rc = D.reward_components(run)
     if not rc:
         return []
-    s0, s1 = min(rc), max(rc)
+    steps = sorted(rc)
     parts, fell = [], []
-    for c in rc[s1].get("components", []):
-        a = rc[s0].get("stats", {}).get(c, {}).get("mean")
-        b = rc[s1].get("stats", {}).get(c, {}).get("mean")
-        if a is not None and b is not None:
-            parts.append(f"{D.label(run, c)} {a:.3g} → {b:.3g}")
-            if s1 > s0 and b < a - 0.05 * max(abs(a), 1e-12):
-                fell.append(D.label(run, c))
+    for c in rc[steps[-1]].get("components", []):
+        rows = [rc[s] for s in steps if rc[s].get("stats", {}).get(c, {}).get("mean") is not None]
+        if not rows or rows[0] is not rc[steps[0]] or rows[-1] is not rc[steps[-1]]:
+            continue  # compared only when measured at both ends
+        means = [row["stats"][c]["mean"] for row in rows]
+        change = windows(means, errors=[_sample_error(row, c) for row in rows]) or Change(means[0], means[0], math.nan)
+        where = "" if change.window == 1 else f" (means of the first and last {change.window} steps)"
+        parts.append(f"{D.label(run, c)} {change.before:.3g} → {change.after:.3g}{where}")
+        if change.direction < 0:
+            fell.append(D.label(run, c))
     if not parts:
         return []
-    out = [f"Reward components (mean per sample, step {s0} → {s1}): {', '.join(parts)}."]
+    out = [f"Reward components (mean per sample, step {steps[0]} → {steps[-1]}): {', '.join(parts)}."]
     if fell:  # a component given up while the total is optimised is worth a sentence of its own
         out.append(f"Fell over the run: {', '.join(fell)}.")
     return out
 
 
-def _cosine_word(c: float) -> str:
-    return ("aligned" if c > 0.5 else "in conflict" if c < -0.1 else "nearly orthogonal" if abs(c) < 0.1
-            else "weakly aligned")
+def _sample_error(row: dict, component: str) -> float:
+    """The standard error of a step's mean of one component over its samples (NaN without std or count)."""
+    std, count = row["stats"][component].get("std"), row.get("num_samples")
+    return std / math.sqrt(count) if isinstance(std, int | float) and count else math.nan
 
 
 def rule_component_cosines(run: D.RunData) -> list[str]:
@@ -276,7 +296,7 @@ def rule_component_cosines(run: D.RunData) -> list[str]:
         if not math.isfinite(c):  # a zero gradient has no direction (components.json writes null)
             words.append(f"{a} and {b}: cosine n/a (zero gradient)")
         else:
-            words.append(f"{a} and {b} are {_cosine_word(c)} (cosine {c:+.2f})")
+            words.append(f"{a} and {b} are {cosine_word(c)} (cosine {c:+.2f})")
     if not words:
         return []
     return [f"At step {csteps[-1]} the reward components' gradients: {'; '.join(words)}."]
@@ -288,9 +308,11 @@ def rule_dormant_neurons(run: D.RunData) -> list[str]:
     for role in D.ROLES:
         s, v = D.series(run, key("{role}/neuron/dormant_ratio", role=role))
         if len(s) >= 2:
-            trend = "rose" if v[-1] > v[0] else "fell" if v[-1] < v[0] else "stayed"
-            out.append(f"The {role}'s dormant-neuron ratio {trend} from {_pct(v[0])} (step {s[0]}) to "
-                       f"{_pct(v[-1])} (step {s[-1]}).")
+            change = windows(v)
+            means = (f", {_pct(change.before)} to {_pct(change.after)} over the first and last {change.window} "
+                     "measurements" if change.window > 1 else "")
+            out.append(f"The {role}'s dormant-neuron ratio {change.verb} from {_pct(v[0])} (step {s[0]}) to "
+                       f"{_pct(v[-1])} (step {s[-1]}){means}.")
         elif s:
             out.append(f"The {role}'s dormant-neuron ratio was {_pct(v[0])} at step {s[0]}.")
     return out

@@ -12,6 +12,7 @@ import base64
 import html
 import math
 import time
+from pathlib import Path
 
 from rlgrad import rundata as D
 from rlgrad.config.schedule import Schedule, schedules
@@ -368,9 +369,9 @@ def _neurons_section(run: D.RunData, dpi: int, max_steps: int) -> str:
     return "".join(parts)
 
 
-def build_report(run: D.RunData, dpi: int = 90, max_steps: int = 6) -> str:
+def build_report(run: D.RunData, dpi: int = 90, max_steps: int = 6, out: Path | None = None) -> str:
     """The HTML page; ``max_steps`` analysis steps (evenly spaced, the last included) get their full
-    figures."""
+    figures. ``out``: where it will be written (default ``RUN/report.html``), which its links are relative to."""
     steps = [s for s in run.rows if s > 0]
     sections = [
         _config_section(run),
@@ -382,8 +383,9 @@ def build_report(run: D.RunData, dpi: int = 90, max_steps: int = 6) -> str:
         _neurons_section(run, dpi, max_steps),
         _section("critic", "Critic", _img(R.fig_critic(run), dpi, "Value function.")),
     ]
+    page_dir = out.parent if out is not None else run.run_dir
     sections.append(terms_section([sid for sid in ("analysis", "rewards", "neurons")
-                                   if any(f'id="{sid}"' in s and 'class="terms"' in s for s in sections)]))
+                                   if any(f'id="{sid}"' in s and 'class="terms"' in s for s in sections)], page_dir))
     reading = "".join(f"<li>{html.escape(t)}</li>" for t in narrative(run))
     diagnosis = _diagnosis_section(run)
     nav = " ".join(f'<a href="#{sid}">{title}</a>' for sid, title in (
@@ -452,7 +454,7 @@ def report_command(run_dir: str, output: str | None, dpi: int = 90, max_steps: i
     out = check_output(output, run.run_dir) if output else run.run_dir / "report.html"
     if out.is_dir():
         raise UserError(f"--output '{out}' is a directory; give a file name")
-    atomic_write_text(out, build_report(run, dpi, max_steps))
+    atomic_write_text(out, build_report(run, dpi, max_steps, out))
     at = D.unfinished(run)
     print(f"report written to {out.resolve()}" + (f" (in progress: step {at[0]} of {at[1]})" if at else ""))
     return 0

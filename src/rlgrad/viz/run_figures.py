@@ -29,6 +29,7 @@ from rlgrad.viz.figbase import (
     left_out,
     new_fig,
     note,
+    plot_steps,
     points_by_x,
     value_labels,
 )
@@ -285,7 +286,7 @@ def _series_grid(run: D.RunData, panels: list[Panel], title: str, ncols: int = 3
             s, v = D.series(run, name)
             if s:
                 v = [100 * x for x in v] if name in pct else v
-                ax.plot(s, v, "o-" if len(s) < 30 else "-", markersize=3, label=label)
+                plot_steps(ax, s, v, "o-" if len(s) < 30 else "-", markersize=3, label=label)
         ax.set_title(ptitle, fontweight="bold", fontsize=11)
         if ptitle in counts:
             ax.set_ylim(bottom=0, top=max(1.0, 1.1 * ax.dataLim.y1))
@@ -306,7 +307,8 @@ def fig_training_curves(run: D.RunData) -> Figure | None:
         ([("critic/score/mean", "mean reward (score)"), ("rollout/accuracy", "rollout accuracy")],
          "Reward", "reward (task units) / accuracy (fraction)"),
         ([("val/accuracy", "validation accuracy")], "Validation accuracy", "accuracy (%)"),
-        ([("actor/pg_loss", "policy loss"), ("actor/kl_loss", "KL loss"), ("critic/vf_loss", "value loss")],
+        ([("actor/loss", "loss (the host trainer's: TRL's)"), ("actor/pg_loss", "policy loss"),
+          ("actor/kl_loss", "KL loss"), ("critic/vf_loss", "value loss")],
          "Losses", "loss (dimensionless)"),
         ([("actor/grad_norm", "actor (before clipping)"), ("critic/grad_norm", "critic")],
          "Gradient norm", f"gradient norm ({NORM_UNIT})"),
@@ -350,7 +352,7 @@ def fig_bucket_trend(run: D.RunData, steps: list[int]) -> Figure | None:
     fig.colorbar(sc, ax=ax, pad=0.02).set_label("bucket mean reward std", fontsize=8)
     xs, ys = D.series(run, "grad_norm/all/task")
     if xs:
-        ax.plot(xs, ys, "--", color=COLORS["all"], label="all (whole batch)", zorder=2)
+        plot_steps(ax, xs, ys, "--", color=COLORS["all"], label="all (whole batch)", zorder=2)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.14), frameon=False)
     ax.set_title("Task gradient norm per bucket (colour: its reward std)", fontweight="bold", fontsize=11)
     ax.set_xlabel("training step (analysis steps)")
@@ -395,7 +397,7 @@ def fig_component_trend(run: D.RunData) -> Figure | None:
             if bad:  # a gap in the line, named in the legend; never a point at 0 (a cosine of 0 means orthogonal)
                 label += f" (n/a at step {', '.join(map(str, bad))})"
                 missing.update(bad)
-            ax.plot(xs, ys, "o-", markersize=4, label=label)
+            plot_steps(ax, xs, ys, "o-", markersize=4, label=label)
         _mark_undefined(ax, sorted(missing))
         gaps = gaps or bool(missing)
         ax.axhline(0, color="black", linewidth=0.6)

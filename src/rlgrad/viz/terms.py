@@ -9,6 +9,7 @@ means to a reader, the catalogue what exactly is logged.
 from __future__ import annotations
 
 import html
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,11 @@ TERMS: dict[str, Term] = {t.slug: t for t in (
     Term("component-cosine", "cosine of component gradients",
          "how the gradients of two reward components point: +1 together, 0 orthogonal, −1 against each other; "
          "n/a (zero gradient) when either has no gradient, hence no direction", "grad_sim/correctness__format"),
+    Term("shared-std", "shared_std",
+         "how the component analysis splits the update (analysis.components.mode, the default): each component's "
+         "advantage is its weighted reward minus its group mean, over the std of the group's total reward, so the "
+         "components' advantages add up to GRPO's and their gradients to the update's (own_std: each over its own "
+         "std, which do not add up)", None),
     Term("dormant", "dormant (τ-score)",
          "a neuron whose gradient is small next to its layer's: the mean |gradient| of its incoming weights "
          "over the layer's mean is at most τ (GraMa)", "actor/neuron/dormant_ratio"),
@@ -67,17 +73,21 @@ TERMS: dict[str, Term] = {t.slug: t for t in (
 
 SECTION_TERMS = {  # the terms each report section's figures and tables use
     "analysis": ("bucket", "reward-std", "task-gradient", "regulariser", "per-sample", "layer-share"),
-    "rewards": ("component-share", "component-cosine"),
+    "rewards": ("component-share", "component-cosine", "shared-std"),
     "neurons": ("dormant", "act-dormant", "zero-gradient", "nullspace", "redo"),
 }
 
 CATALOGUE_DOC = "docs/metrics.md"
 
 
-def catalogue_href() -> str | None:
-    """The metric catalogue's page in the clone rlgrad runs from (an editable install), else None."""
+def catalogue_href(page_dir: Path | None) -> str | None:
+    """The metric catalogue's page in the clone rlgrad runs from (an editable install), relative to the directory
+    the report is written to (``page_dir``), so that the link holds wherever the clone and its runs are moved
+    together; None without that page or directory."""
     page = Path(__file__).resolve().parents[3] / CATALOGUE_DOC
-    return page.as_uri() if page.is_file() else None
+    if page_dir is None or not page.is_file():
+        return None
+    return Path(os.path.relpath(page, Path(page_dir).resolve())).as_posix()
 
 
 def terms_block(section: str) -> str:
@@ -87,8 +97,9 @@ def terms_block(section: str) -> str:
     return f'<details class="terms" open><summary>Terms in this section</summary><ul>{items}</ul></details>'
 
 
-def terms_section(sections: list[str]) -> str:
-    """The Terms section: each used term, its definition and the catalogue's meaning of the key behind it."""
+def terms_section(sections: list[str], page_dir: Path | None = None) -> str:
+    """The Terms section: each used term, its definition and the catalogue's meaning of the key behind it; the
+    catalogue linked relative to ``page_dir``, where the report is written."""
     used = [TERMS[s] for sec in sections for s in SECTION_TERMS.get(sec, ())]
     if not used:
         return ""
@@ -98,7 +109,7 @@ def terms_section(sections: list[str]) -> str:
         logged = (f'<br><span class="muted">logged as <code>{html.escape(entry.template)}</code>: '
                   f"{html.escape(entry.meaning)}</span>" if entry else "")
         rows.append(f'<dt id="term-{t.slug}">{html.escape(t.name)}</dt><dd>{html.escape(t.definition)}{logged}</dd>')
-    href = catalogue_href()
+    href = catalogue_href(page_dir)
     link = (f'<a href="{href}">{CATALOGUE_DOC}</a>' if href else f"<code>{CATALOGUE_DOC}</code> in rlgrad's "
             "repository")
     return (f'<section id="terms"><h2>Terms</h2><dl>{"".join(rows)}</dl><p class="muted">Every metric key with '
