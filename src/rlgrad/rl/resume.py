@@ -4,6 +4,7 @@ themselves are ``runfiles.py``'s."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -12,10 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rlgrad.config.saved import from_yaml_file
-from rlgrad.config.schema import RLGradConfig, flat_settings
+from rlgrad.config.schema import RLGradConfig, flat_settings, to_yaml
 from rlgrad.errors import HALTED_STATUS, UserError
 from rlgrad.rl import checkpoint as ckpt
-from rlgrad.runfiles import CONFIG_FILE, checkpoint_dirs, holds_a_run
+from rlgrad.runfiles import CONFIG_CHANGES_FILE, CONFIG_FILE, atomic_write_text, checkpoint_dirs, holds_a_run
 
 # Settings that define a run: a resume that changes one is refused (a cadence or more steps may change).
 DEFINING = ("model.", "data.task", "data.train_files", "data.val_files", "data.reasoning_gym", "data.train_batch_size",
@@ -84,6 +85,19 @@ def config_changes(run_dir: Path, cfg: RLGradConfig) -> dict[str, list]:
             f"{k} ({diff[k][0]!r}, now {diff[k][1]!r})" for k in fixed)
             + "; these define the run: start a new one (trainer.experiment_name or trainer.default_local_dir)")
     return diff
+
+
+def record_settings(run_dir: Path, cfg: RLGradConfig, step: int, log: Callable[[str], None] = print) -> None:
+    """The run's settings on disk: ``config.yaml`` written for a new run, and rewritten on a resume that changed
+    settings it may change, each such change appended to ``config_changes.jsonl`` with the step and said once."""
+    changes = config_changes(run_dir, cfg) if (run_dir / CONFIG_FILE).is_file() else {}
+    if changes or not (run_dir / CONFIG_FILE).exists():
+        atomic_write_text(run_dir / CONFIG_FILE, to_yaml(cfg))
+    if changes:
+        with open(run_dir / CONFIG_CHANGES_FILE, "a") as f:
+            f.write(json.dumps({"step": step, "changes": changes}) + "\n")
+        log(f"resuming at step {step} with changed settings (recorded in {CONFIG_CHANGES_FILE}): "
+            + ", ".join(f"{k}: {old} -> {new}" for k, (old, new) in changes.items()))
 
 
 def check_finished_run(run_dir: Path, cfg: RLGradConfig, step: int, log: Callable[[str], None] = print) -> None:

@@ -27,7 +27,6 @@ the rollout filter's choice and the update are those of one process on the globa
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import signal
@@ -44,7 +43,7 @@ from rlgrad.algos.objective import CriticSettings, LossSettings, critic_loss_fn
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_cat, all_reduce_sum, is_main, rank, world_size
 from rlgrad.config.algorithm import PER_TOKEN
-from rlgrad.config.schema import RLGradConfig, to_yaml
+from rlgrad.config.schema import RLGradConfig
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult, HookRunner, StepContext
 from rlgrad.logging.reward_signal import RewardSignalWatch
@@ -76,10 +75,7 @@ from rlgrad.rl.rollout import (
 )
 from rlgrad.rl.shaping import KLController, dynamic_sampling, kl_in_reward, kl_reward_share, overlong_penalty
 from rlgrad.runfiles import (
-    CONFIG_CHANGES_FILE,
-    CONFIG_FILE,
     METRICS_FILE,
-    atomic_write_text,
     checkpoint_due,
     lock_run_dir,
     read_jsonl,
@@ -239,7 +235,6 @@ class Trainer:
         run_dir = self.run_dir
         if not self.is_main:  # only rank 0 writes
             return MetricLogger([])
-        changes = runs.config_changes(run_dir, self.cfg) if (run_dir / CONFIG_FILE).is_file() else {}
         self.created_run_dir = not (run_dir.exists() and any(run_dir.iterdir()))
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_lock = lock_run_dir(run_dir)
@@ -247,13 +242,7 @@ class Trainer:
         if unfinished:
             self.log(f"removed {len(unfinished)} unfinished checkpoint(s) of a save that was killed: "
                      + ", ".join(unfinished))
-        if changes or not (run_dir / CONFIG_FILE).exists():
-            atomic_write_text(run_dir / CONFIG_FILE, to_yaml(self.cfg))
-        if changes:
-            with open(run_dir / CONFIG_CHANGES_FILE, "a") as f:
-                f.write(json.dumps({"step": self.step, "changes": changes}) + "\n")
-            self.log(f"resuming at step {self.step} with changed settings (recorded in config_changes.jsonl): "
-                     + ", ".join(f"{k}: {old} -> {new}" for k, (old, new) in changes.items()))
+        runs.record_settings(run_dir, self.cfg, self.step, self.log)
         moved = truncate_jsonl_after(run_dir / METRICS_FILE, self.step)
         if moved:
             self.log(f"resuming at step {self.step}: {moved} metric rows past the checkpoint moved to "
