@@ -23,10 +23,14 @@ from rlgrad.doctor.findings import Finding, Thresholds, View, fmt, signature
 from rlgrad.metrics import key
 from rlgrad.metrics.pooling import STEP_FIELDS, pooled_scale
 
-# pooled_scale's fields of a step -> the keys they are logged under (bucket "all", the task term)
-STEP_KEYS = {name: key(f"noise_{name}/{{bucket}}/{{term}}", bucket="all", term="task")
-             for name in ("trace", "signal", "trace_se", "signal_se", "cov")}
-STEP_KEYS["groups"] = key("noise_groups/{bucket}", bucket="all")
+# pooled_scale's fields of a step -> the keys they are logged under (bucket "all", the task term), each template
+# spelled whole so that a search for it finds this reader
+_ALL, _TASK = {"bucket": "all"}, {"bucket": "all", "term": "task"}
+STEP_KEYS = {"trace": key("noise_trace/{bucket}/{term}", **_TASK),
+             "signal": key("noise_signal/{bucket}/{term}", **_TASK),
+             "trace_se": key("noise_trace_se/{bucket}/{term}", **_TASK),
+             "signal_se": key("noise_signal_se/{bucket}/{term}", **_TASK),
+             "cov": key("noise_cov/{bucket}/{term}", **_TASK), "groups": key("noise_groups/{bucket}", **_ALL)}
 
 
 @dataclass
@@ -54,7 +58,7 @@ class NoiseScale:
 def _per_step(v: View) -> dict[int, dict[str, float]]:
     """step -> the noise figures it logged (``STEP_KEYS``' names), the samples it measured under ``samples``."""
     out: dict[int, dict[str, float]] = {}
-    for name, k in {**STEP_KEYS, "samples": key("noise_samples/{bucket}", bucket="all")}.items():
+    for name, k in {**STEP_KEYS, "samples": key("noise_samples/{bucket}", **_ALL)}.items():
         for step, value in zip(*v.series(k)):
             out.setdefault(step, {})[name] = value
     return out
