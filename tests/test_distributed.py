@@ -248,6 +248,7 @@ def _assert_whitened_over_the_whole_batch(tmp_path, batch) -> None:
         assert part[("uneven", "reinforce_plus_plus")].abs().sum() > 0
 
 
+@pytest.mark.e2e  # several processes: in scripts/test_e2e.sh, out of the suite's 6 CPU-minutes
 def test_two_ranks_equal_one_process_update_and_analysis(tmp_path):
     torch.multiprocessing.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     got = torch.load(tmp_path / "results.pt", weights_only=False)
@@ -376,6 +377,7 @@ def test_torchrun_ddp_then_fsdp2_resume_equal_one_process(tiny, tmp_path):
     _assert_step_2_weights_equal(one, two)
 
 
+@pytest.mark.e2e  # several processes: in scripts/test_e2e.sh, out of the suite's 6 CPU-minutes
 def test_bad_input_under_torchrun_is_one_line(tiny, tmp_path):
     run = tmp_path / "run"
     run.mkdir()

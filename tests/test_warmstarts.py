@@ -85,6 +85,7 @@ def _build(cache: str, out) -> None:
     out.put((os.getpid(), digest, any(s.startswith("building") for s in said), any("waiting" in s for s in said)))
 
 
+@pytest.mark.e2e  # several processes: in scripts/test_e2e.sh, out of the suite's 6 CPU-minutes
 def test_two_runs_build_one_warm_start(tmp_path):
     ctx = mp.get_context("spawn")  # fork after torch started its threads can deadlock
     out = ctx.Queue()

@@ -116,6 +116,7 @@ KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e  # several processes: in scripts/test_e2e.sh, out of the suite's 6 CPU-minutes
 def test_sigkill_and_resume_equals_uninterrupted(tiny, tmp_path):
     steps = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=-1"]
     straight_dir = tmp_path / "straight"
