@@ -1,8 +1,18 @@
-"""Bad input: one line naming the culprit, exit status 2, nothing written."""
+"""Bad input: one line naming the culprit, exit status 2, nothing written. The CLI runs in process (``main``,
+what ``python -m rlgrad`` calls: an exception other than the one-line error fails the test); one test goes
+through the real entry point in a process of its own."""
 
 import pytest
 
+from rlgrad.cli import main
 from tests.conftest import REPO, run_cli
+
+
+def run_in_process(argv: list[str], cwd, capsys, monkeypatch) -> tuple[int, str]:
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    code = main(argv)
+    return code, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,culprit", [
@@ -18,35 +28,35 @@ from tests.conftest import REPO, run_cli
     (["--config-name", "nosuchpreset"], "nosuchpreset"),
     (["actor_rollout_ref.rollout.gpu_memory_utilization=0.3"], "gpu_memory_utilization"),
 ])
-def test_bad_input_exits_2_with_one_line(tmp_path, args, culprit):
+def test_bad_input_exits_2_with_one_line(tmp_path, args, culprit, capsys, monkeypatch):
     run = tmp_path / "run"
     if args[0].startswith("--"):
         cmd = ["train", *args, f"trainer.default_local_dir={run}"]
     else:
         cmd = ["train", f"trainer.default_local_dir={run}", f"model.cache_dir={tmp_path / 'cache'}", *args]
-    res = run_cli(cmd, cwd=tmp_path)
-    assert res.returncode == 2, res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("rlgrad: error:"), res.stderr
+    code, err = run_in_process(cmd, tmp_path, capsys, monkeypatch)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlgrad: error:"), err
     assert culprit in lines[0]
-    assert "Traceback" not in res.stderr
     assert not run.exists()
 
 
-def test_malformed_data_file_names_line(tmp_path):
+def test_malformed_data_file_names_line(tmp_path, capsys, monkeypatch):
     bad = tmp_path / "train.jsonl"
     bad.write_text('{"question": "1+1?", "answer": "#### 2"}\n{not json\n')
-    res = run_cli(["train", "data.task=math", f"data.train_files=[{bad}]",
-                   f"trainer.default_local_dir={tmp_path / 'run'}"], cwd=tmp_path)
-    assert res.returncode == 2 and f"{bad}:2" in res.stderr, res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1
+    code, err = run_in_process(["train", "data.task=math", f"data.train_files=[{bad}]",
+                                f"trainer.default_local_dir={tmp_path / 'run'}"], tmp_path, capsys, monkeypatch)
+    assert code == 2 and f"{bad}:2" in err, err
+    assert len(err.strip().splitlines()) == 1
 
 
-def test_bad_model_dir_without_config(tmp_path):
+def test_bad_model_dir_without_config(tmp_path, capsys, monkeypatch):
     d = tmp_path / "notamodel"
     d.mkdir()
-    res = run_cli(["train", f"model.path={d}", f"trainer.default_local_dir={tmp_path / 'run'}"], cwd=tmp_path)
-    assert res.returncode == 2 and "config.json" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    code, err = run_in_process(["train", f"model.path={d}", f"trainer.default_local_dir={tmp_path / 'run'}"],
+                               tmp_path, capsys, monkeypatch)
+    assert code == 2 and "config.json" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_unknown_flag_is_one_line(tmp_path):
