@@ -50,8 +50,8 @@ NOT_HERE = {
                         "smollm2_gguf finds it the same way)",
     "python scripts/experiments/smollm2_survey.py": "12 min of SmolLM2 sampling (tests/tasks/test_extraction.py "
                                                     "checks the readings it scores with)",
-    "python scripts/experiments/findings.py": "trains 4 demo runs and reads the SmolLM2 ones (minutes; "
-                                              "docs/findings.md has what it printed)",
+    "python scripts/experiments/findings.py": "trains 12 demo runs (minutes; tests/experiments/test_findings.py "
+                                              "checks docs/findings.md against the stored records)",
     "rlgrad samples runs/rlgrad_smollm2/chain_sum": "reads the SmolLM2 run above",
     "rlgrad report runs/rlgrad_smollm2/chain_sum": "reads the SmolLM2 run above",
     "python examples/trl_grpo.py": "TRL's trainer, 20 steps (tests/integrations/test_trl.py::"

@@ -1,23 +1,29 @@
 """What the instruments find on the embedded default and on SmolLM2-135M-Instruct, side by side (docs/findings.md).
 
-    python scripts/experiments/findings.py run  [--out runs/findings] [--only demo|smollm2] [--seeds 1 2]  # train
-    python scripts/experiments/findings.py show [--out runs/findings] [--images docs/images]  # figures + tables
+    python scripts/experiments/findings.py run     [--out runs/findings] [--only demo|smollm2] [--seeds 1 2 3]
+    python scripts/experiments/findings.py extract [--out runs/findings]   # runs -> bench/results/findings/*.json
+    python scripts/experiments/findings.py show                            # the tables and figures, from the store
 
-``run`` trains (slow on CPU) each model with every instrument on (bucket analysis, reward-component geometry,
-neuron health), with GRPO's std-normalised advantages and without (Dr. GRPO), for each seed; ``show`` reads those run
-directories only and prints the markdown tables docs/findings.md quotes, and draws its figures:
+``run`` trains each model with every instrument on (bucket analysis, reward-component geometry, neuron health),
+with GRPO's std-normalised advantages and without (Dr. GRPO), for each seed. ``extract`` keeps of each run what
+the tables read (a compact JSON per run under ``bench/results/findings/``, with the command that made the run and
+the doctor's findings at extraction time). ``show`` reads the store alone, prints every table docs/findings.md
+shows and draws its figures; tests/experiments/test_findings.py checks that the page holds those tables.
 
-* task-gradient norm against the bucket's mean reward std, with Spearman's rank correlation per run (RAGEN's
-  finding: higher-variance buckets carry larger gradients), total and per sample;
-* the reward components' shares of the update and their cosine;
-* the layer groups' shares of the task gradient's squared norm;
-* the dormant-neuron ratio over the run;
-* ``rlgrad doctor``'s findings on each run.
+RAGEN's relation (higher reward variance, larger gradient) is tested on the buckets that carry a signal only (a
+bucket whose groups all have reward std 0 has a task gradient of exactly 0 under GRPO: with it in, any data give a
+positive correlation). Per analysed step, Spearman's rank correlation between the bucket's mean reward std and
+its per-sample task-gradient norm divided by the bucket's RMS advantage (the gradient per unit of advantage: without
+the std normalisation |A| grows with the group's std, so the raw norm's relation holds largely by construction); the
+statistic is the mean over steps with at least 3 such buckets. Null: the norms permuted among the buckets of each
+step (``PERMUTATIONS`` times); interval: a bootstrap over the analysed steps (the steps are the units: each step's
+buckets come from one batch of independently drawn prompts).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib.util
 import json
 import math
@@ -25,14 +31,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[2]
+STORE = ROOT / "bench" / "results" / "findings"
 MODELS = {  # name -> (preset, extra overrides); analysis on every instrument
     "demo": ("demo", ["trainer.total_training_steps=60", "trainer.test_freq=20", "analysis.every=5",
-                      "analysis.buckets.num_buckets=4"]),
+                      "analysis.buckets.num_buckets=8", "analysis.neurons.actor.metric_every=5"]),
     "smollm2": ("smollm2_chain_sum", ["trainer.total_training_steps=15", "trainer.test_freq=5", "analysis.every=2",
-                                      "analysis.buckets.num_buckets=3"]),
+                                      "analysis.buckets.num_buckets=3", "analysis.neurons.actor.metric_every=2",
+                                      "analysis.neurons.actor.nullspace_samples=4"]),
+    # a plain `rlgrad train` (20 steps), no analysis: does the std normalisation, a kept default, cost accuracy?
+    "default": (None, ["analysis.buckets.enable=false"]),
 }
+ANALYSED = ("demo", "smollm2")  # the models whose runs the instrument tables read
 NORMS = {"std": "true", "nostd": "false"}
+PERMUTATIONS = 2000
+BOOTSTRAP = 2000
+MIN_BUCKETS = 3  # a rank correlation over fewer points says nothing
 
 
 def smollm2_gguf() -> str:
@@ -46,27 +62,32 @@ def run_dir(out: Path, model: str, norm: str, seed: int) -> Path:
     return out / f"{model}-{norm}-seed{seed}"
 
 
+def command(model: str, norm: str, seed: int, rd: Path, device: str) -> list[str]:
+    preset, extra = MODELS[model]
+    cmd = ["rlgrad", "train", *(["--config-name", preset] if preset else []), *extra,
+           f"algorithm.norm_adv_by_std_in_grpo={NORMS[norm]}",
+           f"trainer.seed={seed}", f"trainer.device={device}", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
+           "trainer.num_threads=1", f"trainer.default_local_dir={rd}"]
+    return cmd + ([f"model.path={smollm2_gguf()}"] if model == "smollm2" else [])
+
+
 def train(out: Path, models: list[str], seeds: list[int], device: str) -> None:
     for model in models:
-        preset, extra = MODELS[model]
-        for norm, flag in NORMS.items():
+        for norm in NORMS:
             for seed in seeds:
                 rd = run_dir(out, model, norm, seed)
                 if (rd / "metrics.jsonl").is_file():
                     print(f"{rd}: exists, kept")
                     continue
-                cmd = [sys.executable, "-m", "rlgrad", "train", "--config-name", preset, *extra,
-                       f"algorithm.norm_adv_by_std_in_grpo={flag}", f"trainer.seed={seed}", f"trainer.device={device}",
-                       "analysis.neurons.actor.metric_every=5" if model == "demo" else
-                       "analysis.neurons.actor.metric_every=2", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
-                       f"trainer.default_local_dir={rd}"]
-                if model == "smollm2":
-                    cmd.append(f"model.path={smollm2_gguf()}")
-                print(" ".join(cmd[2:]), flush=True)
-                subprocess.run(cmd, check=True)
+                cmd = command(model, norm, seed, rd, device)
+                print(" ".join(cmd), flush=True)
+                subprocess.run([sys.executable, "-m", *cmd[:1], *cmd[1:]], check=True)
+                (rd / "findings_command.json").write_text(json.dumps(cmd))
 
 
-def rows(rd: Path) -> dict[int, dict[str, float]]:
+# ---- extract: a run directory -> the compact record the tables read ----
+
+def metric_rows(rd: Path) -> dict[int, dict[str, float]]:
     out: dict[int, dict[str, float]] = {}
     for line in (rd / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
@@ -74,157 +95,285 @@ def rows(rd: Path) -> dict[int, dict[str, float]]:
     return out
 
 
+def bucket_rows(rd: Path, step: int, m: dict[str, float]) -> list[dict]:
+    """Each bucket of an analysed step: its reward std, task-gradient norms and RMS advantage (over the bucket's
+    samples in ``rollouts/step_N.jsonl``, the groups assigned by ``group_rv_table.csv``)."""
+    table = rd / "analysis" / f"step_{step}" / "group_rv_table.csv"
+    rollouts = rd / "rollouts" / f"step_{step}.jsonl"
+    if not table.is_file() or not rollouts.is_file():
+        return []
+    bucket_of = {int(r["group_id"]): r["bucket"] for r in csv.DictReader(table.open())}
+    squares: dict[str, list[float]] = {}
+    for line in rollouts.read_text().splitlines():
+        row = json.loads(line)
+        if row.get("kept", True) and row.get("advantage") is not None and row["group_id"] in bucket_of:
+            squares.setdefault(bucket_of[row["group_id"]], []).append(row["advantage"] ** 2)
+    out = []
+    for bucket, sq in sorted(squares.items()):
+        count = m.get(f"grad_norm/{bucket}/sample_count", 0)
+        if count != len(sq):  # the rollout file and the analysis disagree: not the batch that was analysed
+            raise SystemExit(f"{rd}: step {step} {bucket}: {len(sq)} rollout rows, sample_count {count}")
+        out.append({"bucket": bucket, "reward_std_mean": m[f"grad_norm/{bucket}/reward_std_mean"],
+                    "task": m[f"grad_norm/{bucket}/task"], "per_sample_task": m[f"grad_norm/{bucket}/per_sample/task"],
+                    "sample_count": count, "adv_rms": math.sqrt(sum(sq) / len(sq))})
+    return out
+
+
+def layer_shares(rd: Path, step: int) -> dict[str, float]:
+    path = rd / "analysis" / f"step_{step}" / "layers.json"
+    if not path.is_file():
+        return {}
+    groups = json.loads(path.read_text())["grad_norm"]["all"]["task"]
+    total = sum(v * v for v in groups.values())
+    return {g: v * v / total for g, v in groups.items()} if total > 0 else {}
+
+
+def extract(rd: Path) -> dict:
+    """The compact record of one run."""
+    rows = metric_rows(rd)
+    steps = {}
+    for step in sorted(int(p.name.split("_")[1]) for p in (rd / "analysis").glob("step_*")):
+        m = rows.get(step, {})
+        shares = {k.split("/")[1]: v for k, v in m.items()
+                  if k.startswith("grad_comp/") and k.endswith("/share") and "/total/" not in k}
+        cos = m.get("grad_sim/correctness__format")
+        steps[str(step)] = {"buckets": bucket_rows(rd, step, m), "shares": shares,
+                            "cosine": cos if cos is not None and cos == cos else None,
+                            "layers": layer_shares(rd, step), "dormant": m.get("actor/neuron/dormant_ratio")}
+    doctor = subprocess.run([sys.executable, "-m", "rlgrad", "doctor", str(rd), "--json"], capture_output=True,
+                            text=True)
+    found = [[f["id"], f["severity"]] for f in json.loads(doctor.stdout)["findings"]]
+    cmd_file = rd / "findings_command.json"
+    return {"run": rd.name, "command": json.loads(cmd_file.read_text()) if cmd_file.is_file() else None,
+            "val": [[s, rows[s]["val/accuracy"]] for s in sorted(rows) if "val/accuracy" in rows[s]],
+            "dormant": [[s, rows[s]["actor/neuron/dormant_ratio"]] for s in sorted(rows)
+                        if "actor/neuron/dormant_ratio" in rows[s]],
+            "steps": steps, "doctor": found}
+
+
+def store(out: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for rd in sorted(p for p in out.iterdir() if (p / "metrics.jsonl").is_file()):
+        path = dest / f"{rd.name}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(extract(rd), indent=1) + "\n")
+        tmp.replace(path)
+        print(f"{rd} -> {path}")
+
+
+# ---- the statistics ----
+
+def ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2  # ties share their mean rank
+        i = j + 1
+    return out
+
+
 def spearman(x: list[float], y: list[float]) -> float:
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(v):
-            j = i
-            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-    if len(x) < 3:
-        return math.nan
-    rx, ry = ranks(x), ranks(y)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    sx, sy = math.sqrt(sum((a - mx) ** 2 for a in rx)), math.sqrt(sum((b - my) ** 2 for b in ry))
-    return cov / (sx * sy) if sx and sy else math.nan
+    return float(pearson_rows(np.array(ranks(x)), np.array([ranks(y)]))[0])
 
 
-def bucket_points(r: dict[int, dict[str, float]], per_sample: bool) -> list[tuple[float, float]]:
-    """(bucket mean reward std, task-gradient norm) over every analysed step and non-empty bucket."""
-    pts = []
-    for m in r.values():
-        for k, std in m.items():
-            if k.startswith("grad_norm/bucket_") and k.endswith("/reward_std_mean"):
-                b = k.split("/")[1]
-                g = m.get(f"grad_norm/{b}/per_sample/task" if per_sample else f"grad_norm/{b}/task")
-                if g is not None and m.get(f"grad_norm/{b}/sample_count", 0) > 0:
-                    pts.append((std, g))
-    return pts
+def signal_points(record: dict, per_advantage: bool) -> list[tuple[list[float], list[float]]]:
+    """Per analysed step with at least MIN_BUCKETS buckets carrying a signal: (reward stds, norms)."""
+    out = []
+    for s in record["steps"].values():
+        pts = [(b["reward_std_mean"], b["per_sample_task"] / b["adv_rms"] if per_advantage else b["per_sample_task"])
+               for b in s["buckets"] if b["reward_std_mean"] > 0 and b["adv_rms"] > 0]
+        if len(pts) >= MIN_BUCKETS:
+            out.append(([p[0] for p in pts], [p[1] for p in pts]))
+    return out
 
 
-def finish(fig, axes, xlabel: str, ylabel: str, path: Path) -> None:
-    """The two panels (the embedded default, SmolLM2) labelled, a legend where there are runs, saved."""
-    for ax, title in zip(axes, ("embedded default (arithmetic)", "SmolLM2-135M-Instruct (chain_sum)")):
-        ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-        else:
-            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="grey")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+def pearson_rows(rx, ry):
+    """Pearson's correlation of the rank vector ``rx`` with each row of ``ry`` (Spearman's, on ranks)."""
+    dx, dy = rx - rx.mean(), ry - ry.mean(axis=-1, keepdims=True)
+    scale = np.sqrt((dx * dx).sum() * (dy * dy).sum(axis=-1))
+    return np.where(scale > 0, (dy @ dx) / np.where(scale > 0, scale, 1), np.nan)
 
 
-def show(out: Path, images: Path) -> None:
+def relation(steps: list[tuple[list[float], list[float]]], seed: int = 0) -> dict:
+    """The mean per-step Spearman, its bootstrap interval over steps, and the within-step permutation null (each
+    step's norms shuffled among its buckets, the ranks' ties kept)."""
+    steps = [(x, y) for x, y in steps if len(set(x)) > 1 and len(set(y)) > 1]  # a constant has no rank order
+    if not steps:
+        return {"steps": 0}
+    rng = np.random.default_rng(seed)
+    rho = np.empty(len(steps))
+    null = np.zeros(PERMUTATIONS)
+    for i, (x, y) in enumerate(steps):
+        rx, ry = np.array(ranks(x)), np.array(ranks(y))
+        rho[i] = pearson_rows(rx, ry[None])[0]
+        shuffled = ry[np.argsort(rng.random((PERMUTATIONS, len(ry))), axis=1)]
+        null += pearson_rows(rx, shuffled)
+    null = np.sort(null / len(steps))
+    boot = np.sort(rho[rng.integers(0, len(steps), (BOOTSTRAP, len(steps)))].mean(axis=1))
+    observed = float(rho.mean())
+    p = (1 + int((np.abs(null) >= abs(observed) - 1e-12).sum())) / (1 + PERMUTATIONS)
+    return {"steps": len(steps), "rho": observed, "low": float(np.quantile(boot, 0.025)),
+            "high": float(np.quantile(boot, 0.975)), "null_low": float(np.quantile(null, 0.025)),
+            "null_high": float(np.quantile(null, 0.975)), "p": p}
+
+
+# ---- show: the tables and figures from the store ----
+
+def load(store_dir: Path) -> dict[str, dict]:
+    records = {p.stem: json.loads(p.read_text()) for p in sorted(store_dir.glob("*.json"))}
+    if not records:
+        sys.exit(f"no stored runs under {store_dir}: run, then extract")
+    return records
+
+
+def label(name: str) -> str:
+    model, norm, seed = name.split("-")
+    return f"{'demo' if model == 'demo' else 'SmolLM2'}, {norm}, {seed.replace('seed', 'seed ')}"
+
+
+def cell(rel: dict) -> str:
+    if not rel["steps"]:
+        return "no step with 3 signal buckets"
+    return f"{rel['rho']:+.2f} [{rel['low']:+.2f}, {rel['high']:+.2f}]"
+
+
+def null_cell(rel: dict) -> str:
+    if not rel["steps"]:
+        return "—"
+    p = "p < 0.001" if rel["p"] < 0.001 else f"p = {rel['p']:.3f}"
+    return f"{rel['null_low']:+.2f} .. {rel['null_high']:+.2f} ({p})"
+
+
+def relation_table(records: dict[str, dict]) -> str:
+    head = ("| run | val acc before → after | steps | Spearman, norm per sample [95% CI] | null (p) | "
+            "Spearman, per unit of advantage [95% CI] | null (p) |\n|---|---|---|---|---|---|---|\n")
+    lines = []
+    pooled: dict[str, list] = {}
+    for name, rec in records.items():
+        raw, per_adv = relation(signal_points(rec, False)), relation(signal_points(rec, True))
+        val = rec["val"]
+        lines.append(f"| {label(name)} | {val[0][1]:.1%} → {val[-1][1]:.1%} | {per_adv['steps']} | {cell(raw)} | "
+                     f"{null_cell(raw)} | {cell(per_adv)} | {null_cell(per_adv)} |")
+        pooled.setdefault(name.rsplit("-", 1)[0], []).append(rec)
+    for group, recs in pooled.items():
+        if len(recs) < 2:
+            continue
+        raw = relation([p for r in recs for p in signal_points(r, False)])
+        per_adv = relation([p for r in recs for p in signal_points(r, True)])
+        model, norm = group.split("-")
+        lines.append(f"| **{'demo' if model == 'demo' else 'SmolLM2'}, {norm}, {len(recs)} seeds pooled** | | "
+                     f"{per_adv['steps']} | {cell(raw)} | {null_cell(raw)} | {cell(per_adv)} | {null_cell(per_adv)} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def component_table(records: dict[str, dict]) -> str:
+    lines = []
+    for name, rec in records.items():
+        shares: dict[str, list[float]] = {}
+        for s in rec["steps"].values():
+            for c, v in s["shares"].items():
+                shares.setdefault(c, []).append(v)
+        cos = [s["cosine"] for s in rec["steps"].values() if s["cosine"] is not None]
+        text = ", ".join(f"{c} {sum(v) / len(v):.2f}" for c, v in sorted(shares.items())) or "n/a"
+        lines.append(f"| {label(name)} | {text} | " + (f"{sum(cos) / len(cos):.2f} ({len(cos)} steps) |" if cos
+                                                       else "n/a |"))
+    return ("| run | share of the policy gradient (mean over analysed steps) | cosine correctness · format |\n"
+            "|---|---|---|\n" + "\n".join(lines) + "\n")
+
+
+def layer_table(records: dict[str, dict]) -> str:
+    lines = []
+    for name, rec in records.items():
+        acc: dict[str, list[float]] = {}
+        for s in rec["steps"].values():
+            for g, v in s["layers"].items():
+                acc.setdefault(g, []).append(v)
+        top = sorted(((g, sum(v) / len(v)) for g, v in acc.items()), key=lambda kv: -kv[1])
+        lines.append(f"| {label(name)} | " + ", ".join(f"{g} {v:.0%}" for g, v in top[:6]) + " |")
+    return ("| run | layer groups' share of the task gradient's squared norm (mean over analysed steps; the six "
+            "largest) |\n|---|---|\n" + "\n".join(lines) + "\n")
+
+
+def doctor_table(records: dict[str, dict]) -> str:
+    lines = [f"| {label(name)} | " + ", ".join(f"`{i}` ({sev})" for i, sev in rec["doctor"]) + " |"
+             for name, rec in records.items()]
+    return "| run | `rlgrad doctor` |\n|---|---|\n" + "\n".join(lines) + "\n"
+
+
+def kept_default_table(records: dict[str, dict]) -> str:
+    """Validation accuracy before -> after of the plain runs, with and without the std normalisation, per seed."""
+    runs = {name: rec for name, rec in records.items() if name.startswith("default-")}
+    seeds = sorted({int(name.rsplit("seed", 1)[1]) for name in runs})
+    lines = []
+    for norm, flag in NORMS.items():
+        cells = [runs.get(f"default-{norm}-seed{s}") for s in seeds]
+        lines.append(f"| {flag}{' (the default)' if flag == 'true' else ' (Dr. GRPO)'} | " + " | ".join(
+            f"{c['val'][0][1]:.1%} → {c['val'][-1][1]:.1%}" if c else "—" for c in cells) + " |")
+    return (f"| `norm_adv_by_std_in_grpo` | {' | '.join(f'seed {s}' for s in seeds)} |\n|---|"
+            + "---|" * len(seeds) + "\n" + "\n".join(lines) + "\n")
+
+
+def tables(records: dict[str, dict]) -> list[str]:
+    analysed = {name: rec for name, rec in records.items() if name.split("-")[0] in ANALYSED}
+    return [relation_table(analysed), component_table(analysed), layer_table(analysed), doctor_table(analysed),
+            kept_default_table(records)]
+
+
+def figures(records: dict[str, dict], images: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = sorted(p for p in out.iterdir() if (p / "metrics.jsonl").is_file())
-    if not runs:
-        sys.exit(f"no runs under {out}: python scripts/experiments/findings.py run --out {out}")
-    data = {p.name: rows(p) for p in runs}
     images.mkdir(parents=True, exist_ok=True)
-    bucket_table(data, plt, images / "findings_buckets.png")
-    component_table(data)
-    layer_table(runs, data, plt, images / "findings_dormant.png")
-    doctor_findings(runs)
-    print(f"\nfigures: {images / 'findings_buckets.png'}, {images / 'findings_dormant.png'}")
-
-
-def bucket_table(data: dict[str, dict], plt, figure: Path) -> None:
-    """Task-gradient norm against the bucket's reward std: Spearman's rank correlation per run, and the figure."""
-    print("| run | val acc before → after | Spearman(task norm, reward std) | per sample | non-zero buckets only |")
-    print("|---|---|---|---|---|")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for name, r in data.items():
-        pts, per = bucket_points(r, False), bucket_points(r, True)
-        nz = [(s, g) for s, g in pts if s > 0]
-        acc = [r[s]["val/accuracy"] for s in sorted(r) if "val/accuracy" in r[s]]
-        rho = [spearman(*zip(*p)) if len(p) > 2 else math.nan for p in (pts, per, nz)]
-        print(f"| {name} | {acc[0]:.1%} → {acc[-1]:.1%} | {rho[0]:.2f} | {rho[1]:.2f} | {rho[2]:.2f} |")
-        ax = axes[0 if name.startswith("demo") else 1]
+    titles = {"demo": "embedded default (arithmetic)", "smollm2": "SmolLM2-135M-Instruct (chain_sum)"}
+    models = [m for m in titles if any(name.startswith(f"{m}-") for name in records)]  # a panel a stored model
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
+    dfig, daxes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
+    for name, rec in records.items():
+        if name.split("-")[0] not in models:
+            continue
+        col = models.index(name.split("-")[0])
+        pts = [(b["reward_std_mean"], b["per_sample_task"] / b["adv_rms"]) for s in rec["steps"].values()
+               for b in s["buckets"] if b["reward_std_mean"] > 0 and b["adv_rms"] > 0]
         if pts:
-            ax.scatter(*zip(*pts), s=12, alpha=0.7, label=name.split("-", 1)[1])
-    finish(fig, axes, "bucket mean reward std", "task-gradient norm", figure)
-
-
-def component_table(data: dict[str, dict]) -> None:
-    """The reward components' shares of the update and the cosine of correctness and format, per run."""
-    print("\n| run | component shares (mean over analysed steps) | cosine correctness·format |")
-    print("|---|---|---|")
-    for name, r in data.items():
-        shares = {}
-        for m in r.values():
-            for k, v in m.items():
-                if k.startswith("grad_comp/") and k.endswith("/share") and "total" not in k:
-                    shares.setdefault(k.split("/")[1], []).append(v)
-        cos = [m["grad_sim/correctness__format"] for m in r.values() if "grad_sim/correctness__format" in m]
-        cos = [c for c in cos if c == c]
-        text = ", ".join(f"{c} {sum(v) / len(v):.2f}" for c, v in sorted(shares.items()))
-        print(f"| {name} | {text or 'n/a'} | {sum(cos) / len(cos):.2f} (n={len(cos)}) |" if cos else
-              f"| {name} | {text or 'n/a'} | n/a |")
-
-
-def layer_table(runs: list[Path], data: dict[str, dict], plt, figure: Path) -> None:
-    """The layer groups' shares of the task gradient's squared norm per run; the dormant-neuron ratio's figure."""
-    print("\n| run | layer groups' share of the task gradient's squared norm (mean over analysed steps) |")
-    print("|---|---|")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for name, rd in ((p.name, p) for p in runs):
-        acc: dict[str, list[float]] = {}
-        for lj in sorted((rd / "analysis").glob("step_*/layers.json")):
-            groups = json.loads(lj.read_text())["grad_norm"]["all"]["task"]
-            total = sum(v * v for v in groups.values())
-            for g, v in groups.items():
-                if total > 0:
-                    acc.setdefault(g, []).append(v * v / total)
-        means = {g: sum(v) / len(v) for g, v in acc.items()}
-        top = sorted(means.items(), key=lambda kv: -kv[1])
-        print(f"| {name} | " + ", ".join(f"{g} {s:.0%}" for g, s in top) + " |")
-        r = data[name]
-        steps = [s for s in sorted(r) if "actor/neuron/dormant_ratio" in r[s]]
-        ax = axes[0 if name.startswith("demo") else 1]
-        if steps:  # neuron health is not on in every run
-            ax.plot(steps, [r[s]["actor/neuron/dormant_ratio"] for s in steps], marker="o",
-                    label=name.split("-", 1)[1])
-    finish(fig, axes, "step", "dormant-neuron ratio (τ-score)", figure)
-
-
-def doctor_findings(runs: list[Path]) -> None:
-    """``rlgrad doctor``'s findings on each run."""
-    print("\n| run | rlgrad doctor |")
-    print("|---|---|")
-    for p in runs:
-        res = subprocess.run([sys.executable, "-m", "rlgrad", "doctor", str(p), "--json"], capture_output=True,
-                             text=True)
-        try:
-            found = json.loads(res.stdout)["findings"]
-        except (json.JSONDecodeError, KeyError):
-            found = [{"id": "error", "severity": res.stderr.strip()[:80]}]
-        print(f"| {p.name} | " + ", ".join(f"`{f['id']}` ({f['severity']})" for f in found) + " |")
+            axes[0][col].scatter(*zip(*pts), s=10, alpha=0.6, label=label(name).split(", ", 1)[1])
+        if rec["dormant"]:
+            daxes[0][col].plot(*zip(*rec["dormant"]), marker="o", label=label(name).split(", ", 1)[1])
+    for ax_row, xlabel, ylabel in ((axes[0], "bucket mean reward std", "per-sample task-gradient norm / RMS advantage"),
+                                   (daxes[0], "step", "dormant-neuron ratio (τ-score)")):
+        for ax, model in zip(ax_row, models):
+            ax.set(xlabel=xlabel, ylabel=ylabel, title=titles[model])
+            ax.legend(fontsize=7)
+    for f, path in ((fig, images / "findings_buckets.png"), (dfig, images / "findings_dormant.png")):
+        f.tight_layout()
+        f.savefig(path, dpi=110)
+        print(f"figure: {path}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("run", "show"))
-    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "findings")
+    ap.add_argument("what", choices=("run", "extract", "show"))
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "findings", help="the run directories")
+    ap.add_argument("--store", type=Path, default=STORE, help="the compact records")
     ap.add_argument("--images", type=Path, default=ROOT / "docs" / "images")
     ap.add_argument("--only", choices=tuple(MODELS), action="append")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     args = ap.parse_args()
     if args.what == "run":
         train(args.out, args.only or list(MODELS), args.seeds, args.device)
+    elif args.what == "extract":
+        store(args.out, args.store)
     else:
-        show(args.out, args.images)
+        records = load(args.store)
+        print("\n".join(tables(records)))
+        figures(records, args.images)
 
 
 if __name__ == "__main__":
