@@ -30,7 +30,9 @@ run:
   noise (±0.15 on the healthy seeds) flagged healthy seed 1 at step 4 under a 0.10 margin.
   The lead of a detection is the ground truth's step minus the detection's: positive means before the fault shows.
 
-Writes ``OUT/lead_time.json`` (everything) and ``OUT/lead_time.md`` (the table docs/doctor.md shows).
+Writes ``OUT/lead_time.json`` (everything) and ``OUT/lead_time.md`` (the table docs/doctor.md shows); the stored
+copy is ``bench/results/doctor_lead_time.json``, and ``--table bench/results/doctor_lead_time.json`` prints
+docs/doctor.md's tables from it alone (tests/doctor/test_heldout.py checks the page holds them).
 ``--excerpt`` then writes the first ``EXCERPT_STEPS`` steps of ``noisy_reward`` and ``healthy_seed1`` (their
 scalar logs and rollout files, trimmed to what ``noisy_verifier`` reads) to ``tests/data/lead_time/``, which
 tests/doctor/test_verifier.py reads.
@@ -363,7 +365,12 @@ def main() -> None:
                     help="rldoctor 0.2.0's CLI (in its own venv); none: rlgrad's doctor alone")
     ap.add_argument("--only", nargs="*", default=list(SUITE), choices=list(SUITE), metavar="RUN")
     ap.add_argument("--excerpt", action="store_true", help="then write tests/data/lead_time/ (see above)")
+    ap.add_argument("--table", type=Path, metavar="JSON", help="print the tables of a stored lead_time.json "
+                    "(bench/results/doctor_lead_time.json: docs/doctor.md's) and stop")
     a = ap.parse_args()
+    if a.table:
+        print(table(json.loads(a.table.read_text())), end="")
+        return
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:

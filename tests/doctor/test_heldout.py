@@ -1,0 +1,62 @@
+"""docs/doctor.md's measured tables are the stored results' (bench/results/), drawn by the scripts that made them;
+the held-out scoring's rates and intervals by hand."""
+
+import importlib.util
+import json
+import math
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def lead():
+    return load("doctor_lead_time")
+
+
+@pytest.fixture(scope="module")
+def heldout(lead):
+    return load("doctor_heldout")
+
+
+def test_the_lead_time_tables_are_the_stored_results(lead):
+    results = json.loads((REPO / "bench" / "results" / "doctor_lead_time.json").read_text())
+    assert lead.table(results) in (REPO / "docs" / "doctor.md").read_text()
+
+
+def test_wilson_interval_by_hand(heldout):
+    low, high = heldout.wilson(8, 10)  # p = 0.8, n = 10: Wilson's 95% interval is 0.490-0.943
+    assert low == pytest.approx(0.4902, abs=1e-3) and high == pytest.approx(0.9433, abs=1e-3)
+    assert heldout.wilson(0, 5)[0] == 0.0 and heldout.wilson(5, 5)[1] == 1.0
+    assert all(math.isnan(x) for x in heldout.wilson(0, 0))
+
+
+def test_scores_of_a_hand_made_set(heldout):
+    """Two fault runs (one attributed, one not) and two healthy runs (one with an alarm)."""
+    def first(*found):
+        return {sid: {"step": step, "severity": "warn"} for sid, step in found}
+
+    results = {
+        "a": {"fault": "lr_too_high", "truth": {"step": 5}, "rlgrad": first(("update_too_large", 1)),
+              "rldoctor": first(("kl_drift", 8))},
+        "b": {"fault": "kl_huge", "truth": {"step": None}, "rlgrad": first(("dormant_growing", 3)), "rldoctor": {}},
+        "h1": {"fault": "healthy", "truth": {"step": None}, "rlgrad": {}, "rldoctor": first(("kl_drift", 8))},
+        "h2": {"fault": "healthy", "truth": {"step": None}, "rlgrad": first(("val_falls", 9), ("kl_blowup", 4)),
+               "rldoctor": first(("kl_drift", 8))},
+    }
+    ours = heldout.score_set(results, "rlgrad")
+    assert (ours["detected"], ours["attributed"], ours["leads"]) == (2, 1, [4])
+    assert ours["false_alarms"] == [0, 2] and ours["healthy_with_alarm"] == 1
+    theirs = heldout.score_set(results, "rldoctor")
+    assert (theirs["detected"], theirs["leads"], theirs["healthy_with_alarm"]) == (1, [-3], 2)
+    assert "attributed" not in theirs  # rldoctor's names are its own: attribution is scored for rlgrad

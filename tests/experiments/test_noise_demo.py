@@ -1,0 +1,30 @@
+"""scripts/experiments/noise_demo.py: docs/noise_scale.md's group-level table is the stored record's."""
+
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def noise_demo():
+    spec = importlib.util.spec_from_file_location("noise_demo", REPO / "scripts" / "experiments" / "noise_demo.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["noise_demo"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_pages_table_is_the_stored_record(noise_demo):
+    record = json.loads(noise_demo.STORE.read_text())
+    assert noise_demo.table(record) in (REPO / "docs" / "noise_scale.md").read_text()
+
+
+def test_a_resolved_step_shows_its_interval_and_an_unresolved_one_says_so(noise_demo):
+    step = {"noise_scale/all/task": 412.4, "noise_scale_low/all/task": 198.6, "noise_scale_high/all/task": 1204.9}
+    assert noise_demo.scale_cell(step) == "412 (199-1205)"
+    assert noise_demo.scale_cell({"noise_scale/all/task": None}) == "unresolved"
+    assert noise_demo.scale_cell({"noise_scale/all/task": float("nan")}) == "unresolved"
