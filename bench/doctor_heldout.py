@@ -90,7 +90,7 @@ def fault_overrides(fault: str) -> tuple[str, ...]:
 FAULTS = [f for f in lead.SUITE if not lead.SUITE[f].healthy]
 # in-sample: the lead-time suite's runs, on which the rules were developed (seed 1, the preset's)
 IN_SAMPLE = [Run(f, fault_overrides(f)) for f in FAULTS] + [Run("healthy", (), seed=s) for s in (1, 2, 3)]
-# held-out: fresh seeds of every fault, other magnitudes, healthy runs of two presets; made after FROZEN
+# held-out: fresh seeds (4, 5) of every fault, other magnitudes, healthy runs of two presets; made after FROZEN
 VARIANTS = [
     Run("lr_too_high", ("actor.optim.lr=1.5e-3", "actor.optim.lr_warmup_steps=0"), variant="lr1.5e-3", seed=4),
     Run("kl_huge", ("actor.use_kl_loss=true", "actor.kl_loss_coef=10"), variant="coef10", seed=4),
@@ -103,7 +103,7 @@ VARIANTS = [
 HELD_OUT = ([Run("healthy", (), seed=s) for s in (4, 5, 6)]
             + [Run("healthy", (), preset="components_demo", seed=s) for s in (4, 5)]
             + [Run(f, fault_overrides(f), seed=4) for f in FAULTS] + VARIANTS
-            + [Run(f, fault_overrides(f), seed=s) for s in (5, 6) for f in FAULTS])  # in the order they train
+            + [Run(f, fault_overrides(f), seed=5) for f in FAULTS])  # in the order they train
 
 
 def train(run: Run, out: Path) -> str:
@@ -113,7 +113,7 @@ def train(run: Run, out: Path) -> str:
         return f"{run.name}: kept"
     shutil.rmtree(path, ignore_errors=True)
     base = [a for a in lead.BASE if a not in ("--config-name", "demo")]
-    cmd = ["nice", "-n", "10", sys.executable, "-m", "rlgrad", "train", "--config-name", run.preset, *base,
+    cmd = [sys.executable, "-m", "rlgrad", "train", "--config-name", run.preset, *base,
            f"trainer.total_training_steps={STEPS}", f"trainer.seed={run.seed}", *run.overrides,
            f"trainer.default_local_dir={path}", f"trainer.experiment_name={run.name}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
