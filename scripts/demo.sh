@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The demo: GRPO on the embedded default (tiny Qwen2 + arithmetic), on CPU, in a few minutes.
+# The demo: GRPO on the embedded default (tiny Qwen2 + arithmetic), on CPU, in about a minute (README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RLGRAD_EXTRAS=${RLGRAD_EXTRAS:-none} bash scripts/setup.sh  # the demo needs no extra (nothing to compile)

@@ -251,3 +251,17 @@ def test_the_demo_runs_every_instrument():
     due = {name: [s for s in range(1, cfg.trainer.total_training_steps + 1) if sch.due(s)]
            for name, sch in schedules(cfg).items()}
     assert due["buckets"] == due["components"] == due["neurons/actor"] == [1, 51]
+
+
+def test_the_embedded_default_trains_on_one_thread_unless_told(tmp_path):
+    """trainer.num_threads=null: one thread for the embedded default (a second one spin-waits on a shared machine:
+    the demo took 64 s on one and over 15 minutes on two at load 11), torch's default for a model.path; a number
+    wins."""
+    from rlgrad.config import load_config
+    from rlgrad.config.trainer import cpu_threads
+
+    assert cpu_threads(load_config(overrides=[])) == 1
+    assert cpu_threads(load_config(overrides=["trainer.num_threads=3"])) == 3
+    model = tmp_path / "model"
+    model.mkdir()
+    assert cpu_threads(load_config(overrides=[f"model.path={model}"])) is None

@@ -5,6 +5,7 @@ config schema; the field docs are the user documentation.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rlgrad.config.fields import setting as _f
 
@@ -32,7 +33,8 @@ class TrainerConfig:
     rollout_data_dir: str | None = _f(None, "Where each step's completions are written, one JSONL file per step "
                                             "(verl's key; null: RUN/rollouts/).")
     device: str = _f("auto", "cpu | cuda | auto.", choices=("auto", "cpu", "cuda"))
-    num_threads: int | None = _f(None, "torch CPU threads (null: torch's default).", ge=1)
+    num_threads: int | None = _f(None, "torch CPU threads (null: 1 for the embedded default, whose tensors are too "
+                                 "small for a second thread to pay, torch's default for a model.path).", ge=1)
     strategy: str = _f("ddp", "Data parallelism under torchrun: ddp (replicated weights) | fsdp2 (torch fully_shard "
                        "on each decoder layer and the root). Unused in one process.", choices=("ddp", "fsdp2"))
     nnodes: int = _f(1, "Nodes (verl key). Under torchrun the environment wins: WORLD_SIZE / LOCAL_WORLD_SIZE.", ge=1)
@@ -40,3 +42,12 @@ class TrainerConfig:
                               "LOCAL_WORLD_SIZE. Also the divisor of analysis.buckets.dp_trim (x nnodes).", ge=1)
     dist_timeout_s: float = _f(600.0, "Collective timeout in seconds: a rank that died or hangs "
                                "ends the run with an error after this long instead of a hang.", gt=0)
+
+
+def cpu_threads(cfg: Any) -> int | None:
+    """torch's CPU threads for a run of ``cfg`` (None: leave torch's default). The embedded default gets one: on 2
+    cores shared with other jobs its demo took 64 s on one thread (24 CPU-s) and over 15 minutes on two, whose
+    threads spin-wait for a core at every one of its many tiny operations."""
+    if cfg.trainer.num_threads:
+        return cfg.trainer.num_threads
+    return 1 if cfg.model.path is None else None

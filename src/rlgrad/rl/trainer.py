@@ -44,6 +44,7 @@ from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_cat, all_reduce_sum, is_main, rank, world_size
 from rlgrad.config.algorithm import PER_TOKEN
 from rlgrad.config.schema import RLGradConfig
+from rlgrad.config.trainer import cpu_threads
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult, HookRunner, StepContext
 from rlgrad.logging.reward_signal import RewardSignalWatch
@@ -111,8 +112,8 @@ class Trainer:
     def _set_up_process(self, log: Callable[..., None]) -> None:
         """Threads, device, run directory, this process's rank and log, and how rollouts seed their sampling."""
         cfg, trainer_cfg = self.cfg, self.cfg.trainer
-        if trainer_cfg.num_threads:
-            torch.set_num_threads(trainer_cfg.num_threads)
+        if threads := cpu_threads(cfg):
+            torch.set_num_threads(threads)
         if trainer_cfg.device == "cuda" and not torch.cuda.is_available():
             raise UserError("'trainer.device' is cuda, but this machine has no CUDA device (auto picks one when "
                             "there is)")
