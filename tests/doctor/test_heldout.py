@@ -60,3 +60,15 @@ def test_scores_of_a_hand_made_set(heldout):
     theirs = heldout.score_set(results, "rldoctor")
     assert (theirs["detected"], theirs["leads"], theirs["healthy_with_alarm"]) == (1, [-3], 2)
     assert "attributed" not in theirs  # rldoctor's names are its own: attribution is scored for rlgrad
+
+
+def test_the_held_out_tables_are_the_stored_scores(heldout):
+    stored = json.loads(heldout.STORE.read_text())
+    page = (REPO / "docs" / "doctor.md").read_text()
+    for table in heldout.tables(stored):
+        assert table in page, table
+    assert stored["frozen"] == heldout.FROZEN and f"commit `{heldout.FROZEN}`" in page
+    # the stored scores are what the stored runs give (no hand edits): rescore them
+    for key in ("in_sample", "held_out"):
+        runs = stored["sets"][key]["runs"]
+        assert stored["sets"][key]["scores"]["rlgrad"] == json.loads(json.dumps(heldout.score_set(runs, "rlgrad")))
