@@ -302,3 +302,39 @@ def test_the_proxy_correlation_leaves_out_tied_zeros_and_has_a_null():
     assert everything > 0.5  # what the tied zeros give an uninformative proxy
     informative = proxy_correlation(norms + 0.01 * torch.rand(100), norms)
     assert informative["proxy_corr/spearman"] > 0.9 > informative["proxy_corr/spearman_null95"]
+
+
+def test_the_bucket_analysis_and_the_per_sample_norms_share_one_pass_at_a_step_both_run(model_tok, tmp_path):
+    """hooks_from_config: at a step both instruments run at, the bucket analysis runs the prompt-group pass and the
+    per-sample norms take it (no forward of their own); each instrument's metrics are those it computes alone."""
+    from rlgrad.analysis import hooks_from_config
+    from rlgrad.analysis.buckets import GradientAnalysisHook
+    from rlgrad.analysis.per_sample import PerSampleHook
+    from rlgrad.config.load import load_config
+    from rlgrad.hooks import StepContext
+
+    model, tok = model_tok
+    b = make_batch(model, tok)
+    s = LossSettings(entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1)
+    cfg = load_config(overrides=["analysis.buckets.every=2", "analysis.per_sample.every=2",
+                                 "analysis.buckets.num_buckets=3", "analysis.per_sample.terms=[task,kl]",
+                                 "analysis.per_sample.proxy_corr=false"])  # (its forwards are its own)
+    buckets, per_sample = hooks_from_config(cfg)
+    assert isinstance(buckets, GradientAnalysisHook) and isinstance(per_sample, PerSampleHook)
+    assert buckets.shared is per_sample.shared is not None
+    forwards = []
+    handle = model.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        ctx = {step: StepContext(step=step, batch=b, actor=model, optimizer=None, loss_settings=s, config=cfg,
+                                 run_dir=tmp_path) for step in (1, 2)}
+        got = {**buckets.before_update(ctx[1]).metrics, **per_sample.before_update(ctx[1]).metrics}
+        assert len(forwards) == 1  # one pass for both
+        assert buckets.before_update(ctx[2]) is None and per_sample.before_update(ctx[2]) is None
+    finally:
+        handle.remove()
+    alone = {**analyse_buckets(model, b, s, num_buckets=3).metrics,
+             **analyse_per_sample(model, b, s, num_buckets=3, terms=["task", "kl"]).metrics}
+    measured = [k for k in got if not k.startswith(("timing_s/", "actor/"))]
+    assert set(measured) == set(alone)
+    for k in measured:
+        assert got[k] == pytest.approx(alone[k], rel=1e-5, abs=1e-12, nan_ok=True), k

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from rlgrad.analysis.buckets import GradientAnalysisHook, analyse_buckets
 from rlgrad.analysis.components import ComponentGeometryHook, analyse_components
+from rlgrad.analysis.groups import SharedPass
 from rlgrad.analysis.neurons import NeuronHealthHook
 from rlgrad.analysis.per_sample import PerSampleHook, analyse_per_sample
 from rlgrad.config.schedule import schedules
@@ -28,6 +29,8 @@ def hooks_from_config(cfg: RLGradConfig, at: dict[str, Schedule] | None = None) 
     at = at or schedules(cfg)
     analysis, algorithm, trainer = cfg.analysis, cfg.algorithm, cfg.trainer
     hooks: list[Hook] = []
+    # At a step both run at, the bucket analysis runs the prompt-group pass and the per-sample norms reuse it.
+    shared = SharedPass() if at["buckets"].every > 0 and at["per_sample"].every > 0 else None
     # Before the bucket analysis: that one may stop the run at its step (analysis.buckets.exit_after).
     if at["components"].every > 0:
         hooks.append(ComponentGeometryHook(analysis.components, at["components"], estimator=algorithm.adv_estimator,
@@ -35,11 +38,12 @@ def hooks_from_config(cfg: RLGradConfig, at: dict[str, Schedule] | None = None) 
     if at["buckets"].every > 0:
         hooks.append(GradientAnalysisHook(analysis.buckets, at["buckets"], method=analysis.method,
                                           train_batch_size=cfg.data.train_batch_size, rollout_n=cfg.rollout.n,
-                                          dp_size=trainer.nnodes * trainer.n_gpus_per_node))
+                                          dp_size=trainer.nnodes * trainer.n_gpus_per_node, shared=shared,
+                                          share_at=at["per_sample"]))
     if at["per_sample"].every > 0:
         hooks.append(PerSampleHook(analysis.per_sample, at["per_sample"], bucket_mode=analysis.buckets.bucket_mode,
                                    num_buckets=analysis.buckets.num_buckets,
-                                   mean_advantage=algorithm.adv_estimator == "gae"))
+                                   mean_advantage=algorithm.adv_estimator == "gae", shared=shared))
     roles = ("actor", "critic")
     if any(at[f"neurons/{role}"].every > 0 or at[f"reset/{role}"].every > 0 for role in roles):
         hooks.append(NeuronHealthHook(analysis.neurons, {role: at[f"neurons/{role}"] for role in roles},

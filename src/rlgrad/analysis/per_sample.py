@@ -33,10 +33,10 @@ from torch import nn
 from rlgrad.algos.aggregation import denominator
 from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_fn
 from rlgrad.analysis.buckets import Buckets, global_buckets
-from rlgrad.analysis.engine import backward, fast_unsupported, run_terms
+from rlgrad.analysis.engine import fast_unsupported
+from rlgrad.analysis.groups import GroupPass, SharedPass, group_pass
 from rlgrad.analysis.instrument import InstrumentHook
 from rlgrad.analysis.noise import group_noise
-from rlgrad.analysis.rows import RowNormReducer
 from rlgrad.batch import Batch, check_batch, position_ids_from_mask
 from rlgrad.collectives import all_gather_cat, all_gather_sizes, all_reduce_max, all_reduce_sum, rank
 from rlgrad.hooks import HookResult, Schedule, StepContext
@@ -143,40 +143,14 @@ def proxy_correlation(proxy: torch.Tensor, sq_norms: torch.Tensor) -> dict[str, 
     return out
 
 
-def _term_passes(model: nn.Module, batch: Batch, loss_fn: LossFn, inverse: torch.Tensor, groups: int
-                 ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, torch.Tensor]]]:
-    """Per term: ``{layer group: [N] ||raw_i||²}`` (batch order) and ``{layer group: [P, P]}`` of the unnormalised
-    loss ``Σ_i Σ_t ω ℓ``: the engine's passes with the prompt groups as slices (``inverse``: each row's group, -1:
-    none). A rank holding no row runs one blank row (``Batch.blank_rows``: zero loss) in the collectives."""
-    n = len(batch)
-    if n == 0:
-        batch, inverse = batch.blank_rows(1), torch.full((1,), -1, dtype=torch.long)
-    perm = torch.sort(inverse, stable=True).indices  # rows grouped: each group a contiguous range
-    device = next(model.parameters()).device
-    held = inverse[perm] >= 0
-    weights = torch.zeros(groups, len(perm))
-    weights[inverse[perm][held], torch.nonzero(held).squeeze(-1)] = 1.0
-    weights = weights.to(device)
-    reducer = RowNormReducer(model, weights)
-    layer_groups = sorted(set(reducer.group_names.values()))
-    rows: dict[str, dict[str, torch.Tensor]] = {}
-    grams: dict[str, dict[str, torch.Tensor]] = {}
-    back = torch.argsort(perm)
-
-    def on_term(term: str, total: torch.Tensor, leaves: list[torch.Tensor], retain_graph: bool) -> None:
-        key("grad_norm_sample/{bucket}/{term}", bucket="all", term=term)  # a name no key can hold fails here
-        reducer.acc = {}
-        backward(total, leaves, retain_graph)
-        zeros_rows, zeros_gram = torch.zeros(len(perm), dtype=torch.float64), torch.zeros(groups, groups,
-                                                                                           dtype=torch.float64)
-        rows[term] = {g: (reducer.row_sq[g].cpu()[back] if g in reducer.row_sq else zeros_rows)[:n]
-                      for g in layer_groups}
-        grams[term] = {g: reducer.gram[g].cpu() if g in reducer.gram else zeros_gram for g in layer_groups}
-        reducer.reset()
-
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # nothing random should happen
-        run_terms(model, batch.select(perm), loss_fn, reducer, on_term)
-    return rows, grams
+def _checked(loss_fn: LossFn) -> LossFn:
+    """``loss_fn`` failing on a term no metric key can hold, before any backward."""
+    def fn(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        out = loss_fn(model, batch)
+        for term in out:
+            key("grad_norm_sample/{bucket}/{term}", bucket="all", term=term)
+        return out
+    return FunctionLoss(fn, loss_fn.agg)
 
 
 def _only(loss_fn: LossFn, terms: set[str]) -> LossFn:
@@ -187,7 +161,7 @@ def _only(loss_fn: LossFn, terms: set[str]) -> LossFn:
 
 def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettings | None = None, *,
                        bucket_mode: str = "quantile", num_buckets: int = 6, proxy: bool = False,
-                       terms: Sequence[str] | None = None) -> PerSampleReport:
+                       terms: Sequence[str] | None = None, groups: GroupPass | None = None) -> PerSampleReport:
     """Every sample's exact gradient norm per loss term and layer group, and the step's noise metrics per
     reward-variance bucket (the bucket analysis' buckets: ``bucket_mode``, ``num_buckets``), from one forward
     and one backward per term. ``loss``: any ``LossFn``, or the ``LossSettings`` of rlgrad's actor loss;
@@ -195,7 +169,9 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
 
     Data parallel: ``batch`` is this rank's share (global group ids; a group may be split over ranks) and every
     rank calls this; the norms are this rank's rows', the metrics those of one process on the global batch. A model
-    the fast engine does not cover (``engine.fast_unsupported``): ``NotImplementedError`` saying why.
+    the fast engine does not cover (``engine.fast_unsupported``): ``NotImplementedError`` saying why. ``groups``: the
+    step's prompt-group pass when another instrument ran it already (``groups.group_pass`` of the same model, batch
+    and loss, with at least ``terms``), which then costs no pass here.
     """
     check_batch(batch)
     loss_fn = as_loss_fn(loss)
@@ -204,9 +180,11 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
     if why := fast_unsupported(model):
         raise NotImplementedError(f"per-sample gradient norms need the fast engine: {why}")
     buckets = global_buckets(batch.group_ids, batch.reward_std, mode=bucket_mode, num_buckets=num_buckets)
-    group_ids = torch.unique(all_gather_cat(torch.unique(batch.group_ids.cpu())))  # every rank's groups
-    inverse = torch.searchsorted(group_ids, batch.group_ids.cpu())
-    rows, grams = _term_passes(model, batch, loss_fn, inverse, len(group_ids))
+    if groups is None:
+        groups = group_pass(model, batch, _checked(loss_fn))
+    wanted = [t for t in groups.rows if terms is None or t in terms]
+    group_ids, inverse = groups.group_ids, groups.inverse
+    rows, grams = {t: groups.rows[t] for t in wanted}, {t: groups.grams[t] for t in wanted}
     _, share = loss_fn.agg.weights(batch.response_mask)
     # What the metrics need of every row, every rank's rows (ranks in order): group, bucket number, share of the
     # loss's denominator, ||raw_i||² per term. A few numbers per row: the metrics below are one process's.
@@ -304,9 +282,12 @@ class PerSampleHook(InstrumentHook):
     declared = PER_SAMPLE
 
     def __init__(self, settings: PerSampleConfig, schedule: Schedule, *, bucket_mode: str, num_buckets: int,
-                 mean_advantage: bool = False):
+                 mean_advantage: bool = False, shared: SharedPass | None = None):
+        """``shared``: where the bucket analysis leaves the step's prompt-group pass when it ran it (a step both
+        run at, on the training batch): then this hook runs no pass of its own."""
         self.settings, self.schedule = settings, schedule
         self.bucket_mode, self.num_buckets, self.mean_advantage = bucket_mode, num_buckets, mean_advantage
+        self.shared = shared
         self.warned = False
 
     def measure(self, ctx: StepContext) -> tuple[HookResult, dict] | None:
@@ -320,7 +301,8 @@ class PerSampleHook(InstrumentHook):
             return None
         rep = analyse_per_sample(ctx.actor, ctx.batch, ctx.actor_loss(), bucket_mode=self.bucket_mode,
                                  num_buckets=self.num_buckets, proxy=self.settings.proxy_corr,
-                                 terms=self.settings.terms)
+                                 terms=self.settings.terms,
+                                 groups=self.shared.take(ctx.step, ctx.batch) if self.shared else None)
         files = {}
         if self.settings.write_samples:  # every rank: the lines are gathered
             from rlgrad.logging.rollouts import sequence_advantages

@@ -1,0 +1,100 @@
+"""Cost of running instruments on EVERY step: a training step with them against a plain step, in one trainer.
+
+One Trainer (the default configuration: the embedded 4-block width-128 Qwen2, 16 prompts x 8 samples, 8 response
+tokens, its shipped warm start, so rewards vary) built with the instruments ``--instruments`` names on every step;
+its hooks are switched on and off on alternate steps (on/off, off/on, ...), each pair of steps gives a ratio (with /
+without) and the median is printed last (wall clock, and in brackets from process CPU time, which other jobs on a
+shared machine disturb less). The measured part is ``Trainer.train_step``: rollout, filter, log-probs, advantages,
+actor update and, when on, the hooks.
+
+    python bench/always_on_cost.py [--steps 8] [--threads N] [--instruments all|buckets|task|neurons]
+                                   [key=value overrides ...]
+
+``--instruments``: ``all`` (buckets x task/entropy/KL, reward-component geometry, per-sample norms with the noise
+figures, neuron health), ``buckets`` (the bucket analysis alone), ``task`` (the task-term instruments: the
+buckets' task norms, components, per-sample norms and noise figures), ``neurons`` (neuron health alone).
+Targets (issue 49): all <= 1.5x a plain step; task <= 1.15x a plain update; neurons <= 1.2x a plain step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+from rlgrad.config.load import load_config
+from rlgrad.hooks import HookRunner
+from rlgrad.logging.sinks import MetricLogger
+from rlgrad.recipes import make_trainer
+
+INSTRUMENTS = {
+    "all": ["analysis.every=1", "analysis.per_sample.terms=[task,entropy,kl]", "actor.entropy_coeff=0.001",
+            "actor.use_kl_loss=true"],
+    "buckets": ["analysis.buckets.every=1", "actor.entropy_coeff=0.001", "actor.use_kl_loss=true"],
+    "task": ["analysis.buckets.every=1", "analysis.components.every=1", "analysis.per_sample.every=1",
+             "analysis.per_sample.terms=[task]", "actor.entropy_coeff=0", "actor.use_kl_loss=false"],
+    "neurons": ["analysis.buckets.enable=false", "analysis.neurons.actor.metric_every=1",
+                "actor.entropy_coeff=0.001", "actor.use_kl_loss=true"],
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=8, help="timed pairs of steps")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--instruments", choices=tuple(INSTRUMENTS), default="all")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(overrides=[
+            "trainer.logger=[]", f"trainer.default_local_dir={tmp}/run",
+            *INSTRUMENTS[args.instruments], *([f"trainer.num_threads={args.threads}"] if args.threads else []),
+            *args.overrides])
+        tr = make_trainer(cfg, log=lambda *a: None)
+        hooks = list(tr.hooks)
+        logger = MetricLogger([])
+        times: dict[bool, list[float]] = {True: [], False: []}
+        cpu: dict[bool, list[float]] = {True: [], False: []}
+        update: list[float] = []
+        timings: dict[str, list[float]] = {}
+        step = 0
+        for k in range(2 * (args.steps + 1)):  # the first pair is a warm-up
+            on = (k // 2 + k) % 2 == 0  # on/off, then off/on, ...: neither side always runs first
+            tr.hooks = HookRunner(hooks if on else [])
+            step += 1
+            t0, c0 = time.perf_counter(), time.process_time()
+            m, _ = tr.train_step(step, logger)
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            if k < 2:
+                continue
+            times[on].append(dt)
+            cpu[on].append(dc)
+            if on:
+                for name, v in m.items():
+                    if name.startswith("timing_s/") and name.split("/")[1] in ("analysis", "neuron"):
+                        timings.setdefault(name, []).append(v)
+            else:
+                update.append(m.get("timing_s/update_actor", float("nan")))
+        params = sum(p.numel() for p in tr.actor.parameters())
+    ratios = [a / b for a, b in zip(times[True], times[False])]
+    cpu_ratios = [a / b for a, b in zip(cpu[True], cpu[False])]
+    print(f"model {params / 1e6:.2f}M params, {cfg.data.train_batch_size}x{cfg.rollout.n} samples, "
+          f"response_length {cfg.rollout.response_length}, instruments {args.instruments}, "
+          f"threads {torch.get_num_threads()}")
+    for on, ts in times.items():
+        print(f"{'with' if on else 'without':>8}: median {statistics.median(ts):.3f} s over {len(ts)} steps "
+              f"(all: {', '.join(f'{t:.3f}' for t in ts)})")
+    added = sum(statistics.median(v) for v in timings.values())
+    for name, v in sorted(timings.items()):
+        print(f"{name}: median {statistics.median(v):.3f} s")
+    plain_update = statistics.median(update)
+    print(f"timing_s/update_actor (plain): median {plain_update:.3f} s; instruments / plain update = "
+          f"{added / plain_update:.3f}; 1 + instruments / plain update = {1 + added / plain_update:.3f}")
+    print(f"ratio={statistics.median(ratios):.3f} (process CPU time: {statistics.median(cpu_ratios):.3f})")
+
+
+if __name__ == "__main__":
+    main()
