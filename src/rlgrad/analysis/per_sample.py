@@ -70,17 +70,34 @@ class PerSampleReport:
     group_gram: dict[str, dict[str, torch.Tensor]]
 
 
+# verl's proxy: the [rows, L, V] softmax of at most this many elements at a time (64 MB in fp32: 10 rows of SmolLM2's
+# 49,152-word vocabulary at 32 tokens, the embedded default's whole batch in one forward, where 8-row chunks cost
+# 16 forwards as long as the update's one)
+PROXY_CHUNK_ELEMENTS = 1 << 24
+
+
+def _proxy_rows(model: nn.Module, batch: Batch) -> int:
+    """Rows per forward of verl's proxy: ``PROXY_CHUNK_ELEMENTS`` over the batch's ``[L, V]`` logits."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    vocab = getattr(head, "out_features", None) or getattr(getattr(model, "config", None), "vocab_size", None)
+    if not vocab:
+        return 8
+    return max(1, PROXY_CHUNK_ELEMENTS // (batch.input_ids.shape[-1] * int(vocab)))
+
+
 @torch.no_grad()
-def verl_variance_proxy(model: nn.Module, batch: Batch, rows_per_chunk: int = 8) -> torch.Tensor:
+def verl_variance_proxy(model: nn.Module, batch: Batch, rows_per_chunk: int | None = None) -> torch.Tensor:
     """``[N]``: verl's per-sample variance proxy ``A_i² · W_i`` (verl's ``compute_variance_proxy_metrics``, on-policy,
     no rollout importance weights), ``W_i = Σ_t (1 − 2π_t(y_t) + Σ_v π_t(v)²)`` over the response tokens (the
     squared norm of ∂log π(y_t)/∂logits, summed over t) and ``A_i`` the mean advantage over them. π is the
     current policy at temperature 1, from one no-grad forward (verl takes π(y_t) from old_log_probs: on-policy the
-    same). Data parallel: this rank's rows; every rank runs as many forwards as the rank with the most chunks (FSDP2
-    gathers each layer's weights in every forward), a blank row once its own rows are done."""
+    same). ``rows_per_chunk``: rows per forward (default ``_proxy_rows``). Data parallel: this rank's rows; every rank
+    runs as many forwards as the rank with the most chunks (FSDP2 gathers each layer's weights in every forward), a
+    blank row once its own rows are done."""
     device = next(model.parameters()).device  # the batch may sit on the CPU, as the trainer's does
     mask = batch.response_mask.float().cpu()
     per_token = torch.zeros_like(mask)
+    rows_per_chunk = rows_per_chunk or _proxy_rows(model, batch)
     chunks = int(all_reduce_max(torch.tensor(math.ceil(len(batch) / rows_per_chunk))))
     for i in range(0, chunks * rows_per_chunk, rows_per_chunk):  # the [rows, L, V] softmax a few rows at a time
         part = batch.select(torch.arange(i, min(i + rows_per_chunk, len(batch)))) if i < len(batch) else \
