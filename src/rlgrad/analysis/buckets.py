@@ -38,9 +38,9 @@ import torch
 from torch import nn
 
 from rlgrad.algos.aggregation import denominator
-from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_fn
+from rlgrad.algos.objective import LossFn, LossSettings, as_loss_fn
 from rlgrad.analysis.engine import GradStats, fast_unsupported, slice_gradients
-from rlgrad.analysis.groups import GroupPass, SharedPass, group_pass, logged_values
+from rlgrad.analysis.groups import GroupPass, SharedPass, checked, logged_values
 from rlgrad.analysis.instrument import InstrumentHook, step_dir
 from rlgrad.batch import Batch, check_batch
 from rlgrad.collectives import all_gather_cat, all_gather_sizes, all_reduce_sum, rank
@@ -224,7 +224,7 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
         values = _loss_values(model, batch, loss_fn, (groups.logged, groups.total), groups.row_order, buckets)
     else:
         seen: list[tuple] = []
-        stats = slice_gradients(method, model, batch, FunctionLoss(_checked(loss_fn, seen), loss_fn.agg), weights,
+        stats = slice_gradients(method, model, batch, checked(loss_fn, seen), weights,
                                 real, derived, keep_grads=keep_grads)
         # fast: ONE forward over the whole batch (rows sorted by bucket), whose outputs give the loss values
         values = _loss_values(model, batch, loss_fn, seen[0] if stats.row_order is not None else None,
@@ -254,19 +254,6 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
             metrics[key("grad_norm/{bucket}/per_token/{term}", bucket=b, term=term)] = norm / max(tokens[b], 1.0)
             layers[b][term] = {g: stats.norm(term, b, g) for g in sorted(stats.gram[term])}
     return BucketReport(metrics, layers, buckets, stats)
-
-
-def _checked(loss_fn: LossFn, seen: list | None = None):
-    """``loss_fn`` failing on a term no metric key can hold, before any backward; ``seen`` gets each forward's
-    loss values (``groups.logged_values``)."""
-    def fn(m: nn.Module, b: Batch) -> dict[str, torch.Tensor]:
-        out = loss_fn(m, b)
-        for term in out:
-            key("grad_norm/{bucket}/{term}", bucket="all", term=term)
-        if seen is not None:
-            seen.append(logged_values(out))
-        return out
-    return fn
 
 
 def _from_groups(groups: GroupPass, buckets: Buckets, denom: dict[str, float]) -> GradStats:
@@ -377,13 +364,14 @@ class GradientAnalysisHook(InstrumentHook):
     declared = BUCKETS
 
     def __init__(self, settings: BucketAnalysisConfig, schedule: Schedule, *, method: str, train_batch_size: int,
-                 rollout_n: int, dp_size: int = 1, shared: SharedPass | None = None, share_at: Schedule | None = None):
-        """``shared`` / ``share_at``: at a step of ``share_at`` (the per-sample norms' steps) the analysis of the
-        training batch runs the prompt-group pass (``groups.py``), takes its buckets from it and leaves it in
-        ``shared`` for the per-sample norms: one pass for both instead of one each."""
+                 rollout_n: int, dp_size: int = 1, shared: SharedPass | None = None):
+        """``shared``: the prompt-group pass (``groups.py``) this hook shares with the other instruments due at its
+        step; the analysis of the training batch then takes its buckets from it. ``hooks_from_config`` makes this
+        hook a user of it only where the pass can serve it (``analysis.method=fast``, the training batch, no
+        ``dp_trim`` over several ranks)."""
         self.settings, self.schedule, self.method = settings, schedule, method
         self.train_batch_size, self.rollout_n, self.dp_size = train_batch_size, rollout_n, dp_size
-        self.shared, self.share_at = shared, share_at
+        self.shared = shared
 
     def measure(self, ctx: StepContext) -> tuple[HookResult, dict]:
         b = self.settings
@@ -421,10 +409,9 @@ class GradientAnalysisHook(InstrumentHook):
         b = self.settings
         loss_fn, trim = ctx.actor_loss(), self.dp_size if b.dp_trim else 0
         groups = None
-        share = self.shared is not None and self.share_at is not None and self.share_at.due(ctx.step)
-        if share and batch is ctx.batch and self.method == "fast" and trim <= 1 and not fast_unsupported(ctx.actor):
-            groups = group_pass(ctx.actor, batch, FunctionLoss(_checked(loss_fn), loss_fn.agg))
-            self.shared.keep(ctx.step, batch, groups)
+        if self.shared is not None and self.shared.serves(ctx.step, "buckets") and batch is ctx.batch \
+                and not fast_unsupported(ctx.actor):
+            groups = self.shared.pass_for(ctx.step, ctx.actor, batch, loss_fn)
         rep = analyse_buckets(ctx.actor, batch, loss_fn, bucket_mode=b.bucket_mode, num_buckets=b.num_buckets,
                               method=self.method, dp_trim=trim, groups=groups)
         if ctx.is_main and prefix == "grad_norm" and b.save_batch:

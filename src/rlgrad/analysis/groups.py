@@ -9,22 +9,31 @@ denominator, so a bucket's gradient is ``Σ_{g ∈ b} G_g / D_b`` and the bucket
 pass, from the pass the per-sample norms run anyway. (Not under RAGEN's ``dp_trim``: a trimmed bucket is no longer
 a union of whole groups; the bucket analysis then runs its own pass.)
 
-``SharedPass`` hands one step's pass from the hook that ran it to the next hook that asks for it at the same step
-and on the same batch (``hooks_from_config`` gives the bucket analysis and the per-sample norms one).
+The reward components (``components.py``) ride on the same backward where that is exact: the task term's
+per-token gradient is ``A_i`` times the unit loss's (``ActorTerms.task_unit``), so with one advantage per
+response, component c's gradient ``Σ_i (A_c,i / D) h_i`` is ``Σ_i (A_c,i / (A_i D)) g_i`` of the rows' task
+gradients g_i, provided no row with ``A_i = 0`` has a component advantage (its g_i is 0); a ``Side`` of those
+weights is reduced on the task backward (``_SliceReducer.attach_side``). Where a row breaks that, the components
+run their own pass.
+
+``SharedPass`` hands one step's pass from the hook that ran it to the others due at that step on that batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from rlgrad.algos.objective import FunctionLoss, LossFn
-from rlgrad.analysis.engine import backward, run_terms
+from rlgrad.analysis.engine import GradStats, backward, run_terms, stream
 from rlgrad.analysis.rows import RowNormReducer
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_cat
+from rlgrad.hooks import Schedule
+from rlgrad.metrics import key
 
 
 @dataclass
@@ -41,6 +50,7 @@ class GroupPass:
     logged: dict[str, torch.Tensor]
     total: dict[str, float]
     row_order: torch.Tensor
+    side: GradStats | None = None  # the side slices' Grams (``group_pass``'s ``side``), term ``task``
 
 
 def logged_values(out: dict) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -50,10 +60,21 @@ def logged_values(out: dict) -> tuple[dict[str, torch.Tensor], dict[str, float]]
     return {k: v.detach() for k, v in logged.items()}, getattr(out, "total", None) or {k: 1.0 for k in logged}
 
 
-def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn) -> GroupPass:
+@dataclass
+class Side:
+    """More slices of the ``task`` term reduced on the same backward: ``weights`` ``[S, N]`` (batch order) on
+    the rows' task gradients, ``slices`` their names and ``derived`` linear combinations of them (``engine``)."""
+
+    weights: torch.Tensor
+    slices: list[str]
+    derived: dict[str, dict[str, float]]
+
+
+def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | None = None) -> GroupPass:
     """Every term of ``loss_fn``: per-row squared norms and the prompt groups' Gram, from one forward and one
-    backward per term (module docstring). A rank holding no row runs one blank row (``Batch.blank_rows``: zero
-    loss) in the collectives. Data parallel: every rank calls it."""
+    backward per term (module docstring); with ``side``, also the Grams of those slices of the ``task`` term,
+    reduced by the same backward (``GroupPass.side``). A rank holding no row runs one blank row
+    (``Batch.blank_rows``: zero loss) in the collectives. Data parallel: every rank calls it."""
     group_ids = torch.unique(all_gather_cat(torch.unique(batch.group_ids.cpu())))  # every rank's groups
     inverse = torch.searchsorted(group_ids, batch.group_ids.cpu())
     groups, n = len(group_ids), len(batch)
@@ -66,6 +87,12 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn) -> GroupPass:
     weights = torch.zeros(groups, len(perm))
     weights[run_inverse[perm][held], torch.nonzero(held).squeeze(-1)] = 1.0
     reducer = RowNormReducer(model, weights.to(device))
+    extra = None
+    if side is not None:
+        side_weights = side.weights if n else side.weights.new_zeros(len(side.weights), 1)
+        extra = reducer.attach_side(side_weights[:, perm].to(device))
+    params = [p for p in model.parameters() if p.requires_grad]
+    side_stats = GradStats(side.slices + list(side.derived), {}) if side is not None else None
     layer_groups = sorted(set(reducer.group_names.values()))
     rows: dict[str, dict[str, torch.Tensor]] = {}
     grams: dict[str, dict[str, torch.Tensor]] = {}
@@ -79,7 +106,14 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn) -> GroupPass:
 
     def on_term(term: str, total: torch.Tensor, leaves: list[torch.Tensor], retain_graph: bool) -> None:
         reducer.acc = {}
-        backward(total, leaves, retain_graph)
+        reducer.side = extra if term == "task" else None
+        finish = stream(extra, side.derived, side.slices, False) if reducer.side is not None else None
+        try:
+            backward(total, leaves, retain_graph)
+        finally:
+            reducer.side = None
+        if finish is not None:
+            side_stats.gram["task"] = finish(params)[1]
         zeros_rows = torch.zeros(len(perm), dtype=torch.float64)
         zeros_gram = torch.zeros(groups, groups, dtype=torch.float64)
         rows[term] = {g: (reducer.row_sq[g].cpu()[back] if g in reducer.row_sq else zeros_rows)[:n]
@@ -89,21 +123,52 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn) -> GroupPass:
 
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # nothing random should happen
         run_terms(model, batch.select(perm), FunctionLoss(capture, loss_fn.agg), reducer, on_term)
-    return GroupPass(group_ids, inverse, rows, grams, *seen[0], perm)
+    return GroupPass(group_ids, inverse, rows, grams, *seen[0], perm, side_stats)
 
 
 class SharedPass:
-    """One step's ``GroupPass``, kept by the hook that ran it for the next hook at the same step and batch."""
+    """One step's ``GroupPass`` for the instruments that can use it (``hooks_from_config`` gives them one).
 
-    def __init__(self) -> None:
+    ``users``: each user's steps and the loss terms it needs (None: every term). At a step where at least two users
+    are due (``serves``), the first to run runs the pass (``pass_for``) with every due user's terms, the reward
+    components' slices as its ``side``, and the others take it: one forward and one backward per term for all."""
+
+    def __init__(self, users: dict[str, tuple[Schedule, Sequence[str] | None]]) -> None:
+        self.users = users
         self.kept: tuple[int, int, GroupPass] | None = None
 
-    def keep(self, step: int, batch: Batch, found: GroupPass) -> None:
-        self.kept = (step, id(batch), found)
+    def serves(self, step: int, user: str) -> bool:
+        due = [u for u, (at, _) in self.users.items() if at.due(step)]
+        return user in due and len(due) > 1
 
-    def take(self, step: int, batch: Batch) -> GroupPass | None:
-        """The pass kept at ``step`` on ``batch`` (once: it is dropped), else None."""
-        kept, self.kept = self.kept, None
-        if kept is None or kept[:2] != (step, id(batch)):
-            return None
-        return kept[2]
+    def pass_for(self, step: int, model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | None = None
+                 ) -> GroupPass:
+        """The step's pass on ``batch``: the one kept, else a new one (kept for the next user)."""
+        if self.kept is not None and self.kept[:2] == (step, id(batch)):
+            return self.kept[2]
+        wanted = [terms for at, terms in self.users.values() if at.due(step)]
+        if all(terms is not None for terms in wanted):
+            loss_fn = only_terms(loss_fn, {t for terms in wanted for t in terms})
+        found = group_pass(model, batch, checked(loss_fn), side)
+        self.kept = (step, id(batch), found)
+        return found
+
+
+def only_terms(loss_fn: LossFn, terms: set[str]) -> LossFn:
+    """``loss_fn`` with only ``terms`` (the engine backwards every term it returns)."""
+    return FunctionLoss(lambda model, batch: {k: v for k, v in loss_fn(model, batch).items() if k in terms},
+                        loss_fn.agg)
+
+
+def checked(loss_fn: LossFn, seen: list | None = None) -> FunctionLoss:
+    """``loss_fn`` failing on a term no metric key can hold, before any backward; ``seen`` gets each forward's
+    loss values (``logged_values``)."""
+    def fn(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        out = loss_fn(model, batch)
+        for term in out:
+            key("grad_norm/{bucket}/{term}", bucket="all", term=term)
+            key("grad_norm_sample/{bucket}/{term}", bucket="all", term=term)
+        if seen is not None:
+            seen.append(logged_values(out))
+        return out
+    return FunctionLoss(fn, loss_fn.agg)

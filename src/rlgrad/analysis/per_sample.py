@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 from rlgrad.algos.aggregation import denominator
-from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_fn
+from rlgrad.algos.objective import LossFn, LossSettings, as_loss_fn
 from rlgrad.analysis.buckets import Buckets, global_buckets
 from rlgrad.analysis.engine import fast_unsupported
-from rlgrad.analysis.groups import GroupPass, SharedPass, group_pass
+from rlgrad.analysis.groups import GroupPass, SharedPass, checked, group_pass, only_terms
 from rlgrad.analysis.instrument import InstrumentHook
 from rlgrad.analysis.noise import group_noise
 from rlgrad.batch import Batch, check_batch, position_ids_from_mask
@@ -160,22 +160,6 @@ def proxy_correlation(proxy: torch.Tensor, sq_norms: torch.Tensor) -> dict[str, 
     return out
 
 
-def _checked(loss_fn: LossFn) -> LossFn:
-    """``loss_fn`` failing on a term no metric key can hold, before any backward."""
-    def fn(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-        out = loss_fn(model, batch)
-        for term in out:
-            key("grad_norm_sample/{bucket}/{term}", bucket="all", term=term)
-        return out
-    return FunctionLoss(fn, loss_fn.agg)
-
-
-def _only(loss_fn: LossFn, terms: set[str]) -> LossFn:
-    """``loss_fn`` with only ``terms`` (the engine backwards every term it returns)."""
-    return FunctionLoss(lambda model, batch: {k: v for k, v in loss_fn(model, batch).items() if k in terms},
-                        loss_fn.agg)
-
-
 def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettings | None = None, *,
                        bucket_mode: str = "quantile", num_buckets: int = 6, proxy: bool = False,
                        terms: Sequence[str] | None = None, groups: GroupPass | None = None) -> PerSampleReport:
@@ -193,12 +177,12 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
     check_batch(batch)
     loss_fn = as_loss_fn(loss)
     if terms is not None:
-        loss_fn = _only(loss_fn, set(terms))
+        loss_fn = only_terms(loss_fn, set(terms))
     if why := fast_unsupported(model):
         raise NotImplementedError(f"per-sample gradient norms need the fast engine: {why}")
     buckets = global_buckets(batch.group_ids, batch.reward_std, mode=bucket_mode, num_buckets=num_buckets)
     if groups is None:
-        groups = group_pass(model, batch, _checked(loss_fn))
+        groups = group_pass(model, batch, checked(loss_fn))
     wanted = [t for t in groups.rows if terms is None or t in terms]
     group_ids, inverse = groups.group_ids, groups.inverse
     rows, grams = {t: groups.rows[t] for t in wanted}, {t: groups.grams[t] for t in wanted}
@@ -300,8 +284,7 @@ class PerSampleHook(InstrumentHook):
 
     def __init__(self, settings: PerSampleConfig, schedule: Schedule, *, bucket_mode: str, num_buckets: int,
                  mean_advantage: bool = False, shared: SharedPass | None = None):
-        """``shared``: where the bucket analysis leaves the step's prompt-group pass when it ran it (a step both
-        run at, on the training batch): then this hook runs no pass of its own."""
+        """``shared``: the prompt-group pass this hook shares with the other instruments due at its step."""
         self.settings, self.schedule = settings, schedule
         self.bucket_mode, self.num_buckets, self.mean_advantage = bucket_mode, num_buckets, mean_advantage
         self.shared = shared
@@ -319,7 +302,7 @@ class PerSampleHook(InstrumentHook):
         rep = analyse_per_sample(ctx.actor, ctx.batch, ctx.actor_loss(), bucket_mode=self.bucket_mode,
                                  num_buckets=self.num_buckets, proxy=self.settings.proxy_corr,
                                  terms=self.settings.terms,
-                                 groups=self.shared.take(ctx.step, ctx.batch) if self.shared else None)
+                                 groups=self._shared(ctx))
         files = {}
         if self.settings.write_samples:  # every rank: the lines are gathered
             from rlgrad.logging.rollouts import sequence_advantages
@@ -331,3 +314,9 @@ class PerSampleHook(InstrumentHook):
                 files = {"samples.jsonl": "".join(json.dumps(r) + "\n" for r in rows),
                          "sample_layers.json": json.dumps(layers, indent=1)}
         return HookResult(metrics=dict(rep.metrics)), files
+
+    def _shared(self, ctx: StepContext) -> GroupPass | None:
+        """The step's shared prompt-group pass, when another instrument due at this step shares it."""
+        if self.shared is None or not self.shared.serves(ctx.step, "per_sample"):
+            return None
+        return self.shared.pass_for(ctx.step, ctx.actor, ctx.batch, ctx.actor_loss())
