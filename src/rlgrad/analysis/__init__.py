@@ -38,7 +38,7 @@ def hooks_from_config(cfg: RLGradConfig, at: dict[str, Schedule] | None = None) 
         users["buckets"] = (at["buckets"], None)
     if analysis.method == "fast":
         users["components"] = (at["components"], ["task"])
-    shared = SharedPass(users)
+    shared = SharedPass(users, proxy=analysis.per_sample.proxy_corr)
     # Before the bucket analysis: that one may stop the run at its step (analysis.buckets.exit_after).
     if at["components"].every > 0:
         hooks.append(ComponentGeometryHook(analysis.components, at["components"], estimator=algorithm.adv_estimator,

@@ -21,7 +21,7 @@ run their own pass.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +51,7 @@ class GroupPass:
     total: dict[str, float]
     row_order: torch.Tensor
     side: GradStats | None = None  # the side slices' Grams (``group_pass``'s ``side``), term ``task``
+    proxy_tokens: torch.Tensor | None = None  # [N, L] (batch order): ``logit_grad_sq`` of the pass's forward
 
 
 def logged_values(out: dict) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -70,11 +71,44 @@ class Side:
     derived: dict[str, dict[str, float]]
 
 
-def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | None = None) -> GroupPass:
+# verl's proxy: the [rows, K, V] softmax of at most this many elements at a time (64 MB in fp32: 10 rows of SmolLM2's
+# 49,152-word vocabulary at 32 tokens; the embedded default's whole batch at once)
+PROXY_CHUNK_ELEMENTS = 1 << 24
+
+
+def logit_grad_sq(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``[n, L]``: at column t, ``1 − 2π(y_t) + Σ_v π(v)²`` (the squared norm of ∂log π(y_t)/∂logits, verl's
+    variance proxy per token) from ``logits`` ``[n, K, V]`` at the last K positions (temperature 1); columns
+    before ``L − K + 1`` are 0. A few rows at a time (``PROXY_CHUNK_ELEMENTS``)."""
+    n, K, V = logits.shape
+    L = ids.shape[1]
+    out = torch.zeros(n, L, dtype=torch.float32, device=logits.device)
+    step = max(1, PROXY_CHUNK_ELEMENTS // max(K * V, 1))
+    for i in range(0, n, step):
+        probs = torch.softmax(logits[i:i + step, :-1].float(), dim=-1)
+        picked = probs.gather(-1, ids[i:i + step, L - K + 1:, None]).squeeze(-1)
+        out[i:i + step, L - K + 1:] = 1 - 2 * picked + probs.pow(2).sum(-1)
+    return out
+
+
+def _proxy_tap(model: nn.Module, ids: torch.Tensor, into: list) -> Callable[[], None] | None:
+    """A forward hook on the model's LM head that puts ``logit_grad_sq`` of its output in ``into``: verl's proxy from
+    the pass's own forward. None (no hook) for a model without ``get_output_embeddings``; returns the remover."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, nn.Module):
+        return None
+    handle = head.register_forward_hook(lambda m, args, out: into.append(logit_grad_sq(out.detach(), ids)))
+    return handle.remove
+
+
+def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | None = None, proxy: bool = False
+               ) -> GroupPass:
     """Every term of ``loss_fn``: per-row squared norms and the prompt groups' Gram, from one forward and one
     backward per term (module docstring); with ``side``, also the Grams of those slices of the ``task`` term,
-    reduced by the same backward (``GroupPass.side``). A rank holding no row runs one blank row
-    (``Batch.blank_rows``: zero loss) in the collectives. Data parallel: every rank calls it."""
+    reduced by the same backward (``GroupPass.side``); with ``proxy``, verl's per-token proxy from its forward's
+    LM-head output (``GroupPass.proxy_tokens``; None where the model has no ``get_output_embeddings``). A rank
+    holding no row runs one blank row (``Batch.blank_rows``: zero loss) in the collectives. Data parallel: every
+    rank calls it."""
     group_ids = torch.unique(all_gather_cat(torch.unique(batch.group_ids.cpu())))  # every rank's groups
     inverse = torch.searchsorted(group_ids, batch.group_ids.cpu())
     groups, n = len(group_ids), len(batch)
@@ -121,9 +155,25 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
         grams[term] = {g: reducer.gram[g].cpu() if g in reducer.gram else zeros_gram for g in layer_groups}
         reducer.reset()
 
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # nothing random should happen
-        run_terms(model, batch.select(perm), FunctionLoss(capture, loss_fn.agg), reducer, on_term)
-    return GroupPass(group_ids, inverse, rows, grams, *seen[0], perm, side_stats)
+    taps = _run(model, batch.select(perm), FunctionLoss(capture, loss_fn.agg), reducer, on_term, proxy)
+    proxy_tokens = taps[0].cpu()[back][:n] if taps else None
+    return GroupPass(group_ids, inverse, rows, grams, *seen[0], perm, side_stats, proxy_tokens)
+
+
+def _run(model: nn.Module, run: Batch, loss_fn: LossFn, reducer: RowNormReducer, on_term: Callable, proxy: bool
+         ) -> list[torch.Tensor]:
+    """The engine's passes (``run_terms``) with the RNG streams left as they were; with ``proxy``, what the LM-head
+    tap took from the forward (``_proxy_tap``)."""
+    device = next(model.parameters()).device
+    taps: list[torch.Tensor] = []
+    untap = _proxy_tap(model, run.input_ids.to(device), taps) if proxy else None
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # nothing random happens
+            run_terms(model, run, loss_fn, reducer, on_term)
+    finally:
+        if untap is not None:
+            untap()
+    return taps
 
 
 class SharedPass:
@@ -133,8 +183,9 @@ class SharedPass:
     are due (``serves``), the first to run runs the pass (``pass_for``) with every due user's terms, the reward
     components' slices as its ``side``, and the others take it: one forward and one backward per term for all."""
 
-    def __init__(self, users: dict[str, tuple[Schedule, Sequence[str] | None]]) -> None:
-        self.users = users
+    def __init__(self, users: dict[str, tuple[Schedule, Sequence[str] | None]], proxy: bool = False) -> None:
+        """``proxy``: the pass also takes verl's proxy from its forward (at the per-sample norms' steps)."""
+        self.users, self.proxy = users, proxy
         self.kept: tuple[int, int, GroupPass] | None = None
 
     def serves(self, step: int, user: str) -> bool:
@@ -149,7 +200,8 @@ class SharedPass:
         wanted = [terms for at, terms in self.users.values() if at.due(step)]
         if all(terms is not None for terms in wanted):
             loss_fn = only_terms(loss_fn, {t for terms in wanted for t in terms})
-        found = group_pass(model, batch, checked(loss_fn), side)
+        proxy = self.proxy and "per_sample" in self.users and self.users["per_sample"][0].due(step)
+        found = group_pass(model, batch, checked(loss_fn), side, proxy)
         self.kept = (step, id(batch), found)
         return found
 

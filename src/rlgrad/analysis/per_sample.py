@@ -34,7 +34,15 @@ from rlgrad.algos.aggregation import denominator
 from rlgrad.algos.objective import LossFn, LossSettings, as_loss_fn
 from rlgrad.analysis.buckets import Buckets, global_buckets
 from rlgrad.analysis.engine import fast_unsupported
-from rlgrad.analysis.groups import GroupPass, SharedPass, checked, group_pass, only_terms
+from rlgrad.analysis.groups import (
+    PROXY_CHUNK_ELEMENTS,
+    GroupPass,
+    SharedPass,
+    checked,
+    group_pass,
+    logit_grad_sq,
+    only_terms,
+)
 from rlgrad.analysis.instrument import InstrumentHook
 from rlgrad.analysis.noise import group_noise
 from rlgrad.batch import Batch, check_batch, position_ids_from_mask
@@ -70,12 +78,6 @@ class PerSampleReport:
     group_gram: dict[str, dict[str, torch.Tensor]]
 
 
-# verl's proxy: the [rows, L, V] softmax of at most this many elements at a time (64 MB in fp32: 10 rows of SmolLM2's
-# 49,152-word vocabulary at 32 tokens, the embedded default's whole batch in one forward, where 8-row chunks cost
-# 16 forwards as long as the update's one)
-PROXY_CHUNK_ELEMENTS = 1 << 24
-
-
 def _proxy_rows(model: nn.Module, batch: Batch) -> int:
     """Rows per forward of verl's proxy: ``PROXY_CHUNK_ELEMENTS`` over the batch's ``[L, V]`` logits."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -86,16 +88,20 @@ def _proxy_rows(model: nn.Module, batch: Batch) -> int:
 
 
 @torch.no_grad()
-def verl_variance_proxy(model: nn.Module, batch: Batch, rows_per_chunk: int | None = None) -> torch.Tensor:
+def verl_variance_proxy(model: nn.Module, batch: Batch, rows_per_chunk: int | None = None,
+                        per_token: torch.Tensor | None = None) -> torch.Tensor:
     """``[N]``: verl's per-sample variance proxy ``A_i² · W_i`` (verl's ``compute_variance_proxy_metrics``, on-policy,
     no rollout importance weights), ``W_i = Σ_t (1 − 2π_t(y_t) + Σ_v π_t(v)²)`` over the response tokens (the
     squared norm of ∂log π(y_t)/∂logits, summed over t) and ``A_i`` the mean advantage over them. π is the
     current policy at temperature 1, from one no-grad forward (verl takes π(y_t) from old_log_probs: on-policy the
-    same). ``rows_per_chunk``: rows per forward (default ``_proxy_rows``). Data parallel: this rank's rows; every rank
-    runs as many forwards as the rank with the most chunks (FSDP2 gathers each layer's weights in every forward), a
-    blank row once its own rows are done."""
+    same). ``rows_per_chunk``: rows per forward (default ``_proxy_rows``). ``per_token``: ``groups.logit_grad_sq`` of a
+    forward already run (the prompt-group pass's), which then costs no forward here. Data parallel: this rank's rows;
+    every rank runs as many forwards as the rank with the most chunks (FSDP2 gathers each layer's weights in every
+    forward), a blank row once its own rows are done."""
     device = next(model.parameters()).device  # the batch may sit on the CPU, as the trainer's does
     mask = batch.response_mask.float().cpu()
+    if per_token is not None:
+        return _proxy_of(per_token.float().cpu(), mask, batch)
     per_token = torch.zeros_like(mask)
     rows_per_chunk = rows_per_chunk or _proxy_rows(model, batch)
     chunks = int(all_reduce_max(torch.tensor(math.ceil(len(batch) / rows_per_chunk))))
@@ -104,11 +110,14 @@ def verl_variance_proxy(model: nn.Module, batch: Batch, rows_per_chunk: int | No
             batch.blank_rows(1)  # this rank's rows are done: a blank row keeps its forwards in step
         ids, att = part.input_ids.to(device), part.attention_mask.to(device)
         logits = model(input_ids=ids, attention_mask=att, position_ids=position_ids_from_mask(att),
-                       use_cache=False).logits[:, :-1].float()
-        probs = torch.softmax(logits, dim=-1)
-        picked = probs.gather(-1, ids[:, 1:, None]).squeeze(-1)
+                       use_cache=False).logits
         if i < len(batch):
-            per_token[i:i + rows_per_chunk, 1:] = (1 - 2 * picked + probs.pow(2).sum(-1)).cpu()
+            per_token[i:i + rows_per_chunk] = logit_grad_sq(logits, ids).cpu()
+    return _proxy_of(per_token, mask, batch)
+
+
+def _proxy_of(per_token: torch.Tensor, mask: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """``A_i² · W_i`` from the per-token ``logit_grad_sq`` summed over the response tokens."""
     w = (per_token * mask).sum(-1)
     advantage = (batch.advantages.float().cpu() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
     return advantage.pow(2) * w
@@ -182,7 +191,7 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
         raise NotImplementedError(f"per-sample gradient norms need the fast engine: {why}")
     buckets = global_buckets(batch.group_ids, batch.reward_std, mode=bucket_mode, num_buckets=num_buckets)
     if groups is None:
-        groups = group_pass(model, batch, checked(loss_fn))
+        groups = group_pass(model, batch, checked(loss_fn), proxy=proxy)
     wanted = [t for t in groups.rows if terms is None or t in terms]
     group_ids, inverse = groups.group_ids, groups.inverse
     rows, grams = {t: groups.rows[t] for t in wanted}, {t: groups.grams[t] for t in wanted}
@@ -217,7 +226,8 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
             for name, value in got.items():
                 metrics[key(NOISE_KEYS[name], bucket=b, term=term)] = value
     if proxy and "task" in norms:
-        metrics.update(proxy_correlation(all_gather_cat(verl_variance_proxy(model, batch)),
+        metrics.update(proxy_correlation(all_gather_cat(verl_variance_proxy(model, batch,
+                                                                            per_token=groups.proxy_tokens)),
                                          all_gather_cat(norms["task"] ** 2)))
     return PerSampleReport(norms, layer_norms, metrics, buckets, group_ids, group_gram)
 
