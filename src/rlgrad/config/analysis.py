@@ -78,7 +78,8 @@ class PerSampleConfig:
                           "read from the engine pass's own forward at the LM head; a model without "
                           "get_output_embeddings: one more no-grad forward) and its rank and linear correlation "
                           "with the true squared per-sample task norms over the samples with a non-zero gradient, "
-                          "beside a shuffled-proxy null: proxy_corr/spearman, proxy_corr/pearson, proxy_corr/spearman_null95.")
+                          "beside a shuffled-proxy null: proxy_corr/spearman, proxy_corr/pearson, "
+                          "proxy_corr/spearman_null95.")
 
 
 @dataclass
