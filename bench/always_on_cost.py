@@ -7,10 +7,11 @@ without) and the median is printed last (wall clock, and in brackets from proces
 shared machine disturb less). The measured part is ``Trainer.train_step``: rollout, filter, log-probs, advantages,
 actor update and, when on, the hooks.
 
-    python bench/always_on_cost.py [--steps 8] [--threads N] [--instruments all|buckets|task|neurons]
+    python bench/always_on_cost.py [--steps 8] [--threads N] [--instruments default|all|buckets|task|neurons]
                                    [key=value overrides ...]
 
-``--instruments``: ``all`` (buckets x task/entropy/KL, reward-component geometry, per-sample norms with the noise
+``--instruments``: ``default`` (``analysis.every=1`` and nothing else: every instrument on the default loss, the
+task term alone), ``all`` (buckets x task/entropy/KL, reward-component geometry, per-sample norms with the noise
 figures, neuron health), ``buckets`` (the bucket analysis alone), ``task`` (the task-term instruments: the
 buckets' task norms, components, per-sample norms and noise figures), ``neurons`` (neuron health alone).
 Targets (issue 49): all <= 1.5x a plain step; task <= 1.15x a plain update; neurons <= 1.2x a plain step.
@@ -31,6 +32,7 @@ from rlgrad.logging.sinks import MetricLogger
 from rlgrad.recipes import make_trainer
 
 INSTRUMENTS = {
+    "default": ["analysis.every=1"],
     "all": ["analysis.every=1", "analysis.per_sample.terms=[task,entropy,kl]", "actor.entropy_coeff=0.001",
             "actor.use_kl_loss=true"],
     "buckets": ["analysis.buckets.every=1", "actor.entropy_coeff=0.001", "actor.use_kl_loss=true"],

@@ -101,12 +101,13 @@ def _proxy_tap(model: nn.Module, ids: torch.Tensor, into: list) -> Callable[[], 
     return handle.remove
 
 
-def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | None = None, proxy: bool = False
-               ) -> GroupPass:
+def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | None = None, proxy: bool = False,
+               row_norms: bool = True) -> GroupPass:
     """Every term of ``loss_fn``: per-row squared norms and the prompt groups' Gram, from one forward and one
     backward per term (module docstring); with ``side``, also the Grams of those slices of the ``task`` term,
     reduced by the same backward (``GroupPass.side``); with ``proxy``, verl's per-token proxy from its forward's
-    LM-head output (``GroupPass.proxy_tokens``; None where the model has no ``get_output_embeddings``). A rank
+    LM-head output (``GroupPass.proxy_tokens``; None where the model has no ``get_output_embeddings``);
+    ``row_norms=False``: no per-row norms (``GroupPass.rows`` empty), the groups' Grams alone. A rank
     holding no row runs one blank row (``Batch.blank_rows``: zero loss) in the collectives. Data parallel: every
     rank calls it."""
     group_ids = torch.unique(all_gather_cat(torch.unique(batch.group_ids.cpu())))  # every rank's groups
@@ -120,7 +121,7 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
     held = run_inverse[perm] >= 0
     weights = torch.zeros(groups, len(perm))
     weights[run_inverse[perm][held], torch.nonzero(held).squeeze(-1)] = 1.0
-    reducer = RowNormReducer(model, weights.to(device))
+    reducer = RowNormReducer(model, weights.to(device), row_norms)
     extra = None
     if side is not None:
         side_weights = side.weights if n else side.weights.new_zeros(len(side.weights), 1)
@@ -150,8 +151,9 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
             side_stats.gram["task"] = finish(params)[1]
         zeros_rows = torch.zeros(len(perm), dtype=torch.float64)
         zeros_gram = torch.zeros(groups, groups, dtype=torch.float64)
-        rows[term] = {g: (reducer.row_sq[g].cpu()[back] if g in reducer.row_sq else zeros_rows)[:n]
-                      for g in layer_groups}
+        if row_norms:
+            rows[term] = {g: (reducer.row_sq[g].cpu()[back] if g in reducer.row_sq else zeros_rows)[:n]
+                          for g in layer_groups}
         grams[term] = {g: reducer.gram[g].cpu() if g in reducer.gram else zeros_gram for g in layer_groups}
         reducer.reset()
 
@@ -200,8 +202,8 @@ class SharedPass:
         wanted = [terms for at, terms in self.users.values() if at.due(step)]
         if all(terms is not None for terms in wanted):
             loss_fn = only_terms(loss_fn, {t for terms in wanted for t in terms})
-        proxy = self.proxy and "per_sample" in self.users and self.users["per_sample"][0].due(step)
-        found = group_pass(model, batch, checked(loss_fn), side, proxy)
+        per_sample = "per_sample" in self.users and self.users["per_sample"][0].due(step)
+        found = group_pass(model, batch, checked(loss_fn), side, self.proxy and per_sample, row_norms=per_sample)
         self.kept = (step, id(batch), found)
         return found
 

@@ -92,7 +92,10 @@ class RowNormReducer(_SliceReducer):
     every rank's groups, ``row_sq`` this rank's rows, ``gram`` global (the same on every rank).
     """
 
-    def __init__(self, model: nn.Module, weights: torch.Tensor):
+    def __init__(self, model: nn.Module, weights: torch.Tensor, row_norms: bool = True):
+        """``row_norms=False``: the prompt groups' Gram alone (``row_sq`` stays empty): what the bucket analysis and
+        the reward components need of the shared pass (``groups.py``) at a step without the per-sample norms."""
+        self.row_norms = row_norms
         self.owners: dict[int, list[nn.Module]] = defaultdict(list)
         self.ids: dict[int, torch.Tensor] = {}  # id(embedding) -> this forward's token ids
         super().__init__(model, weights)
@@ -207,6 +210,8 @@ class RowNormReducer(_SliceReducer):
 
     def _linear(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
         super()._linear(m, x, g)
+        if not self.row_norms:
+            return
         g3, x3 = _rows3(g.detach()), _rows3(x)
         self._row(m.weight, linear_row_sq(g3, x3, lambda: self._input_gram(x, x3)))
         self._row(m.bias, g3.float().sum(1).double().pow(2).sum(-1))
@@ -221,6 +226,8 @@ class RowNormReducer(_SliceReducer):
         if m.padding_idx is not None:  # autograd never updates the padding row
             g3 = g3 * (ids3 != m.padding_idx).unsqueeze(-1).to(g3.dtype)
         self._embedding_groups(m.weight, g3, ids3)
+        if not self.row_norms:
+            return
         sq = embedding_row_sq(g3, ids3, m.weight.shape[0])
         if self._key(m.weight) in self.tied:
             picked, x_out = self.tied.pop(self._key(m.weight))
@@ -230,6 +237,8 @@ class RowNormReducer(_SliceReducer):
 
     def _norm(self, m: nn.Module, xh: torch.Tensor, g: torch.Tensor) -> None:
         super()._norm(m, xh, g)
+        if not self.row_norms:
+            return
         g3, x3 = _rows3(g.detach()).float(), _rows3(xh).float()
         self._row(m.weight, (g3 * x3).sum(1).double().pow(2).sum(-1))
         self._row(getattr(m, "bias", None), g3.sum(1).double().pow(2).sum(-1))

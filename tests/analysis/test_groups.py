@@ -1,0 +1,63 @@
+"""The prompt-group pass the instruments due at one step share (``analysis/groups.py``): which instruments use it,
+and that each instrument's numbers through it are those of its own pass (the oracles against plain autograd are in
+test_buckets.py, test_components.py and test_per_sample.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlgrad.algos.objective import LossSettings
+from rlgrad.analysis import hooks_from_config
+from rlgrad.analysis.buckets import GradientAnalysisHook, analyse_buckets
+from rlgrad.analysis.components import ComponentGeometryHook, analyse_components
+from rlgrad.config.load import load_config
+from rlgrad.hooks import StepContext
+from tests.analysis.test_components import WEIGHTS, component_batch
+
+
+def test_buckets_and_components_due_at_one_step_share_one_forward_and_get_their_own_numbers(tmp_path):
+    from rlgrad.config.model import ModelConfig, TinyModelConfig
+    from rlgrad.models import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    tiny = TinyModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                           intermediate_size=48)
+    model = build_tiny_model(ModelConfig(tiny=tiny), tok, seed=5)
+    b = component_batch(model, tok, seed=1)
+    s = LossSettings(use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01)
+    cfg = load_config(overrides=["analysis.buckets.every=1", "analysis.components.every=1",
+                                 "analysis.buckets.num_buckets=2"])
+    components, buckets = hooks_from_config(cfg)
+    assert isinstance(components, ComponentGeometryHook) and isinstance(buckets, GradientAnalysisHook)
+    forwards = []
+    handle = model.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        ctx = StepContext(step=1, batch=b, actor=model, optimizer=None, loss_settings=s, config=cfg, run_dir=tmp_path,
+                          reward_weights=WEIGHTS)
+        got = {**components.before_update(ctx).metrics, **buckets.before_update(ctx).metrics}
+    finally:
+        handle.remove()
+    assert len(forwards) == 1  # one pass for both
+    kept = buckets.shared.kept[2]
+    assert kept.rows == {} and kept.side is not None  # no per-sample norms due: no row norms formed
+    alone = {**analyse_components(model, b, s, weights=WEIGHTS).metrics,
+             **analyse_buckets(model, b, s, num_buckets=2).metrics}
+    measured = [k for k in got if not k.startswith(("timing_s/", "actor/"))]
+    assert set(measured) == set(alone)
+    for k in measured:
+        assert got[k] == pytest.approx(alone[k], rel=1e-4, abs=1e-9), k
+
+
+@pytest.mark.parametrize("overrides, users", [
+    ([], {"per_sample", "buckets", "components"}),
+    (["analysis.buckets.env_groups=2"], {"per_sample", "components"}),  # a separate batch: its own pass
+    (["analysis.buckets.dp_trim=true", "trainer.n_gpus_per_node=2"], {"per_sample", "components"}),
+    (["analysis.method=reference"], {"per_sample"}),
+])
+def test_the_pass_serves_only_the_instruments_it_gives_exact_numbers_to(overrides, users):
+    cfg = load_config(overrides=["analysis.every=1", *overrides])
+    hook = next(h for h in hooks_from_config(cfg) if isinstance(h, GradientAnalysisHook))
+    assert set(hook.shared.users) == users
+    # a step where at least two of its users are due: one of them alone runs its own pass
+    assert hook.shared.serves(1, "per_sample") == (len(users) > 1) and not hook.shared.serves(1, "neurons")
+    assert hook.shared.serves(1, "buckets") == ("buckets" in users)
