@@ -335,6 +335,8 @@ def test_the_bucket_analysis_and_the_per_sample_norms_share_one_pass_at_a_step_b
                                  run_dir=tmp_path) for step in (1, 2)}
         got = {**buckets.before_update(ctx[1]).metrics, **per_sample.before_update(ctx[1]).metrics}
         assert len(forwards) == 1  # one pass for both
+        kept = buckets.shared.kept[2]  # every term's groups' Gram (the buckets'), row norms of the per-sample terms
+        assert set(kept.grams) == {"task", "entropy", "kl"} and set(kept.rows) == {"task", "kl"}
         assert buckets.before_update(ctx[2]) is None and per_sample.before_update(ctx[2]) is None
     finally:
         handle.remove()

@@ -21,7 +21,7 @@ run their own pass.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -102,12 +102,13 @@ def _proxy_tap(model: nn.Module, ids: torch.Tensor, into: list) -> Callable[[], 
 
 
 def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | None = None, proxy: bool = False,
-               row_norms: bool = True) -> GroupPass:
+               row_terms: Collection[str] | None = None) -> GroupPass:
     """Every term of ``loss_fn``: per-row squared norms and the prompt groups' Gram, from one forward and one
     backward per term (module docstring); with ``side``, also the Grams of those slices of the ``task`` term,
     reduced by the same backward (``GroupPass.side``); with ``proxy``, verl's per-token proxy from its forward's
     LM-head output (``GroupPass.proxy_tokens``; None where the model has no ``get_output_embeddings``);
-    ``row_norms=False``: no per-row norms (``GroupPass.rows`` empty), the groups' Grams alone. A rank
+    ``row_terms``: the terms whose per-row norms are formed (None: every term; the others' ``GroupPass.rows`` are
+    absent: their groups' Grams alone). A rank
     holding no row runs one blank row (``Batch.blank_rows``: zero loss) in the collectives. Data parallel: every
     rank calls it."""
     group_ids = torch.unique(all_gather_cat(torch.unique(batch.group_ids.cpu())))  # every rank's groups
@@ -121,7 +122,7 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
     held = run_inverse[perm] >= 0
     weights = torch.zeros(groups, len(perm))
     weights[run_inverse[perm][held], torch.nonzero(held).squeeze(-1)] = 1.0
-    reducer = RowNormReducer(model, weights.to(device), row_norms)
+    reducer = RowNormReducer(model, weights.to(device))
     extra = None
     if side is not None:
         side_weights = side.weights if n else side.weights.new_zeros(len(side.weights), 1)
@@ -141,6 +142,7 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
 
     def on_term(term: str, total: torch.Tensor, leaves: list[torch.Tensor], retain_graph: bool) -> None:
         reducer.acc = {}
+        reducer.row_norms = row_terms is None or term in row_terms
         reducer.side = extra if term == "task" else None
         finish = stream(extra, side.derived, side.slices, False) if reducer.side is not None else None
         try:
@@ -151,7 +153,7 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
             side_stats.gram["task"] = finish(params)[1]
         zeros_rows = torch.zeros(len(perm), dtype=torch.float64)
         zeros_gram = torch.zeros(groups, groups, dtype=torch.float64)
-        if row_norms:
+        if reducer.row_norms:
             rows[term] = {g: (reducer.row_sq[g].cpu()[back] if g in reducer.row_sq else zeros_rows)[:n]
                           for g in layer_groups}
         grams[term] = {g: reducer.gram[g].cpu() if g in reducer.gram else zeros_gram for g in layer_groups}
@@ -202,8 +204,10 @@ class SharedPass:
         wanted = [terms for at, terms in self.users.values() if at.due(step)]
         if all(terms is not None for terms in wanted):
             loss_fn = only_terms(loss_fn, {t for terms in wanted for t in terms})
-        per_sample = "per_sample" in self.users and self.users["per_sample"][0].due(step)
-        found = group_pass(model, batch, checked(loss_fn), side, self.proxy and per_sample, row_norms=per_sample)
+        at, row_terms = self.users.get("per_sample", (None, ()))
+        per_sample = at is not None and at.due(step)
+        found = group_pass(model, batch, checked(loss_fn), side, self.proxy and per_sample,
+                           row_terms=row_terms if per_sample else ())
         self.kept = (step, id(batch), found)
         return found
 

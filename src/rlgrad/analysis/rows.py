@@ -92,10 +92,10 @@ class RowNormReducer(_SliceReducer):
     every rank's groups, ``row_sq`` this rank's rows, ``gram`` global (the same on every rank).
     """
 
-    def __init__(self, model: nn.Module, weights: torch.Tensor, row_norms: bool = True):
-        """``row_norms=False``: the prompt groups' Gram alone (``row_sq`` stays empty): what the bucket analysis and
-        the reward components need of the shared pass (``groups.py``) at a step without the per-sample norms."""
-        self.row_norms = row_norms
+    def __init__(self, model: nn.Module, weights: torch.Tensor):
+        # False: the prompt groups' Gram alone (``row_sq`` stays empty), for a term whose per-row norms no instrument
+        # asks for at this step (``groups.py``: the bucket analysis and the reward components share the pass)
+        self.row_norms = True
         self.owners: dict[int, list[nn.Module]] = defaultdict(list)
         self.ids: dict[int, torch.Tensor] = {}  # id(embedding) -> this forward's token ids
         super().__init__(model, weights)
