@@ -99,7 +99,7 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
                        weights: dict[str, float], mode: str = "shared_std", estimator: str = "grpo",
                        norm_by_std: bool = True, method: str = "fast", keep_grads: bool = False,
                        advantages: dict[str, torch.Tensor] | None = None,
-                       shared: Callable[[Side], GradStats] | None = None) -> ComponentReport:
+                       shared: Callable[[Side], GradStats | None] | None = None) -> ComponentReport:
     """Every reward component's policy gradient (and ``total``) in one engine call, and their geometry.
 
     ``batch`` is prepared (old log-probs, advantages) exactly as the update sees it; ``weights`` the task's
@@ -109,8 +109,9 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
     defaults), whose unit loss is then used. ``advantages``: the training loop's own split of the update's
     advantage by component (``{component: [N]}``, summing to it, e.g. TRL's normalisation); default: the
     split ``mode`` / ``estimator`` / ``norm_by_std`` define (``component_advantages``). ``shared``: runs the
-    prompt-group pass of ``loss`` with a ``Side`` and gives the side's Grams (``groups.py``); used where that is exact
-    (``loss`` has a ``unit()``, no row with a zero advantage has a component advantage; fast, no ``keep_grads``).
+    prompt-group pass of ``loss`` with a ``Side`` and gives the side's Grams (``groups.py``; None: not run); used
+    where that is exact (``loss`` has a ``unit()``, no row with a zero advantage has a component advantage; fast,
+    no ``keep_grads``).
     """
     has_unit = callable(getattr(as_loss_fn(loss), "unit", None))
     unit = as_unit_loss(loss)
@@ -159,7 +160,7 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
 
 def _component_grams(model: nn.Module, batch: Batch, unit: LossFn, W: torch.Tensor, adv: torch.Tensor,
                      slices: list[str], derived: dict[str, dict[str, float]], method: str, keep_grads: bool,
-                     shared: Callable[[Side], GradStats] | None) -> GradStats:
+                     shared: Callable[[Side], GradStats | None] | None) -> GradStats:
     """The live slices' gradient Grams: on the shared prompt-group pass where that is exact (``_on_task_rows``),
     else from the engine's own pass of the unit loss."""
 
@@ -178,7 +179,9 @@ def _component_grams(model: nn.Module, batch: Batch, unit: LossFn, W: torch.Tens
     if shared is not None and _on_task_rows(W, adv):
         # the task term's row gradients are A_i times the unit loss's: weights W / A_i on them (groups.py)
         on_task = torch.where(adv != 0, W / torch.where(adv != 0, adv, 1.0).to(W.dtype), 0.0)
-        return shared(Side(on_task[live], live_names, live_derived))
+        stats = shared(Side(on_task[live], live_names, live_derived))
+        if stats is not None:  # None: the shared pass was not run (groups.SharedPass.pass_for)
+            return stats
     return slice_gradients(method, model, batch, FunctionLoss(one_term, unit.agg), W[live], live_names,
                            live_derived, keep_grads=keep_grads)
 
@@ -222,8 +225,9 @@ class ComponentGeometryHook(InstrumentHook):
         split = ctx.component_advantages(ctx.batch) if ctx.component_advantages is not None else None
         shared = None
         if self.shared is not None and self.shared.serves(ctx.step, "components"):
-            def shared(side: Side) -> GradStats:
-                return self.shared.pass_for(ctx.step, ctx.actor, ctx.batch, ctx.actor_loss(), side).side
+            def shared(side: Side) -> GradStats | None:
+                found = self.shared.pass_for(ctx.step, ctx.actor, ctx.batch, ctx.actor_loss(), side)
+                return found.side if found is not None else None
         rep = analyse_components(ctx.actor, ctx.batch, ctx.actor_loss(), weights=ctx.reward_weights,
                                  mode=self.settings.mode, estimator=self.estimator, norm_by_std=self.norm_by_std,
                                  method=self.method, keep_grads=save, advantages=split, shared=shared)

@@ -289,12 +289,13 @@ class _SliceReducer:
 
     def _blocks(self, p: nn.Parameter) -> list[tuple[int, int]]:
         """``(first row, rows)`` blocks of ``p`` whose slice gradients are formed and flushed one at a time: the
-        whole parameter, except while streaming a parameter with one use (not tied) whose slice gradients have more
-        than ``block_elements`` elements (an LM head, an embedding, an MLP projection): the Gram and the sum over
-        ranks add over disjoint blocks of rows, so only one block's slice gradients exist at once."""
+        whole parameter, except while streaming (``block_elements`` set) a parameter with one use (not tied) whose
+        slice gradients have more than ``block_elements`` elements (an LM head, an embedding, an MLP projection): the
+        Gram and the sum over ranks add over disjoint blocks of rows, so only one block's slice gradients exist at
+        once."""
         rows = p.shape[0]
         k = self.alias.get(id(p), id(p))
-        if self.flush is None or self.block_elements is None or self.calls.get(k, 1) > 1:
+        if self.block_elements is None or self.calls.get(k, 1) > 1:
             return [(0, rows)]
         step = max(1, self.block_elements // max(len(self.weights) * (p.numel() // max(rows, 1)), 1))
         return [(i, min(step, rows - i)) for i in range(0, rows, step)]

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from rlgrad.algos.objective import FunctionLoss, LossFn
-from rlgrad.analysis.engine import GradStats, backward, run_terms, stream
+from rlgrad.analysis.engine import BLOCK_ELEMENTS, GradStats, backward, run_terms, stream
 from rlgrad.analysis.rows import RowNormReducer
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_cat
@@ -197,19 +197,37 @@ class SharedPass:
         return user in due and len(due) > 1
 
     def pass_for(self, step: int, model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | None = None
-                 ) -> GroupPass:
-        """The step's pass on ``batch``: the one kept, else a new one (kept for the next user)."""
+                 ) -> GroupPass | None:
+        """The step's pass on ``batch``: the one kept, else a new one (kept for the next user); None where it would
+        hold more memory than the users' own passes (``_fits``): then each runs its own."""
         if self.kept is not None and self.kept[:2] == (step, id(batch)):
             return self.kept[2]
+        at, row_terms = self.users.get("per_sample", (None, ()))
+        per_sample = at is not None and at.due(step)
+        if not per_sample and not _fits(model, batch):
+            return None
         wanted = [terms for at, terms in self.users.values() if at.due(step)]
         if all(terms is not None for terms in wanted):
             loss_fn = only_terms(loss_fn, {t for terms in wanted for t in terms})
-        at, row_terms = self.users.get("per_sample", (None, ()))
-        per_sample = at is not None and at.due(step)
         found = group_pass(model, batch, checked(loss_fn), side, self.proxy and per_sample,
                            row_terms=row_terms if per_sample else ())
         self.kept = (step, id(batch), found)
         return found
+
+
+def _fits(model: nn.Module, batch: Batch) -> bool:
+    """Whether the pass's prompt-group gradients of a tied weight (formed whole: the embedding adds to its LM head's)
+    stay within a quarter of the model (or one streaming block): P groups x the largest tied weight. The per-sample
+    norms run this pass anyway; the bucket analysis and the components alone stream every weight by blocks.
+    The same answer on every rank (P over every rank's groups)."""
+    owners: dict[int, int] = {}
+    sizes: dict[int, int] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            owners[id(p)], sizes[id(p)] = owners.get(id(p), 0) + 1, p.numel()
+    tied = max((sizes[k] for k, n in owners.items() if n > 1), default=0)
+    groups = len(torch.unique(all_gather_cat(torch.unique(batch.group_ids.cpu()))))
+    return groups * tied <= max(BLOCK_ELEMENTS, sum(sizes.values()) // 4)
 
 
 def only_terms(loss_fn: LossFn, terms: set[str]) -> LossFn:

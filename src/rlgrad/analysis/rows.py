@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from rlgrad import collectives
-from rlgrad.analysis.engine import ROW_CHUNK_ELEMENTS, _SliceReducer
+from rlgrad.analysis.engine import BLOCK_ELEMENTS, ROW_CHUNK_ELEMENTS, _SliceReducer
 from rlgrad.metrics import layer_group
 
 
@@ -105,6 +105,9 @@ class RowNormReducer(_SliceReducer):
         # input (q/k/v, gate/up) and every term's backward share one. Smaller than that input where the ghost norm
         # is chosen (T < in·out / (in + out) < in), and the input itself is kept by the backward's graph anyway.
         self.x_grams: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        # A Linear with one use has its group gradients formed and folded a block of rows at a time (``_blocks``):
+        # P groups x an LM head's weight at once would be P copies of it.
+        self.block_elements = BLOCK_ELEMENTS
         self.reset()
 
     def reset(self) -> None:
@@ -142,10 +145,14 @@ class RowNormReducer(_SliceReducer):
         self._into(self.gram, self.group_names[k], (flat @ flat.t()).double())
 
     def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True) -> None:
-        """A contribution to ``p``'s group gradients; the Gram once all its modules have contributed. (Always the
-        whole parameter: blocks of rows are the slice engine's streaming, which this reducer does not turn on.)"""
+        """A contribution to ``p``'s group gradients; the Gram once all its modules have contributed. A block of rows
+        of a parameter with one use (``_blocks``: its group gradients over ``block_elements`` at once) goes into the
+        Gram as it is: the Gram adds over disjoint blocks."""
         k = self._key(p)
         if k not in self.names:
+            return
+        if not whole:
+            self._fold(k, per_slice)
             return
         done = self._arrived(k)
         super()._add(p, per_slice)
