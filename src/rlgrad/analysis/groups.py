@@ -1,5 +1,6 @@
 """The prompt-group pass: ONE engine pass (one forward, one backward per loss term) with the prompt groups as
-slices, which the per-sample norms and the bucket analysis share.
+slices, which the instruments due at one step share (the per-sample norms, the bucket analysis, the reward
+components; issue 49).
 
 ``group_pass`` gives, per term, every row's squared gradient norm and the Gram matrix of the prompt groups' gradient
 sums per layer group (``rows.RowNormReducer``), both of the unnormalised loss ``Σ_i Σ_t ω ℓ``, and keeps the
@@ -16,7 +17,11 @@ gradients g_i, provided no row with ``A_i = 0`` has a component advantage (its g
 weights is reduced on the task backward (``_SliceReducer.attach_side``). Where a row breaks that, the components
 run their own pass.
 
+verl's variance proxy is read from the same forward (a hook on the LM head, ``logit_grad_sq``).
+
 ``SharedPass`` hands one step's pass from the hook that ran it to the others due at that step on that batch.
+Memory: the groups' gradients of a one-use Linear are formed by blocks of rows (``rows.RowNormReducer``), a tied
+weight's whole; without the per-sample norms due, the pass is shared only where that stays small (``_fits``).
 """
 
 from __future__ import annotations
@@ -108,9 +113,8 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
     reduced by the same backward (``GroupPass.side``); with ``proxy``, verl's per-token proxy from its forward's
     LM-head output (``GroupPass.proxy_tokens``; None where the model has no ``get_output_embeddings``);
     ``row_terms``: the terms whose per-row norms are formed (None: every term; the others' ``GroupPass.rows`` are
-    absent: their groups' Grams alone). A rank
-    holding no row runs one blank row (``Batch.blank_rows``: zero loss) in the collectives. Data parallel: every
-    rank calls it."""
+    absent: their groups' Grams alone). A rank holding no row runs one blank row (``Batch.blank_rows``: zero loss)
+    in the collectives. Data parallel: every rank calls it."""
     group_ids = torch.unique(all_gather_cat(torch.unique(batch.group_ids.cpu())))  # every rank's groups
     inverse = torch.searchsorted(group_ids, batch.group_ids.cpu())
     groups, n = len(group_ids), len(batch)
@@ -193,6 +197,7 @@ class SharedPass:
         self.kept: tuple[int, int, GroupPass] | None = None
 
     def serves(self, step: int, user: str) -> bool:
+        """Whether ``user``'s measurement at ``step`` goes through the shared pass: it and another user are due."""
         due = [u for u, (at, _) in self.users.items() if at.due(step)]
         return user in due and len(due) > 1
 
