@@ -4,7 +4,8 @@ For every row i of the analysed batch and every loss term, ``g_i`` is row i's co
 of the batch loss, with the loss's own aggregation (``Σ_i g_i`` is the batch gradient, ``grad_norm/all/{term}``).
 Its exact norm, per layer group and in total, comes from the gradient engine's one forward and one backward per
 term (``rows.py``: ghost norms or a row's own layer gradient, whichever is cheaper), never a backward per row
-and never an ``N × |θ|`` tensor. The same pass gives the prompt groups' gradient sums, hence every bucket's.
+and never an ``N × |θ|`` tensor. The same pass gives the prompt groups' gradient sums, hence every bucket's; it is
+``groups.group_pass``, which the other instruments due at the same step share (``groups.SharedPass``).
 
 The noise metrics (docs/metrics.md, "Per-sample gradients and the noise scale", has the formulas and the
 references: McCandlish et al. 2018, "An Empirical Model of Large-Batch Training"; one-way random-effects
