@@ -8,7 +8,11 @@ shared machine disturb less). The measured part is ``Trainer.train_step``: rollo
 actor update and, when on, the hooks.
 
     python bench/always_on_cost.py [--steps 8] [--threads N] [--instruments default|all|buckets|task|neurons]
-                                   [key=value overrides ...]
+                                   [--memory] [key=value overrides ...]
+
+``--memory``: after the timing, the peak resident set one step adds (``VmHWM`` reset through
+``/proc/self/clear_refs``, glibc serving allocations above 64 KiB by ``mmap``, as bench/per_sample_cost.py does),
+with the instruments and without.
 
 ``--instruments``: ``default`` (``analysis.every=1`` and nothing else: every instrument on the default loss, the
 task term alone), ``all`` (buckets x task/entropy/KL, reward-component geometry, per-sample norms with the noise
@@ -20,9 +24,12 @@ Targets (issue 49): all <= 1.5x a plain step; task <= 1.15x a plain update; neur
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -30,6 +37,9 @@ from rlgrad.config.load import load_config
 from rlgrad.hooks import HookRunner
 from rlgrad.logging.sinks import MetricLogger
 from rlgrad.recipes import make_trainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from per_sample_cost import peak_mb  # noqa: E402
 
 INSTRUMENTS = {
     "default": ["analysis.every=1"],
@@ -43,13 +53,56 @@ INSTRUMENTS = {
 }
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=8, help="timed pairs of steps")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--instruments", choices=tuple(INSTRUMENTS), default="all")
+    ap.add_argument("--memory", action="store_true",
+                    help="also the peak resident set of one step with the instruments and one without (after timing)")
     ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def _timed(tr, hooks: list, steps: int) -> tuple[dict, dict, list, dict, int]:
+    """Pairs of steps, hooks on and off in turn: wall and CPU times per side, the plain steps' update times, the
+    instrumented steps' instrument timers; and the last step number."""
+    logger = MetricLogger([])
+    times: dict[bool, list[float]] = {True: [], False: []}
+    cpu: dict[bool, list[float]] = {True: [], False: []}
+    update: list[float] = []
+    timings: dict[str, list[float]] = {}
+    for k in range(2 * (steps + 1)):  # the first pair is a warm-up
+        on = (k // 2 + k) % 2 == 0  # on/off, then off/on, ...: neither side always runs first
+        tr.hooks = HookRunner(hooks if on else [])
+        t0, c0 = time.perf_counter(), time.process_time()
+        m, _ = tr.train_step(k + 1, logger)
+        if k < 2:
+            continue
+        times[on].append(time.perf_counter() - t0)
+        cpu[on].append(time.process_time() - c0)
+        if not on:
+            update.append(m.get("timing_s/update_actor", float("nan")))
+        for name, v in m.items() if on else ():
+            if name.startswith("timing_s/") and name.split("/")[1] in ("analysis", "neuron"):
+                timings.setdefault(name, []).append(v)
+    return times, cpu, update, timings, 2 * (steps + 1)
+
+
+def _peaks(tr, hooks: list, step: int) -> dict[bool, float]:
+    """The peak resident set (MB) one step adds, without and with the instruments (the second of two each)."""
+    logger, peaks = MetricLogger([]), {}
+    for k, on in enumerate((False, True, False, True), start=step + 1):
+        tr.hooks = HookRunner(hooks if on else [])
+        peaks[on] = peak_mb(lambda k=k: tr.train_step(k, logger), torch.device("cpu"))
+    return peaks
+
+
+def main() -> None:
+    args = _args()
+    if args.memory and os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # freed tensors leave the resident set; read at start only
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(overrides=[
             "trainer.logger=[]", f"trainer.default_local_dir={tmp}/run",
@@ -57,30 +110,9 @@ def main() -> None:
             *args.overrides])
         tr = make_trainer(cfg, log=lambda *a: None)
         hooks = list(tr.hooks)
-        logger = MetricLogger([])
-        times: dict[bool, list[float]] = {True: [], False: []}
-        cpu: dict[bool, list[float]] = {True: [], False: []}
-        update: list[float] = []
-        timings: dict[str, list[float]] = {}
-        step = 0
-        for k in range(2 * (args.steps + 1)):  # the first pair is a warm-up
-            on = (k // 2 + k) % 2 == 0  # on/off, then off/on, ...: neither side always runs first
-            tr.hooks = HookRunner(hooks if on else [])
-            step += 1
-            t0, c0 = time.perf_counter(), time.process_time()
-            m, _ = tr.train_step(step, logger)
-            dt, dc = time.perf_counter() - t0, time.process_time() - c0
-            if k < 2:
-                continue
-            times[on].append(dt)
-            cpu[on].append(dc)
-            if on:
-                for name, v in m.items():
-                    if name.startswith("timing_s/") and name.split("/")[1] in ("analysis", "neuron"):
-                        timings.setdefault(name, []).append(v)
-            else:
-                update.append(m.get("timing_s/update_actor", float("nan")))
+        times, cpu, update, timings, step = _timed(tr, hooks, args.steps)
         params = sum(p.numel() for p in tr.actor.parameters())
+        peaks = _peaks(tr, hooks, step) if args.memory else {}
     ratios = [a / b for a, b in zip(times[True], times[False])]
     cpu_ratios = [a / b for a, b in zip(cpu[True], cpu[False])]
     print(f"model {params / 1e6:.2f}M params, {cfg.data.train_batch_size}x{cfg.rollout.n} samples, "
@@ -95,6 +127,10 @@ def main() -> None:
     plain_update = statistics.median(update)
     print(f"timing_s/update_actor (plain): median {plain_update:.3f} s; instruments / plain update = "
           f"{added / plain_update:.3f}; 1 + instruments / plain update = {1 + added / plain_update:.3f}")
+    if peaks:
+        copy = params * 4 / 2 ** 20
+        print(f"peak_MB plain_step={peaks[False]:.0f} with={peaks[True]:.0f} extra={peaks[True] - peaks[False]:.0f} "
+              f"({(peaks[True] - peaks[False]) / copy:.0%} of one fp32 model copy, {copy:.1f} MB)")
     print(f"ratio={statistics.median(ratios):.3f} (process CPU time: {statistics.median(cpu_ratios):.3f})")
 
 
