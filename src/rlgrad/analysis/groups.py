@@ -76,19 +76,20 @@ class Side:
     derived: dict[str, dict[str, float]]
 
 
-# verl's proxy: the [rows, K, V] softmax of at most this many elements at a time (64 MB in fp32: 10 rows of SmolLM2's
-# 49,152-word vocabulary at 32 tokens; the embedded default's whole batch at once)
+# verl's proxy, where it runs its own no-grad forwards: rows per forward for at most this many logits (64 MB in fp32:
+# 10 rows of SmolLM2's 49,152-word vocabulary at 32 tokens; the embedded default's whole batch in one forward)
 PROXY_CHUNK_ELEMENTS = 1 << 24
 
 
 def logit_grad_sq(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``[n, L]``: at column t, ``1 − 2π(y_t) + Σ_v π(v)²`` (the squared norm of ∂log π(y_t)/∂logits, verl's
     variance proxy per token) from ``logits`` ``[n, K, V]`` at the last K positions (temperature 1); columns
-    before ``L − K + 1`` are 0. A few rows at a time (``PROXY_CHUNK_ELEMENTS``)."""
+    before ``L − K + 1`` are 0. A few rows at a time (``BLOCK_ELEMENTS`` logits: inside the pass's forward its
+    temporaries add to the activations held)."""
     n, K, V = logits.shape
     L = ids.shape[1]
     out = torch.zeros(n, L, dtype=torch.float32, device=logits.device)
-    step = max(1, PROXY_CHUNK_ELEMENTS // max(K * V, 1))
+    step = max(1, BLOCK_ELEMENTS // max(K * V, 1))
     for i in range(0, n, step):
         probs = torch.softmax(logits[i:i + step, :-1].float(), dim=-1)
         picked = probs.gather(-1, ids[i:i + step, L - K + 1:, None]).squeeze(-1)

@@ -162,7 +162,8 @@ class RowNormReducer(_SliceReducer):
     def _embedding_groups(self, p: nn.Parameter, g3: torch.Tensor, ids3: torch.Tensor) -> None:
         """The embedding's group gradients, formed at the (group, token id) pairs the batch holds only (the update's
         dense vocab x hidden gradient, once per group, would be P times that): added in place to the tied output
-        layer's group gradients when they came first, else folded into the Gram from the token ids present."""
+        layer's group gradients when they came first, else folded into the Gram from the token ids present (under
+        data parallel: present on any rank, so that the sum over ranks has one shape)."""
         k = self._key(p)
         if k not in self.names:
             return
@@ -172,16 +173,17 @@ class RowNormReducer(_SliceReducer):
         sums = torch.zeros(len(uniq), dim, dtype=torch.float32, device=g3.device)
         sums.index_add_(0, inverse, g3.reshape(-1, dim).float())
         done = self._arrived(k)
-        # dense where a tied Linear is still to come (it adds to them) or under data parallel (the ranks' token
-        # ids differ, the sum over ranks needs one shape)
-        if k not in self.acc and (not done or collectives.world_size() > 1):
+        if k not in self.acc and not done:  # dense where a tied Linear is still to come (it adds to them)
             self.acc[k] = torch.zeros(len(self.weights), vocab, dim, dtype=torch.float32, device=g3.device)
         if k in self.acc:
             self.acc[k].view(-1, dim).index_add_(0, uniq, sums)
             if done:
                 self._fold(k, self.acc.pop(k))
             return
-        tokens, column = torch.unique(uniq % vocab, return_inverse=True)
+        # every rank's token ids (a collective: every rank's embedding backward reaches it, in the same order);
+        # one process: its own
+        tokens = torch.unique(collectives.all_gather_cat(torch.unique(uniq % vocab)))
+        column = torch.searchsorted(tokens, uniq % vocab)
         present = torch.zeros(len(self.weights), len(tokens), dim, dtype=torch.float32, device=g3.device)
         present[uniq // vocab, column] = sums  # (group, token) pairs are unique
         self._fold(k, present)
