@@ -12,8 +12,9 @@ import torch
 
 from rlgrad.algos.advantages import group_reward_std
 from rlgrad.algos.aggregation import Denominators
-from rlgrad.algos.objective import actor_objective
+from rlgrad.algos.objective import actor_objective, as_loss_fn
 from rlgrad.analysis.buckets import analyse_buckets, make_buckets
+from rlgrad.analysis.groups import group_pass
 from tests.helpers.batches import SETTINGS, make_batch
 
 
@@ -100,8 +101,10 @@ def test_bucket_norms_equal_plain_autograd_per_bucket(model_tok, s):
     b = make_batch(model, tok)
     fast = analyse_buckets(model, b, s, num_buckets=3, method="fast")
     ref = analyse_buckets(model, b, s, num_buckets=3, method="reference")
+    # the buckets from the per-sample norms' prompt-group pass (analysis/groups.py): the same oracle holds
+    shared = analyse_buckets(model, b, s, num_buckets=3, groups=group_pass(model, b, as_loss_fn(s)))
     comps = ["task"] + (["entropy"] if s.entropy_coeff else []) + (["kl"] if s.use_kl_loss else [])
-    assert sorted(fast.stats.gram) == sorted(comps)
+    assert sorted(fast.stats.gram) == sorted(comps) == sorted(shared.stats.gram)
     params = [p for p in model.parameters()]
     for name in fast.buckets.names:
         sub = b.select(fast.buckets.rows[name])
@@ -115,10 +118,14 @@ def test_bucket_norms_equal_plain_autograd_per_bucket(model_tok, s):
             got = fast.metrics[f"grad_norm/{name}/{comp}"]
             assert got == pytest.approx(float(expect), rel=1e-4, abs=1e-9), (name, comp)
             assert ref.metrics[f"grad_norm/{name}/{comp}"] == pytest.approx(got, rel=1e-4, abs=1e-9)
-        assert fast.metrics[f"grad_norm/{name}/loss/policy"] == pytest.approx(float(terms.task.detach()), rel=1e-5)
+            assert shared.metrics[f"grad_norm/{name}/{comp}"] == pytest.approx(float(expect), rel=1e-4, abs=1e-9)
+        for rep in (fast, shared):
+            assert rep.metrics[f"grad_norm/{name}/loss/policy"] == pytest.approx(float(terms.task.detach()), rel=1e-5)
         for g_name in fast.layers[name]["task"]:
-            assert ref.layers[name]["task"][g_name] == pytest.approx(fast.layers[name]["task"][g_name],
-                                                                     rel=1e-4, abs=1e-9)
+            for rep in (ref, shared):
+                assert rep.layers[name]["task"][g_name] == pytest.approx(fast.layers[name]["task"][g_name],
+                                                                         rel=1e-4, abs=1e-9)
+    assert set(shared.metrics) == set(fast.metrics)
 
 
 def test_bucket_gradients_sum_to_full_gradient_for_every_parameter(model_tok):

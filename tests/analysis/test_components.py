@@ -256,6 +256,37 @@ def test_one_engine_pass_equals_one_backward_per_component(model_tok, mode):
         assert rep.metrics[f"grad_comp/{c}/share"] == pytest.approx(share, rel=1e-4, abs=1e-6)
 
 
+@pytest.mark.parametrize("s", SETTINGS, ids=lambda s: f"{s.loss_agg_mode}-{s.policy_loss}")
+def test_components_on_the_shared_prompt_group_pass_equal_one_backward_per_component(model_tok, s):
+    """analysis/groups.py: the components reduced on the task term's backward of the prompt-group pass (weights
+    A_c,i / (A_i D) on the rows' task gradients) against a plain backward per component of the unit loss (clipped
+    rows included: the batch's old log-probs are off-policy)."""
+    from rlgrad.algos.objective import as_loss_fn
+    from rlgrad.analysis.groups import group_pass
+
+    model, tok = model_tok
+    b = component_batch(model, tok, seed=1)
+    calls = []
+
+    def shared(side):
+        calls.append(side)
+        return group_pass(model, b, as_loss_fn(s), side).side
+
+    rep = analyse_components(model, b, s, weights=WEIGHTS, method="fast", shared=shared)
+    assert len(calls) == 1
+    # the oracle: the reference engine, a forward and a plain autograd backward of the unit loss per component
+    ref = analyse_components(model, b, s, weights=WEIGHTS, method="reference")
+    assert set(rep.metrics) == set(ref.metrics)
+    for k, v in ref.metrics.items():
+        assert rep.metrics[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+    # a row whose advantage is 0 but whose components' are not: its task gradient is 0, so no share (own pass)
+    b.advantages[5] = 0.0
+    again = analyse_components(model, b, s, weights=WEIGHTS, method="fast", shared=shared)
+    assert len(calls) == 1
+    alone = analyse_components(model, b, s, weights=WEIGHTS, method="fast")
+    assert again.metrics == alone.metrics
+
+
 def test_on_policy_components_equal_the_real_loss_with_component_advantages(model_tok):
     """On policy (ratio 1, no clip active) each component's gradient is the real policy loss's gradient with
     the component's advantage in place of the update's: an oracle that does not use the unit loss."""

@@ -11,6 +11,7 @@ import torch
 from rlgrad.algos.aggregation import denominator
 from rlgrad.algos.objective import LossSettings, as_loss_fn
 from rlgrad.analysis.buckets import analyse_buckets
+from rlgrad.analysis.groups import group_pass
 from rlgrad.analysis.noise import group_noise
 from rlgrad.analysis.per_sample import (
     _ranks,
@@ -261,8 +262,12 @@ def test_verl_proxy_is_advantage_squared_times_the_logit_score_norm(model_tok):
     model, tok = model_tok
     batch = make_batch(model, tok, n_prompts=2)
     got = verl_variance_proxy(model, batch, rows_per_chunk=3)
+    # and from the prompt-group pass's own forward (its LM head runs on the response columns only, rows by group)
+    tapped = group_pass(model, batch, as_loss_fn(LossSettings()), proxy=True).proxy_tokens
+    from_pass = verl_variance_proxy(model, batch, per_token=tapped)
     mask = batch.response_mask.float()
     for i in range(len(batch)):
+        assert float(from_pass[i]) == pytest.approx(float(got[i]), rel=1e-5, abs=1e-12)
         ids, att = batch.input_ids[i:i + 1], batch.attention_mask[i:i + 1]
         logits = model(input_ids=ids, attention_mask=att, position_ids=position_ids_from_mask(att)).logits[0, :-1]
         logits = logits.detach().requires_grad_(True)
@@ -302,3 +307,42 @@ def test_the_proxy_correlation_leaves_out_tied_zeros_and_has_a_null():
     assert everything > 0.5  # what the tied zeros give an uninformative proxy
     informative = proxy_correlation(norms + 0.01 * torch.rand(100), norms)
     assert informative["proxy_corr/spearman"] > 0.9 > informative["proxy_corr/spearman_null95"]
+
+
+def test_the_bucket_analysis_and_the_per_sample_norms_share_one_pass_at_a_step_both_run(model_tok, tmp_path):
+    """hooks_from_config: at a step both instruments run at, the bucket analysis runs the prompt-group pass and the
+    per-sample norms take it (no forward of their own, verl's proxy included); each instrument's metrics are those
+    it computes alone."""
+    from rlgrad.analysis import hooks_from_config
+    from rlgrad.analysis.buckets import GradientAnalysisHook
+    from rlgrad.analysis.per_sample import PerSampleHook
+    from rlgrad.config.load import load_config
+    from rlgrad.hooks import StepContext
+
+    model, tok = model_tok
+    b = make_batch(model, tok)
+    s = LossSettings(entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1)
+    cfg = load_config(overrides=["analysis.buckets.every=2", "analysis.per_sample.every=2",
+                                 "analysis.buckets.num_buckets=3", "analysis.per_sample.terms=[task,kl]",
+                                 "analysis.per_sample.proxy_corr=true"])  # verl's proxy from the same forward
+    buckets, per_sample = hooks_from_config(cfg)
+    assert isinstance(buckets, GradientAnalysisHook) and isinstance(per_sample, PerSampleHook)
+    assert buckets.shared is per_sample.shared is not None
+    forwards = []
+    handle = model.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        ctx = {step: StepContext(step=step, batch=b, actor=model, optimizer=None, loss_settings=s, config=cfg,
+                                 run_dir=tmp_path) for step in (1, 2)}
+        got = {**buckets.before_update(ctx[1]).metrics, **per_sample.before_update(ctx[1]).metrics}
+        assert len(forwards) == 1  # one pass for both
+        kept = buckets.shared.kept[2]  # every term's groups' Gram (the buckets'), row norms of the per-sample terms
+        assert set(kept.grams) == {"task", "entropy", "kl"} and set(kept.rows) == {"task", "kl"}
+        assert buckets.before_update(ctx[2]) is None and per_sample.before_update(ctx[2]) is None
+    finally:
+        handle.remove()
+    alone = {**analyse_buckets(model, b, s, num_buckets=3).metrics,
+             **analyse_per_sample(model, b, s, num_buckets=3, terms=["task", "kl"], proxy=True).metrics}
+    measured = [k for k in got if not k.startswith(("timing_s/", "actor/"))]
+    assert set(measured) == set(alone)
+    for k in measured:
+        assert got[k] == pytest.approx(alone[k], rel=1e-5, abs=1e-12, nan_ok=True), k

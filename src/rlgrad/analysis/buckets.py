@@ -38,8 +38,9 @@ import torch
 from torch import nn
 
 from rlgrad.algos.aggregation import denominator
-from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_fn
+from rlgrad.algos.objective import LossFn, LossSettings, as_loss_fn
 from rlgrad.analysis.engine import GradStats, fast_unsupported, slice_gradients
+from rlgrad.analysis.groups import GroupPass, SharedPass, checked, logged_values
 from rlgrad.analysis.instrument import InstrumentHook, step_dir
 from rlgrad.batch import Batch, check_batch
 from rlgrad.collectives import all_gather_cat, all_gather_sizes, all_reduce_sum, rank
@@ -184,7 +185,7 @@ class BucketReport:
 
 def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings | None = None, *,
                     bucket_mode: str = "quantile", num_buckets: int = 6, method: str = "fast",
-                    keep_grads: bool = False, dp_trim: int = 0) -> BucketReport:
+                    keep_grads: bool = False, dp_trim: int = 0, groups: GroupPass | None = None) -> BucketReport:
     """Every bucket's (and ``all``'s) gradient norm per loss term, in one engine call.
 
     ``loss``: any ``LossFn`` (``rlgrad.loss.per_token_loss`` wraps a training loop's own), or the
@@ -194,7 +195,9 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
     number equals the one-process number on the global batch. ``dp_trim > 1``: RAGEN's trimming of each
     bucket to a multiple of ``dp_trim`` samples. ``num_buckets`` beyond the number of prompt groups is clamped to
     it, with a warning (``make_buckets``). ``batch`` is checked first (``check_batch``: its fields set after
-    construction too), a ``UserError`` naming a field of the wrong shape.
+    construction too), a ``UserError`` naming a field of the wrong shape. ``groups``: the prompt-group pass of the
+    same model, batch and loss (``groups.group_pass``, every term), which gives every bucket's Gram without a pass
+    of its own (``fast``, no ``dp_trim``, no ``keep_grads``; otherwise the engine runs as usual).
     """
     check_batch(batch)
     loss_fn = as_loss_fn(loss)
@@ -214,20 +217,18 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
         w_all[0, buckets.rows["all"]] = 1.0 / denom["all"]
         weights = torch.cat([weights, w_all])
         real, derived = real + ["all"], {}
-    seen: list[dict] = []
-
-    def capture(m: nn.Module, b: Batch) -> dict[str, torch.Tensor]:
-        out = loss_fn(m, b)
-        for term in out:  # a name no metric key can hold fails here, before any backward
+    if groups is not None and method == "fast" and dp_trim <= 1 and not keep_grads:
+        for term in groups.grams:
             key("grad_norm/{bucket}/{term}", bucket="all", term=term)
-        seen.append(out)
-        return out
-
-    stats = slice_gradients(method, model, batch, FunctionLoss(capture, loss_fn.agg), weights, real, derived,
-                            keep_grads=keep_grads)
-    # fast: ONE forward over the whole batch (rows sorted by bucket), whose outputs give the loss values
-    values = _loss_values(model, batch, loss_fn, seen[0] if stats.row_order is not None else None,
-                          stats.row_order, buckets)
+        stats = _from_groups(groups, buckets, denom)
+        values = _loss_values(model, batch, loss_fn, (groups.logged, groups.total), groups.row_order, buckets)
+    else:
+        seen: list[tuple] = []
+        stats = slice_gradients(method, model, batch, checked(loss_fn, seen), weights,
+                                real, derived, keep_grads=keep_grads)
+        # fast: ONE forward over the whole batch (rows sorted by bucket), whose outputs give the loss values
+        values = _loss_values(model, batch, loss_fn, seen[0] if stats.row_order is not None else None,
+                              stats.row_order, buckets)
     metrics: dict[str, float] = {}
     layers: dict[str, dict[str, dict[str, float]]] = {}
     n_total = float(all_reduce_sum(torch.tensor(float((batch.group_ids >= 0).sum()))))
@@ -255,6 +256,18 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
     return BucketReport(metrics, layers, buckets, stats)
 
 
+def _from_groups(groups: GroupPass, buckets: Buckets, denom: dict[str, float]) -> GradStats:
+    """The buckets' (and ``all``'s) gradient Grams from the prompt groups' of the same loss (``groups.py``):
+    ``A K Aᵀ`` with ``A[b, g] = 1/D_b`` for each group g of bucket b (every group is in ``all``)."""
+    place = {int(g): k for k, g in enumerate(groups.group_ids.tolist())}
+    A = torch.zeros(len(buckets.names), len(place), dtype=torch.float64)
+    for name, gid, _ in buckets.groups:
+        A[buckets.names.index(name), place[gid]] = 1.0 / denom[name]
+        A[buckets.names.index("all"), place[gid]] = 1.0 / denom["all"]
+    gram = {term: {g: A @ k @ A.t() for g, k in per_group.items()} for term, per_group in groups.grams.items()}
+    return GradStats(list(buckets.names), gram, row_order=groups.row_order)
+
+
 def _bucket_sizes(batch: Batch, buckets: Buckets, loss_fn: LossFn
                   ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """Each bucket's samples, response tokens and loss denominator (Σ u, ``core.denominator``), over all ranks."""
@@ -266,19 +279,18 @@ def _bucket_sizes(batch: Batch, buckets: Buckets, loss_fn: LossFn
     return count, tokens, {n: denominator(d) for n, d in denom.items()}
 
 
-def _loss_values(model: nn.Module, batch: Batch, loss_fn: LossFn, out: dict | None, row_order: torch.Tensor | None,
-                 buckets: Buckets) -> dict[str, dict]:
+def _loss_values(model: nn.Module, batch: Batch, loss_fn: LossFn, out: tuple | None,
+                 row_order: torch.Tensor | None, buckets: Buckets) -> dict[str, dict]:
     """bucket -> {name: Σ ω·value over the bucket's rows, all ranks; "total": {name: coefficient}}.
 
-    The values are the loss's ``logged`` quantities and their ``total`` coefficients (``rlgrad.loss.Terms``),
-    else its terms and their sum. ``out`` is the fast engine's forward over the rows in ``row_order``;
+    The values are the loss's ``logged`` quantities and their ``total`` coefficients (``groups.logged_values``).
+    ``out`` is those of the fast engine's forward over the rows in ``row_order``;
     without it (reference) one no-grad forward gives them (a rank with no rows: a blank row)."""
     probe = batch if len(batch) else batch.blank_rows(1)
     if out is None:
         with torch.no_grad():
-            out, row_order = loss_fn(model, probe), None
-    logged = getattr(out, "logged", None) or {k: v.detach() for k, v in out.items()}
-    total = getattr(out, "total", None) or {k: 1.0 for k in logged}
+            out, row_order = logged_values(loss_fn(model, probe)), None
+    logged, total = out
     if row_order is not None:
         inv = torch.argsort(row_order)
         logged = {k: v[inv.to(v.device)] for k, v in logged.items()}
@@ -352,9 +364,14 @@ class GradientAnalysisHook(InstrumentHook):
     declared = BUCKETS
 
     def __init__(self, settings: BucketAnalysisConfig, schedule: Schedule, *, method: str, train_batch_size: int,
-                 rollout_n: int, dp_size: int = 1):
+                 rollout_n: int, dp_size: int = 1, shared: SharedPass | None = None):
+        """``shared``: the prompt-group pass (``groups.py``) this hook shares with the other instruments due at its
+        step; the analysis of the training batch then takes its buckets from it. ``hooks_from_config`` makes this
+        hook a user of it only where the pass can serve it (``analysis.method=fast``, the training batch, no
+        ``dp_trim`` over several ranks)."""
         self.settings, self.schedule, self.method = settings, schedule, method
         self.train_batch_size, self.rollout_n, self.dp_size = train_batch_size, rollout_n, dp_size
+        self.shared = shared
 
     def measure(self, ctx: StepContext) -> tuple[HookResult, dict]:
         b = self.settings
@@ -390,8 +407,13 @@ class GradientAnalysisHook(InstrumentHook):
     def _analyse(self, ctx: StepContext, batch: Batch, prefix: str) -> BucketReport:
         """One bucket analysis of ``batch`` and (``save_batch``) its probe bundle on disk."""
         b = self.settings
-        rep = analyse_buckets(ctx.actor, batch, ctx.actor_loss(), bucket_mode=b.bucket_mode,
-                              num_buckets=b.num_buckets, method=self.method, dp_trim=self.dp_size if b.dp_trim else 0)
+        loss_fn, trim = ctx.actor_loss(), self.dp_size if b.dp_trim else 0
+        groups = None
+        if self.shared is not None and self.shared.serves(ctx.step, "buckets") and batch is ctx.batch \
+                and not fast_unsupported(ctx.actor):
+            groups = self.shared.pass_for(ctx.step, ctx.actor, batch, loss_fn)
+        rep = analyse_buckets(ctx.actor, batch, loss_fn, bucket_mode=b.bucket_mode, num_buckets=b.num_buckets,
+                              method=self.method, dp_trim=trim, groups=groups)
         if ctx.is_main and prefix == "grad_norm" and b.save_batch:
             extra = {"step": ctx.step, "bucket_mode": b.bucket_mode, "num_buckets": b.num_buckets,
                      "method": self.method, "buckets": list(rep.buckets.names)}

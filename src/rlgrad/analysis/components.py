@@ -40,8 +40,9 @@ from rlgrad import collectives
 from rlgrad.algos.advantages import sequence_scores
 from rlgrad.algos.aggregation import denominator
 from rlgrad.algos.component_advantages import component_advantages, per_sequence_advantage
-from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_unit_loss
-from rlgrad.analysis.engine import GradStats, layer_group, slice_gradients
+from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_fn, as_unit_loss
+from rlgrad.analysis.engine import GradStats, fast_unsupported, layer_group, slice_gradients
+from rlgrad.analysis.groups import SharedPass, Side
 from rlgrad.analysis.instrument import InstrumentHook
 from rlgrad.analysis.writer import BackgroundWriter, _stderr
 from rlgrad.batch import Batch
@@ -97,7 +98,8 @@ def _geometry(gram: torch.Tensor, slices: list[str], names: list[str]) -> dict[s
 def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettings | None = None, *,
                        weights: dict[str, float], mode: str = "shared_std", estimator: str = "grpo",
                        norm_by_std: bool = True, method: str = "fast", keep_grads: bool = False,
-                       advantages: dict[str, torch.Tensor] | None = None) -> ComponentReport:
+                       advantages: dict[str, torch.Tensor] | None = None,
+                       shared: Callable[[Side], GradStats | None] | None = None) -> ComponentReport:
     """Every reward component's policy gradient (and ``total``) in one engine call, and their geometry.
 
     ``batch`` is prepared (old log-probs, advantages) exactly as the update sees it; ``weights`` the task's
@@ -106,8 +108,12 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
     docstring), or rlgrad's PPO / CISPO loss as an ``ActorLoss`` or its ``LossSettings`` (default: its
     defaults), whose unit loss is then used. ``advantages``: the training loop's own split of the update's
     advantage by component (``{component: [N]}``, summing to it, e.g. TRL's normalisation); default: the
-    split ``mode`` / ``estimator`` / ``norm_by_std`` define (``component_advantages``).
+    split ``mode`` / ``estimator`` / ``norm_by_std`` define (``component_advantages``). ``shared``: runs the
+    prompt-group pass of ``loss`` with a ``Side`` and gives the side's Grams (``groups.py``; None: not run); used
+    where that is exact (``loss`` has a ``unit()``, no row with a zero advantage has a component advantage; fast,
+    no ``keep_grads``).
     """
+    has_unit = callable(getattr(as_loss_fn(loss), "unit", None))
     unit = as_unit_loss(loss)
     names = list(batch.components)
     if not names:
@@ -126,20 +132,9 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
         slices, derived = names + ["total"], {}
     W = torch.stack(rows).double().div(denom).float().reshape(len(rows), len(batch))
 
-    def one_term(m: nn.Module, b: Batch) -> dict[str, torch.Tensor]:
-        return {TERM: sum(unit(m, b).values())}
-
-    # A slice with no non-zero weight on any rank (a component constant in every group) has a zero gradient:
-    # the engine only sees the others. Decided over all ranks: the engine's all-reduce has one size everywhere.
-    live_any = collectives.all_reduce_sum(W.ne(0).any(1).to(torch.float64))
-    live = [k for k in range(len(slices)) if float(live_any[k]) > 0]
-    live_names = [slices[k] for k in live]
-    live_derived = {d: {c: v for c, v in combo.items() if c in live_names} for d, combo in derived.items()}
-    live_derived = {d: combo for d, combo in live_derived.items() if combo}
-    stats = GradStats([], {})  # every advantage 0: every gradient is 0
-    if live:
-        stats = slice_gradients(method, model, batch, FunctionLoss(one_term, unit.agg), W[live], live_names,
-                                live_derived, keep_grads=keep_grads)
+    exact = has_unit and method == "fast" and not keep_grads and not fast_unsupported(model)
+    stats = _component_grams(model, batch, unit, W, adv, slices, derived, method, keep_grads,
+                             shared if exact else None)
     # The engine summed every slice's gradient over ranks before forming its Grams: they are global already.
     stats = _with_zero_slices(stats, model, slices + list(derived), keep_grads)
     all_slices = stats.slices
@@ -163,6 +158,41 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
     return ComponentReport(metrics, summary, stats, {**comp, "total": adv})
 
 
+def _component_grams(model: nn.Module, batch: Batch, unit: LossFn, W: torch.Tensor, adv: torch.Tensor,
+                     slices: list[str], derived: dict[str, dict[str, float]], method: str, keep_grads: bool,
+                     shared: Callable[[Side], GradStats | None] | None) -> GradStats:
+    """The live slices' gradient Grams: on the shared prompt-group pass where that is exact (``_on_task_rows``),
+    else from the engine's own pass of the unit loss."""
+
+    def one_term(m: nn.Module, b: Batch) -> dict[str, torch.Tensor]:
+        return {TERM: sum(unit(m, b).values())}
+
+    # A slice with no non-zero weight on any rank (a component constant in every group) has a zero gradient:
+    # the engine only sees the others. Decided over all ranks: the engine's all-reduce has one size everywhere.
+    live_any = collectives.all_reduce_sum(W.ne(0).any(1).to(torch.float64))
+    live = [k for k in range(len(slices)) if float(live_any[k]) > 0]
+    live_names = [slices[k] for k in live]
+    live_derived = {d: {c: v for c, v in combo.items() if c in live_names} for d, combo in derived.items()}
+    live_derived = {d: combo for d, combo in live_derived.items() if combo}
+    if not live:
+        return GradStats([], {})  # every advantage 0: every gradient is 0
+    if shared is not None and _on_task_rows(W, adv):
+        # the task term's row gradients are A_i times the unit loss's: weights W / A_i on them (groups.py)
+        on_task = torch.where(adv != 0, W / torch.where(adv != 0, adv, 1.0).to(W.dtype), 0.0)
+        stats = shared(Side(on_task[live], live_names, live_derived))
+        if stats is not None:  # None: the shared pass was not run (groups.SharedPass.pass_for)
+            return stats
+    return slice_gradients(method, model, batch, FunctionLoss(one_term, unit.agg), W[live], live_names,
+                           live_derived, keep_grads=keep_grads)
+
+
+def _on_task_rows(W: torch.Tensor, adv: torch.Tensor) -> bool:
+    """Whether no row with a zero advantage has a component advantage, on any rank (the same answer everywhere):
+    then every component's gradient is a weighted sum of the rows' task gradients."""
+    lost = (W[:, adv == 0] != 0).sum().to(torch.float64)
+    return float(collectives.all_reduce_sum(lost)) == 0
+
+
 def _group_order(g: str) -> tuple:
     if g == "embed":
         return (0, 0)
@@ -179,21 +209,28 @@ class ComponentGeometryHook(InstrumentHook):
     declared = COMPONENTS
 
     def __init__(self, settings: ComponentAnalysisConfig, schedule: Schedule, *, estimator: str, norm_by_std: bool,
-                 method: str, log: Callable[[str], Any] = _stderr):
+                 method: str, log: Callable[[str], Any] = _stderr, shared: SharedPass | None = None):
         """``settings``: the ``analysis.components`` section; ``schedule``: the steps it runs at (``schedules(cfg)``'s
         ``components``); ``estimator`` / ``norm_by_std``: the run's advantage (``algorithm.adv_estimator``,
         ``algorithm.norm_adv_by_std_in_grpo``), which ``own_std`` applies to each component; ``method``: the
-        gradient engine (``analysis.method``)."""
+        gradient engine (``analysis.method``); ``shared``: the prompt-group pass it shares with the other
+        instruments due at its step (``groups.py``)."""
         self.settings, self.schedule, self.log = settings, schedule, log
+        self.shared = shared
         self.estimator, self.norm_by_std, self.method = estimator, norm_by_std, method
         self.writer = BackgroundWriter(log) if settings.save_gradients else None
 
     def measure(self, ctx: StepContext) -> tuple[HookResult, dict]:
         save = self.writer is not None
         split = ctx.component_advantages(ctx.batch) if ctx.component_advantages is not None else None
+        shared = None
+        if self.shared is not None and self.shared.serves(ctx.step, "components"):
+            def shared(side: Side) -> GradStats | None:
+                found = self.shared.pass_for(ctx.step, ctx.actor, ctx.batch, ctx.actor_loss(), side)
+                return found.side if found is not None else None
         rep = analyse_components(ctx.actor, ctx.batch, ctx.actor_loss(), weights=ctx.reward_weights,
                                  mode=self.settings.mode, estimator=self.estimator, norm_by_std=self.norm_by_std,
-                                 method=self.method, keep_grads=save, advantages=split)
+                                 method=self.method, keep_grads=save, advantages=split, shared=shared)
         metrics = dict(rep.metrics)
         if ctx.is_main and save:
             grads = rep.stats.grads[TERM]

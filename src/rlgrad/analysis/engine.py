@@ -100,7 +100,8 @@ def _contiguous_range(rows: torch.Tensor) -> tuple[int, int] | None:
 class _SliceReducer:
     """Accumulates per-slice parameter gradients from module hooks during one backward."""
 
-    def __init__(self, model: nn.Module, weights: torch.Tensor):
+    def __init__(self, model: nn.Module, weights: torch.Tensor, watch: bool = True):
+        """``watch=False``: no module hooks of its own; another reducer's hooks feed it (``side``)."""
         self.model = model
         self.weights = weights  # [S, N]
         self.rows = [torch.nonzero(w).squeeze(-1) for w in weights]
@@ -153,7 +154,9 @@ class _SliceReducer:
         self.block_elements: int | None = None  # streaming: form large parameters' slices by blocks (_blocks)
         self.handles = []
         self.embed_leaf: list[tuple[nn.Embedding, torch.Tensor, torch.Tensor]] = []
-        for mod in model.modules():
+        # A second slice set reduced from the same backward (``attach_side``): its hooks are this reducer's.
+        self.side: _SliceReducer | None = None
+        for mod in model.modules() if watch else ():
             if isinstance(mod, nn.Linear):
                 self._watch(mod, self._linear)
             elif isinstance(mod, nn.Embedding):
@@ -171,6 +174,8 @@ class _SliceReducer:
             for a, k in attrs:  # the parameters the module holds now (FSDP2: unsharded) are the registered ones
                 self.alias[id(getattr(module, a))] = k
             fn(module, x, g)
+            if self.side is not None:  # the side's own reduction of the same module (its base class's)
+                getattr(_SliceReducer, fn.__name__)(self.side, module, x, g)
 
         def fwd(module, inputs, output):
             x = inputs[0].detach() if prep is None else prep(module, inputs[0].detach())
@@ -188,6 +193,14 @@ class _SliceReducer:
             return output
 
         self.handles.append(mod.register_forward_hook(fwd))
+
+    def attach_side(self, weights: torch.Tensor) -> _SliceReducer:
+        """A reducer of the slices ``weights`` ``[S', N]`` (the same rows) fed by this reducer's hooks while
+        ``self.side`` is it: one backward gives both slice sets (``groups.py``: the reward components on the
+        prompt-group pass). It shares this reducer's parameter map and forward call counts."""
+        side = _SliceReducer(self.model, weights, watch=False)
+        side.alias, side.calls = self.alias, self.calls
+        return side
 
     def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True) -> None:
         k = self.alias.get(id(p), id(p))
@@ -276,12 +289,13 @@ class _SliceReducer:
 
     def _blocks(self, p: nn.Parameter) -> list[tuple[int, int]]:
         """``(first row, rows)`` blocks of ``p`` whose slice gradients are formed and flushed one at a time: the
-        whole parameter, except while streaming a parameter with one use (not tied) whose slice gradients have more
-        than ``block_elements`` elements (an LM head, an embedding, an MLP projection): the Gram and the sum over
-        ranks add over disjoint blocks of rows, so only one block's slice gradients exist at once."""
+        whole parameter, except while streaming (``block_elements`` set) a parameter with one use (not tied) whose
+        slice gradients have more than ``block_elements`` elements (an LM head, an embedding, an MLP projection): the
+        Gram and the sum over ranks add over disjoint blocks of rows, so only one block's slice gradients exist at
+        once."""
         rows = p.shape[0]
         k = self.alias.get(id(p), id(p))
-        if self.flush is None or self.block_elements is None or self.calls.get(k, 1) > 1:
+        if self.block_elements is None or self.calls.get(k, 1) > 1:
             return [(0, rows)]
         step = max(1, self.block_elements // max(len(self.weights) * (p.numel() // max(rows, 1)), 1))
         return [(i, min(step, rows - i)) for i in range(0, rows, step)]
@@ -479,6 +493,19 @@ def _streamed_term(reducer: _SliceReducer, total: torch.Tensor, leaves: list[tor
     gradients of the modules in flight, one layer's at most, not the model's. Every rank flushes the
     parameters in the same order (the backward's), then those the backward never reached, in ``params`` order.
     """
+    finish = stream(reducer, derived, slices, keep_grads)
+    try:
+        backward(total, leaves, retain_graph)
+    finally:
+        reducer.flush = None
+    return finish(params)
+
+
+def stream(reducer: _SliceReducer, derived: dict[str, dict[str, float]], slices: list[str], keep_grads: bool
+           ) -> Callable[[list], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
+    """Sets ``reducer`` to fold each parameter's slice gradients into the Gram as they complete (``_streamed_term``);
+    returns ``finish(params)``, to call after the backward: the parameters the backward never reached get zero
+    gradients, and it gives ``(kept gradients, {layer group: Gram})``."""
     full: dict[str, torch.Tensor] = {}
     gram: dict[str, torch.Tensor] = {}
     done: set[int] = set()
@@ -490,17 +517,17 @@ def _streamed_term(reducer: _SliceReducer, total: torch.Tensor, leaves: list[tor
         for grp, m in part.items():
             gram[grp] = gram[grp] + m if grp in gram else m
 
+    def finish(params: list) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        reducer.flush = None
+        for p in params:
+            if id(p) not in done:
+                g = reducer.acc.pop(id(p), None)
+                flush(id(p), g if g is not None else torch.zeros(len(slices), *p.shape, device=p.device))
+        return full, gram
+
     reducer.acc, reducer.remaining, reducer.flush = {}, {}, flush
     reducer.block_elements = None if keep_grads else BLOCK_ELEMENTS
-    try:
-        backward(total, leaves, retain_graph)
-    finally:
-        reducer.flush = None
-    for p in params:
-        if id(p) not in done:
-            g = reducer.acc.pop(id(p), None)
-            flush(id(p), g if g is not None else torch.zeros(len(slices), *p.shape, device=p.device))
-    return full, gram
+    return finish
 
 
 def reference_gradients(model: nn.Module, batch: Batch, loss_fn: LossFn, weights: torch.Tensor, slices: list[str],

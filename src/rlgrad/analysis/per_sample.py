@@ -4,7 +4,8 @@ For every row i of the analysed batch and every loss term, ``g_i`` is row i's co
 of the batch loss, with the loss's own aggregation (``Σ_i g_i`` is the batch gradient, ``grad_norm/all/{term}``).
 Its exact norm, per layer group and in total, comes from the gradient engine's one forward and one backward per
 term (``rows.py``: ghost norms or a row's own layer gradient, whichever is cheaper), never a backward per row
-and never an ``N × |θ|`` tensor. The same pass gives the prompt groups' gradient sums, hence every bucket's.
+and never an ``N × |θ|`` tensor. The same pass gives the prompt groups' gradient sums, hence every bucket's; it is
+``groups.group_pass``, which the other instruments due at the same step share (``groups.SharedPass``).
 
 The noise metrics (docs/metrics.md, "Per-sample gradients and the noise scale", has the formulas and the
 references: McCandlish et al. 2018, "An Empirical Model of Large-Batch Training"; one-way random-effects
@@ -31,12 +32,20 @@ import torch
 from torch import nn
 
 from rlgrad.algos.aggregation import denominator
-from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_fn
+from rlgrad.algos.objective import LossFn, LossSettings, as_loss_fn
 from rlgrad.analysis.buckets import Buckets, global_buckets
-from rlgrad.analysis.engine import backward, fast_unsupported, run_terms
+from rlgrad.analysis.engine import fast_unsupported
+from rlgrad.analysis.groups import (
+    PROXY_CHUNK_ELEMENTS,
+    GroupPass,
+    SharedPass,
+    checked,
+    group_pass,
+    logit_grad_sq,
+    only_terms,
+)
 from rlgrad.analysis.instrument import InstrumentHook
 from rlgrad.analysis.noise import group_noise
-from rlgrad.analysis.rows import RowNormReducer
 from rlgrad.batch import Batch, check_batch, position_ids_from_mask
 from rlgrad.collectives import all_gather_cat, all_gather_sizes, all_reduce_max, all_reduce_sum, rank
 from rlgrad.hooks import HookResult, Schedule, StepContext
@@ -70,28 +79,46 @@ class PerSampleReport:
     group_gram: dict[str, dict[str, torch.Tensor]]
 
 
+def _proxy_rows(model: nn.Module, batch: Batch) -> int:
+    """Rows per forward of verl's proxy: ``PROXY_CHUNK_ELEMENTS`` over the batch's ``[L, V]`` logits."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    vocab = getattr(head, "out_features", None) or getattr(getattr(model, "config", None), "vocab_size", None)
+    if not vocab:
+        return 8
+    return max(1, PROXY_CHUNK_ELEMENTS // (batch.input_ids.shape[-1] * int(vocab)))
+
+
 @torch.no_grad()
-def verl_variance_proxy(model: nn.Module, batch: Batch, rows_per_chunk: int = 8) -> torch.Tensor:
+def verl_variance_proxy(model: nn.Module, batch: Batch, rows_per_chunk: int | None = None,
+                        per_token: torch.Tensor | None = None) -> torch.Tensor:
     """``[N]``: verl's per-sample variance proxy ``A_i² · W_i`` (verl's ``compute_variance_proxy_metrics``, on-policy,
     no rollout importance weights), ``W_i = Σ_t (1 − 2π_t(y_t) + Σ_v π_t(v)²)`` over the response tokens (the
     squared norm of ∂log π(y_t)/∂logits, summed over t) and ``A_i`` the mean advantage over them. π is the
     current policy at temperature 1, from one no-grad forward (verl takes π(y_t) from old_log_probs: on-policy the
-    same). Data parallel: this rank's rows; every rank runs as many forwards as the rank with the most chunks (FSDP2
-    gathers each layer's weights in every forward), a blank row once its own rows are done."""
+    same). ``rows_per_chunk``: rows per forward (default ``_proxy_rows``). ``per_token``: ``groups.logit_grad_sq`` of a
+    forward already run (the prompt-group pass's), which then costs no forward here. Data parallel: this rank's rows;
+    every rank runs as many forwards as the rank with the most chunks (FSDP2 gathers each layer's weights in every
+    forward), a blank row once its own rows are done."""
     device = next(model.parameters()).device  # the batch may sit on the CPU, as the trainer's does
     mask = batch.response_mask.float().cpu()
+    if per_token is not None:
+        return _proxy_of(per_token.float().cpu(), mask, batch)
     per_token = torch.zeros_like(mask)
+    rows_per_chunk = rows_per_chunk or _proxy_rows(model, batch)
     chunks = int(all_reduce_max(torch.tensor(math.ceil(len(batch) / rows_per_chunk))))
     for i in range(0, chunks * rows_per_chunk, rows_per_chunk):  # the [rows, L, V] softmax a few rows at a time
         part = batch.select(torch.arange(i, min(i + rows_per_chunk, len(batch)))) if i < len(batch) else \
             batch.blank_rows(1)  # this rank's rows are done: a blank row keeps its forwards in step
         ids, att = part.input_ids.to(device), part.attention_mask.to(device)
         logits = model(input_ids=ids, attention_mask=att, position_ids=position_ids_from_mask(att),
-                       use_cache=False).logits[:, :-1].float()
-        probs = torch.softmax(logits, dim=-1)
-        picked = probs.gather(-1, ids[:, 1:, None]).squeeze(-1)
+                       use_cache=False).logits
         if i < len(batch):
-            per_token[i:i + rows_per_chunk, 1:] = (1 - 2 * picked + probs.pow(2).sum(-1)).cpu()
+            per_token[i:i + rows_per_chunk] = logit_grad_sq(logits, ids).cpu()
+    return _proxy_of(per_token, mask, batch)
+
+
+def _proxy_of(per_token: torch.Tensor, mask: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """``A_i² · W_i`` from the per-token ``logit_grad_sq`` summed over the response tokens."""
     w = (per_token * mask).sum(-1)
     advantage = (batch.advantages.float().cpu() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
     return advantage.pow(2) * w
@@ -143,51 +170,9 @@ def proxy_correlation(proxy: torch.Tensor, sq_norms: torch.Tensor) -> dict[str, 
     return out
 
 
-def _term_passes(model: nn.Module, batch: Batch, loss_fn: LossFn, inverse: torch.Tensor, groups: int
-                 ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, torch.Tensor]]]:
-    """Per term: ``{layer group: [N] ||raw_i||²}`` (batch order) and ``{layer group: [P, P]}`` of the unnormalised
-    loss ``Σ_i Σ_t ω ℓ``: the engine's passes with the prompt groups as slices (``inverse``: each row's group, -1:
-    none). A rank holding no row runs one blank row (``Batch.blank_rows``: zero loss) in the collectives."""
-    n = len(batch)
-    if n == 0:
-        batch, inverse = batch.blank_rows(1), torch.full((1,), -1, dtype=torch.long)
-    perm = torch.sort(inverse, stable=True).indices  # rows grouped: each group a contiguous range
-    device = next(model.parameters()).device
-    held = inverse[perm] >= 0
-    weights = torch.zeros(groups, len(perm))
-    weights[inverse[perm][held], torch.nonzero(held).squeeze(-1)] = 1.0
-    weights = weights.to(device)
-    reducer = RowNormReducer(model, weights)
-    layer_groups = sorted(set(reducer.group_names.values()))
-    rows: dict[str, dict[str, torch.Tensor]] = {}
-    grams: dict[str, dict[str, torch.Tensor]] = {}
-    back = torch.argsort(perm)
-
-    def on_term(term: str, total: torch.Tensor, leaves: list[torch.Tensor], retain_graph: bool) -> None:
-        key("grad_norm_sample/{bucket}/{term}", bucket="all", term=term)  # a name no key can hold fails here
-        reducer.acc = {}
-        backward(total, leaves, retain_graph)
-        zeros_rows, zeros_gram = torch.zeros(len(perm), dtype=torch.float64), torch.zeros(groups, groups,
-                                                                                           dtype=torch.float64)
-        rows[term] = {g: (reducer.row_sq[g].cpu()[back] if g in reducer.row_sq else zeros_rows)[:n]
-                      for g in layer_groups}
-        grams[term] = {g: reducer.gram[g].cpu() if g in reducer.gram else zeros_gram for g in layer_groups}
-        reducer.reset()
-
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # nothing random should happen
-        run_terms(model, batch.select(perm), loss_fn, reducer, on_term)
-    return rows, grams
-
-
-def _only(loss_fn: LossFn, terms: set[str]) -> LossFn:
-    """``loss_fn`` with only ``terms`` (the engine backwards every term it returns)."""
-    return FunctionLoss(lambda model, batch: {k: v for k, v in loss_fn(model, batch).items() if k in terms},
-                        loss_fn.agg)
-
-
 def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettings | None = None, *,
                        bucket_mode: str = "quantile", num_buckets: int = 6, proxy: bool = False,
-                       terms: Sequence[str] | None = None) -> PerSampleReport:
+                       terms: Sequence[str] | None = None, groups: GroupPass | None = None) -> PerSampleReport:
     """Every sample's exact gradient norm per loss term and layer group, and the step's noise metrics per
     reward-variance bucket (the bucket analysis' buckets: ``bucket_mode``, ``num_buckets``), from one forward
     and one backward per term. ``loss``: any ``LossFn``, or the ``LossSettings`` of rlgrad's actor loss;
@@ -195,18 +180,22 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
 
     Data parallel: ``batch`` is this rank's share (global group ids; a group may be split over ranks) and every
     rank calls this; the norms are this rank's rows', the metrics those of one process on the global batch. A model
-    the fast engine does not cover (``engine.fast_unsupported``): ``NotImplementedError`` saying why.
+    the fast engine does not cover (``engine.fast_unsupported``): ``NotImplementedError`` saying why. ``groups``: the
+    step's prompt-group pass when another instrument ran it already (``groups.group_pass`` of the same model, batch
+    and loss, with at least ``terms``), which then costs no pass here.
     """
     check_batch(batch)
     loss_fn = as_loss_fn(loss)
     if terms is not None:
-        loss_fn = _only(loss_fn, set(terms))
+        loss_fn = only_terms(loss_fn, set(terms))
     if why := fast_unsupported(model):
         raise NotImplementedError(f"per-sample gradient norms need the fast engine: {why}")
     buckets = global_buckets(batch.group_ids, batch.reward_std, mode=bucket_mode, num_buckets=num_buckets)
-    group_ids = torch.unique(all_gather_cat(torch.unique(batch.group_ids.cpu())))  # every rank's groups
-    inverse = torch.searchsorted(group_ids, batch.group_ids.cpu())
-    rows, grams = _term_passes(model, batch, loss_fn, inverse, len(group_ids))
+    if groups is None:
+        groups = group_pass(model, batch, checked(loss_fn), proxy=proxy)
+    wanted = [t for t in groups.rows if terms is None or t in terms]
+    group_ids, inverse = groups.group_ids, groups.inverse
+    rows, grams = {t: groups.rows[t] for t in wanted}, {t: groups.grams[t] for t in wanted}
     _, share = loss_fn.agg.weights(batch.response_mask)
     # What the metrics need of every row, every rank's rows (ranks in order): group, bucket number, share of the
     # loss's denominator, ||raw_i||² per term. A few numbers per row: the metrics below are one process's.
@@ -238,7 +227,8 @@ def analyse_per_sample(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
             for name, value in got.items():
                 metrics[key(NOISE_KEYS[name], bucket=b, term=term)] = value
     if proxy and "task" in norms:
-        metrics.update(proxy_correlation(all_gather_cat(verl_variance_proxy(model, batch)),
+        metrics.update(proxy_correlation(all_gather_cat(verl_variance_proxy(model, batch,
+                                                                            per_token=groups.proxy_tokens)),
                                          all_gather_cat(norms["task"] ** 2)))
     return PerSampleReport(norms, layer_norms, metrics, buckets, group_ids, group_gram)
 
@@ -304,9 +294,11 @@ class PerSampleHook(InstrumentHook):
     declared = PER_SAMPLE
 
     def __init__(self, settings: PerSampleConfig, schedule: Schedule, *, bucket_mode: str, num_buckets: int,
-                 mean_advantage: bool = False):
+                 mean_advantage: bool = False, shared: SharedPass | None = None):
+        """``shared``: the prompt-group pass this hook shares with the other instruments due at its step."""
         self.settings, self.schedule = settings, schedule
         self.bucket_mode, self.num_buckets, self.mean_advantage = bucket_mode, num_buckets, mean_advantage
+        self.shared = shared
         self.warned = False
 
     def measure(self, ctx: StepContext) -> tuple[HookResult, dict] | None:
@@ -320,7 +312,8 @@ class PerSampleHook(InstrumentHook):
             return None
         rep = analyse_per_sample(ctx.actor, ctx.batch, ctx.actor_loss(), bucket_mode=self.bucket_mode,
                                  num_buckets=self.num_buckets, proxy=self.settings.proxy_corr,
-                                 terms=self.settings.terms)
+                                 terms=self.settings.terms,
+                                 groups=self._shared(ctx))
         files = {}
         if self.settings.write_samples:  # every rank: the lines are gathered
             from rlgrad.logging.rollouts import sequence_advantages
@@ -332,3 +325,9 @@ class PerSampleHook(InstrumentHook):
                 files = {"samples.jsonl": "".join(json.dumps(r) + "\n" for r in rows),
                          "sample_layers.json": json.dumps(layers, indent=1)}
         return HookResult(metrics=dict(rep.metrics)), files
+
+    def _shared(self, ctx: StepContext) -> GroupPass | None:
+        """The step's shared prompt-group pass, when another instrument due at this step shares it."""
+        if self.shared is None or not self.shared.serves(ctx.step, "per_sample"):
+            return None
+        return self.shared.pass_for(ctx.step, ctx.actor, ctx.batch, ctx.actor_loss())

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from rlgrad import collectives
-from rlgrad.analysis.engine import ROW_CHUNK_ELEMENTS, _SliceReducer
+from rlgrad.analysis.engine import BLOCK_ELEMENTS, ROW_CHUNK_ELEMENTS, _SliceReducer
 from rlgrad.metrics import layer_group
 
 
@@ -93,6 +93,9 @@ class RowNormReducer(_SliceReducer):
     """
 
     def __init__(self, model: nn.Module, weights: torch.Tensor):
+        # False: the prompt groups' Gram alone (``row_sq`` stays empty), for a term whose per-row norms no instrument
+        # asks for at this step (``groups.py``: the bucket analysis and the reward components share the pass)
+        self.row_norms = True
         self.owners: dict[int, list[nn.Module]] = defaultdict(list)
         self.ids: dict[int, torch.Tensor] = {}  # id(embedding) -> this forward's token ids
         super().__init__(model, weights)
@@ -102,6 +105,9 @@ class RowNormReducer(_SliceReducer):
         # input (q/k/v, gate/up) and every term's backward share one. Smaller than that input where the ghost norm
         # is chosen (T < in·out / (in + out) < in), and the input itself is kept by the backward's graph anyway.
         self.x_grams: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        # A Linear with one use has its group gradients formed and folded a block of rows at a time (``_blocks``):
+        # P groups x an LM head's weight at once would be P copies of it.
+        self.block_elements = BLOCK_ELEMENTS
         self.reset()
 
     def reset(self) -> None:
@@ -139,10 +145,14 @@ class RowNormReducer(_SliceReducer):
         self._into(self.gram, self.group_names[k], (flat @ flat.t()).double())
 
     def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True) -> None:
-        """A contribution to ``p``'s group gradients; the Gram once all its modules have contributed. (Always the
-        whole parameter: blocks of rows are the slice engine's streaming, which this reducer does not turn on.)"""
+        """A contribution to ``p``'s group gradients; the Gram once all its modules have contributed. A block of rows
+        of a parameter with one use (``_blocks``: its group gradients over ``block_elements`` at once) goes into the
+        Gram as it is: the Gram adds over disjoint blocks."""
         k = self._key(p)
         if k not in self.names:
+            return
+        if not whole:
+            self._fold(k, per_slice)
             return
         done = self._arrived(k)
         super()._add(p, per_slice)
@@ -152,7 +162,8 @@ class RowNormReducer(_SliceReducer):
     def _embedding_groups(self, p: nn.Parameter, g3: torch.Tensor, ids3: torch.Tensor) -> None:
         """The embedding's group gradients, formed at the (group, token id) pairs the batch holds only (the update's
         dense vocab x hidden gradient, once per group, would be P times that): added in place to the tied output
-        layer's group gradients when they came first, else folded into the Gram from the token ids present."""
+        layer's group gradients when they came first, else folded into the Gram from the token ids present (under
+        data parallel: present on any rank, so that the sum over ranks has one shape)."""
         k = self._key(p)
         if k not in self.names:
             return
@@ -162,16 +173,17 @@ class RowNormReducer(_SliceReducer):
         sums = torch.zeros(len(uniq), dim, dtype=torch.float32, device=g3.device)
         sums.index_add_(0, inverse, g3.reshape(-1, dim).float())
         done = self._arrived(k)
-        # dense where a tied Linear is still to come (it adds to them) or under data parallel (the ranks' token
-        # ids differ, the sum over ranks needs one shape)
-        if k not in self.acc and (not done or collectives.world_size() > 1):
+        if k not in self.acc and not done:  # dense where a tied Linear is still to come (it adds to them)
             self.acc[k] = torch.zeros(len(self.weights), vocab, dim, dtype=torch.float32, device=g3.device)
         if k in self.acc:
             self.acc[k].view(-1, dim).index_add_(0, uniq, sums)
             if done:
                 self._fold(k, self.acc.pop(k))
             return
-        tokens, column = torch.unique(uniq % vocab, return_inverse=True)
+        # every rank's token ids (a collective: every rank's embedding backward reaches it, in the same order);
+        # one process: its own
+        tokens = torch.unique(collectives.all_gather_cat(torch.unique(uniq % vocab)))
+        column = torch.searchsorted(tokens, uniq % vocab)
         present = torch.zeros(len(self.weights), len(tokens), dim, dtype=torch.float32, device=g3.device)
         present[uniq // vocab, column] = sums  # (group, token) pairs are unique
         self._fold(k, present)
@@ -207,6 +219,8 @@ class RowNormReducer(_SliceReducer):
 
     def _linear(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
         super()._linear(m, x, g)
+        if not self.row_norms:
+            return
         g3, x3 = _rows3(g.detach()), _rows3(x)
         self._row(m.weight, linear_row_sq(g3, x3, lambda: self._input_gram(x, x3)))
         self._row(m.bias, g3.float().sum(1).double().pow(2).sum(-1))
@@ -221,6 +235,8 @@ class RowNormReducer(_SliceReducer):
         if m.padding_idx is not None:  # autograd never updates the padding row
             g3 = g3 * (ids3 != m.padding_idx).unsqueeze(-1).to(g3.dtype)
         self._embedding_groups(m.weight, g3, ids3)
+        if not self.row_norms:
+            return
         sq = embedding_row_sq(g3, ids3, m.weight.shape[0])
         if self._key(m.weight) in self.tied:
             picked, x_out = self.tied.pop(self._key(m.weight))
@@ -230,6 +246,8 @@ class RowNormReducer(_SliceReducer):
 
     def _norm(self, m: nn.Module, xh: torch.Tensor, g: torch.Tensor) -> None:
         super()._norm(m, xh, g)
+        if not self.row_norms:
+            return
         g3, x3 = _rows3(g.detach()).float(), _rows3(xh).float()
         self._row(m.weight, (g3 * x3).sum(1).double().pow(2).sum(-1))
         self._row(getattr(m, "bias", None), g3.sum(1).double().pow(2).sum(-1))

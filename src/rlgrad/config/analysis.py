@@ -75,9 +75,11 @@ class PerSampleConfig:
                              "sample_layers.json (per term and layer group: the batch gradient's norm and the "
                              "mean per-sample norm).")
     proxy_corr: bool = _f(True, "Also compute verl's logit-space variance proxy (A² x W, W = Σ_t 1 - 2π(y_t) + Σπ²; "
-                          "one more no-grad forward) and its rank and linear correlation with the true squared "
-                          "per-sample task norms over the samples with a non-zero gradient, beside a shuffled-proxy "
-                          "null: proxy_corr/spearman, proxy_corr/pearson, proxy_corr/spearman_null95.")
+                          "read from the engine pass's own forward at the LM head; a model without "
+                          "get_output_embeddings: one more no-grad forward) and its rank and linear correlation "
+                          "with the true squared per-sample task norms over the samples with a non-zero gradient, "
+                          "beside a shuffled-proxy null: proxy_corr/spearman, proxy_corr/pearson, "
+                          "proxy_corr/spearman_null95.")
 
 
 @dataclass
@@ -120,7 +122,9 @@ class AnalysisConfig:
                            "reward-component geometry (outcome advantages only), per-sample gradients and "
                            "neuron-health metrics "
                            "of the actor (and of the critic with gae). Overrides each instrument's own "
-                           "cadence and switch; resets keep theirs. null: each instrument's own setting.", ge=1)
+                           "cadence and switch; resets keep theirs. null: each instrument's own setting. 1: every "
+                           "step (the instruments due at one step share one engine pass; docs/instruments.md).",
+                           ge=1)
     method: str = _f("fast", "Gradient engine: fast (one forward, one backward per term, "
                      "buckets by linearity) | reference (RAGEN's per-bucket passes: a "
                      "sub-batch, a forward and a backward per bucket and term).", choices=("fast", "reference"))

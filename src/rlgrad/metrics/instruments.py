@@ -64,7 +64,9 @@ BUCKET_GROUP = Group(
                "One row per prompt group of the bucket analysis: bucket, group_id, reward_std (also "
                "analysis/step_N/group_rv_table.csv).",
                data="table"),
-        Metric(BUCKETS.timing, "Seconds spent in the bucket analysis at this step.", data="wall_clock"),
+        Metric(BUCKETS.timing, "Seconds spent in the bucket analysis at this step (with the engine pass it shares "
+               "with the other instruments due at the step when it ran that pass: docs/instruments.md).",
+               data="wall_clock"),
     ))
 PREFILTER_GROUP = Group(
     "prefilter", "Bucket analysis before the filter (`grad_norm_prefilter/`)",
@@ -141,7 +143,9 @@ PER_SAMPLE_GROUP = Group(
          "non-zero task gradient."),
         ("proxy_corr/spearman_null95", "The null beside proxy_corr/spearman: the 95th percentile of |Spearman| over "
          "1,000 shuffles of the proxy among the same samples, what a proxy with no information scores."),
-        Metric(PER_SAMPLE.timing, "Seconds spent in the per-sample gradient analysis at this step.", data="wall_clock"),
+        Metric(PER_SAMPLE.timing, "Seconds spent in the per-sample gradient analysis at this step (with the engine "
+               "pass it shares with the other instruments due at the step when it ran that pass).",
+               data="wall_clock"),
     ))
 COMPONENT_GROUP = Group(
     "components", "Reward-component gradient geometry (`grad_comp/`, `grad_sim/`)",
@@ -165,7 +169,8 @@ COMPONENT_GROUP = Group(
         ("grad_sim/{pair}",
          "Cosine between the policy-loss gradients of components a and b of a__b over all trainable "
          "parameters; absent when either is zero."),
-        Metric(COMPONENTS.timing, "Seconds spent in the reward-component gradient analysis at this step.",
+        Metric(COMPONENTS.timing, "Seconds spent in the reward-component gradient analysis at this step (with the "
+               "engine pass it shares with the other instruments due at the step when it ran that pass).",
                data="wall_clock"),
     ))
 NEURON_GROUP = Group(

@@ -1,0 +1,138 @@
+"""Cost of running instruments on EVERY step: a training step with them against a plain step, in one trainer.
+
+One Trainer (the default configuration: the embedded 4-block width-128 Qwen2, 16 prompts x 8 samples, 8 response
+tokens, its shipped warm start, so rewards vary) built with the instruments ``--instruments`` names on every step;
+its hooks are switched on and off on alternate steps (on/off, off/on, ...), each pair of steps gives a ratio (with /
+without) and the median is printed last (wall clock, and in brackets from process CPU time, which other jobs on a
+shared machine disturb less). The measured part is ``Trainer.train_step``: rollout, filter, log-probs, advantages,
+actor update and, when on, the hooks.
+
+    python bench/always_on_cost.py [--steps 8] [--threads N] [--instruments default|all|buckets|task|neurons]
+                                   [--memory] [key=value overrides ...]
+
+``--memory``: after the timing, the peak resident set one step adds (``VmHWM`` reset through
+``/proc/self/clear_refs``, glibc serving allocations above 64 KiB by ``mmap``, as bench/per_sample_cost.py does),
+with the instruments and without.
+
+``--instruments``: ``default`` (``analysis.every=1`` and nothing else: every instrument on the default loss, the
+task term alone), ``all`` (buckets x task/entropy/KL, reward-component geometry, per-sample norms with the noise
+figures, neuron health), ``buckets`` (the bucket analysis alone), ``task`` (the task-term instruments: the
+buckets' task norms, components, per-sample norms and noise figures), ``neurons`` (neuron health alone).
+Targets (issue 49): all <= 1.5x a plain step; task <= 1.15x a plain update; neurons <= 1.2x a plain step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from rlgrad.config.load import load_config
+from rlgrad.hooks import HookRunner
+from rlgrad.logging.sinks import MetricLogger
+from rlgrad.recipes import make_trainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from per_sample_cost import peak_mb  # noqa: E402
+
+INSTRUMENTS = {
+    "default": ["analysis.every=1"],
+    "all": ["analysis.every=1", "analysis.per_sample.terms=[task,entropy,kl]", "actor.entropy_coeff=0.001",
+            "actor.use_kl_loss=true"],
+    "buckets": ["analysis.buckets.every=1", "actor.entropy_coeff=0.001", "actor.use_kl_loss=true"],
+    "task": ["analysis.buckets.every=1", "analysis.components.every=1", "analysis.per_sample.every=1",
+             "analysis.per_sample.terms=[task]", "actor.entropy_coeff=0", "actor.use_kl_loss=false"],
+    "neurons": ["analysis.buckets.enable=false", "analysis.neurons.actor.metric_every=1",
+                "actor.entropy_coeff=0.001", "actor.use_kl_loss=true"],
+}
+
+
+def _args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=8, help="timed pairs of steps")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--instruments", choices=tuple(INSTRUMENTS), default="all")
+    ap.add_argument("--memory", action="store_true",
+                    help="also the peak resident set of one step with the instruments and one without (after timing)")
+    ap.add_argument("overrides", nargs="*")
+    return ap.parse_args()
+
+
+def _timed(tr, hooks: list, steps: int) -> tuple[dict, dict, list, dict, int]:
+    """Pairs of steps, hooks on and off in turn: wall and CPU times per side, the plain steps' update times, the
+    instrumented steps' instrument timers; and the last step number."""
+    logger = MetricLogger([])
+    times: dict[bool, list[float]] = {True: [], False: []}
+    cpu: dict[bool, list[float]] = {True: [], False: []}
+    update: list[float] = []
+    timings: dict[str, list[float]] = {}
+    for k in range(2 * (steps + 1)):  # the first pair is a warm-up
+        on = (k // 2 + k) % 2 == 0  # on/off, then off/on, ...: neither side always runs first
+        tr.hooks = HookRunner(hooks if on else [])
+        t0, c0 = time.perf_counter(), time.process_time()
+        m, _ = tr.train_step(k + 1, logger)
+        if k < 2:
+            continue
+        times[on].append(time.perf_counter() - t0)
+        cpu[on].append(time.process_time() - c0)
+        if not on:
+            update.append(m.get("timing_s/update_actor", float("nan")))
+        for name, v in m.items() if on else ():
+            if name.startswith("timing_s/") and name.split("/")[1] in ("analysis", "neuron"):
+                timings.setdefault(name, []).append(v)
+    return times, cpu, update, timings, 2 * (steps + 1)
+
+
+def _peaks(tr, hooks: list, step: int) -> dict[bool, float]:
+    """The peak resident set (MB) one step adds, without and with the instruments (the second of two each)."""
+    logger, peaks = MetricLogger([]), {}
+    for k, on in enumerate((False, True, False, True), start=step + 1):
+        tr.hooks = HookRunner(hooks if on else [])
+        peaks[on] = peak_mb(lambda k=k: tr.train_step(k, logger), torch.device("cpu"))
+    return peaks
+
+
+def main() -> None:
+    args = _args()
+    if args.memory and os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # freed tensors leave the resident set; read at start only
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(overrides=[
+            "trainer.logger=[]", f"trainer.default_local_dir={tmp}/run",
+            *INSTRUMENTS[args.instruments], *([f"trainer.num_threads={args.threads}"] if args.threads else []),
+            *args.overrides])
+        tr = make_trainer(cfg, log=lambda *a: None)
+        hooks = list(tr.hooks)
+        times, cpu, update, timings, step = _timed(tr, hooks, args.steps)
+        params = sum(p.numel() for p in tr.actor.parameters())
+        peaks = _peaks(tr, hooks, step) if args.memory else {}
+    ratios = [a / b for a, b in zip(times[True], times[False])]
+    cpu_ratios = [a / b for a, b in zip(cpu[True], cpu[False])]
+    print(f"model {params / 1e6:.2f}M params, {cfg.data.train_batch_size}x{cfg.rollout.n} samples, "
+          f"response_length {cfg.rollout.response_length}, instruments {args.instruments}, "
+          f"threads {torch.get_num_threads()}")
+    for on, ts in times.items():
+        print(f"{'with' if on else 'without':>8}: median {statistics.median(ts):.3f} s over {len(ts)} steps "
+              f"(all: {', '.join(f'{t:.3f}' for t in ts)})")
+    added = sum(statistics.median(v) for v in timings.values())
+    for name, v in sorted(timings.items()):
+        print(f"{name}: median {statistics.median(v):.3f} s")
+    plain_update = statistics.median(update)
+    print(f"timing_s/update_actor (plain): median {plain_update:.3f} s; instruments / plain update = "
+          f"{added / plain_update:.3f}; 1 + instruments / plain update = {1 + added / plain_update:.3f}")
+    if peaks:
+        copy = params * 4 / 2 ** 20
+        print(f"peak_MB plain_step={peaks[False]:.0f} with={peaks[True]:.0f} extra={peaks[True] - peaks[False]:.0f} "
+              f"({(peaks[True] - peaks[False]) / copy:.0%} of one fp32 model copy, {copy:.1f} MB)")
+    print(f"ratio={statistics.median(ratios):.3f} (process CPU time: {statistics.median(cpu_ratios):.3f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""The prompt-group pass: ONE engine pass (one forward, one backward per loss term) with the prompt groups as
+slices, which the instruments due at one step share (the per-sample norms, the bucket analysis, the reward
+components; issue 49).
+
+``group_pass`` gives, per term, every row's squared gradient norm and the Gram matrix of the prompt groups' gradient
+sums per layer group (``rows.RowNormReducer``), both of the unnormalised loss ``Σ_i Σ_t ω ℓ``, and keeps the
+forward's loss output. Every bucket is a union of prompt groups and its loss the groups' losses over its
+denominator, so a bucket's gradient is ``Σ_{g ∈ b} G_g / D_b`` and the buckets' Gram is ``A K Aᵀ`` with
+``A[b, g] = 1/D_b`` (``buckets.analyse_buckets`` with ``groups=``): the same numbers as the bucket engine's own
+pass, from the pass the per-sample norms run anyway. (Not under RAGEN's ``dp_trim``: a trimmed bucket is no longer
+a union of whole groups; the bucket analysis then runs its own pass.)
+
+The reward components (``components.py``) ride on the same backward where that is exact: the task term's
+per-token gradient is ``A_i`` times the unit loss's (``ActorTerms.task_unit``), so with one advantage per
+response, component c's gradient ``Σ_i (A_c,i / D) h_i`` is ``Σ_i (A_c,i / (A_i D)) g_i`` of the rows' task
+gradients g_i, provided no row with ``A_i = 0`` has a component advantage (its g_i is 0); a ``Side`` of those
+weights is reduced on the task backward (``_SliceReducer.attach_side``). Where a row breaks that, the components
+run their own pass.
+
+verl's variance proxy is read from the same forward (a hook on the LM head, ``logit_grad_sq``).
+
+``SharedPass`` hands one step's pass from the hook that ran it to the others due at that step on that batch.
+Memory: the groups' gradients of a one-use Linear are formed by blocks of rows (``rows.RowNormReducer``), a tied
+weight's whole; without the per-sample norms due, the pass is shared only where that stays small (``_fits``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rlgrad.algos.objective import FunctionLoss, LossFn
+from rlgrad.analysis.engine import BLOCK_ELEMENTS, GradStats, backward, run_terms, stream
+from rlgrad.analysis.rows import RowNormReducer
+from rlgrad.batch import Batch
+from rlgrad.collectives import all_gather_cat
+from rlgrad.hooks import Schedule
+from rlgrad.metrics import key
+
+
+@dataclass
+class GroupPass:
+    """``group_ids`` ``[P]``: every rank's prompt groups (ascending); ``inverse`` ``[N]``: each row's place in them
+    (this rank's rows, batch order); ``rows[term][layer group]`` ``[N]`` ``||raw_i||²`` (batch order);
+    ``grams[term][layer group]`` ``[P, P]`` (global); ``logged`` / ``total``: the forward's loss values
+    (``logged_values``) over the rows in ``row_order`` (the pass ran on ``batch.select(row_order)``)."""
+
+    group_ids: torch.Tensor
+    inverse: torch.Tensor
+    rows: dict[str, dict[str, torch.Tensor]]
+    grams: dict[str, dict[str, torch.Tensor]]
+    logged: dict[str, torch.Tensor]
+    total: dict[str, float]
+    row_order: torch.Tensor
+    side: GradStats | None = None  # the side slices' Grams (``group_pass``'s ``side``), term ``task``
+    proxy_tokens: torch.Tensor | None = None  # [N, L] (batch order): ``logit_grad_sq`` of the pass's forward
+
+
+def logged_values(out: dict) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """A loss output's logged per-token values (detached) and their coefficients in the total: the loss's
+    ``logged`` / ``total`` (``rlgrad.loss.Terms``), else its terms, each with coefficient 1."""
+    logged = getattr(out, "logged", None) or {k: v.detach() for k, v in out.items()}
+    return {k: v.detach() for k, v in logged.items()}, getattr(out, "total", None) or {k: 1.0 for k in logged}
+
+
+@dataclass
+class Side:
+    """More slices of the ``task`` term reduced on the same backward: ``weights`` ``[S, N]`` (batch order) on
+    the rows' task gradients, ``slices`` their names and ``derived`` linear combinations of them (``engine``)."""
+
+    weights: torch.Tensor
+    slices: list[str]
+    derived: dict[str, dict[str, float]]
+
+
+# verl's proxy, where it runs its own no-grad forwards: rows per forward for at most this many logits (64 MB in fp32:
+# 10 rows of SmolLM2's 49,152-word vocabulary at 32 tokens; the embedded default's whole batch in one forward)
+PROXY_CHUNK_ELEMENTS = 1 << 24
+
+
+def logit_grad_sq(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``[n, L]``: at column t, ``1 − 2π(y_t) + Σ_v π(v)²`` (the squared norm of ∂log π(y_t)/∂logits, verl's
+    variance proxy per token) from ``logits`` ``[n, K, V]`` at the last K positions (temperature 1); columns
+    before ``L − K + 1`` are 0. A few rows at a time (``BLOCK_ELEMENTS`` logits: inside the pass's forward its
+    temporaries add to the activations held)."""
+    n, K, V = logits.shape
+    L = ids.shape[1]
+    out = torch.zeros(n, L, dtype=torch.float32, device=logits.device)
+    step = max(1, BLOCK_ELEMENTS // max(K * V, 1))
+    for i in range(0, n, step):
+        probs = torch.softmax(logits[i:i + step, :-1].float(), dim=-1)
+        picked = probs.gather(-1, ids[i:i + step, L - K + 1:, None]).squeeze(-1)
+        out[i:i + step, L - K + 1:] = 1 - 2 * picked + probs.pow(2).sum(-1)
+    return out
+
+
+def _proxy_tap(model: nn.Module, ids: torch.Tensor, into: list) -> Callable[[], None] | None:
+    """A forward hook on the model's LM head that puts ``logit_grad_sq`` of its output in ``into``: verl's proxy from
+    the pass's own forward. None (no hook) for a model without ``get_output_embeddings``; returns the remover."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, nn.Module):
+        return None
+    handle = head.register_forward_hook(lambda m, args, out: into.append(logit_grad_sq(out.detach(), ids)))
+    return handle.remove
+
+
+def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | None = None, proxy: bool = False,
+               row_terms: Collection[str] | None = None) -> GroupPass:
+    """Every term of ``loss_fn``: per-row squared norms and the prompt groups' Gram, from one forward and one
+    backward per term (module docstring); with ``side``, also the Grams of those slices of the ``task`` term,
+    reduced by the same backward (``GroupPass.side``); with ``proxy``, verl's per-token proxy from its forward's
+    LM-head output (``GroupPass.proxy_tokens``; None where the model has no ``get_output_embeddings``);
+    ``row_terms``: the terms whose per-row norms are formed (None: every term; the others' ``GroupPass.rows`` are
+    absent: their groups' Grams alone). A rank holding no row runs one blank row (``Batch.blank_rows``: zero loss)
+    in the collectives. Data parallel: every rank calls it."""
+    group_ids = torch.unique(all_gather_cat(torch.unique(batch.group_ids.cpu())))  # every rank's groups
+    inverse = torch.searchsorted(group_ids, batch.group_ids.cpu())
+    groups, n = len(group_ids), len(batch)
+    run_inverse = inverse
+    if n == 0:
+        batch, run_inverse = batch.blank_rows(1), torch.full((1,), -1, dtype=torch.long)
+    perm = torch.sort(run_inverse, stable=True).indices  # rows grouped: each group a contiguous range
+    device = next(model.parameters()).device
+    held = run_inverse[perm] >= 0
+    weights = torch.zeros(groups, len(perm))
+    weights[run_inverse[perm][held], torch.nonzero(held).squeeze(-1)] = 1.0
+    reducer = RowNormReducer(model, weights.to(device))
+    extra = None
+    if side is not None:
+        side_weights = side.weights if n else side.weights.new_zeros(len(side.weights), 1)
+        extra = reducer.attach_side(side_weights[:, perm].to(device))
+    params = [p for p in model.parameters() if p.requires_grad]
+    side_stats = GradStats(side.slices + list(side.derived), {}) if side is not None else None
+    layer_groups = sorted(set(reducer.group_names.values()))
+    rows: dict[str, dict[str, torch.Tensor]] = {}
+    grams: dict[str, dict[str, torch.Tensor]] = {}
+    back = torch.argsort(perm)
+    seen: list[tuple] = []
+
+    def capture(m: nn.Module, b: Batch) -> dict[str, torch.Tensor]:
+        out = loss_fn(m, b)
+        seen.append(logged_values(out))  # detached: the pass keeps no graph
+        return out
+
+    def on_term(term: str, total: torch.Tensor, leaves: list[torch.Tensor], retain_graph: bool) -> None:
+        reducer.acc = {}
+        reducer.row_norms = row_terms is None or term in row_terms
+        reducer.side = extra if term == "task" else None
+        finish = stream(extra, side.derived, side.slices, False) if reducer.side is not None else None
+        try:
+            backward(total, leaves, retain_graph)
+        finally:
+            reducer.side = None
+        if finish is not None:
+            side_stats.gram["task"] = finish(params)[1]
+        zeros_rows = torch.zeros(len(perm), dtype=torch.float64)
+        zeros_gram = torch.zeros(groups, groups, dtype=torch.float64)
+        if reducer.row_norms:
+            rows[term] = {g: (reducer.row_sq[g].cpu()[back] if g in reducer.row_sq else zeros_rows)[:n]
+                          for g in layer_groups}
+        grams[term] = {g: reducer.gram[g].cpu() if g in reducer.gram else zeros_gram for g in layer_groups}
+        reducer.reset()
+
+    taps = _run(model, batch.select(perm), FunctionLoss(capture, loss_fn.agg), reducer, on_term, proxy)
+    proxy_tokens = taps[0].cpu()[back][:n] if taps else None
+    return GroupPass(group_ids, inverse, rows, grams, *seen[0], perm, side_stats, proxy_tokens)
+
+
+def _run(model: nn.Module, run: Batch, loss_fn: LossFn, reducer: RowNormReducer, on_term: Callable, proxy: bool
+         ) -> list[torch.Tensor]:
+    """The engine's passes (``run_terms``) with the RNG streams left as they were; with ``proxy``, what the LM-head
+    tap took from the forward (``_proxy_tap``)."""
+    device = next(model.parameters()).device
+    taps: list[torch.Tensor] = []
+    untap = _proxy_tap(model, run.input_ids.to(device), taps) if proxy else None
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # nothing random happens
+            run_terms(model, run, loss_fn, reducer, on_term)
+    finally:
+        if untap is not None:
+            untap()
+    return taps
+
+
+class SharedPass:
+    """One step's ``GroupPass`` for the instruments that can use it (``hooks_from_config`` gives them one).
+
+    ``users``: each user's steps and the loss terms it needs (None: every term). At a step where at least two users
+    are due (``serves``), the first to run runs the pass (``pass_for``) with every due user's terms, the reward
+    components' slices as its ``side``, and the others take it: one forward and one backward per term for all."""
+
+    def __init__(self, users: dict[str, tuple[Schedule, Sequence[str] | None]], proxy: bool = False) -> None:
+        """``proxy``: the pass also takes verl's proxy from its forward (at the per-sample norms' steps)."""
+        self.users, self.proxy = users, proxy
+        self.kept: tuple[int, int, GroupPass] | None = None
+
+    def serves(self, step: int, user: str) -> bool:
+        """Whether ``user``'s measurement at ``step`` goes through the shared pass: it and another user are due."""
+        due = [u for u, (at, _) in self.users.items() if at.due(step)]
+        return user in due and len(due) > 1
+
+    def pass_for(self, step: int, model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | None = None
+                 ) -> GroupPass | None:
+        """The step's pass on ``batch``: the one kept, else a new one (kept for the next user); None where it would
+        hold more memory than the users' own passes (``_fits``): then each runs its own."""
+        if self.kept is not None and self.kept[:2] == (step, id(batch)):
+            return self.kept[2]
+        at, row_terms = self.users.get("per_sample", (None, ()))
+        per_sample = at is not None and at.due(step)
+        if not per_sample and not _fits(model, batch):
+            return None
+        wanted = [terms for at, terms in self.users.values() if at.due(step)]
+        if all(terms is not None for terms in wanted):
+            loss_fn = only_terms(loss_fn, {t for terms in wanted for t in terms})
+        found = group_pass(model, batch, checked(loss_fn), side, self.proxy and per_sample,
+                           row_terms=row_terms if per_sample else ())
+        self.kept = (step, id(batch), found)
+        return found
+
+
+def _fits(model: nn.Module, batch: Batch) -> bool:
+    """Whether the pass's prompt-group gradients of a tied weight (formed whole: the embedding adds to its LM head's)
+    stay within a quarter of the model (or one streaming block): P groups x the largest tied weight. The per-sample
+    norms run this pass anyway; the bucket analysis and the components alone stream every weight by blocks.
+    The same answer on every rank (P over every rank's groups)."""
+    owners: dict[int, int] = {}
+    sizes: dict[int, int] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            owners[id(p)], sizes[id(p)] = owners.get(id(p), 0) + 1, p.numel()
+    tied = max((sizes[k] for k, n in owners.items() if n > 1), default=0)
+    groups = len(torch.unique(all_gather_cat(torch.unique(batch.group_ids.cpu()))))
+    return groups * tied <= max(BLOCK_ELEMENTS, sum(sizes.values()) // 4)
+
+
+def only_terms(loss_fn: LossFn, terms: set[str]) -> LossFn:
+    """``loss_fn`` with only ``terms`` (the engine backwards every term it returns)."""
+    return FunctionLoss(lambda model, batch: {k: v for k, v in loss_fn(model, batch).items() if k in terms},
+                        loss_fn.agg)
+
+
+def checked(loss_fn: LossFn, seen: list | None = None) -> FunctionLoss:
+    """``loss_fn`` failing on a term no metric key can hold, before any backward; ``seen`` gets each forward's
+    loss values (``logged_values``)."""
+    def fn(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        out = loss_fn(model, batch)
+        for term in out:
+            key("grad_norm/{bucket}/{term}", bucket="all", term=term)
+            key("grad_norm_sample/{bucket}/{term}", bucket="all", term=term)
+        if seen is not None:
+            seen.append(logged_values(out))
+        return out
+    return FunctionLoss(fn, loss_fn.agg)

@@ -1,0 +1,123 @@
+"""The prompt-group pass the instruments due at one step share (``analysis/groups.py``): which instruments use it,
+and that each instrument's numbers through it are those of its own pass (the oracles against plain autograd are in
+test_buckets.py, test_components.py and test_per_sample.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlgrad.algos.objective import LossSettings
+from rlgrad.analysis import hooks_from_config
+from rlgrad.analysis.buckets import GradientAnalysisHook, analyse_buckets
+from rlgrad.analysis.components import ComponentGeometryHook, analyse_components
+from rlgrad.config.load import load_config
+from rlgrad.hooks import StepContext
+from tests.analysis.test_components import WEIGHTS, component_batch
+
+
+def test_buckets_and_components_due_at_one_step_share_one_forward_and_get_their_own_numbers(tmp_path):
+    from rlgrad.config.model import ModelConfig, TinyModelConfig
+    from rlgrad.models import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    tiny = TinyModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                           intermediate_size=48)
+    model = build_tiny_model(ModelConfig(tiny=tiny), tok, seed=5)
+    b = component_batch(model, tok, seed=1)
+    s = LossSettings(use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01)
+    cfg = load_config(overrides=["analysis.buckets.every=1", "analysis.components.every=1",
+                                 "analysis.buckets.num_buckets=2"])
+    components, buckets = hooks_from_config(cfg)
+    assert isinstance(components, ComponentGeometryHook) and isinstance(buckets, GradientAnalysisHook)
+    forwards = []
+    handle = model.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        ctx = StepContext(step=1, batch=b, actor=model, optimizer=None, loss_settings=s, config=cfg, run_dir=tmp_path,
+                          reward_weights=WEIGHTS)
+        got = {**components.before_update(ctx).metrics, **buckets.before_update(ctx).metrics}
+    finally:
+        handle.remove()
+    assert len(forwards) == 1  # one pass for both
+    kept = buckets.shared.kept[2]
+    assert kept.rows == {} and kept.side is not None  # no per-sample norms due: no row norms formed
+    alone = {**analyse_components(model, b, s, weights=WEIGHTS).metrics,
+             **analyse_buckets(model, b, s, num_buckets=2).metrics}
+    measured = [k for k in got if not k.startswith(("timing_s/", "actor/"))]
+    assert set(measured) == set(alone)
+    for k in measured:
+        assert got[k] == pytest.approx(alone[k], rel=1e-4, abs=1e-9), k
+
+
+@pytest.mark.parametrize("overrides, users", [
+    ([], {"per_sample", "buckets", "components"}),
+    (["analysis.buckets.env_groups=2"], {"per_sample", "components"}),  # a separate batch: its own pass
+    (["analysis.buckets.dp_trim=true", "trainer.n_gpus_per_node=2"], {"per_sample", "components"}),
+    (["analysis.method=reference"], {"per_sample"}),
+])
+def test_the_pass_serves_only_the_instruments_it_gives_exact_numbers_to(overrides, users):
+    cfg = load_config(overrides=["analysis.every=1", *overrides])
+    hook = next(h for h in hooks_from_config(cfg) if isinstance(h, GradientAnalysisHook))
+    assert set(hook.shared.users) == users
+    # a step where at least two of its users are due: one of them alone runs its own pass
+    assert hook.shared.serves(1, "per_sample") == (len(users) > 1) and not hook.shared.serves(1, "neurons")
+    assert hook.shared.serves(1, "buckets") == ("buckets" in users)
+
+
+def test_the_groups_gram_formed_by_blocks_of_rows_equals_the_whole(monkeypatch):
+    """A Linear with one use has its P group gradients formed a block of rows at a time (P copies of an LM head at
+    once otherwise): the Gram adds over the blocks. Tied weights (the embedding and its LM head) stay whole."""
+    import rlgrad.analysis.rows as rows
+    from rlgrad.algos.objective import as_loss_fn
+    from rlgrad.analysis.groups import group_pass
+    from tests.helpers.batches import make_batch, tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer()
+    b = make_batch(model, tok)
+    loss = as_loss_fn(LossSettings(entropy_coeff=0.01))
+    whole = group_pass(model, b, loss)
+    monkeypatch.setattr(rows, "BLOCK_ELEMENTS", 64)  # a few rows per block (at least one)
+    folds = []
+    real_fold = rows.RowNormReducer._fold
+    monkeypatch.setattr(rows.RowNormReducer, "_fold", lambda self, k, g: folds.append(k) or real_fold(self, k, g))
+    blocked = group_pass(model, b, loss)
+    assert len(folds) > 2 * len(set(folds))  # blocks: several folds per parameter
+    for term, per_group in whole.grams.items():
+        for g, k in per_group.items():
+            torch.testing.assert_close(blocked.grams[term][g], k, rtol=1e-5, atol=1e-10)
+        for g, v in whole.rows[term].items():
+            torch.testing.assert_close(blocked.rows[term][g], v)
+
+
+def test_without_the_per_sample_norms_the_pass_is_not_shared_where_a_tied_weight_times_the_groups_is_large(
+        tmp_path, monkeypatch):
+    """P groups x a tied LM head, formed whole, against the instruments' own streamed passes: above a quarter of the
+    model (or one block) the bucket analysis and the components each run their own pass, with the same numbers."""
+    import rlgrad.analysis.groups as groups
+    from tests.helpers.batches import tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer()
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # tied
+    b = component_batch(model, tok, seed=1)  # 4 groups
+    tied = model.get_input_embeddings().weight.numel()
+    params = sum(p.numel() for p in model.parameters())
+    assert 4 * tied > params // 4  # this tiny model's embedding is large against the rest
+    monkeypatch.setattr(groups, "BLOCK_ELEMENTS", 1)  # the rule is the quarter of the model alone
+    assert not groups._fits(model, b) and groups._fits(model, b.select(torch.arange(4)))  # 4 groups / 1 group
+    s = LossSettings()
+    cfg = load_config(overrides=["analysis.buckets.every=1", "analysis.components.every=1",
+                                 "analysis.buckets.num_buckets=2"])
+    components, buckets = hooks_from_config(cfg)
+    forwards = []
+    handle = model.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        ctx = StepContext(step=1, batch=b, actor=model, optimizer=None, loss_settings=s, config=cfg, run_dir=tmp_path,
+                          reward_weights=WEIGHTS)
+        got = {**components.before_update(ctx).metrics, **buckets.before_update(ctx).metrics}
+    finally:
+        handle.remove()
+    assert len(forwards) == 2 and buckets.shared.kept is None  # each its own pass
+    alone = {**analyse_components(model, b, s, weights=WEIGHTS).metrics,
+             **analyse_buckets(model, b, s, num_buckets=2).metrics}
+    for k in alone:
+        assert got[k] == pytest.approx(alone[k], rel=1e-6, abs=1e-12), k
