@@ -1,0 +1,373 @@
+"""The analysis of issue 45's critical-batch sweep (``noise_sweep.py``), from its stored extracts alone.
+
+For each target (a gain in greedy validation accuracy over the run's step-0 value, ``TARGETS``), a run's steps S to
+it are the first crossing after step 0, interpolated linearly between the validations around it (every step is
+validated). Per batch size N: S(N) = the minimum over learning rates of the median over seeds (a seed that never
+reached it counts as never, so a rate needs most of its seeds there). The fit is McCandlish et al.'s trade-off
+S = S_min + E_min / N (their eq. 2.11), least squares over the N's, B_crit = E_min / S_min. Its interval: a
+bootstrap over seeds, resampled within every (N, lr) cell, that re-picks the best rate in each resample (so the
+choice of the rate is inside the interval), and beside it the fits that leave one batch size out.
+
+B_simple is the group-level estimate pooled over steps as McCandlish et al. pool it (Σ trace / Σ signal) with
+Fieller's interval, ``rlgrad.metrics.pooling.pooled_scale``, over the analysed steps of each run at N's best rate up
+to the step at which it reached the target (steps ≤ ceil(S): the updates that got it there).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from rlgrad.metrics.pooling import pooled_scale  # noqa: E402
+
+TARGETS = (0.10, 0.20)  # gains in validation accuracy over step 0
+DRAWS = 2000
+INF = math.inf
+
+
+def load(results: Path) -> list[dict]:
+    """Every run extract under ``results/runs``, with NaN for the noise figures stored as null."""
+    runs = []
+    for path in sorted((results / "runs").glob("*.json")):
+        run = json.loads(path.read_text())
+        fields = run["noise_fields"]
+        run["noise"] = [{f: (math.nan if v is None else v) for f, v in zip(fields, row)} for row in run["noise"]]
+        runs.append(run)
+    return runs
+
+
+def steps_to(val: Sequence[Sequence[float]], gain: float) -> float | None:
+    """The step at which the validation accuracy first gains ``gain`` over step 0, interpolated between the
+    validation before it and the first at or past it; None if it never does."""
+    goal = val[0][1] + gain
+    for (s0, a0), (s1, a1) in zip(val, val[1:]):
+        if a1 >= goal:
+            return s1 if a0 >= goal else s0 + (goal - a0) / (a1 - a0) * (s1 - s0)
+    return None
+
+
+def cells(runs: list[dict], gain: float, samples: int, rollouts: int) -> dict[float, list[float]]:
+    """Per learning rate at (N, K): every seed's steps to the target (INF where never), in seed order."""
+    out: dict[float, list[float]] = {}
+    for run in sorted(runs, key=lambda r: r["run"]["seed"]):
+        if run["run"]["samples"] == samples and run["run"]["rollouts"] == rollouts:
+            steps = steps_to(run["val"], gain)
+            out.setdefault(run["run"]["lr"], []).append(INF if steps is None else steps)
+    return out
+
+
+def best_lr(by_lr: dict[float, list[float]]) -> float | None:
+    """The rate with the fewest median steps over its seeds; None if none reaches the target (median INF)."""
+    finite = {lr: statistics.median(s) for lr, s in by_lr.items() if s and statistics.median(s) < INF}
+    return min(finite, key=finite.get) if finite else None
+
+
+def fit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(S_min, E_min) of S = S_min + E_min / N by least squares over (N, S) points (at least two N's)."""
+    xs, ys = [1 / n for n, _ in points], [s for _, s in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def critical(points: Sequence[tuple[float, float]]) -> float:
+    """B_crit = E_min / S_min of the fit: INF where S_min <= 0 (the steps still fall as fast as 1/N at the largest
+    N), 0 where E_min <= 0 (they do not fall at all); NaN with fewer than two N's."""
+    if len({n for n, _ in points}) < 2:
+        return math.nan
+    s_min, e_min = fit(points)
+    return INF if s_min <= 0 else max(e_min, 0.0) / s_min
+
+
+def frontier(runs: list[dict], gain: float, rollouts: int, rng: random.Random | None = None) -> dict[int, tuple]:
+    """Per N: (best rate, S(N) = its median steps over seeds); with ``rng``, each (N, lr) cell's seeds resampled
+    with replacement first (the bootstrap), so the best rate is picked again. N's where no rate reaches the
+    target are left out."""
+    out = {}
+    for n in sorted({r["run"]["samples"] for r in runs if r["run"]["rollouts"] == rollouts}):
+        by_lr = cells(runs, gain, n, rollouts)
+        if rng is not None:
+            by_lr = {lr: [rng.choice(s) for _ in s] for lr, s in by_lr.items()}
+        lr = best_lr(by_lr)
+        if lr is not None:
+            out[n] = (lr, statistics.median(by_lr[lr]))
+    return out
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """The q-quantile of ``xs`` (INF allowed) by the nearest rank."""
+    ordered = sorted(xs)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def bootstrap(runs: list[dict], gain: float, rollouts: int, draws: int = DRAWS, level: float = 0.95) -> dict:
+    """B_crit's percentile interval over seeds resampled within every (N, lr) cell, the best rate re-picked in
+    each draw; how often each rate was picked per N; the share of draws with S_min <= 0 (B_crit unbounded)."""
+    rng, got, picks = random.Random(0), [], {}
+    for _ in range(draws):
+        front = frontier(runs, gain, rollouts, rng)
+        for n, (lr, _) in front.items():
+            picks.setdefault(n, {}).setdefault(lr, 0)
+            picks[n][lr] += 1
+        b = critical([(n, s) for n, (_, s) in front.items()])
+        if not math.isnan(b):
+            got.append(b)
+    if not got:
+        return {"low": math.nan, "high": math.nan, "unbounded": math.nan, "picks": picks}
+    tail = (1 - level) / 2
+    return {"low": percentile(got, tail), "high": percentile(got, 1 - tail),
+            "unbounded": sum(b == INF for b in got) / len(got), "picks": picks}
+
+
+def leave_one_out(points: Sequence[tuple[float, float]]) -> dict[int, float]:
+    """B_crit of the fit without each batch size in turn (needs three N's or more)."""
+    if len(points) < 3:
+        return {}
+    return {n: critical([p for p in points if p[0] != n]) for n, _ in points}
+
+
+def noise_upto(run: dict, gain: float) -> list[dict]:
+    """The run's analysed steps up to the one whose update reached the target (steps <= ceil(S)); none if it
+    never reached it."""
+    steps = steps_to(run["val"], gain)
+    return [] if steps is None else [x for x in run["noise"] if x["step"] <= math.ceil(steps)]
+
+
+def b_simple(runs: list[dict], gain: float) -> dict:
+    """``pooled_scale`` over the runs' analysed steps up to the target (steps with fewer than 3 prompt groups
+    have no interval and are left out by it), with the point value Σ trace / Σ signal over every step whose
+    estimates are finite beside it (``all_steps``, ``all_scale``): at N = 16, K = 8 a step holds 2 groups."""
+    steps = [x for r in runs for x in noise_upto(r, gain)]
+    out = pooled_scale(steps)
+    finite = [x for x in steps if math.isfinite(x["trace"]) and math.isfinite(x["signal"])]
+    signal = sum(x["signal"] for x in finite)
+    out["all_steps"] = float(len(finite))
+    out["all_scale"] = sum(x["trace"] for x in finite) / signal if signal > 0 else math.nan
+    out["runs"] = float(len([r for r in runs if noise_upto(r, gain)]))
+    return out
+
+
+def at(runs: list[dict], samples: int, rollouts: int, lr: float) -> list[dict]:
+    return [r for r in runs if (r["run"]["samples"], r["run"]["rollouts"], r["run"]["lr"]) == (samples, rollouts, lr)]
+
+
+def _fmt(x: float | None, digits: int = 0) -> str:
+    if x is None or math.isnan(x):
+        return "-"
+    return "never" if x == INF else f"{x:.{digits}f}"
+
+
+def _interval(low: float, high: float, digits: int = 0) -> str:
+    return "unresolved" if math.isnan(low) else f"{_fmt(low, digits)}-{_fmt(high, digits)}"
+
+
+def grid_table(runs: list[dict], gain: float, rollouts: int) -> dict:
+    """Per N (rows) and rate (columns): the seeds' steps to the target and their median; the best rate per N."""
+    lrs = sorted({r["run"]["lr"] for r in runs if r["run"]["rollouts"] == rollouts})
+    rows = {}
+    for n in sorted({r["run"]["samples"] for r in runs if r["run"]["rollouts"] == rollouts}):
+        by_lr = cells(runs, gain, n, rollouts)
+        rows[n] = {"best": best_lr(by_lr), "cells": {lr: {"seeds": s, "median": statistics.median(s)}
+                                                     for lr, s in by_lr.items()}}
+    print(f"\nSteps to +{gain:g} over step 0 at K = {rollouts}: median over seeds (seeds' min-max); best rate in bold")
+    print("| N | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |")
+    print("|---|" + "---|" * len(lrs))
+    for n, row in rows.items():
+        out = []
+        for lr in lrs:
+            cell = row["cells"].get(lr)
+            if cell is None:
+                out.append("")
+                continue
+            text = f"{_fmt(cell['median'], 1)} ({_fmt(min(cell['seeds']), 1)}-{_fmt(max(cell['seeds']), 1)})"
+            out.append(f"**{text}**" if lr == row["best"] else text)
+        print(f"| {n} | " + " | ".join(out) + " |")
+    return {"lrs": lrs, "rows": rows}
+
+
+def fit_table(runs: list[dict], gain: float, rollouts: int) -> dict:
+    """The fit at the best rate per N, its bootstrap interval and the leave-one-N-out fits, and B_simple per N
+    (at N's best rate) and pooled over every N."""
+    front = frontier(runs, gain, rollouts)
+    points = [(n, s) for n, (_, s) in front.items()]
+    s_min, e_min = fit(points) if len(points) >= 2 else (math.nan, math.nan)
+    out = {"points": {n: {"lr": lr, "steps": s} for n, (lr, s) in front.items()}, "s_min": s_min, "e_min": e_min,
+           "b_crit": critical(points), "bootstrap": bootstrap(runs, gain, rollouts),
+           "leave_one_out": leave_one_out(points), "b_simple": {}}
+    chosen = []
+    for n, (lr, _) in front.items():
+        best = at(runs, n, rollouts, lr)
+        chosen += best
+        out["b_simple"][n] = b_simple(best, gain)
+    out["b_simple_pooled"] = b_simple(chosen, gain)
+    boot, pooled = out["bootstrap"], out["b_simple_pooled"]
+    print(f"\nTarget +{gain:g}, K = {rollouts}: S = {_fmt(s_min, 2)} + {_fmt(e_min, 0)}/N, B_crit = "
+          f"{_fmt(out['b_crit'], 0)} (95% bootstrap over seeds with the best rate re-picked: "
+          f"{_interval(boot['low'], boot['high'])}; S_min <= 0 in {_fmt(100 * boot['unbounded'], 0)}% of draws)")
+    print("leave one N out: " + ", ".join(f"without {n}: {_fmt(b, 0)}" for n, b in out["leave_one_out"].items()))
+    print("| N | best lr | S(N) | E = N S | rate picked in the bootstrap | B_simple (95% interval) | steps pooled "
+          "| B_simple, every step (2-group steps too) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, (lr, s) in front.items():
+        b = out["b_simple"][n]
+        picks = boot["picks"].get(n, {})
+        share = ", ".join(f"{lr_:g}: {100 * c / DRAWS:.0f}%" for lr_, c in sorted(picks.items()))
+        print(f"| {n} | {lr:g} | {s:.1f} | {n * s:.0f} | {share} | {_fmt(b['scale'])} "
+              f"({_interval(b['low'], b['high'])}) | {b['steps']:.0f} | {_fmt(b['all_scale'])} |")
+    print(f"B_simple pooled over the best-rate runs of every N: {_fmt(pooled['scale'])} "
+          f"({_interval(pooled['low'], pooled['high'])}), {pooled['steps']:.0f} steps of {pooled['runs']:.0f} runs")
+    ratio = _ratio(pooled, boot, out["b_crit"])
+    out["ratio"] = ratio
+    print(f"B_simple / B_crit: {_fmt(ratio['point'], 1)} (from {_fmt(ratio['low'], 2)} to {_fmt(ratio['high'], 1)}"
+          " with both intervals' ends)")
+    return out
+
+
+def _ratio(pooled: dict, boot: dict, crit: float) -> dict:
+    """B_simple / B_crit, and its extremes over both 95% intervals (a conservative range, not a 95% interval)."""
+    point = pooled["scale"] / crit if crit and math.isfinite(crit) else math.nan
+    low = pooled["low"] / boot["high"] if boot["high"] > 0 else math.nan
+    high = pooled["high"] / boot["low"] if boot["low"] > 0 else INF
+    return {"point": point, "low": low, "high": high}
+
+
+def k_table(runs: list[dict], samples: int) -> dict:
+    """At N = ``samples`` and the rate the K sweep ran at: steps to each target and B_simple per K."""
+    swept = [r for r in runs if r["run"]["samples"] == samples and r["run"]["rollouts"] != 8]
+    if not swept:
+        return {}
+    lr = swept[0]["run"]["lr"]
+    out: dict = {"lr": lr, "rows": {}}
+    print(f"\nK at N = {samples}, lr {lr:g}: steps to the targets (median; seeds) and B_simple to the highest target")
+    print("| K | B | " + " | ".join(f"steps to +{g:g}" for g in TARGETS) + " | B_simple (95% interval) |")
+    print("|---|---|" + "---|" * len(TARGETS) + "---|")
+    for k in sorted({r["run"]["rollouts"] for r in runs if r["run"]["samples"] == samples}):
+        group = at(runs, samples, k, lr)
+        if not group:
+            continue
+        steps = {g: cells(group, g, samples, k)[lr] for g in TARGETS}
+        b = b_simple(group, max(TARGETS))
+        out["rows"][k] = {"steps": {g: {"seeds": s, "median": statistics.median(s)} for g, s in steps.items()},
+                          "b_simple": b}
+        cols = " | ".join(f"{_fmt(statistics.median(s), 1)} ({', '.join(_fmt(x, 1) for x in s)})"
+                          for s in steps.values())
+        print(f"| {k} | {samples // k} | {cols} | {_fmt(b['scale'])} ({_interval(b['low'], b['high'])}) |")
+    return out
+
+
+COLOURS = dict(zip(TARGETS, ("tab:blue", "tab:red")))
+
+
+def _steps_panel(ax, runs: list[dict], fits: dict) -> None:
+    for gain, f in fits.items():
+        col = COLOURS[gain]
+        for n, p in f["points"].items():
+            seeds = [s for s in cells(at(runs, n, 8, p["lr"]), gain, n, 8)[p["lr"]] if s < INF]
+            ax.scatter([n] * len(seeds), seeds, color=col, alpha=0.3, s=12)
+            ax.annotate(f"{p['lr']:g}", (n, p["steps"]), fontsize=6, xytext=(4, 2), textcoords="offset points")
+        ax.plot(list(f["points"]), [p["steps"] for p in f["points"].values()], "o", color=col,
+                label=f"+{gain:g}: S(N) at the best lr (median of seeds; dots: seeds)")
+        if f["s_min"] > 0 and f["e_min"] > 0:
+            ns = [2 ** (x / 8) for x in range(8 * 3, 8 * 9)]
+            ax.plot(ns, [f["s_min"] + f["e_min"] / n for n in ns], "-", color=col, lw=1,
+                    label=f"+{gain:g}: S = {f['s_min']:.1f} + {f['e_min']:.0f}/N, B_crit {f['b_crit']:.0f}")
+    ax.set_xscale("log", base=2)
+    ax.set(yscale="log", xlabel="N = B x K (K = 8)", ylabel="steps S to the gain over step 0",
+           title="steps to the target against the batch, best lr per N (labels)")
+    ax.legend(fontsize=7)
+
+
+def _scale_panel(bx, fits: dict) -> None:
+    for gain, f in fits.items():
+        col, shift = COLOURS[gain], 1.04 if gain == TARGETS[-1] else 0.96
+        for n, b in f["b_simple"].items():
+            if math.isfinite(b["low"]):
+                bx.errorbar([n * shift], [b["scale"]], yerr=[[b["scale"] - b["low"]], [b["high"] - b["scale"]]],
+                            fmt="o", color=col, capsize=3, ms=4)
+            elif math.isfinite(b["all_scale"]) and b["all_scale"] > 0:
+                bx.plot([n * shift], [b["all_scale"]], "x", color=col, ms=6)
+        boot, pooled = f["bootstrap"], f["b_simple_pooled"]
+        if math.isfinite(f["b_crit"]):
+            bx.axhline(f["b_crit"], color=col, ls="--", lw=1,
+                       label=f"B_crit, +{gain:g} (95%: {_interval(boot['low'], boot['high'])})")
+        if math.isfinite(boot["low"]):
+            bx.axhspan(max(boot["low"], 1.0), min(boot["high"], 1e6), color=col, alpha=0.08)
+        if math.isfinite(pooled["low"]):
+            bx.axhline(pooled["scale"], color=col, lw=1,
+                       label=f"B_simple pooled over N, +{gain:g} ({_interval(pooled['low'], pooled['high'])})")
+    bx.set_xscale("log", base=2)
+    bx.set(yscale="log", xlabel="N = B x K (K = 8)", ylabel="samples",
+           title="B_simple per N at its best lr (95% Fieller; x: no interval) against B_crit (band: 95%)")
+    bx.legend(fontsize=6)
+
+
+def _k_panels(cx, dx, ksweep: dict) -> None:
+    rows = ksweep.get("rows", {})
+    for gain in TARGETS:
+        cx.plot(list(rows), [rows[k]["steps"][gain]["median"] for k in rows], "o-", color=COLOURS[gain],
+                label=f"+{gain:g}")
+        for k in rows:
+            seeds = [s for s in rows[k]["steps"][gain]["seeds"] if s < INF]
+            cx.scatter([k] * len(seeds), seeds, color=COLOURS[gain], alpha=0.3, s=12)
+    for k, row in rows.items():
+        b = row["b_simple"]
+        if math.isfinite(b["low"]):
+            dx.errorbar([k], [b["scale"]], yerr=[[b["scale"] - b["low"]], [b["high"] - b["scale"]]], fmt="ko",
+                        capsize=3)
+    n_k, lr = ksweep.get("samples", ""), ksweep.get("lr", math.nan)
+    for axis in (cx, dx):
+        axis.set_xscale("log", base=2)
+    cx.set(xlabel="K = rollout.n", ylabel="steps S (median of seeds; dots: seeds)",
+           title=f"N = {n_k} fixed, lr {lr:g}: steps against K")
+    cx.legend(fontsize=7)
+    dx.set(xlabel="K = rollout.n", ylabel="B_simple (samples)", yscale="log",
+           title=f"N = {n_k}, lr {lr:g}: B_simple to +{max(TARGETS):g} against K (95% Fieller)")
+
+
+def plot(runs: list[dict], fits: dict, ksweep: dict, figure: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ((ax, bx), (cx, dx)) = plt.subplots(2, 2, figsize=(12, 9))
+    _steps_panel(ax, runs, fits)
+    _scale_panel(bx, fits)
+    _k_panels(cx, dx, ksweep)
+    fig.tight_layout()
+    figure.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(figure, dpi=110)
+
+
+def _jsonable(x: object) -> object:
+    """NaN and infinity as strings (JSON has neither); dict keys as strings."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return x
+
+
+def analyse(results: Path, figure: Path | None, k_samples: int = 64) -> dict:
+    """Every table (printed as Markdown; written to ``results/analysis.json``) and the figure, from the extracts."""
+    runs = load(results)
+    print(f"{len(runs)} runs; wall time {sum(r['wall_s'] for r in runs) / 60:.0f} min in all; ends: "
+          + ", ".join(f"{e} {sum(r['end'] == e for r in runs)}" for e in ("target", "collapse", "cap")))
+    out = {"runs": len(runs), "wall_min": sum(r["wall_s"] for r in runs) / 60, "targets": TARGETS,
+           "grid": {g: grid_table(runs, g, 8) for g in TARGETS}}
+    out["fits"] = {g: fit_table(runs, g, 8) for g in TARGETS}
+    out["k_sweep"] = dict(k_table(runs, k_samples), samples=k_samples)
+    (results / "analysis.json").write_text(json.dumps(_jsonable(out), indent=1) + "\n")
+    if figure is not None:
+        plot(runs, out["fits"], out["k_sweep"], figure)
+        print(f"figure: {figure}")
+    return out
