@@ -10,9 +10,9 @@ token-mean) with the learning-rate warm-up removed (``actor.optim.lr_warmup_step
 ``nice -n 10``, validating greedily on ``--val-size`` prompts after every step and analysing every step
 (``analysis.per_sample.every=1``: the group-level noise_trace / noise_signal and their jackknife errors). A run stops
 once its validation accuracy has gained the highest target over its step-0 value, once it collapses (``COLLAPSE``
-below its best so far), or at its step cap. Each finished run leaves a compact extract, ``RESULTS/runs/NAME.json``
-(its validation curve and the noise figures of every analysed step), written atomically; a run with an extract is
-skipped, so the sweep resumes and widens. The phases:
+below its best so far), once it stalls (no new best for ``STALL`` steps), or at its step cap. Each finished run
+leaves a compact extract, ``RESULTS/runs/NAME.json`` (its validation curve and the noise figures of every analysed
+step), written atomically; a run with an extract is skipped, so the sweep resumes and widens. The phases:
 
 * ``grid``: N = B·K in ``--samples`` at K = 8, every learning rate of ``LRS``, every seed;
 * ``widen``: one more rate past the edge of the grid for every N whose best rate (at any target) is at an edge;
@@ -44,12 +44,13 @@ import noise_sweep_analysis as analysis  # noqa: E402  (beside this script)
 from rlgrad.runfiles import METRICS_FILE, atomic_write_text  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "noise_sweep"
-SAMPLES = (16, 32, 64, 128)
+SAMPLES = (16, 32, 64, 128, 256)
 K = 8
 LRS = (5e-5, 1e-4, 2e-4, 4e-4, 8e-4)  # a factor 2 apart; ``widen`` extends by the same factor
 SEEDS = (1, 2, 3)
 K_SAMPLES, K_SWEEP = 64, (2, 4, 8, 16)
 COLLAPSE = 0.2  # validation accuracy this far below the run's best so far: the policy collapsed (it does not recover)
+STALL = 25  # steps without a new best validation accuracy: the run sits on a plateau below the highest target
 NOISE_KEYS = {"trace": "noise_trace/all/task", "signal": "noise_signal/all/task",
               "trace_se": "noise_trace_se/all/task", "signal_se": "noise_signal_se/all/task",
               "cov": "noise_cov/all/task", "groups": "noise_groups/all"}
@@ -72,7 +73,7 @@ class Run:
 
     @property
     def max_steps(self) -> int:
-        # the slowest rate that still counts (5e-5) needs ~40 steps at N = 16 in the pilot, ~20 at N = 128
+        # the slowest rate (5e-5) needs ~45 steps to +0.3 at N = 16 in the pilot, ~25 at N = 128
         return 60 if self.samples <= 32 else 40
 
 
@@ -89,6 +90,17 @@ def _rows(metrics: Path) -> list[dict]:
 
 def _val(rows: list[dict]) -> list[tuple[int, float]]:
     return [(r["step"], r["data"]["val/accuracy"]) for r in rows if "val/accuracy" in r.get("data", {})]
+
+
+def _end(val: list[tuple[int, float]], top: float) -> str:
+    """Why a run can stop now: "target" (past the highest), "collapse", "stall", or "cap" (it goes on)."""
+    best = max(acc for _, acc in val)
+    best_step = next(step for step, acc in val if acc == best)
+    if val[-1][1] - val[0][1] >= top:
+        return "target"
+    if val[-1][1] < best - COLLAPSE:
+        return "collapse"
+    return "stall" if val[-1][0] - best_step >= STALL else "cap"
 
 
 def _number(value: object) -> float | None:
@@ -131,10 +143,8 @@ def train(run: Run, rundirs: Path, results: Path, top: float, val_size: int) -> 
             val = _val(_rows(rundir / METRICS_FILE))
             if len(val) < 2:
                 continue
-            best = max(acc for _, acc in val)
-            # the rest of the run reads nothing the analysis needs: past the highest target, or collapsed
-            if val[-1][1] - val[0][1] >= top or val[-1][1] < best - COLLAPSE:
-                end = "target" if val[-1][1] - val[0][1] >= top else "collapse"
+            end = _end(val, top)
+            if end != "cap":  # the rest of the run reads nothing the analysis needs
                 proc.terminate()
                 proc.wait()
     rows = _rows(rundir / METRICS_FILE)
