@@ -2,7 +2,7 @@
 scale B_simple predict the critical batch B_crit of GRPO on the embedded default? (McCandlish, Kaplan, Amodei et al.
 2018, "An Empirical Model of Large-Batch Training", arXiv:1812.06162.)
 
-    python scripts/experiments/noise_sweep.py run [--phase grid|widen|k] [--samples 16 32 ...] [--seeds 1 2 3]
+    python scripts/experiments/noise_sweep.py run [--phase grid|widen|k|noise] [--samples 16 32 ...] [--seeds 1 2 3]
     python scripts/experiments/noise_sweep.py analyse [--figure docs/img/noise_sweep.png]
 
 ``run`` trains ``rlgrad train --config-name demo`` (the embedded tiny Qwen2, warm-started, on arithmetic; Dr. GRPO,
@@ -16,7 +16,10 @@ step), written atomically; a run with an extract is skipped, so the sweep resume
 
 * ``grid``: N = B·K in ``--samples`` at K = 8, every learning rate of ``LRS``, every seed;
 * ``widen``: one more rate past the edge of the grid for every N whose best rate (at any target) is at an edge;
-* ``k``: K in ``K_SWEEP`` at N = ``K_SAMPLES``, at that N's best rate (the highest target) from the grid's runs.
+* ``k``: K in ``K_SWEEP`` at N = ``K_SAMPLES``, at that N's best rate (the highest target) from the grid's runs;
+* ``noise``: ``NOISE_SEEDS`` more seeds at each N of ``NOISE_SAMPLES`` at its best rate (the highest target): a
+  handful of steps of 8-32 groups each up to the target does not resolve B_simple; these runs add steps for it and
+  re-measure S(N) at the chosen rate on seeds that did not choose it (they stay out of the fit).
 
 ``analyse`` reads ``RESULTS`` alone (``noise_sweep_analysis.py``): every table (printed as Markdown, written to
 ``RESULTS/analysis.json``) and the figure.
@@ -49,6 +52,7 @@ K = 8
 LRS = (5e-5, 1e-4, 2e-4, 4e-4, 8e-4)  # a factor 2 apart; ``widen`` extends by the same factor
 SEEDS = (1, 2, 3)
 K_SAMPLES, K_SWEEP = 64, (2, 4, 8, 16)
+NOISE_SAMPLES, NOISE_SEEDS = (64, 128, 256), tuple(range(11, 26))
 COLLAPSE = 0.2  # validation accuracy this far below the run's best so far: the policy collapsed (it does not recover)
 STALL = 25  # steps without a new best validation accuracy: the run sits on a plateau below the highest target
 NOISE_KEYS = {"trace": "noise_trace/all/task", "signal": "noise_signal/all/task",
@@ -62,6 +66,7 @@ class Run:
     rollouts: int  # K = rollout.n
     lr: float
     seed: int
+    role: str = "grid"  # "noise": an extra seed for B_simple only, left out of the steps and the fit
 
     @property
     def prompts(self) -> int:
@@ -69,7 +74,8 @@ class Run:
 
     @property
     def name(self) -> str:
-        return f"N{self.samples}_K{self.rollouts}_lr{self.lr:g}_s{self.seed}"
+        tail = "_noise" if self.role == "noise" else ""
+        return f"N{self.samples}_K{self.rollouts}_lr{self.lr:g}_s{self.seed}{tail}"
 
     @property
     def max_steps(self) -> int:
@@ -178,7 +184,7 @@ def widened(results: Path, samples: list[int]) -> list[float | None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("run", "analyse"))
-    parser.add_argument("--phase", choices=("grid", "widen", "k"), default="grid", help="what to run (run)")
+    parser.add_argument("--phase", choices=("grid", "widen", "k", "noise"), default="grid", help="what to run (run)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="the extracts and the analysis")
     parser.add_argument("--rundirs", type=Path, default=ROOT / "runs" / "noise_sweep_i45", help="run directories")
     parser.add_argument("--samples", type=int, nargs="+", default=list(SAMPLES), help="N = B x K (grid, widen)")
@@ -196,6 +202,10 @@ def main() -> None:
     elif args.phase == "widen":
         todo = [Run(n, K, lr, s) for s in args.seeds
                 for n, lr in zip(args.samples, widened(args.results, args.samples)) if lr is not None]
+    elif args.phase == "noise":
+        runs = analysis.load(args.results)
+        best = {n: analysis.best_lr(analysis.cells(runs, top, n, K)) for n in NOISE_SAMPLES}
+        todo = [Run(n, K, lr, s, "noise") for s in NOISE_SEEDS for n, lr in best.items() if lr is not None]
     else:
         lr = analysis.best_lr(analysis.cells(analysis.load(args.results), top, K_SAMPLES, K))
         if lr is None:

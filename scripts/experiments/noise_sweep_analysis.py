@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from rlgrad.metrics.pooling import pooled_scale  # noqa: E402
+from rlgrad.metrics.pooling import LEVEL, STEP_FIELDS, pooled_scale, t_quantile  # noqa: E402
 
 TARGETS = (0.10, 0.20, 0.30)  # gains in validation accuracy over step 0 (it starts at 0.40-0.50, tops out ~0.8)
 DRAWS = 2000
@@ -39,6 +39,7 @@ def load(results: Path) -> list[dict]:
         run = json.loads(path.read_text())
         fields = run["noise_fields"]
         run["noise"] = [{f: (math.nan if v is None else v) for f, v in zip(fields, row)} for row in run["noise"]]
+        run["run"].setdefault("role", "grid")
         runs.append(run)
     return runs
 
@@ -53,11 +54,12 @@ def steps_to(val: Sequence[Sequence[float]], gain: float) -> float | None:
     return None
 
 
-def cells(runs: list[dict], gain: float, samples: int, rollouts: int) -> dict[float, list[float]]:
-    """Per learning rate at (N, K): every seed's steps to the target (INF where never), in seed order."""
+def cells(runs: list[dict], gain: float, samples: int, rollouts: int, role: str = "grid") -> dict[float, list[float]]:
+    """Per learning rate at (N, K): every seed's steps to the target (INF where never), in seed order; ``role``
+    "grid" (the sweep's seeds) or "noise" (the extra seeds at a chosen rate)."""
     out: dict[float, list[float]] = {}
     for run in sorted(runs, key=lambda r: r["run"]["seed"]):
-        if run["run"]["samples"] == samples and run["run"]["rollouts"] == rollouts:
+        if (run["run"]["samples"], run["run"]["rollouts"], run["run"]["role"]) == (samples, rollouts, role):
             steps = steps_to(run["val"], gain)
             out.setdefault(run["run"]["lr"], []).append(INF if steps is None else steps)
     return out
@@ -140,12 +142,35 @@ def noise_upto(run: dict, gain: float) -> list[dict]:
     return [] if steps is None else [x for x in run["noise"] if x["step"] <= math.ceil(steps)]
 
 
+def scale_floor(steps: list[dict], level: float = LEVEL) -> float:
+    """The lower end of Fieller's set for Σ trace / Σ signal where it is unbounded (|G|²'s interval reaches 0, so
+    ``pooled_scale`` calls B_simple unresolved): the set is then ρ <= r1 or ρ >= r2, and with r1 <= 0 < r2 every
+    positive B_simple it allows is at least r2, a one-sided bound. NaN where even that fails (the set holds small
+    positive values, or every value)."""
+    keep = [x for x in steps if all(math.isfinite(x.get(k, math.nan)) for k in STEP_FIELDS)]
+    if not keep:
+        return math.nan
+    num, den = sum(x["trace"] for x in keep), sum(x["signal"] for x in keep)
+    var_num, var_den = sum(x["trace_se"] ** 2 for x in keep), sum(x["signal_se"] ** 2 for x in keep)
+    cov, df = sum(x["cov"] for x in keep), sum(x["groups"] - 1 for x in keep)
+    q2 = t_quantile(0.5 + level / 2, df) ** 2
+    # (num - ρ den)² <= q² Var(num - ρ den): a ρ² - 2 b ρ + c <= 0, a <= 0 when the signal's interval reaches 0
+    a, b, c = den ** 2 - q2 * var_den, num * den - q2 * cov, num ** 2 - q2 * var_num
+    if a >= 0 or b * b - a * c < 0:
+        return math.nan
+    root = math.sqrt(b * b - a * c)
+    low, high = (b + root) / a, (b - root) / a
+    return high if low <= 0 < high else math.nan
+
+
 def b_simple(runs: list[dict], gain: float) -> dict:
     """``pooled_scale`` over the runs' analysed steps up to the target (steps with fewer than 3 prompt groups
-    have no interval and are left out by it), with the point value Σ trace / Σ signal over every step whose
-    estimates are finite beside it (``all_steps``, ``all_scale``): at N = 16, K = 8 a step holds 2 groups."""
+    have no interval and are left out by it), with ``floor`` (``scale_floor``) where it is unresolved, and the
+    point value Σ trace / Σ signal over every step whose estimates are finite beside it (``all_steps``,
+    ``all_scale``): at N = 16, K = 8 a step holds 2 groups."""
     steps = [x for r in runs for x in noise_upto(r, gain)]
     out = pooled_scale(steps)
+    out["floor"] = scale_floor(steps) if math.isnan(out["low"]) else out["low"]
     finite = [x for x in steps if math.isfinite(x["trace"]) and math.isfinite(x["signal"])]
     signal = sum(x["signal"] for x in finite)
     out["all_steps"] = float(len(finite))
@@ -155,6 +180,7 @@ def b_simple(runs: list[dict], gain: float) -> dict:
 
 
 def at(runs: list[dict], samples: int, rollouts: int, lr: float) -> list[dict]:
+    """Every run at (N, K, lr), the extra seeds included."""
     return [r for r in runs if (r["run"]["samples"], r["run"]["rollouts"], r["run"]["lr"]) == (samples, rollouts, lr)]
 
 
@@ -166,6 +192,13 @@ def _fmt(x: float | None, digits: int = 0) -> str:
 
 def _interval(low: float, high: float, digits: int = 0) -> str:
     return "unresolved" if math.isnan(low) else f"{_fmt(low, digits)}-{_fmt(high, digits)}"
+
+
+def _scale(b: dict) -> str:
+    """B_simple as the tables give it: the value and its 95% interval, or only its one-sided bound, or nothing."""
+    if math.isfinite(b["low"]):
+        return f"{_fmt(b['scale'])} ({_fmt(b['low'])}-{_fmt(b['high'])})"
+    return f"unresolved, >= {_fmt(b['floor'])}" if math.isfinite(b["floor"]) else "unresolved"
 
 
 def grid_table(runs: list[dict], gain: float, rollouts: int) -> dict:
@@ -212,17 +245,20 @@ def fit_table(runs: list[dict], gain: float, rollouts: int) -> dict:
           f"{_fmt(out['b_crit'], 0)} (95% bootstrap over seeds with the best rate re-picked: "
           f"{_interval(boot['low'], boot['high'])}; S_min <= 0 in {_fmt(100 * boot['unbounded'], 0)}% of draws)")
     print("leave one N out: " + ", ".join(f"without {n}: {_fmt(b, 0)}" for n, b in out["leave_one_out"].items()))
-    print("| N | best lr | S(N) | E = N S | rate picked in the bootstrap | B_simple (95% interval) | steps pooled "
-          "| B_simple, every step (2-group steps too) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| N | best lr | S(N) | E = N S | rate picked in the bootstrap | S, extra seeds (median; count) "
+          "| B_simple (95% interval) | steps pooled | B_simple, every step (2-group steps too) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n, (lr, s) in front.items():
         b = out["b_simple"][n]
         picks = boot["picks"].get(n, {})
         share = ", ".join(f"{lr_:g}: {100 * c / DRAWS:.0f}%" for lr_, c in sorted(picks.items()))
-        print(f"| {n} | {lr:g} | {s:.1f} | {n * s:.0f} | {share} | {_fmt(b['scale'])} "
-              f"({_interval(b['low'], b['high'])}) | {b['steps']:.0f} | {_fmt(b['all_scale'])} |")
-    print(f"B_simple pooled over the best-rate runs of every N: {_fmt(pooled['scale'])} "
-          f"({_interval(pooled['low'], pooled['high'])}), {pooled['steps']:.0f} steps of {pooled['runs']:.0f} runs")
+        extra = cells(runs, gain, n, rollouts, "noise").get(lr, [])
+        out["points"][n]["extra_seeds"] = extra
+        again = f"{_fmt(statistics.median(extra), 1)}; {len(extra)}" if extra else "-"
+        print(f"| {n} | {lr:g} | {s:.1f} | {n * s:.0f} | {share} | {again} | {_scale(b)} | {b['steps']:.0f} "
+              f"| {_fmt(b['all_scale'])} |")
+    print(f"B_simple pooled over the best-rate runs of every N: {_scale(pooled)}, {pooled['steps']:.0f} steps of "
+          f"{pooled['runs']:.0f} runs (point value over every finite step: {_fmt(pooled['all_scale'])})")
     ratio = _ratio(pooled, boot, out["b_crit"])
     out["ratio"] = ratio
     print(f"B_simple / B_crit: {_fmt(ratio['point'], 1)} (from {_fmt(ratio['low'], 2)} to {_fmt(ratio['high'], 1)}"
@@ -233,8 +269,8 @@ def fit_table(runs: list[dict], gain: float, rollouts: int) -> dict:
 def _ratio(pooled: dict, boot: dict, crit: float) -> dict:
     """B_simple / B_crit, and its extremes over both 95% intervals (a conservative range, not a 95% interval)."""
     point = pooled["scale"] / crit if crit and math.isfinite(crit) else math.nan
-    low = pooled["low"] / boot["high"] if boot["high"] > 0 else math.nan
-    high = pooled["high"] / boot["low"] if boot["low"] > 0 else INF
+    low = pooled["floor"] / boot["high"] if boot["high"] > 0 else math.nan
+    high = pooled["high"] / boot["low"] if boot["low"] > 0 and math.isfinite(pooled["high"]) else INF
     return {"point": point, "low": low, "high": high}
 
 
@@ -258,7 +294,7 @@ def k_table(runs: list[dict], samples: int) -> dict:
                           "b_simple": b}
         cols = " | ".join(f"{_fmt(statistics.median(s), 1)} ({', '.join(_fmt(x, 1) for x in s)})"
                           for s in steps.values())
-        print(f"| {k} | {samples // k} | {cols} | {_fmt(b['scale'])} ({_interval(b['low'], b['high'])}) |")
+        print(f"| {k} | {samples // k} | {cols} | {_scale(b)} |")
     return out
 
 
@@ -291,20 +327,22 @@ def _scale_panel(bx, fits: dict) -> None:
             if math.isfinite(b["low"]):
                 bx.errorbar([n * shift], [b["scale"]], yerr=[[b["scale"] - b["low"]], [b["high"] - b["scale"]]],
                             fmt="o", color=col, capsize=3, ms=4)
-            elif math.isfinite(b["all_scale"]) and b["all_scale"] > 0:
-                bx.plot([n * shift], [b["all_scale"]], "x", color=col, ms=6)
+            elif math.isfinite(b["floor"]):
+                bx.plot([n * shift], [b["floor"]], "^", color=col, ms=6)
+            if math.isfinite(b["all_scale"]) and b["all_scale"] > 0:
+                bx.plot([n * shift], [b["all_scale"]], "x", color=col, ms=5)
         boot, pooled = f["bootstrap"], f["b_simple_pooled"]
         if math.isfinite(f["b_crit"]):
             bx.axhline(f["b_crit"], color=col, ls="--", lw=1,
                        label=f"B_crit, +{gain:g} (95%: {_interval(boot['low'], boot['high'])})")
         if math.isfinite(boot["low"]):
             bx.axhspan(max(boot["low"], 1.0), min(boot["high"], 1e6), color=col, alpha=0.08)
-        if math.isfinite(pooled["low"]):
-            bx.axhline(pooled["scale"], color=col, lw=1,
-                       label=f"B_simple pooled over N, +{gain:g} ({_interval(pooled['low'], pooled['high'])})")
+        if math.isfinite(pooled["floor"]):
+            bx.axhline(pooled["floor"], color=col, lw=1, ls=":",
+                       label=f"B_simple pooled over N, +{gain:g}: {_scale(pooled)}")
     bx.set_xscale("log", base=2)
     bx.set(yscale="log", xlabel="N = B x K (K = 8)", ylabel="samples",
-           title="B_simple per N at its best lr (95% Fieller; x: no interval) against B_crit (band: 95%)")
+           title="B_simple per N, best lr (o: 95% Fieller; ^: its lower bound; x: point) vs B_crit (band: 95%)")
     bx.legend(fontsize=6)
 
 
@@ -321,6 +359,10 @@ def _k_panels(cx, dx, ksweep: dict) -> None:
         if math.isfinite(b["low"]):
             dx.errorbar([k], [b["scale"]], yerr=[[b["scale"] - b["low"]], [b["high"] - b["scale"]]], fmt="ko",
                         capsize=3)
+        elif math.isfinite(b["floor"]):
+            dx.plot([k], [b["floor"]], "k^")
+        if math.isfinite(b["all_scale"]) and b["all_scale"] > 0:
+            dx.plot([k], [b["all_scale"]], "kx")
     n_k, lr = ksweep.get("samples", ""), ksweep.get("lr", math.nan)
     for axis in (cx, dx):
         axis.set_xscale("log", base=2)
@@ -328,7 +370,7 @@ def _k_panels(cx, dx, ksweep: dict) -> None:
            title=f"N = {n_k} fixed, lr {lr:g}: steps against K")
     cx.legend(fontsize=7)
     dx.set(xlabel="K = rollout.n", ylabel="B_simple (samples)", yscale="log",
-           title=f"N = {n_k}, lr {lr:g}: B_simple to +{max(TARGETS):g} against K (95% Fieller)")
+           title=f"N = {n_k}, lr {lr:g}: B_simple to +{max(TARGETS):g} against K (o / ^ / x as above)")
 
 
 def plot(runs: list[dict], fits: dict, ksweep: dict, figure: Path) -> None:
