@@ -184,14 +184,18 @@ def at(runs: list[dict], samples: int, rollouts: int, lr: float) -> list[dict]:
     return [r for r in runs if (r["run"]["samples"], r["run"]["rollouts"], r["run"]["lr"]) == (samples, rollouts, lr)]
 
 
-def _fmt(x: float | None, digits: int = 0) -> str:
+def _fmt(x: float | None, digits: int = 0, inf: str = "never") -> str:
     if x is None or math.isnan(x):
         return "-"
-    return "never" if x == INF else f"{x:.{digits}f}"
+    return inf if x == INF else f"{x:.{digits}f}"
 
 
-def _interval(low: float, high: float, digits: int = 0) -> str:
-    return "unresolved" if math.isnan(low) else f"{_fmt(low, digits)}-{_fmt(high, digits)}"
+def _crit(x: float) -> str:
+    return _fmt(x, inf="unbounded")
+
+
+def _interval(low: float, high: float) -> str:
+    return "unresolved" if math.isnan(low) else f"{_crit(low)}-{_crit(high)}"
 
 
 def _scale(b: dict) -> str:
@@ -242,9 +246,9 @@ def fit_table(runs: list[dict], gain: float, rollouts: int) -> dict:
     out["b_simple_pooled"] = b_simple(chosen, gain)
     boot, pooled = out["bootstrap"], out["b_simple_pooled"]
     print(f"\nTarget +{gain:g}, K = {rollouts}: S = {_fmt(s_min, 2)} + {_fmt(e_min, 0)}/N, B_crit = "
-          f"{_fmt(out['b_crit'], 0)} (95% bootstrap over seeds with the best rate re-picked: "
+          f"{_crit(out['b_crit'])} (95% bootstrap over seeds with the best rate re-picked: "
           f"{_interval(boot['low'], boot['high'])}; S_min <= 0 in {_fmt(100 * boot['unbounded'], 0)}% of draws)")
-    print("leave one N out: " + ", ".join(f"without {n}: {_fmt(b, 0)}" for n, b in out["leave_one_out"].items()))
+    print("leave one N out: " + ", ".join(f"without {n}: {_crit(b)}" for n, b in out["leave_one_out"].items()))
     print("| N | best lr | S(N) | E = N S | rate picked in the bootstrap | S, extra seeds (median; count) "
           "| B_simple (95% interval) | steps pooled | B_simple, every step (2-group steps too) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -261,8 +265,8 @@ def fit_table(runs: list[dict], gain: float, rollouts: int) -> dict:
           f"{pooled['runs']:.0f} runs (point value over every finite step: {_fmt(pooled['all_scale'])})")
     ratio = _ratio(pooled, boot, out["b_crit"])
     out["ratio"] = ratio
-    print(f"B_simple / B_crit: {_fmt(ratio['point'], 1)} (from {_fmt(ratio['low'], 2)} to {_fmt(ratio['high'], 1)}"
-          " with both intervals' ends)")
+    print(f"B_simple / B_crit: {_fmt(ratio['point'], 1)} (from {_fmt(ratio['low'], 2)} to "
+          f"{_fmt(ratio['high'], 1, 'unbounded')} with both intervals' ends)")
     return out
 
 
@@ -310,13 +314,13 @@ def _steps_panel(ax, runs: list[dict], fits: dict) -> None:
             ax.annotate(f"{p['lr']:g}", (n, p["steps"]), fontsize=6, xytext=(4, 2), textcoords="offset points")
         ax.plot(list(f["points"]), [p["steps"] for p in f["points"].values()], "o", color=col,
                 label=f"+{gain:g}: S(N) at the best lr (median of seeds; dots: seeds)")
-        if f["s_min"] > 0 and f["e_min"] > 0:
+        if f["e_min"] > 0:  # S_min <= 0 (B_crit unbounded) still draws: the steps fall as 1/N over the grid
             ns = [2 ** (x / 8) for x in range(8 * 3, 8 * 9)]
             ax.plot(ns, [f["s_min"] + f["e_min"] / n for n in ns], "-", color=col, lw=1,
-                    label=f"+{gain:g}: S = {f['s_min']:.1f} + {f['e_min']:.0f}/N, B_crit {f['b_crit']:.0f}")
+                    label=f"+{gain:g}: S = {f['s_min']:.1f} + {f['e_min']:.0f}/N, B_crit {_crit(f['b_crit'])}")
     ax.set_xscale("log", base=2)
-    ax.set(yscale="log", xlabel="N = B x K (K = 8)", ylabel="steps S to the gain over step 0",
-           title="steps to the target against the batch, best lr per N (labels)")
+    ax.set(yscale="log", xlabel="N = B x K (K = 8)", ylabel="steps S to the gain over step 0", ylim=(0.3, 60))
+    ax.set_title("S(N) at each N's best lr (labels) and the fits", fontsize=9)
     ax.legend(fontsize=7)
 
 
@@ -336,13 +340,13 @@ def _scale_panel(bx, fits: dict) -> None:
             bx.axhline(f["b_crit"], color=col, ls="--", lw=1,
                        label=f"B_crit, +{gain:g} (95%: {_interval(boot['low'], boot['high'])})")
         if math.isfinite(boot["low"]):
-            bx.axhspan(max(boot["low"], 1.0), min(boot["high"], 1e6), color=col, alpha=0.08)
+            bx.axhspan(max(boot["low"], 1.0), min(boot["high"], 1e5), color=col, alpha=0.08)
         if math.isfinite(pooled["floor"]):
             bx.axhline(pooled["floor"], color=col, lw=1, ls=":",
                        label=f"B_simple pooled over N, +{gain:g}: {_scale(pooled)}")
     bx.set_xscale("log", base=2)
-    bx.set(yscale="log", xlabel="N = B x K (K = 8)", ylabel="samples",
-           title="B_simple per N, best lr (o: 95% Fieller; ^: its lower bound; x: point) vs B_crit (band: 95%)")
+    bx.set(yscale="log", xlabel="N = B x K (K = 8)", ylabel="samples", ylim=(10, 2e4))
+    bx.set_title("B_simple at N's best lr (o: 95%; ^: lower bound; x: point) vs B_crit (band: 95%)", fontsize=9)
     bx.legend(fontsize=6)
 
 
@@ -366,11 +370,11 @@ def _k_panels(cx, dx, ksweep: dict) -> None:
     n_k, lr = ksweep.get("samples", ""), ksweep.get("lr", math.nan)
     for axis in (cx, dx):
         axis.set_xscale("log", base=2)
-    cx.set(xlabel="K = rollout.n", ylabel="steps S (median of seeds; dots: seeds)",
-           title=f"N = {n_k} fixed, lr {lr:g}: steps against K")
+    cx.set(xlabel="K = rollout.n", ylabel="steps S (median of seeds; dots: seeds)")
+    cx.set_title(f"N = {n_k} fixed, lr {lr:g}: steps against K", fontsize=9)
     cx.legend(fontsize=7)
-    dx.set(xlabel="K = rollout.n", ylabel="B_simple (samples)", yscale="log",
-           title=f"N = {n_k}, lr {lr:g}: B_simple to +{max(TARGETS):g} against K (o / ^ / x as above)")
+    dx.set(xlabel="K = rollout.n", ylabel="B_simple (samples)", yscale="log")
+    dx.set_title(f"N = {n_k}, lr {lr:g}: B_simple to +{max(TARGETS):g} against K (o / ^ / x as above)", fontsize=9)
 
 
 def plot(runs: list[dict], fits: dict, ksweep: dict, figure: Path) -> None:
