@@ -238,6 +238,10 @@ def fit_table(runs: list[dict], gain: float, rollouts: int) -> dict:
     out = {"points": {n: {"lr": lr, "steps": s} for n, (lr, s) in front.items()}, "s_min": s_min, "e_min": e_min,
            "b_crit": critical(points), "bootstrap": bootstrap(runs, gain, rollouts),
            "leave_one_out": leave_one_out(points), "b_simple": {}}
+    # every step is validated, so ceil(S) is the first step at or past the target: the fit in whole updates, whose
+    # floor of 1 step (reached on the first update) is a limit of the measurement, not of the batch
+    whole = [(n, float(math.ceil(s))) for n, s in points]
+    out["whole_steps"] = {"points": dict(whole), "b_crit": critical(whole), "leave_one_out": leave_one_out(whole)}
     chosen = []
     for n, (lr, _) in front.items():
         best = at(runs, n, rollouts, lr)
@@ -249,6 +253,8 @@ def fit_table(runs: list[dict], gain: float, rollouts: int) -> dict:
           f"{_crit(out['b_crit'])} (95% bootstrap over seeds with the best rate re-picked: "
           f"{_interval(boot['low'], boot['high'])}; S_min <= 0 in {_fmt(100 * boot['unbounded'], 0)}% of draws)")
     print("leave one N out: " + ", ".join(f"without {n}: {_crit(b)}" for n, b in out["leave_one_out"].items()))
+    print(f"in whole steps (ceil S: {', '.join(f'{s:.0f}' for _, s in whole)}): B_crit {_crit(critical(whole))}; "
+          "leave one N out: " + ", ".join(f"{_crit(b)}" for b in out["whole_steps"]["leave_one_out"].values()))
     print("| N | best lr | S(N) | E = N S | rate picked in the bootstrap | S, extra seeds (median; count) "
           "| B_simple (95% interval) | steps pooled | B_simple, every step (2-group steps too) |")
     print("|---|---|---|---|---|---|---|---|---|")
