@@ -11,7 +11,7 @@ token-mean) with the learning-rate warm-up removed (``actor.optim.lr_warmup_step
 (``analysis.per_sample.every=1``: the group-level noise_trace / noise_signal and their jackknife errors). A run stops
 once its validation accuracy has gained the highest target over its step-0 value, once it collapses (``COLLAPSE``
 below its best so far), once it stalls (no new best for ``STALL`` steps), or at its step cap. Each finished run
-leaves a compact extract, ``RESULTS/runs/NAME.json`` (its validation curve and the noise figures of every analysed
+leaves a compact extract, ``RESULTS/extracts/NAME.json`` (its validation curve and the noise figures of every analysed
 step), written atomically; a run with an extract is skipped, so the sweep resumes and widens. The phases:
 
 * ``grid``: N = B·K in ``--samples`` at K = 8, every learning rate of ``LRS``, every seed;
@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import noise_sweep_analysis as analysis  # noqa: E402  (beside this script)
+from noise_sweep_analysis import EXTRACTS  # noqa: E402
 
 from rlgrad.runfiles import METRICS_FILE, atomic_write_text  # noqa: E402
 
@@ -128,7 +129,7 @@ def extract(run: Run, rows: list[dict], wall: float, end: str) -> dict:
 
 
 def train(run: Run, rundirs: Path, results: Path, top: float, val_size: int) -> None:
-    target = results / "runs" / f"{run.name}.json"
+    target = results / EXTRACTS / f"{run.name}.json"
     if target.exists():
         return
     rundir = rundirs / run.name

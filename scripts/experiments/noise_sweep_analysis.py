@@ -29,13 +29,14 @@ from rlgrad.metrics.pooling import LEVEL, STEP_FIELDS, pooled_scale, t_quantile 
 
 TARGETS = (0.10, 0.20, 0.30)  # gains in validation accuracy over step 0 (it starts at 0.40-0.50, tops out ~0.8)
 DRAWS = 2000
+EXTRACTS = "extracts"  # RESULTS/extracts/NAME.json: one run each (not "runs/": .gitignore keeps run directories out)
 INF = math.inf
 
 
 def load(results: Path) -> list[dict]:
-    """Every run extract under ``results/runs``, with NaN for the noise figures stored as null."""
+    """Every run extract under ``results/extracts``, with NaN for the noise figures stored as null."""
     runs = []
-    for path in sorted((results / "runs").glob("*.json")):
+    for path in sorted((results / EXTRACTS).glob("*.json")):
         run = json.loads(path.read_text())
         fields = run["noise_fields"]
         run["noise"] = [{f: (math.nan if v is None else v) for f, v in zip(fields, row)} for row in run["noise"]]

@@ -37,7 +37,7 @@ def extract(samples: int, rollouts: int, lr: float, seed: int, steps: float) -> 
 def results(tmp_path):
     """At every N: a best rate (its lr differs with N) whose three seeds take S(N) steps to +0.1, a slower rate
     (1.5x, its median), and a rate that never gets there (its runs stop at step 2, 0.05 up)."""
-    (tmp_path / "runs").mkdir()
+    (tmp_path / "extracts").mkdir()
     for n in SAMPLES:
         best = S_MIN + E_MIN / n
         for seed in (1, 2, 3):
@@ -46,7 +46,7 @@ def results(tmp_path):
             dead["val"] = [[0, 0.4], [1, 0.43], [2, 0.45]]
             for run in runs + [dead]:
                 name = f"N{n}_lr{run['run']['lr']:g}_s{seed}.json"
-                (tmp_path / "runs" / name).write_text(json.dumps(run))
+                (tmp_path / "extracts" / name).write_text(json.dumps(run))
     return tmp_path
 
 
@@ -92,7 +92,7 @@ def test_the_bootstrap_re_picks_the_best_rate_so_its_choice_is_inside_the_interv
     so B_crit's interval reaches above 64; no resample lowers it."""
     sweep = script()
     for seed, steps in zip((1, 2, 3), (5.0, 7.0, 9.0)):
-        (results / "runs" / f"N128_lr3_s{seed}.json").write_text(json.dumps(extract(128, 8, 3e-3, seed, steps)))
+        (results / "extracts" / f"N128_lr3_s{seed}.json").write_text(json.dumps(extract(128, 8, 3e-3, seed, steps)))
     f = sweep.fit_table(sweep.load(results), 0.10, 8)
     assert f["b_crit"] == pytest.approx(64.0)  # the point fit keeps the rate with the lower median
     picks = f["bootstrap"]["picks"][128]
