@@ -101,3 +101,29 @@ def test_the_bootstrap_re_picks_the_best_rate_so_its_choice_is_inside_the_interv
     lifted = sweep.critical([(n, S_MIN + E_MIN / n) for n in SAMPLES[:-1]] + [(128, 5.0)])
     assert lifted > 64.0 + 1
     assert f["bootstrap"]["low"] == pytest.approx(64.0) and f["bootstrap"]["high"] == pytest.approx(lifted)
+
+
+def test_an_unresolved_b_simple_gets_fiellers_one_sided_bound_trace_over_the_signals_upper_end():
+    """With no error in the trace and none shared, Fieller's set for trace / signal where the signal's interval
+    reaches 0 is ρ >= trace / (signal + q·SE) (and ρ <= trace / (signal − q·SE) < 0): by hand, 100 / (1 + q)."""
+    sweep = script()
+    step = {"trace": 100.0, "signal": 1.0, "trace_se": 0.0, "signal_se": 1.0, "cov": 0.0, "groups": 31.0}
+    q = 2.0423  # Student's t, 97.5%, 30 degrees of freedom (printed tables)
+    assert sweep.pooled_scale([step])["low"] != sweep.pooled_scale([step])["low"]  # NaN: unresolved
+    assert sweep.scale_floor([step]) == pytest.approx(100 / (1 + q), rel=1e-4)
+    # two such steps pool: Σ trace / (Σ signal + q·sqrt(Σ SE²)), df 60
+    assert sweep.scale_floor([step, step]) == pytest.approx(200 / (2 + 2.0003 * math.sqrt(2)), rel=1e-4)
+    # a signal whose interval lies far below 0: the set holds small positive values too, so no bound
+    assert math.isnan(sweep.scale_floor([dict(step, signal=-5.0)]))
+
+
+def test_extra_seeds_add_steps_to_b_simple_but_stay_out_of_the_steps_and_the_fit(results):
+    sweep = script()
+    before = sweep.fit_table(sweep.load(results), 0.10, 8)
+    fast = extract(128, 8, 8e-4, 11, 1.0)  # an extra seed at N = 128's best rate, far faster than its grid seeds
+    fast["run"]["role"] = "noise"
+    (results / "extracts" / "N128_lr0.0008_s11_noise.json").write_text(json.dumps(fast))
+    after = sweep.fit_table(sweep.load(results), 0.10, 8)
+    assert after["b_crit"] == pytest.approx(before["b_crit"]) and after["points"][128]["steps"] == 6.0
+    assert after["points"][128]["extra_seeds"] == [1.0]
+    assert after["b_simple"][128]["steps"] == before["b_simple"][128]["steps"] + 1  # step 1 (its ceil(S) = 1)
