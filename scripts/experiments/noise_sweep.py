@@ -190,6 +190,8 @@ def main() -> None:
     parser.add_argument("--rundirs", type=Path, default=ROOT / "runs" / "noise_sweep_i45", help="run directories")
     parser.add_argument("--samples", type=int, nargs="+", default=list(SAMPLES), help="N = B x K (grid, widen)")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    parser.add_argument("--noise-samples", type=int, nargs="+", default=list(NOISE_SAMPLES), help="N's (noise)")
+    parser.add_argument("--noise-seeds", type=int, nargs="+", default=list(NOISE_SEEDS), help="seeds (noise)")
     parser.add_argument("--val-size", type=int, default=512)
     parser.add_argument("--figure", type=Path, default=ROOT / "docs" / "img" / "noise_sweep.png")
     args = parser.parse_args()
@@ -205,8 +207,8 @@ def main() -> None:
                 for n, lr in zip(args.samples, widened(args.results, args.samples)) if lr is not None]
     elif args.phase == "noise":
         runs = analysis.load(args.results)
-        best = {n: analysis.best_lr(analysis.cells(runs, top, n, K)) for n in NOISE_SAMPLES}
-        todo = [Run(n, K, lr, s, "noise") for s in NOISE_SEEDS for n, lr in best.items() if lr is not None]
+        best = {n: analysis.best_lr(analysis.cells(runs, top, n, K, "grid")) for n in args.noise_samples}
+        todo = [Run(n, K, lr, s, "noise") for s in args.noise_seeds for n, lr in best.items() if lr is not None]
     else:
         lr = analysis.best_lr(analysis.cells(analysis.load(args.results), top, K_SAMPLES, K))
         if lr is None:
