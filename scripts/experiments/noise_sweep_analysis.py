@@ -203,7 +203,7 @@ def _scale(b: dict) -> str:
     """B_simple as the tables give it: the value and its 95% interval, or only its one-sided bound, or nothing."""
     if math.isfinite(b["low"]):
         return f"{_fmt(b['scale'])} ({_fmt(b['low'])}-{_fmt(b['high'])})"
-    return f"unresolved, >= {_fmt(b['floor'])}" if math.isfinite(b["floor"]) else "unresolved"
+    return f"unresolved, ≥ {_fmt(b['floor'])}" if math.isfinite(b["floor"]) else "unresolved"
 
 
 def grid_table(runs: list[dict], gain: float, rollouts: int) -> dict:
@@ -410,6 +410,59 @@ def _jsonable(x: object) -> object:
     return x
 
 
+def _revived(x: object) -> object:
+    """``_jsonable``'s inverse: "inf" / "nan" back to floats, numeric keys back to numbers."""
+    if isinstance(x, dict):
+        return {_number(k): _revived(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_revived(v) for v in x]
+    return float(x) if x in ("inf", "-inf", "nan") else x
+
+
+def _number(key: str) -> object:
+    for kind in (int, float):
+        try:
+            return kind(key)
+        except ValueError:
+            pass
+    return key
+
+
+def stored(results: Path) -> dict:
+    """``analysis.json`` as ``analyse`` returned it."""
+    return _revived(json.loads((results / "analysis.json").read_text()))
+
+
+def _span(values: list[float]) -> str:
+    return f"{_crit(min(values))}-{_crit(max(values))}" if values else "-"
+
+
+def fit_summary(out: dict) -> str:
+    """docs/noise_scale.md's summary of the fits: one row per target."""
+    lines = ["| target | S(N) at N = 16, 32, 64, 128, 256 (best lr) | S_min | E_min | B_crit | 95% bootstrap (lr "
+             "re-picked) | draws with S_min ≤ 0 | leaving one N out | in whole steps (ceil S) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for gain, f in out["fits"].items():
+        whole, boot = f["whole_steps"], f["bootstrap"]
+        steps = ", ".join(f"{point['steps']:.1f}" for point in f["points"].values())
+        lines.append(f"| +{gain:g} | {steps} | "
+                     f"{f['s_min']:.2f} | {f['e_min']:.0f} | **{_crit(f['b_crit'])}** | "
+                     f"{_crit(boot['low'])}-{_crit(boot['high'])} | {boot['unbounded']:.0%} | "
+                     f"{_span(list(f['leave_one_out'].values()))} | {_crit(whole['b_crit'])} "
+                     f"({_span(list(whole['leave_one_out'].values()))}) |")
+    return "\n".join(lines) + "\n"
+
+
+def b_simple_summary(out: dict, gain: float, rollouts: int = 8) -> str:
+    """docs/noise_scale.md's B_simple per N at one target: the pooled interval, or why there is none."""
+    lines = ["| N | runs | steps pooled | B_simple (95%) | point value |", "|---|---|---|---|---|"]
+    for n, b in out["fits"][gain]["b_simple"].items():
+        shown = (f"unresolved ({n // rollouts} groups a step: no interval)" if b["steps"] == 0
+                 else _scale(b))
+        lines.append(f"| {n} | {b['runs']:.0f} | {b['steps']:.0f} | {shown} | {_fmt(b['all_scale'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def analyse(results: Path, figure: Path | None, k_samples: int = 64) -> dict:
     """Every table (printed as Markdown; written to ``results/analysis.json``) and the figure, from the extracts."""
     runs = load(results)
@@ -420,6 +473,7 @@ def analyse(results: Path, figure: Path | None, k_samples: int = 64) -> dict:
     out["fits"] = {g: fit_table(runs, g, 8) for g in TARGETS}
     out["k_sweep"] = dict(k_table(runs, k_samples), samples=k_samples)
     (results / "analysis.json").write_text(json.dumps(_jsonable(out), indent=1) + "\n")
+    print("\n" + fit_summary(out) + "\n" + b_simple_summary(out, TARGETS[-1]))
     if figure is not None:
         plot(runs, out["fits"], out["k_sweep"], figure)
         print(f"figure: {figure}")

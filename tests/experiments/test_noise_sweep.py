@@ -127,3 +127,29 @@ def test_extra_seeds_add_steps_to_b_simple_but_stay_out_of_the_steps_and_the_fit
     assert after["b_crit"] == pytest.approx(before["b_crit"]) and after["points"][128]["steps"] == 6.0
     assert after["points"][128]["extra_seeds"] == [1.0]
     assert after["b_simple"][128]["steps"] == before["b_simple"][128]["steps"] + 1  # step 1 (its ceil(S) = 1)
+
+
+def test_the_pages_summaries_are_the_stored_analysis():
+    """docs/noise_scale.md's fit summary and B_simple table are what bench/results/noise_sweep/analysis.json gives."""
+    module = script()
+    out = module.stored(REPO / "bench" / "results" / "noise_sweep")
+    page = (REPO / "docs" / "noise_scale.md").read_text()
+    assert module.fit_summary(out) in page
+    assert module.b_simple_summary(out, module.TARGETS[-1]) in page
+
+
+@pytest.mark.e2e  # re-analyses all 191 stored runs (~5 CPU-s): out of the suite's budget, in CI's e2e
+def test_every_table_of_the_sweep_section_comes_out_of_the_stored_runs(tmp_path, capsys):
+    import shutil
+
+    module = script()
+    results = tmp_path / "noise_sweep"
+    shutil.copytree(REPO / "bench" / "results" / "noise_sweep", results)
+    module.analyse(results, figure=None)
+    printed = capsys.readouterr().out
+    assert json.loads((results / "analysis.json").read_text()) == json.loads(
+        (REPO / "bench" / "results" / "noise_sweep" / "analysis.json").read_text())
+    page = (REPO / "docs" / "noise_scale.md").read_text()
+    section = page[page.index("## The experiment: does B_simple predict"):]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    assert rows and all(line in printed for line in rows), [line for line in rows if line not in printed]
