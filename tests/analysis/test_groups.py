@@ -16,6 +16,18 @@ from rlgrad.hooks import StepContext
 from tests.analysis.test_components import WEIGHTS, component_batch
 
 
+def both_hooks(components, buckets, model, batch, settings, cfg, run_dir) -> tuple[dict, int]:
+    """The component and bucket hooks' metrics at step 1, and how many forwards of the model they took."""
+    forwards = []
+    handle = model.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        ctx = StepContext(step=1, batch=batch, actor=model, optimizer=None, loss_settings=settings, config=cfg,
+                          run_dir=run_dir, reward_weights=WEIGHTS)
+        got = {**components.before_update(ctx).metrics, **buckets.before_update(ctx).metrics}
+    finally:
+        handle.remove()
+    return got, len(forwards)
+
 def test_buckets_and_components_due_at_one_step_share_one_forward_and_get_their_own_numbers(tmp_path):
     from rlgrad.config.model import ModelConfig, TinyModelConfig
     from rlgrad.models import build_char_tokenizer, build_tiny_model
@@ -30,15 +42,8 @@ def test_buckets_and_components_due_at_one_step_share_one_forward_and_get_their_
                                  "analysis.buckets.num_buckets=2"])
     components, buckets = hooks_from_config(cfg)
     assert isinstance(components, ComponentGeometryHook) and isinstance(buckets, GradientAnalysisHook)
-    forwards = []
-    handle = model.register_forward_hook(lambda *a: forwards.append(1))
-    try:
-        ctx = StepContext(step=1, batch=b, actor=model, optimizer=None, loss_settings=s, config=cfg, run_dir=tmp_path,
-                          reward_weights=WEIGHTS)
-        got = {**components.before_update(ctx).metrics, **buckets.before_update(ctx).metrics}
-    finally:
-        handle.remove()
-    assert len(forwards) == 1  # one pass for both
+    got, forwards = both_hooks(components, buckets, model, b, s, cfg, tmp_path)
+    assert forwards == 1  # one pass for both
     kept = buckets.shared.kept[2]
     assert kept.rows == {} and kept.side is not None  # no per-sample norms due: no row norms formed
     alone = {**analyse_components(model, b, s, weights=WEIGHTS).metrics,
@@ -108,15 +113,8 @@ def test_without_the_per_sample_norms_the_pass_is_not_shared_where_a_tied_weight
     cfg = load_config(overrides=["analysis.buckets.every=1", "analysis.components.every=1",
                                  "analysis.buckets.num_buckets=2"])
     components, buckets = hooks_from_config(cfg)
-    forwards = []
-    handle = model.register_forward_hook(lambda *a: forwards.append(1))
-    try:
-        ctx = StepContext(step=1, batch=b, actor=model, optimizer=None, loss_settings=s, config=cfg, run_dir=tmp_path,
-                          reward_weights=WEIGHTS)
-        got = {**components.before_update(ctx).metrics, **buckets.before_update(ctx).metrics}
-    finally:
-        handle.remove()
-    assert len(forwards) == 2 and buckets.shared.kept is None  # each its own pass
+    got, forwards = both_hooks(components, buckets, model, b, s, cfg, tmp_path)
+    assert forwards == 2 and buckets.shared.kept is None  # each its own pass
     alone = {**analyse_components(model, b, s, weights=WEIGHTS).metrics,
              **analyse_buckets(model, b, s, num_buckets=2).metrics}
     for k in alone:
