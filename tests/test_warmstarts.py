@@ -104,34 +104,17 @@ def test_two_runs_build_one_warm_start(tmp_path):
 def test_the_sokoban_demo_warm_start_reads_the_board(tmp_path):
     """The demo needs a warm start that imitates its sloppy planner: the right first move wherever the solution
     does not start with Up (the planner's systematic slip, which RL is there to fix). A model that learnt only
-    how often each word comes writes Left everywhere: about 30% right on those rooms, and RL has nothing to
-    build on. Checked on the first turn of 64 validation rooms, one forward pass, the four move words' first
-    characters compared."""
-    import torch
-
+    how often each word comes writes Left everywhere: about 40% right on those rooms, and RL has nothing to
+    build on (scripts/checks/sokoban_warmstart_probe.py, on the first turn of 64 validation rooms)."""
     from rlgrad.config.load import load_config
-    from rlgrad.envs.dialogue import opening_tag, plain_opening, turn_text
-    from rlgrad.envs.sokoban import solve
     from rlgrad.models import load_pretrained
     from rlgrad.tasks import task_from_config
 
+    spec = importlib.util.spec_from_file_location("probe", REPO / "scripts" / "checks" / "sokoban_warmstart_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
     cfg = load_config(preset="sokoban_demo", overrides=[f"model.cache_dir={tmp_path}", "data.val_size=64"])
     task = task_from_config(cfg)
     model, tokenizer = load_pretrained(embedded_default(cfg.model, task, cfg.trainer.seed, log=lambda *a: None))
-    contexts, needed = [], []
-    for ex in task.val_examples():
-        env = task.make_env()
-        obs = env.reset(ex.meta["env_seed"])
-        contexts.append(plain_opening(env.instruction, turn_text(1, obs, cfg.agent.max_actions_per_traj),
-                                      opening_tag(cfg.agent.enable_think)))
-        needed.append(solve(env)[0])
-    batch = tokenizer(contexts, return_tensors="pt", padding=True, add_special_tokens=False)
-    positions = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        last = model(**batch, position_ids=positions).logits[:, -1]
-    words = ["Up", "Down", "Left", "Right"]
-    first = [tokenizer(w[0], add_special_tokens=False)["input_ids"][0] for w in words]
-    written = [words[i] for i in last[:, first].argmax(-1).tolist()]
-    kept = [(w, n) for w, n in zip(written, needed) if n != "Up"]
-    right = sum(w == n for w, n in kept) / len(kept)
-    assert right >= 0.6 and len(set(written)) >= 3, (right, sorted(set(written)))
+    got = probe.first_moves(model, tokenizer, cfg, task)
+    assert got["right"] >= 0.6 and len(got["written"]) >= 3, got
