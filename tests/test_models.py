@@ -281,6 +281,9 @@ def test_a_warm_start_says_how_far_it_is(tmp_path):
     progress = [x for x in lines if "warm start: step" in x]
     assert [x.split("step ")[1].split(",")[0] for x in progress] == [f"{k}/20" for k in range(2, 20, 2)]
     assert all("min left" in x for x in progress)
+    # each line's loss is the mean of the steps since the previous line: it starts near ln(vocabulary) and falls
+    losses = [float(x.split("loss ")[1].split(",")[0]) for x in progress]
+    assert 3.0 < losses[0] < 5.0 and losses[-1] < losses[0], losses
     lines.clear()
     models.embedded_default(cfg, build_task("arithmetic", val_size=4), seed=0, log=lines.append)
     assert lines == []  # cached: nothing to say

@@ -418,11 +418,14 @@ def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int, lo
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart_lr, weight_decay=0.0)
     sched = warmstart_schedule(opt, cfg.warmstart_lr, cfg.warmstart_steps)
     model.train()
-    t0, every = time.perf_counter(), max(1, cfg.warmstart_steps // 10)
+    t0, every, loss_sum = time.perf_counter(), max(1, cfg.warmstart_steps // 10), 0.0
     for k in range(cfg.warmstart_steps if stop_after is None else min(stop_after, cfg.warmstart_steps)):
         if log is not None and k and k % every == 0 and cfg.warmstart_steps >= 20:  # a long one says how far it is
             left = (time.perf_counter() - t0) / k * (cfg.warmstart_steps - k)
-            log(f"  warm start: step {k}/{cfg.warmstart_steps}, about {left / 60:.1f} min left")
+            # the mean loss since the last line: a plateau that does not fall is a model that has not learnt yet
+            log(f"  warm start: step {k}/{cfg.warmstart_steps}, loss {loss_sum / every:.3f}, "
+                f"about {left / 60:.1f} min left")
+            loss_sum = 0.0
         if hasattr(task, "warmstart_pairs"):
             prompts, targets = task.warmstart_pairs(cfg.warmstart_batch_size, rng, tokenizer.eos_token)
         else:
@@ -437,6 +440,7 @@ def supervised_warmstart(model, tokenizer, task, cfg: ModelConfig, seed: int, lo
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
+        loss_sum += float(loss.detach())
     model.eval()
 
 
