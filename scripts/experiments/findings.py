@@ -231,9 +231,12 @@ def load(store_dir: Path) -> dict[str, dict]:
     return records
 
 
+VARIANTS = {"format0": "std, format weight 0"}  # a run's setting beyond the normalisation: the ablations
+
+
 def label(name: str) -> str:
     model, norm, seed = name.split("-")
-    return f"{'demo' if model == 'demo' else 'SmolLM2'}, {norm}, {seed.replace('seed', 'seed ')}"
+    return f"{'demo' if model == 'demo' else 'SmolLM2'}, {VARIANTS.get(norm, norm)}, {seed.replace('seed', 'seed ')}"
 
 
 def cell(rel: dict) -> str:
@@ -349,7 +352,10 @@ def figures(records: dict[str, dict], images: Path) -> None:
                                    (daxes[0], "step", "dormant-neuron ratio (τ-score)")):
         for ax, model in zip(ax_row, models):
             ax.set(xlabel=xlabel, ylabel=ylabel, title=titles[model])
-            ax.legend(fontsize=7)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+            else:  # neuron health was not on in that model's runs
+                ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="grey")
     for f, path in ((fig, images / "findings_buckets.png"), (dfig, images / "findings_dormant.png")):
         f.tight_layout()
         f.savefig(path, dpi=110)
