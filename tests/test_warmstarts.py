@@ -2,7 +2,6 @@
 default, each what scripts/generate/build_warmstarts.py makes, and a cache that one process builds while others wait."""
 
 import hashlib
-import importlib.util
 import multiprocessing as mp
 import os
 
@@ -11,15 +10,11 @@ import pytest
 from rlgrad.config.model import ModelConfig, TinyModelConfig
 from rlgrad.models import SHIPPED_WARMSTARTS, embedded_default, warmstart_key
 from rlgrad.tasks import build_task
-from tests.conftest import REPO
+from tests.helpers.scripts import load_script
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("build_warmstarts",
-                                                  REPO / "scripts" / "generate" / "build_warmstarts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/generate/build_warmstarts.py")
 
 
 def test_every_preset_and_example_has_its_warm_start_shipped():
@@ -111,9 +106,7 @@ def test_the_sokoban_demo_warm_start_reads_the_board(tmp_path):
     from rlgrad.models import load_pretrained
     from rlgrad.tasks import task_from_config
 
-    spec = importlib.util.spec_from_file_location("probe", REPO / "scripts" / "checks" / "sokoban_warmstart_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_script("scripts/checks/sokoban_warmstart_probe.py")
     cfg = load_config(preset="sokoban_demo", overrides=[f"model.cache_dir={tmp_path}", "data.val_size=64"])
     task = task_from_config(cfg)
     model, tokenizer = load_pretrained(embedded_default(cfg.model, task, cfg.trainer.seed, log=lambda *a: None))

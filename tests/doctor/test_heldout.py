@@ -1,22 +1,17 @@
 """docs/doctor.md's measured tables are the stored results' (bench/results/), drawn by the scripts that made them;
 the held-out scoring's rates and intervals by hand."""
 
-import importlib.util
 import json
 import math
-import sys
 
 import pytest
 
 from tests.conftest import REPO
+from tests.helpers.scripts import load_script
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"bench/{name}.py")
 
 
 @pytest.fixture(scope="module")

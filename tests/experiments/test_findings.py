@@ -1,21 +1,18 @@
 """scripts/experiments/findings.py: its statistics on data with a known answer, its extraction on a hand-made run,
 and docs/findings.md's tables against the stored records (bench/results/findings/)."""
 
-import importlib.util
 import json
 import math
 
 import pytest
 
 from tests.conftest import REPO
+from tests.helpers.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def findings():
-    spec = importlib.util.spec_from_file_location("findings", REPO / "scripts" / "experiments" / "findings.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/experiments/findings.py")
 
 
 def test_spearman_by_hand(findings):

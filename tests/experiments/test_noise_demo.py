@@ -1,21 +1,16 @@
 """scripts/experiments/noise_demo.py: docs/noise_scale.md's group-level table is the stored record's."""
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
 from tests.conftest import REPO
+from tests.helpers.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def noise_demo():
-    spec = importlib.util.spec_from_file_location("noise_demo", REPO / "scripts" / "experiments" / "noise_demo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["noise_demo"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/experiments/noise_demo.py")
 
 
 def test_the_pages_tables_are_the_stored_records(noise_demo):

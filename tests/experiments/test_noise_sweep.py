@@ -2,13 +2,13 @@
 known by hand: steps S = S_min + E_min / N at every batch's best rate give back B_crit = E_min / S_min, and pooled
 trace / signal give back B_simple."""
 
-import importlib.util
 import json
 import math
 
 import pytest
 
 from tests.conftest import REPO
+from tests.helpers.scripts import load_script
 
 S_MIN, E_MIN = 4.0, 256.0  # B_crit = 64
 TRACE, SIGNAL = 640.0, 10.0  # every analysed step: B_simple = 64
@@ -16,11 +16,7 @@ SAMPLES = (16, 32, 64, 128)
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("noise_sweep_analysis",
-                                                  REPO / "scripts" / "experiments" / "noise_sweep_analysis.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/experiments/noise_sweep_analysis.py")
 
 
 def extract(samples: int, rollouts: int, lr: float, seed: int, steps: float) -> dict:
