@@ -35,7 +35,11 @@ EXAMPLES = {  # name -> (preset, extra overrides, whether its claim is the rewar
 
 
 def command(name: str, seed: int, run_dir: Path) -> list[str]:
+    """The run's command line, as a user types it from the repository root (where it runs)."""
     preset, extra, _ = EXAMPLES[name]
+    run_dir = run_dir.resolve()
+    if run_dir.is_relative_to(ROOT):
+        run_dir = run_dir.relative_to(ROOT)
     return ["rlgrad", "train", "--config-name", preset, *extra, f"trainer.seed={seed}", "trainer.save_freq=-1",
             "trainer.logger=[jsonl]", "trainer.num_threads=1", f"trainer.default_local_dir={run_dir}"]
 
