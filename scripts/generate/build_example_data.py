@@ -1,4 +1,6 @@
-"""Build examples/data/tiny_arith.parquet: the small verl-layout data set of configs/custom_reward_demo.yaml.
+"""Build examples/data/tiny_arith.parquet: a small data set in verl's layout, sample data for examples/custom_reward.py
+(``data.task=math data.train_files=[examples/data/tiny_arith.parquet]``; no preset trains on it since 2026-11-29:
+docs/instruments.md#your-own-reward-function-verls-custom_reward_function says why).
 
     python scripts/generate/build_example_data.py
 
@@ -6,7 +8,7 @@
 layout (the columns examples/data_preprocess/gsm8k.py of verl writes): ``data_source``, ``prompt`` (chat
 messages), ``ability``, ``reward_model`` ({style, ground_truth}) and ``extra_info`` ({split, index, operation}).
 Deterministic: a rebuild writes the same rows (tests/tasks/test_custom_reward.py checks the shipped file against
-``rows()``). A changed file changes the warm start of the preset: rebuild it (scripts/generate/build_warmstarts.py).
+``rows()``).
 """
 
 from __future__ import annotations

@@ -416,13 +416,38 @@ def test_the_shipped_example_data_is_what_its_script_builds():
 
 
 def test_the_preset_scores_with_the_example_function(monkeypatch):
+    """The preset: the demo's arithmetic (bare integers) through the example function, weights as it builds its
+    score (rest 0)."""
     monkeypatch.chdir(REPO)  # the preset's paths are relative to the repository root
     from rlgrad.tasks import task_from_config
 
     task = task_from_config(load_config("custom_reward_demo"))
-    assert task.weights == {"acc": 1.0, "boxed": 0.2, "brevity": 0.2, "rest": 1.0}
+    assert task.name == "arithmetic"
+    assert task.weights == {"acc": 1.0, "format": 0.2, "brevity": 0.2, "rest": 1.0}
+    ex = next(e for e in task.val_examples() if e.answer.startswith("-"))  # the demo's fix: the minus sign
+    s = task.score(ex.answer, ex)  # acc 1, format 1, brevity 1 - len/100
+    brevity = 1 - len(ex.answer) / 100
+    assert s.total == pytest.approx(1.2 + 0.2 * brevity) and s.components == pytest.approx(
+        {"acc": 1.0, "format": 1.0, "brevity": brevity, "rest": 0.0}) and s.correct
+    dropped = task.score(ex.answer[1:], ex)  # the sloppy teacher's answer: readable, wrong, one character shorter
+    assert dropped.components == pytest.approx({"acc": 0.0, "format": 1.0, "brevity": brevity + 0.01, "rest": 0.0})
+    assert not dropped.correct
+
+
+def test_the_example_function_reads_a_verl_parquet_and_no_empty_box(monkeypatch):
+    """The same function on the sample verl parquet (data.task=math): the last non-empty box is the answer; an
+    empty \\boxed{} is none (it would earn format and brevity for nothing)."""
+    monkeypatch.chdir(REPO)
+    from rlgrad.tasks import task_from_config
+
+    task = task_from_config(load_config("custom_reward_demo", overrides=[
+        "data.task=math", "data.train_files=[examples/data/tiny_arith.parquet]", "data.val_size=24"]))
     ex = task.val_examples()[0]
     assert ex.prompt == "What is 3 minus 2?" and len(task.val_examples()) == 24
-    s = task.score("So \\boxed{1}", ex)  # acc 1, boxed 1, brevity 1 - 12/100: 1 + 0.2 + 0.176
+    s = task.score("So \\boxed{1}", ex)  # acc 1, format 1, brevity 1 - 12/100: 1 + 0.2 + 0.176
     assert s.total == pytest.approx(1.376) and s.components == pytest.approx(
-        {"acc": 1.0, "boxed": 1.0, "brevity": 0.88, "rest": 0.0}) and s.correct
+        {"acc": 1.0, "format": 1.0, "brevity": 0.88, "rest": 0.0}) and s.correct
+    empty = task.score("\\boxed{1} so \\boxed{}", ex)  # the empty box is passed over: the answer is 1
+    assert empty.components["acc"] == 1.0
+    none = task.score("\\boxed{ }", ex)
+    assert none.components == pytest.approx({"acc": 0.0, "format": 0.0, "brevity": 0.91, "rest": 0.0})
