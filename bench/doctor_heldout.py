@@ -104,6 +104,21 @@ HELD_OUT = ([Run("healthy", (), seed=s) for s in (4, 5, 6)]
             + [Run("healthy", (), preset="components_demo", seed=s) for s in (4, 5)]
             + [Run(f, fault_overrides(f), seed=4) for f in FAULTS] + VARIANTS
             + [Run(f, fault_overrides(f), seed=5) for f in FAULTS])  # in the order they train
+# The extension (held-out set 2), made after set 1 was scored, under the same frozen rules and CAUSES: the third
+# fresh seed of every fault; another task and policy loss (countdown_cispo: countdown, CISPO, the countdown warm
+# start, lr 1e-5); another host (TRL: examples/trl_grpo.py's setup, its own flags as the overrides). Each preset
+# has two healthy runs, the ground truth's reference.
+TRL = "trl_grpo"  # the preset name of a run of examples/trl_grpo.py
+EXTENSION = ([Run(f, fault_overrides(f), seed=6) for f in FAULTS]
+             + [Run("healthy", (), preset="countdown_cispo", seed=s) for s in (4, 5)]
+             + [Run("lr_too_high", ("actor.optim.lr=1e-3", "actor.optim.lr_warmup_steps=0"), preset="countdown_cispo",
+                    variant="lr1e-3", seed=4),
+                Run("kl_huge", ("actor.use_kl_loss=true", "actor.kl_loss_coef=50"), preset="countdown_cispo",
+                    variant="coef50", seed=4),
+                Run("too_hard", ("model.warmstart_steps=0",), preset="countdown_cispo", variant="nowarm", seed=4)]
+             + [Run("healthy", (), preset=TRL, seed=s) for s in (4, 5)]
+             + [Run("format_only", ("--reward-weights", "0", "1"), preset=TRL, variant="weights0-1", seed=4),
+                Run("kl_huge", ("--beta", "50"), preset=TRL, variant="beta50", seed=4)])
 
 
 def train(run: Run, out: Path) -> str:
@@ -112,10 +127,14 @@ def train(run: Run, out: Path) -> str:
     if (path / "done").is_file():
         return f"{run.name}: kept"
     shutil.rmtree(path, ignore_errors=True)
-    base = [a for a in lead.BASE if a not in ("--config-name", "demo")]
-    cmd = [sys.executable, "-m", "rlgrad", "train", "--config-name", run.preset, *base,
-           f"trainer.total_training_steps={STEPS}", f"trainer.seed={run.seed}", *run.overrides,
-           f"trainer.default_local_dir={path}", f"trainer.experiment_name={run.name}"]
+    if run.preset == TRL:  # TRL's trainer with rlgrad's instruments every 2 steps; TRL validates nothing here
+        cmd = [sys.executable, str(ROOT / "examples" / "trl_grpo.py"), "--output-dir", str(path),
+               f"--max-steps={STEPS}", f"--seed={run.seed}", "--analyse-every=2", *run.overrides]
+    else:
+        base = [a for a in lead.BASE if a not in ("--config-name", "demo")]
+        cmd = [sys.executable, "-m", "rlgrad", "train", "--config-name", run.preset, *base,
+               f"trainer.total_training_steps={STEPS}", f"trainer.seed={run.seed}", *run.overrides,
+               f"trainer.default_local_dir={path}", f"trainer.experiment_name={run.name}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     t0 = time.perf_counter()
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -274,13 +293,13 @@ def main() -> None:
     ap.add_argument("what", choices=("run", "score", "table"))
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "heldout")
     ap.add_argument("--rldoctor", default=shutil.which("rldoctor"))
-    ap.add_argument("--only", choices=("held_out", "in_sample"), help="train one set")
+    ap.add_argument("--only", choices=("held_out", "extension", "in_sample"), help="train one set")
     ap.add_argument("--jobs", type=int, default=1, help="runs trained at once (each on one thread)")
     a = ap.parse_args()
     if a.what == "table":
         print("\n".join(tables(json.loads(STORE.read_text()))))
         return
-    runs = {"held_out": HELD_OUT, "in_sample": IN_SAMPLE}
+    runs = {"held_out": HELD_OUT, "extension": EXTENSION, "in_sample": IN_SAMPLE}
     if a.what == "run":
         a.out.mkdir(parents=True, exist_ok=True)
 
