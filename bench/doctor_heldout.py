@@ -154,6 +154,10 @@ def rules_changed() -> bool:
 
 # ---- scoring ----
 
+SETS = {"in_sample": IN_SAMPLE, "held_out": HELD_OUT, "extension": EXTENSION}
+TOOLS = ("rlgrad", "rldoctor", "rldoctor_spelled")
+
+
 def wilson(hits: int, n: int, z: float = 1.96) -> list[float]:
     if n == 0:
         return [math.nan, math.nan]
@@ -210,12 +214,12 @@ def score_set(results: dict[str, dict], tool: str) -> dict:
     return out
 
 
-def evaluate(out: Path, runs: list[Run], exe: str | None) -> dict[str, dict]:
-    """Each run's first detections and ground truth, against the healthy runs of its preset in ``runs``."""
-    loaded = {r.name: lead.D.load_run(out / r.name) for r in runs}
+def evaluate(out: Path, runs: list[Run], exe: str | None, healthy: list[Run]) -> dict[str, dict]:
+    """Each run's first detections and ground truth, against the runs of ``healthy`` of its preset."""
+    loaded = {r.name: lead.D.load_run(out / r.name) for r in runs + healthy}
     results = {}
     for r in runs:
-        refs = [loaded[h.name] for h in runs if h.fault == "healthy" and h.preset == r.preset and h.name != r.name]
+        refs = [loaded[h.name] for h in healthy if h.preset == r.preset and h.name != r.name]
         ref_val = lead.lowest_of([lead.gains(h, "val/accuracy") for h in refs])
         found = lead.detect(r.name, out, exe)
         results[r.name] = {"fault": r.fault, "preset": r.preset, "seed": r.seed, "variant": r.variant,
@@ -227,16 +231,22 @@ def score(out: Path, exe: str | None) -> dict:
     if rules_changed():
         sys.exit(f"the doctor's rules differ from {FROZEN} ({', '.join(RULES)}): a held-out score needs the "
                  "frozen rules; a change after seeing these runs makes them in-sample, and a new held-out set is due")
-    sets = {"in_sample": IN_SAMPLE, "held_out": HELD_OUT}
-    missing = [r.name for rs in sets.values() for r in rs if not (out / r.name / "done").is_file()]
+    missing = [r.name for rs in SETS.values() for r in rs if not (out / r.name / "done").is_file()]
     if missing:
         sys.exit(f"not trained: {', '.join(missing)} (run first)")
     stored = {"frozen": FROZEN, "causes": {k: [sorted(a), sorted(b)] for k, (a, b) in CAUSES.items()}, "sets": {}}
-    for key, runs in sets.items():
-        results = evaluate(out, runs, exe)
-        stored["sets"][key] = {"runs": results, "scores": {tool: score_set(results, tool) for tool in
-                                                           ("rlgrad", "rldoctor", "rldoctor_spelled")}}
+    # a held-out run's ground truth is against the held-out healthy runs of its preset, in either set (the
+    # extension adds none of the demo presets': set 1's results are unchanged by it)
+    held_out_healthy = [r for r in HELD_OUT + EXTENSION if r.fault == "healthy"]
+    for key, runs in SETS.items():
+        healthy = [r for r in runs if r.fault == "healthy"] if key == "in_sample" else held_out_healthy
+        stored["sets"][key] = scored(evaluate(out, runs, exe, healthy))
+    stored["sets"]["union"] = scored(stored["sets"]["held_out"]["runs"] | stored["sets"]["extension"]["runs"])
     return stored
+
+
+def scored(results: dict[str, dict]) -> dict:
+    return {"runs": results, "scores": {tool: score_set(results, tool) for tool in TOOLS}}
 
 
 # ---- the tables ----
@@ -259,7 +269,8 @@ def alarm_cell(s: dict) -> str:
 def score_table(stored: dict) -> str:
     lines = ["| set | tool | detection | correct attribution | lead, median (95% CI) | false alarms (healthy runs) |",
              "|---|---|---|---|---|---|"]
-    for key, label in (("in_sample", "in-sample (the rules' development runs)"), ("held_out", "held-out")):
+    for key, label in (("in_sample", "in-sample (the rules' development runs)"), ("held_out", "held-out set 1"),
+                       ("extension", "held-out set 2 (the extension)"), ("union", "held-out, both sets")):
         for tool, name in (("rlgrad", "rlgrad"), ("rldoctor", "rldoctor 0.2.0 (metrics.jsonl)"),
                            ("rldoctor_spelled", "rldoctor 0.2.0 (its own names)")):
             s = stored["sets"][key]["scores"][tool]
@@ -269,11 +280,11 @@ def score_table(stored: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def runs_table(stored: dict) -> str:
-    """Every held-out run: its first warning or critical, whether it is attributed, its lead."""
-    lines = ["| held-out run | ground truth | rlgrad's first warning @ step | attributed | rldoctor's first @ step |",
+def runs_table(stored: dict, key: str, label: str) -> str:
+    """Every run of a held-out set: its first warning or critical, whether it is attributed, its lead."""
+    lines = [f"| {label} | ground truth | rlgrad's first warning @ step | attributed | rldoctor's first @ step |",
              "|---|---|---|---|---|"]
-    for name, r in stored["sets"]["held_out"]["runs"].items():
+    for name, r in stored["sets"][key]["runs"].items():
         first = first_alarm(r["rlgrad"])
         theirs = first_alarm(r["rldoctor"])
         cell = f"{', '.join(f'`{i}`' for i in first[1])} @ {first[0]}" if first else "—"
@@ -285,7 +296,8 @@ def runs_table(stored: dict) -> str:
 
 
 def tables(stored: dict) -> list[str]:
-    return [score_table(stored), runs_table(stored)]
+    return [score_table(stored), runs_table(stored, "held_out", "held-out run (set 1)"),
+            runs_table(stored, "extension", "held-out run (set 2)")]
 
 
 def main() -> None:
@@ -310,7 +322,7 @@ def main() -> None:
             return said
 
         with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-            for said in pool.map(one, runs[a.only] if a.only else HELD_OUT + IN_SAMPLE):
+            for said in pool.map(one, runs[a.only] if a.only else HELD_OUT + EXTENSION + IN_SAMPLE):
                 print(said, flush=True)
         return
     stored = score(a.out, a.rldoctor)

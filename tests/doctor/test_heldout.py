@@ -64,6 +64,13 @@ def test_the_held_out_tables_are_the_stored_scores(heldout):
         assert table in page, table
     assert stored["frozen"] == heldout.FROZEN and f"commit `{heldout.FROZEN}`" in page
     # the stored scores are what the stored runs give (no hand edits): rescore them
-    for key in ("in_sample", "held_out"):
+    for key in ("in_sample", "held_out", "extension", "union"):
         runs = stored["sets"][key]["runs"]
-        assert stored["sets"][key]["scores"]["rlgrad"] == json.loads(json.dumps(heldout.score_set(runs, "rlgrad")))
+        for tool in heldout.TOOLS:
+            assert stored["sets"][key]["scores"][tool] == json.loads(json.dumps(heldout.score_set(runs, tool)))
+    # the union is the two held-out sets' runs, each scored once, and each set is the runs the bench defines
+    sets = stored["sets"]
+    assert sets["union"]["runs"] == sets["held_out"]["runs"] | sets["extension"]["runs"]
+    assert not set(sets["held_out"]["runs"]) & set(sets["extension"]["runs"])
+    for key, runs in heldout.SETS.items():
+        assert list(sets[key]["runs"]) == [r.name for r in runs]
