@@ -160,7 +160,15 @@ def rules_changed() -> bool:
 
 # ---- scoring ----
 
-SETS = {"in_sample": IN_SAMPLE, "held_out": HELD_OUT, "extension": EXTENSION}
+# Held-out set 3, made after FROZEN (the rules with set 1's two false alarms fixed) and defined before it trained:
+# seeds not used before (9-11) and magnitudes not used before, on the embedded default
+SET3 = ([Run("healthy", (), seed=s) for s in (9, 10, 11)] + [Run(f, fault_overrides(f), seed=9) for f in FAULTS]
+        + [Run("lr_too_high", ("actor.optim.lr=2e-3", "actor.optim.lr_warmup_steps=0"), variant="lr2e-3", seed=9),
+           Run("kl_huge", ("actor.use_kl_loss=true", "actor.kl_loss_coef=20"), variant="coef20", seed=9),
+           Run("entropy_collapse", ("actor.entropy_coeff=-0.75", "actor.optim.lr=5e-4"), variant="coef-0.75", seed=9),
+           Run("noisy_reward", (*lead.reward_fn("noisy", "{correctness: 0.9, format: 0.1}"),
+                                "reward.custom_reward_function.reward_kwargs={flip: 0.3}"), variant="flip0.3", seed=9)])
+SETS = {"in_sample": IN_SAMPLE, "held_out": HELD_OUT, "extension": EXTENSION, "set3": SET3}
 TOOLS = ("rlgrad", "rldoctor", "rldoctor_spelled")
 
 
@@ -255,7 +263,8 @@ def score(out: Path, exe: str | None) -> dict:
     # extension adds none of the demo presets': set 1's results are unchanged by it)
     held_out_healthy = [r for r in HELD_OUT + EXTENSION if r.fault == "healthy"]
     for key, runs in SETS.items():
-        healthy = [r for r in runs if r.fault == "healthy"] if key == "in_sample" else held_out_healthy
+        healthy = {"in_sample": [r for r in runs if r.fault == "healthy"],
+                   "set3": held_out_healthy + [r for r in runs if r.fault == "healthy"]}.get(key, held_out_healthy)
         stored["sets"][key] = scored(evaluate(out, runs, exe, healthy))
     stored["sets"]["union"] = scored(stored["sets"]["held_out"]["runs"] | stored["sets"]["extension"]["runs"])
     return stored
@@ -287,8 +296,12 @@ def score_table(stored: dict) -> str:
     under ``stored["frozen"]``'s)."""
     lines = ["| set | tool | detection | correct attribution | lead, median (95% CI) | false alarms (healthy runs) |",
              "|---|---|---|---|---|---|"]
-    for key, label in (("in_sample", "in-sample (the rules' development runs)"), ("held_out", "held-out set 1"),
-                       ("extension", "held-out set 2 (the extension)"), ("union", "held-out, both sets")):
+    labels = {"in_sample": "in-sample (the rules' development runs)", "held_out": "held-out set 1",
+              "extension": "held-out set 2 (the extension)", "union": "held-out, both sets",
+              "set3": f"held-out set 3 (made after `{FROZEN}`)"}
+    for key, label in labels.items():
+        if key not in stored["sets"]:  # set 3 was made after the record's rules
+            continue
         for tool, name in (("rlgrad", "rlgrad"), ("rldoctor", "rldoctor 0.2.0 (metrics.jsonl)"),
                            ("rldoctor_spelled", "rldoctor 0.2.0 (its own names)")):
             s = stored["sets"][key]["scores"][tool]
@@ -317,7 +330,8 @@ def tables(record: dict, stored: dict) -> list[str]:
     """docs/doctor.md's tables: the held-out scores as scored (``record``, HELD_OUT_AT's rules) and their runs, then
     the same runs' scores under FROZEN's rules (``stored``)."""
     return [score_table(record), runs_table(record, "held_out", "held-out run (set 1)"),
-            runs_table(record, "extension", "held-out run (set 2)"), score_table(stored)]
+            runs_table(record, "extension", "held-out run (set 2)"), score_table(stored),
+            runs_table(stored, "set3", "held-out run (set 3)")]
 
 
 def main() -> None:
@@ -325,13 +339,13 @@ def main() -> None:
     ap.add_argument("what", choices=("run", "score", "table"))
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "heldout")
     ap.add_argument("--rldoctor", default=shutil.which("rldoctor"))
-    ap.add_argument("--only", choices=("held_out", "extension", "in_sample"), help="train one set")
+    ap.add_argument("--only", choices=tuple(SETS), help="train one set")
     ap.add_argument("--jobs", type=int, default=1, help="runs trained at once (each on one thread)")
     a = ap.parse_args()
     if a.what == "table":
         print("\n".join(tables(json.loads(RECORD.read_text()), json.loads(STORE.read_text()))))
         return
-    runs = {"held_out": HELD_OUT, "extension": EXTENSION, "in_sample": IN_SAMPLE}
+    runs = SETS
     if a.what == "run":
         a.out.mkdir(parents=True, exist_ok=True)
 
@@ -342,7 +356,7 @@ def main() -> None:
             return said
 
         with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-            for said in pool.map(one, runs[a.only] if a.only else HELD_OUT + EXTENSION + IN_SAMPLE):
+            for said in pool.map(one, runs[a.only] if a.only else HELD_OUT + EXTENSION + SET3 + IN_SAMPLE):
                 print(said, flush=True)
         return
     stored = score(a.out, a.rldoctor)
