@@ -172,17 +172,16 @@ def rules_changed() -> bool:
 # ---- scoring ----
 
 # Held-out set 3, made after FROZEN (the rules with set 1's two false alarms fixed) and defined before it trained:
-# seeds not used before (9-11) and magnitudes not used before, on the embedded default; and a reasoning-gym task
-# (chain_sum, the embedded default warm-started on it: 2 healthy runs, 3 faults)
-RG = "chain_sum"
+# seeds not used before (9-11) and magnitudes not used before, on the embedded default. Reasoning-gym's chain_sum
+# was defined here too and dropped before any of its runs finished: the embedded default warm-started on it (1,500
+# steps) validated at 1.6% and sampled 2-6% right over a probe's first 4 steps, 11-15 of 16 groups without a
+# signal, so no 30-step run of it could learn (``Run.task`` runs one)
 SET3 = ([Run("healthy", (), seed=s) for s in (9, 10, 11)] + [Run(f, fault_overrides(f), seed=9) for f in FAULTS]
         + [Run("lr_too_high", ("actor.optim.lr=2e-3", "actor.optim.lr_warmup_steps=0"), variant="lr2e-3", seed=9),
            Run("kl_huge", ("actor.use_kl_loss=true", "actor.kl_loss_coef=20"), variant="coef20", seed=9),
            Run("entropy_collapse", ("actor.entropy_coeff=-0.75", "actor.optim.lr=5e-4"), variant="coef-0.75", seed=9),
            Run("noisy_reward", (*lead.reward_fn("noisy", "{correctness: 0.9, format: 0.1}"),
-                                "reward.custom_reward_function.reward_kwargs={flip: 0.3}"), variant="flip0.3", seed=9)]
-        + [Run("healthy", (), task=RG, seed=s) for s in (9, 10)]
-        + [Run(f, fault_overrides(f), task=RG, seed=9) for f in ("lr_too_high", "kl_huge", "too_hard")])
+                                "reward.custom_reward_function.reward_kwargs={flip: 0.3}"), variant="flip0.3", seed=9)])
 SETS = {"in_sample": IN_SAMPLE, "held_out": HELD_OUT, "extension": EXTENSION, "set3": SET3}
 TOOLS = ("rlgrad", "rldoctor", "rldoctor_spelled")
 
