@@ -31,6 +31,8 @@ def main() -> None:
     p.add_argument("--model", help="a local HF directory or .gguf file (default: rlgrad's embedded tiny model)")
     p.add_argument("--analyse-every", type=int, default=5)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--beta", type=float, default=0.04, help="TRL's KL coefficient")
+    p.add_argument("--reward-weights", type=float, nargs=2, default=[0.8, 0.2], metavar=("CORRECTNESS", "FORMAT"))
     args = p.parse_args()
 
     task = build_task("arithmetic", seed=args.seed, val_size=16)
@@ -52,8 +54,8 @@ def main() -> None:
         return reward
 
     config = GRPOConfig(output_dir=args.output_dir, max_steps=args.max_steps, per_device_train_batch_size=32,
-                        num_generations=4, max_completion_length=16, learning_rate=1e-4, beta=0.04,
-                        loss_type="dapo", reward_weights=[0.8, 0.2], logging_steps=1, save_strategy="no",
+                        num_generations=4, max_completion_length=16, learning_rate=1e-4, beta=args.beta,
+                        loss_type="dapo", reward_weights=args.reward_weights, logging_steps=1, save_strategy="no",
                         report_to=[], use_cpu=True, bf16=False, seed=args.seed)
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=[component("correctness"), component("format")],
                           args=config, train_dataset=data, processing_class=tokenizer,

@@ -58,12 +58,30 @@ def test_scores_of_a_hand_made_set(heldout):
 
 
 def test_the_held_out_tables_are_the_stored_scores(heldout):
-    stored = json.loads(heldout.STORE.read_text())
+    """The page's tables are the held-out scores as scored (the record, under the rules the sets were held out
+    from) and the same runs' scores under the rules now; each stored score is what its stored runs give."""
+    stored, record = (json.loads(path.read_text()) for path in (heldout.STORE, heldout.RECORD))
     page = (REPO / "docs" / "doctor.md").read_text()
-    for table in heldout.tables(stored):
+    for table in heldout.tables(record, stored):
         assert table in page, table
+    assert record["frozen"] == heldout.HELD_OUT_AT and f"commit `{heldout.HELD_OUT_AT}`" in page
     assert stored["frozen"] == heldout.FROZEN and f"commit `{heldout.FROZEN}`" in page
-    # the stored scores are what the stored runs give (no hand edits): rescore them
-    for key in ("in_sample", "held_out"):
-        runs = stored["sets"][key]["runs"]
-        assert stored["sets"][key]["scores"]["rlgrad"] == json.loads(json.dumps(heldout.score_set(runs, "rlgrad")))
+    for data in (record, stored):
+        sets = data["sets"]
+        # the stored scores are what the stored runs give (no hand edits): rescore them
+        for key in sets:
+            for tool in heldout.TOOLS:
+                assert sets[key]["scores"][tool] == json.loads(json.dumps(heldout.score_set(sets[key]["runs"], tool)))
+        # the union is the two held-out sets' runs, each scored once, and each set is the runs the bench defines
+        assert sets["union"]["runs"] == sets["held_out"]["runs"] | sets["extension"]["runs"]
+        assert not set(sets["held_out"]["runs"]) & set(sets["extension"]["runs"])
+        for key, runs in heldout.SETS.items():
+            if key in sets:  # set 3 was made after the record's rules
+                assert list(sets[key]["runs"]) == [r.name for r in runs]
+    assert set(heldout.SETS) | {"union"} == set(stored["sets"]) and "set3" not in record["sets"]
+    # the rules' change moved rlgrad's detections alone: the runs' ground truths and rldoctor's are as recorded
+    for key in record["sets"]:
+        for name, was in record["sets"][key]["runs"].items():
+            now = stored["sets"][key]["runs"][name]
+            assert (now["truth"], now["rldoctor"], now["rldoctor_spelled"]) == (
+                was["truth"], was["rldoctor"], was["rldoctor_spelled"])

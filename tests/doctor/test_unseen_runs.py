@@ -127,9 +127,10 @@ def test_dormant_neurons_on_a_step_without_a_gradient_are_left_out():
     for step, ratio in ((1, 0.02), (11, 0.03), (21, 1.0)):
         run.rows[step]["actor/neuron/dormant_ratio"] = ratio
     assert "dormant_growing" not in found(run)
-    run.rows[31] |= {"actor/neuron/dormant_ratio": 0.3}  # a real rise, on a step with a gradient
+    for step in (31, 35):  # a real rise, on two steps with a gradient
+        run.rows[step] |= {"actor/neuron/dormant_ratio": 0.3}
     f = found(run)["dormant_growing"]
-    assert f.evidence[0] == ("actor/neuron/dormant_ratio 0.02 (step 1) → 0.3 (step 31); 1 step(s) without a task "
+    assert f.evidence[0] == ("actor/neuron/dormant_ratio 0.02 (step 1) → 0.3 (step 35); 1 step(s) without a task "
                              "gradient left out")
     run = run_of(healthy_series(20))  # TRL: every group without variance (frac_reward_zero_std 1)
     run.kind = "trl"

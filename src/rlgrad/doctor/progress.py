@@ -195,16 +195,19 @@ def _difficulty(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
            reads="logs (+ config)",
            fires="every advantage 0 (or the reward's std over the batch, or every bucket's task gradient), or > 95% of "
                  "the groups with one reward for all their samples (critical); > {zero_var_frac:.0%} of them (TRL's "
-                 "frac_reward_zero_std, rlgrad's filter count; the median of the last {window} steps); says too easy "
-                 "(a [0, 1] reward ≥ {easy_level:g}) or too hard (≤ {hard_level:g})")
+                 "frac_reward_zero_std, rlgrad's filter count; the median of the last {window} steps, from the third "
+                 "step unless every group agreed); says too easy (a [0, 1] reward ≥ {easy_level:g}) or too hard (≤ "
+                 "{hard_level:g})")
 def _zero_var(v: View, t: Thresholds) -> Finding | None:
     dead, of, how = dead_steps(v)
     zs, frac, where = _zero_var_fraction(v)
-    # the median of the last steps: two noisy early steps of a healthy run (13 and 14 of 16 groups) decide nothing
+    # the median of the last steps: two noisy early steps of a healthy run (13 and 14 of 16 groups) decide nothing,
+    # nor does one alone (a healthy run's first batch had 13 of 16 groups, its next 8): fewer than MIN_STEPS steps
+    # decide only where every group of each agreed (no signal at all, which no noise makes)
     recent = statistics.median(frac[-t.window:]) if frac else 0.0
     if dead and len(dead) >= max(1, of // 2):
         ev, s0 = [f"{how} on {len(dead)} of {of} steps"], dead[0]
-    elif recent > t.zero_var_frac:
+    elif recent > t.zero_var_frac and (len(frac) >= MIN_STEPS or min(frac) >= 1.0):
         s0 = next(s for s, x in zip(zs, frac) if x > t.zero_var_frac)
         ev = [f"{fmt(100 * recent)}% of the prompt groups per step have one reward for all their samples ({where}; "
               f"median of the last {min(len(frac), t.window)} steps)"]
