@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from rlgrad.config import load_config
 from tests.conftest import REPO
 from tests.helpers.scripts import load_script
 
@@ -101,3 +102,15 @@ def test_the_walkthrough_pages_show_the_stored_runs(findings):
     table = findings.walkthrough_table(findings.load(findings.STORE))
     for page in ("real_model.md", "benchmarks.md"):
         assert table in (REPO / "docs" / page).read_text(), page
+
+
+def test_smollm2_arms_differ_in_the_format_bonus_and_steps_only(findings, monkeypatch, tmp_path):
+    """The format-0.1 arm is the walk-through's preset plus the bonus, 20 steps and no instruments, and the preset's
+    lr is constant: so the preset's first 20 steps are the arm's counterpart (docs/findings.md, section 7)."""
+    monkeypatch.setattr(findings, "smollm2_gguf", lambda: "SmolLM2.gguf")
+    preset, arm = (findings.command("smollm2", name, 1, tmp_path, "cpu") for name in ("format0", "std"))
+    assert [a for a in arm if a not in preset] == ["reward.weights={correctness: 0.9, format: 0.1}",
+                                                   "trainer.total_training_steps=20", "analysis.buckets.enable=false"]
+    config = load_config("smollm2_chain_sum")
+    assert dict(config.reward.weights) == {"correctness": 0.9, "format": 0.0}
+    assert config.actor.optim.lr_warmup_steps == 0 and config.trainer.total_training_steps == 30
