@@ -42,7 +42,7 @@ MODELS = {  # name -> (preset, extra overrides); analysis on every instrument
     "demo": ("demo", ["trainer.total_training_steps=60", "trainer.test_freq=20", "analysis.every=5",
                       "analysis.buckets.num_buckets=8", "analysis.neurons.actor.metric_every=5"]),
     # the walk-through's preset as shipped (correctness alone, 30 steps), its bucket analysis every 3 steps (steps
-    # 1, 4, ..., 28: the analysis runs under a forked RNG, so it should leave the training the preset's)
+    # 1, 4, ..., 28: the analysis runs under a forked RNG and leaves the training the preset's, docs/real_model.md)
     "smollm2": ("smollm2_chain_sum", ["analysis.buckets.every=3"]),
     # a plain `rlgrad train` (20 steps), no analysis: does the std normalisation, a kept default, cost accuracy?
     "default": (None, ["analysis.buckets.enable=false"]),
