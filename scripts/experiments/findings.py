@@ -4,11 +4,14 @@
     python scripts/experiments/findings.py extract [--out runs/findings]   # runs -> bench/results/findings/*.json
     python scripts/experiments/findings.py show                            # the tables and figures, from the store
 
-``run`` trains each model with every instrument on (bucket analysis, reward-component geometry, neuron health),
-with GRPO's std-normalised advantages and without (Dr. GRPO), for each seed. ``extract`` keeps of each run what
+``run`` trains each model's arms (``ARMS``) for each seed: the demo with every instrument on (bucket analysis,
+reward-component geometry, neuron health), with GRPO's std-normalised advantages and without (Dr. GRPO); SmolLM2
+as the walk-through's preset (correctness alone, the bucket analysis every 3 steps) and with the old 0.1 format
+reward for 20 steps (one SmolLM2 run at a time: an analysed one peaks near 8 GB). ``extract`` keeps of each run what
 the tables read (a compact JSON per run under ``bench/results/findings/``, with the command that made the run and
 the doctor's findings at extraction time). ``show`` reads the store alone, prints every table docs/findings.md
-shows and draws its figures; tests/experiments/test_findings.py checks that the page holds those tables.
+shows, and the walk-through's curves (docs/real_model.md, docs/benchmarks.md), and draws the figures;
+tests/experiments/test_findings.py checks that the pages hold those tables.
 
 RAGEN's relation (higher reward variance, larger gradient) is tested on the buckets that carry a signal only (a
 bucket whose groups all have reward std 0 has a task gradient of exactly 0 under GRPO: with it in, any data give a
@@ -38,14 +41,21 @@ STORE = ROOT / "bench" / "results" / "findings"
 MODELS = {  # name -> (preset, extra overrides); analysis on every instrument
     "demo": ("demo", ["trainer.total_training_steps=60", "trainer.test_freq=20", "analysis.every=5",
                       "analysis.buckets.num_buckets=8", "analysis.neurons.actor.metric_every=5"]),
-    "smollm2": ("smollm2_chain_sum", ["trainer.total_training_steps=15", "trainer.test_freq=5", "analysis.every=2",
-                                      "analysis.buckets.num_buckets=3", "analysis.neurons.actor.metric_every=2",
-                                      "analysis.neurons.actor.nullspace_samples=4"]),
+    # the walk-through's preset as shipped (correctness alone, 30 steps), its bucket analysis every 3 steps (steps
+    # 1, 4, ..., 28: the analysis runs under a forked RNG and leaves the training the preset's, docs/real_model.md)
+    "smollm2": ("smollm2_chain_sum", ["analysis.buckets.every=3"]),
     # a plain `rlgrad train` (20 steps), no analysis: does the std normalisation, a kept default, cost accuracy?
     "default": (None, ["analysis.buckets.enable=false"]),
 }
 ANALYSED = ("demo", "smollm2")  # the models whose runs the instrument tables read
 NORMS = {"std": "true", "nostd": "false"}
+# each model's arms: name -> overrides. SmolLM2 trains with the std normalisation in both arms (the preset's);
+# its arms are the format reward: "format0" is the preset (format weight 0), "std" the old walk-through (the 0.1
+# format bonus for bare numbers), its first 20 steps: with a constant lr they are the format-0 arm's counterpart
+ARMS = {"demo": {norm: [f"algorithm.norm_adv_by_std_in_grpo={flag}"] for norm, flag in NORMS.items()},
+        "default": {norm: [f"algorithm.norm_adv_by_std_in_grpo={flag}"] for norm, flag in NORMS.items()},
+        "smollm2": {"format0": [], "std": ["reward.weights={correctness: 0.9, format: 0.1}",
+                                           "trainer.total_training_steps=20", "analysis.buckets.enable=false"]}}
 PERMUTATIONS = 2000
 BOOTSTRAP = 2000
 MIN_BUCKETS = 3  # a rank correlation over fewer points says nothing
@@ -58,14 +68,13 @@ def smollm2_gguf() -> str:
     return str(Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def run_dir(out: Path, model: str, norm: str, seed: int) -> Path:
-    return out / f"{model}-{norm}-seed{seed}"
+def run_dir(out: Path, model: str, arm: str, seed: int) -> Path:
+    return out / f"{model}-{arm}-seed{seed}"
 
 
-def command(model: str, norm: str, seed: int, rd: Path, device: str) -> list[str]:
+def command(model: str, arm: str, seed: int, rd: Path, device: str) -> list[str]:
     preset, extra = MODELS[model]
-    cmd = ["rlgrad", "train", *(["--config-name", preset] if preset else []), *extra,
-           f"algorithm.norm_adv_by_std_in_grpo={NORMS[norm]}",
+    cmd = ["rlgrad", "train", *(["--config-name", preset] if preset else []), *extra, *ARMS[model][arm],
            f"trainer.seed={seed}", f"trainer.device={device}", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
            "trainer.num_threads=1", f"trainer.default_local_dir={rd}"]
     return cmd + ([f"model.path={smollm2_gguf()}"] if model == "smollm2" else [])
@@ -73,13 +82,13 @@ def command(model: str, norm: str, seed: int, rd: Path, device: str) -> list[str
 
 def train(out: Path, models: list[str], seeds: list[int], device: str) -> None:
     for model in models:
-        for norm in NORMS:
+        for arm in ARMS[model]:
             for seed in seeds:
-                rd = run_dir(out, model, norm, seed)
+                rd = run_dir(out, model, arm, seed)
                 if (rd / "metrics.jsonl").is_file():
                     print(f"{rd}: exists, kept")
                     continue
-                cmd = command(model, norm, seed, rd, device)
+                cmd = command(model, arm, seed, rd, device)
                 print(" ".join(cmd), flush=True)
                 subprocess.run([sys.executable, "-m", *cmd[:1], *cmd[1:]], check=True)
                 (rd / "findings_command.json").write_text(json.dumps(cmd))
@@ -143,12 +152,20 @@ def extract(rd: Path) -> dict:
     doctor = subprocess.run([sys.executable, "-m", "rlgrad", "doctor", str(rd), "--json"], capture_output=True,
                             text=True)
     found = [[f["id"], f["severity"]] for f in json.loads(doctor.stdout)["findings"]]
-    cmd_file = rd / "findings_command.json"
+    cmd_file, changes = rd / "findings_command.json", rd / "config_changes.jsonl"
     return {"run": rd.name, "command": json.loads(cmd_file.read_text()) if cmd_file.is_file() else None,
-            "val": [[s, rows[s]["val/accuracy"]] for s in sorted(rows) if "val/accuracy" in rows[s]],
-            "dormant": [[s, rows[s]["actor/neuron/dormant_ratio"]] for s in sorted(rows)
-                        if "actor/neuron/dormant_ratio" in rows[s]],
+            # a run resumed from a checkpoint with other settings: the step and the settings changed there
+            "resumed": [json.loads(line) for line in changes.read_text().splitlines()] if changes.is_file() else [],
+            "val": series(rows, "val/accuracy"), "dormant": series(rows, "actor/neuron/dormant_ratio"),
+            # the share of sampled responses in the asked form (format 1: a bare number on SmolLM2) and right
+            "format": series(rows, "reward/format/mean"), "correct": series(rows, "reward/correctness/mean"),
+            # the training loop's own time (steps and validations; model loading left out)
+            "time_s": sum(m.get("timing_s/step", 0.0) + m.get("timing_s/val", 0.0) for m in rows.values()),
             "steps": steps, "doctor": found}
+
+
+def series(rows: dict[int, dict[str, float]], key: str) -> list[list]:
+    return [[s, rows[s][key]] for s in sorted(rows) if key in rows[s]]
 
 
 def store(out: Path, dest: Path) -> None:
@@ -231,12 +248,17 @@ def load(store_dir: Path) -> dict[str, dict]:
     return records
 
 
-VARIANTS = {"format0": "std, format weight 0"}  # a run's setting beyond the normalisation: the ablations
+# an arm's name in the tables: the demo's arms are the normalisation; SmolLM2's (std in both) the format reward
+VARIANTS = {"smollm2": {"format0": "correctness alone", "std": "format weight 0.1"}}
+
+
+def arm_label(model: str, arm: str) -> str:
+    return f"{'demo' if model == 'demo' else 'SmolLM2'}, {VARIANTS.get(model, {}).get(arm, arm)}"
 
 
 def label(name: str) -> str:
-    model, norm, seed = name.split("-")
-    return f"{'demo' if model == 'demo' else 'SmolLM2'}, {VARIANTS.get(norm, norm)}, {seed.replace('seed', 'seed ')}"
+    model, arm, seed = name.split("-")
+    return f"{arm_label(model, arm)}, {seed.replace('seed', 'seed ')}"
 
 
 def cell(rel: dict) -> str:
@@ -268,8 +290,7 @@ def relation_table(records: dict[str, dict]) -> str:
             continue
         raw = relation([p for r in recs for p in signal_points(r, False)])
         per_adv = relation([p for r in recs for p in signal_points(r, True)])
-        model, norm = group.split("-")
-        lines.append(f"| **{'demo' if model == 'demo' else 'SmolLM2'}, {norm}, {len(recs)} seeds pooled** | | "
+        lines.append(f"| **{arm_label(*group.split('-'))}, {len(recs)} seeds pooled** | | "
                      f"{per_adv['steps']} | {cell(raw)} | {null_cell(raw)} | {cell(per_adv)} | {null_cell(per_adv)} |")
     return head + "\n".join(lines) + "\n"
 
@@ -321,10 +342,56 @@ def kept_default_table(records: dict[str, dict]) -> str:
             + "---|" * len(seeds) + "\n" + "\n".join(lines) + "\n")
 
 
+def val_at(record: dict, step: int) -> float | None:
+    return dict((s, v) for s, v in record["val"]).get(step)
+
+
+def bare_share(record: dict, last: int) -> str:
+    """The share of sampled responses in the asked form (a bare number) over steps 1..last: mean (largest)."""
+    shares = [v for s, v in record["format"] if 1 <= s <= last]
+    return f"{sum(shares) / len(shares):.0%} ({max(shares):.0%})" if shares else "—"
+
+
+def format_table(records: dict[str, dict], last: int = 20) -> str:
+    """SmolLM2 with and without the 0.1 format bonus, per seed, over the first ``last`` steps (the format-0 arm is
+    the preset's run, read at step ``last``)."""
+    head = (f"| seed | format weight 0.1: val acc 0 → {last} | bare numbers sampled, steps 1-{last}: mean (max) | "
+            f"correctness alone: val acc 0 → {last} | bare numbers sampled: mean (max) | difference at step {last} "
+            "|\n|---|---|---|---|---|---|\n")
+    lines, diffs = [], []
+    for seed in sorted({int(n.rsplit("seed", 1)[1]) for n in records if n.startswith("smollm2-")}):
+        arms = [records.get(f"smollm2-{arm}-seed{seed}") for arm in ("std", "format0")]
+        if None in arms or None in [val_at(r, last) for r in arms]:
+            continue
+        (with_f, without) = arms
+        diffs.append(val_at(without, last) - val_at(with_f, last))
+        lines.append(f"| {seed} | {val_at(with_f, 0):.1%} → {val_at(with_f, last):.1%} | {bare_share(with_f, last)} | "
+                     f"{val_at(without, 0):.1%} → {val_at(without, last):.1%} | {bare_share(without, last)} | "
+                     f"{100 * diffs[-1]:+.1f} points |")
+    if diffs:
+        lines.append(f"| **mean of {len(diffs)}** | | | | | **{100 * sum(diffs) / len(diffs):+.1f} points** |")
+    return head + "\n".join(lines) + "\n"
+
+
+def walkthrough_table(records: dict[str, dict]) -> str:
+    """The SmolLM2 walk-through (the preset's runs): greedy validation accuracy per seed at each validation step."""
+    runs = {int(n.rsplit("seed", 1)[1]): r for n, r in sorted(records.items()) if n.startswith("smollm2-format0-")}
+    steps = sorted({s for r in runs.values() for s, _ in r["val"]})
+    lines = []
+    for seed, rec in sorted(runs.items()):
+        val = dict((s, v) for s, v in rec["val"])
+        gain = 100 * (rec["val"][-1][1] - rec["val"][0][1])
+        lines.append(f"| seed {seed} | " + " | ".join(f"{val[s]:.1%}" if s in val else "—" for s in steps)
+                     + f" | **{gain:+.1f}** | {bare_share(rec, steps[-1])} | {rec['time_s'] / 60:.0f} min |")
+    return (f"| greedy val acc, step | {' | '.join(str(s) for s in steps)} | gain (points) | bare numbers sampled: "
+            f"mean (max) | training loop |\n|---|" + "---|" * (len(steps) + 3) + "\n" + "\n".join(lines) + "\n")
+
+
 def tables(records: dict[str, dict]) -> list[str]:
-    analysed = {name: rec for name, rec in records.items() if name.split("-")[0] in ANALYSED}
-    return [relation_table(analysed), component_table(analysed), layer_table(analysed), doctor_table(analysed),
-            kept_default_table(records)]
+    models = {name: rec for name, rec in records.items() if name.split("-")[0] in ANALYSED}
+    analysed = {name: rec for name, rec in models.items() if rec["steps"]}  # an arm run without the instruments: out
+    return [relation_table(analysed), component_table(analysed), layer_table(analysed), doctor_table(models),
+            kept_default_table(records), format_table(records)]
 
 
 def figures(records: dict[str, dict], images: Path) -> None:
@@ -379,6 +446,7 @@ def main() -> None:
     else:
         records = load(args.store)
         print("\n".join(tables(records)))
+        print(walkthrough_table(records))  # docs/real_model.md and docs/benchmarks.md
         figures(records, args.images)
 
 

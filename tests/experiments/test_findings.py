@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from rlgrad.config import load_config
 from tests.conftest import REPO
 from tests.helpers.scripts import load_script
 
@@ -70,3 +71,46 @@ def test_the_pages_tables_are_the_stored_records(findings):
     records = findings.load(findings.STORE)
     for table in findings.tables(records):
         assert table in page, table
+
+
+def _smol(val, fmt, time_s=600.0):
+    return {"val": val, "format": fmt, "time_s": time_s}
+
+
+def test_format_table_reads_both_arms_at_step_20(findings):
+    """Seed 1 has both arms (a row, in the mean); seed 2 lacks the format arm (no row)."""
+    records = {"smollm2-std-seed1": _smol([[0, 0.5], [20, 0.6]], [[1, 0.1], [2, 0.3], [21, 0.9]]),
+               "smollm2-format0-seed1": _smol([[0, 0.5], [20, 0.7], [30, 0.8]], [[1, 0.0], [2, 0.1]]),
+               "smollm2-format0-seed2": _smol([[0, 0.4], [20, 0.5]], [[1, 0.0]])}
+    rows = findings.format_table(records).splitlines()[2:]
+    assert rows == ["| 1 | 50.0% → 60.0% | 20% (30%) | 50.0% → 70.0% | 5% (10%) | +10.0 points |",
+                    "| **mean of 1** | | | | | **+10.0 points** |"]
+
+
+def test_walkthrough_table_gains_from_first_to_last_validation(findings):
+    records = {"smollm2-format0-seed1": _smol([[0, 0.25], [5, 0.5], [10, 0.75]], [[1, 0.5], [2, 0.0]], 1200.0),
+               "smollm2-format0-seed3": _smol([[0, 0.5], [10, 0.25]], [[1, 0.0]]),
+               "smollm2-std-seed1": _smol([[0, 0.0], [10, 1.0]], [[1, 1.0]])}  # not the preset: not shown
+    head, rule, *rows = findings.walkthrough_table(records).splitlines()
+    assert head.startswith("| greedy val acc, step | 0 | 5 | 10 | gain (points) |") and rule == "|---|" + "---|" * 6
+    assert rows == ["| seed 1 | 25.0% | 50.0% | 75.0% | **+50.0** | 25% (50%) | 20 min |",
+                    "| seed 3 | 50.0% | — | 25.0% | **-25.0** | 0% (0%) | 10 min |"]
+
+
+def test_the_walkthrough_pages_show_the_stored_runs(findings):
+    """docs/real_model.md and docs/benchmarks.md show the walk-through's curves as the stored records give them."""
+    table = findings.walkthrough_table(findings.load(findings.STORE))
+    for page in ("real_model.md", "benchmarks.md"):
+        assert table in (REPO / "docs" / page).read_text(), page
+
+
+def test_smollm2_arms_differ_in_the_format_bonus_and_steps_only(findings, monkeypatch, tmp_path):
+    """The format-0.1 arm is the walk-through's preset plus the bonus, 20 steps and no instruments, and the preset's
+    lr is constant: so the preset's first 20 steps are the arm's counterpart (docs/findings.md, section 7)."""
+    monkeypatch.setattr(findings, "smollm2_gguf", lambda: "SmolLM2.gguf")
+    preset, arm = (findings.command("smollm2", name, 1, tmp_path, "cpu") for name in ("format0", "std"))
+    assert [a for a in arm if a not in preset] == ["reward.weights={correctness: 0.9, format: 0.1}",
+                                                   "trainer.total_training_steps=20", "analysis.buckets.enable=false"]
+    config = load_config("smollm2_chain_sum")
+    assert dict(config.reward.weights) == {"correctness": 0.9, "format": 0.0}
+    assert config.actor.optim.lr_warmup_steps == 0 and config.trainer.total_training_steps == 30
