@@ -5,7 +5,7 @@ evaluation").
     .venv/bin/python bench/doctor_heldout.py score [--out runs/heldout]     # -> bench/results/doctor_heldout.json
     .venv/bin/python bench/doctor_heldout.py table                          # the tables, from the stored JSON
 
-``run`` trains every run of ``HELD_OUT`` and ``IN_SAMPLE`` (30 steps of the preset, validation every 2 steps and
+``run`` trains every run of ``SETS`` (30 steps of the preset, validation every 2 steps and
 before training, every instrument every 2 steps, as bench/doctor_lead_time.py does; resumable), and finds, at every
 prefix of each run, the first step of each warning or critical of rlgrad's doctor (``diagnose``) and of rldoctor
 0.2.0 (its CLI; bench/doctor_lead_time.py says how). ``score`` scores them by the rules frozen below (FROZEN) and
@@ -45,13 +45,18 @@ import doctor_lead_time as lead  # noqa: E402  (its first detections and ground 
 STORE = ROOT / "bench" / "results" / "doctor_heldout.json"
 STEPS = 30
 # the doctor's rules scored here: src/rlgrad/doctor and metrics/judge.py at this commit; `score` refuses to score
-# with rules that differ from it. Both held-out sets were made and scored under HELD_OUT_AT's rules (frozen before
-# any held-out run was trained), their scores kept as scored in RECORD; FROZEN is HELD_OUT_AT with the two false
+# with rules that differ from it. Held-out sets 1 and 2 were made and scored under HELD_OUT_AT's rules (frozen before
+# any held-out run was trained), their scores kept as scored in RECORD; SET3_AT is HELD_OUT_AT with the two false
 # alarms of set 1 fixed after seeing it (zero_variance_groups on fewer than 3 steps, dormant_growing on one
 # analysed step): for those two rules both sets are in-sample, and the next held-out set is new (seeds from 9)
 HELD_OUT_AT = "e874329"
 RECORD = STORE.with_name(f"doctor_heldout_{HELD_OUT_AT}.json")
-FROZEN = "45a6f23"
+# Set 3 was held out from SET3_AT's rules and scored under them (kept as scored in SET3_RECORD, with sets 1-2
+# rescored under them); FROZEN is SET3_AT with regularizer_dominates fixed after set 2's healthy TRL seed 5 (a
+# KL gradient against no task gradient): for that rule sets 1-3 are in-sample, and set 4 is held out from FROZEN
+SET3_AT = "45a6f23"
+SET3_RECORD = STORE.with_name(f"doctor_heldout_{SET3_AT}.json")
+FROZEN = "acc5a56"
 RULES = ("src/rlgrad/doctor", "src/rlgrad/metrics/judge.py")
 
 
@@ -171,7 +176,7 @@ def rules_changed() -> bool:
 
 # ---- scoring ----
 
-# Held-out set 3, made after FROZEN (the rules with set 1's two false alarms fixed) and defined before it trained:
+# Held-out set 3, made after SET3_AT (the rules with set 1's two false alarms fixed) and defined before it trained:
 # seeds not used before (9-11) and magnitudes not used before, on the embedded default. Reasoning-gym's chain_sum
 # was defined here too and dropped before any of its runs finished: the embedded default warm-started on it (1,500
 # steps) validated at 1.6% and sampled 2-6% right over a probe's first 4 steps, 11-15 of 16 groups without a
@@ -182,7 +187,15 @@ SET3 = ([Run("healthy", (), seed=s) for s in (9, 10, 11)] + [Run(f, fault_overri
            Run("entropy_collapse", ("actor.entropy_coeff=-0.75", "actor.optim.lr=5e-4"), variant="coef-0.75", seed=9),
            Run("noisy_reward", (*lead.reward_fn("noisy", "{correctness: 0.9, format: 0.1}"),
                                 "reward.custom_reward_function.reward_kwargs={flip: 0.3}"), variant="flip0.3", seed=9)])
-SETS = {"in_sample": IN_SAMPLE, "held_out": HELD_OUT, "extension": EXTENSION, "set3": SET3}
+# Held-out set 4, made after FROZEN (regularizer_dominates without the steps that have no task gradient) and
+# defined before it trained: seed 10 of the 10 faults; TRL (examples/trl_grpo.py as `train` drives it) healthy
+# seeds 6-8 and its two faults of set 2 on seed 6; healthy demo seeds 12-13. The next held-out set is new again
+# (seeds from 14; TRL from 9)
+SET4 = ([Run("healthy", (), seed=s) for s in (12, 13)] + [Run(f, fault_overrides(f), seed=10) for f in FAULTS]
+        + [Run("healthy", (), preset=TRL, seed=s) for s in (6, 7, 8)]
+        + [Run("format_only", ("--reward-weights", "0", "1"), preset=TRL, variant="weights0-1", seed=6),
+           Run("kl_huge", ("--beta", "50"), preset=TRL, variant="beta50", seed=6)])
+SETS = {"in_sample": IN_SAMPLE, "held_out": HELD_OUT, "extension": EXTENSION, "set3": SET3, "set4": SET4}
 TOOLS = ("rlgrad", "rldoctor", "rldoctor_spelled")
 
 
@@ -254,7 +267,8 @@ def detections(name: str, out: Path, exe: str | None) -> dict:
 
 def evaluate(out: Path, runs: list[Run], exe: str | None, healthy: list[Run]) -> dict[str, dict]:
     """Each run's first detections and ground truth, against the runs of ``healthy`` of its preset and task."""
-    loaded = {r.name: lead.D.load_run(out / r.name) for r in runs + healthy}
+    settings = {r.setting for r in runs}
+    loaded = {r.name: lead.D.load_run(out / r.name) for r in runs + [h for h in healthy if h.setting in settings]}
     results = {}
     for r in runs:
         refs = [loaded[h.name] for h in healthy if h.setting == r.setting and h.name != r.name]
@@ -269,18 +283,25 @@ def score(out: Path, exe: str | None) -> dict:
     if rules_changed():
         sys.exit(f"the doctor's rules differ from {FROZEN} ({', '.join(RULES)}): a score needs the frozen rules; "
                  "a change after seeing these runs makes them in-sample for it, and a new held-out set is due")
-    missing = [r.name for rs in SETS.values() for r in rs if not (out / r.name / "done").is_file()]
-    if missing:
-        sys.exit(f"not trained: {', '.join(missing)} (run first)")
-    stored = {"frozen": FROZEN, "causes": {k: [sorted(a), sorted(b)] for k, (a, b) in CAUSES.items()}, "sets": {}}
-    # a held-out run's ground truth is against the held-out healthy runs of its preset, in either set (the
-    # extension adds none of the demo presets': set 1's results are unchanged by it)
-    held_out_healthy = [r for r in HELD_OUT + EXTENSION if r.fault == "healthy"]
+    # a set whose runs are not all kept is not rescored (its scores stay in its record); the newest held-out set
+    # must be scored whole
+    missing = {key: [r.name for r in runs if not (out / r.name / "done").is_file()] for key, runs in SETS.items()}
+    if missing["set4"]:
+        sys.exit(f"not trained: {', '.join(missing['set4'])} (run first)")
+    stored = {"frozen": FROZEN, "causes": {k: [sorted(a), sorted(b)] for k, (a, b) in CAUSES.items()}, "sets": {},
+              "not_rescored": {key: names for key, names in missing.items() if names}}
+    # a held-out run's ground truth is against the held-out healthy runs of its preset and task, in its set and
+    # those before it (the extension adds none of the demo presets': set 1's results are unchanged by it)
+    def healthy(*sets: list[Run]) -> list[Run]:
+        return [r for runs in sets for r in runs if r.fault == "healthy"]
+
+    refs = {"in_sample": healthy(IN_SAMPLE), "set3": healthy(HELD_OUT, EXTENSION, SET3),
+            "set4": healthy(HELD_OUT, EXTENSION, SET3, SET4)}
     for key, runs in SETS.items():
-        healthy = {"in_sample": [r for r in runs if r.fault == "healthy"],
-                   "set3": held_out_healthy + [r for r in runs if r.fault == "healthy"]}.get(key, held_out_healthy)
-        stored["sets"][key] = scored(evaluate(out, runs, exe, healthy))
-    stored["sets"]["union"] = scored(stored["sets"]["held_out"]["runs"] | stored["sets"]["extension"]["runs"])
+        if not missing[key]:
+            stored["sets"][key] = scored(evaluate(out, runs, exe, refs.get(key, healthy(HELD_OUT, EXTENSION))))
+    if {"held_out", "extension"} <= set(stored["sets"]):
+        stored["sets"]["union"] = scored(stored["sets"]["held_out"]["runs"] | stored["sets"]["extension"]["runs"])
     return stored
 
 
@@ -306,15 +327,15 @@ def alarm_cell(s: dict) -> str:
 
 
 def score_table(stored: dict) -> str:
-    """The four scores of each set and tool (the set's runs were held out from the rules at HELD_OUT_AT; scored
-    under ``stored["frozen"]``'s)."""
+    """The four scores of each set and tool (each held-out set's runs were held out from the rules of the commit
+    its label names, or HELD_OUT_AT's; scored under ``stored["frozen"]``'s)."""
     lines = ["| set | tool | detection | correct attribution | lead, median (95% CI) | false alarms (healthy runs) |",
              "|---|---|---|---|---|---|"]
     labels = {"in_sample": "in-sample (the rules' development runs)", "held_out": "held-out set 1",
               "extension": "held-out set 2 (the extension)", "union": "held-out, both sets",
-              "set3": f"held-out set 3 (made after `{FROZEN}`)"}
+              "set3": f"held-out set 3 (made after `{SET3_AT}`)", "set4": f"held-out set 4 (made after `{FROZEN}`)"}
     for key, label in labels.items():
-        if key not in stored["sets"]:  # set 3 was made after the record's rules
+        if key not in stored["sets"]:  # made after the record's rules, or not rescored (its runs not kept)
             continue
         for tool, name in (("rlgrad", "rlgrad"), ("rldoctor", "rldoctor 0.2.0 (metrics.jsonl)"),
                            ("rldoctor_spelled", "rldoctor 0.2.0 (its own names)")):
@@ -340,12 +361,18 @@ def runs_table(stored: dict, key: str, label: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def tables(record: dict, stored: dict) -> list[str]:
-    """docs/doctor.md's tables: the held-out scores as scored (``record``, HELD_OUT_AT's rules) and their runs, then
-    the same runs' scores under FROZEN's rules (``stored``)."""
+def tables(record: dict, set3_record: dict, stored: dict) -> list[str]:
+    """docs/doctor.md's tables: the held-out scores as scored (``record``, HELD_OUT_AT's rules) and their runs; the
+    same runs' scores under SET3_AT's rules with set 3 (``set3_record``); then those rescored under FROZEN's rules
+    with set 4 (``stored``)."""
     return [score_table(record), runs_table(record, "held_out", "held-out run (set 1)"),
-            runs_table(record, "extension", "held-out run (set 2)"), score_table(stored),
-            runs_table(stored, "set3", "held-out run (set 3)")]
+            runs_table(record, "extension", "held-out run (set 2)"), score_table(set3_record),
+            runs_table(set3_record, "set3", "held-out run (set 3)"), score_table(stored),
+            runs_table(stored, "set4", "held-out run (set 4)")]
+
+
+def records() -> tuple[dict, dict]:
+    return json.loads(RECORD.read_text()), json.loads(SET3_RECORD.read_text())
 
 
 def main() -> None:
@@ -357,7 +384,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="runs trained at once (each on one thread)")
     a = ap.parse_args()
     if a.what == "table":
-        print("\n".join(tables(json.loads(RECORD.read_text()), json.loads(STORE.read_text()))))
+        print("\n".join(tables(*records(), json.loads(STORE.read_text()))))
         return
     runs = SETS
     if a.what == "run":
@@ -370,14 +397,14 @@ def main() -> None:
             return said
 
         with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-            for said in pool.map(one, runs[a.only] if a.only else HELD_OUT + EXTENSION + SET3 + IN_SAMPLE):
+            for said in pool.map(one, runs[a.only] if a.only else HELD_OUT + EXTENSION + SET3 + SET4 + IN_SAMPLE):
                 print(said, flush=True)
         return
     stored = score(a.out, a.rldoctor)
     tmp = STORE.with_suffix(".tmp")
     tmp.write_text(json.dumps(stored, indent=1) + "\n")
     tmp.replace(STORE)
-    print("\n".join(tables(json.loads(RECORD.read_text()), stored)))
+    print("\n".join(tables(*records(), stored)))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ NOT_HERE = {
                         "smollm2_gguf finds it the same way)",
     "python scripts/experiments/smollm2_survey.py": "12 min of SmolLM2 sampling (tests/tasks/test_extraction.py "
                                                     "checks the readings it scores with)",
-    "python bench/doctor_heldout.py": "trains 80 runs (~90 min) and runs rldoctor from its own venv; the tables come "
+    "python bench/doctor_heldout.py": "trains 97 runs (~2 h) and runs rldoctor from its own venv; the tables come "
                                       "from the stored scores (tests/doctor/test_heldout.py::"
                                       "test_the_held_out_tables_are_the_stored_scores checks them)",
     "python scripts/experiments/findings.py": "trains 12 demo runs (minutes) or 6 SmolLM2 runs (hours; "

@@ -411,6 +411,18 @@ def gradless_steps(v: View) -> set[int]:
     return set(dead_steps(v)[0]) | {s for s, x in zip(steps, frac) if x >= 1.0}
 
 
+def task_gradient_rows(v: View, until: int | None = None) -> tuple[list[tuple[int, dict]], int]:
+    """The analysis steps (up to ``until``) that had a task gradient, as (step, metrics), and how many analysed steps
+    had none and were left out: a step of ``gradless_steps``, or a task gradient of exactly 0. A regulariser's
+    gradient against a task gradient that does not exist is no ratio (a healthy TRL run's KL gradient of 0.002 on
+    a step where every group had one reward read as the KL term dominating)."""
+    gradless = gradless_steps(v)
+    rows = [(s, m) for s, m in sorted(v.run.rows.items())
+            if "grad_norm/all/task" in m and (until is None or s <= until)]
+    kept = [(s, m) for s, m in rows if s not in gradless and m["grad_norm/all/task"] > 0]
+    return kept, len(rows) - len(kept)
+
+
 def entropy_cause(v: View, t: Thresholds) -> tuple[str, str, list[str]]:
     """What drove the entropy down, of the causes the run's metrics can rule in or out: an entropy penalty (a
     negative coefficient), steps too large (the update size), else the reward sharpening the policy.

@@ -18,6 +18,7 @@ from rlgrad.doctor.findings import (
     gradless_steps,
     reward_weights,
     signature,
+    task_gradient_rows,
     unpaid_correctness,
     update_size,
 )
@@ -120,10 +121,11 @@ def _regularizer_words(v: View, term: str, coef, large_steps: str = "") -> tuple
 
 @signature("regularizer_dominates", "grad_norm/all/task",
            reads="buckets + config",
-           fires="the KL or entropy term's gradient > {reg_ratio:g}× the task's on most analysis steps (its advice "
-                 "by the sign of the coefficient: an entropy penalty is not a bonus)")
+           fires="the KL or entropy term's gradient > {reg_ratio:g}× the task's on most analysis steps with a task "
+                 "gradient (a step whose every group had one reward has none: left out; its advice by the sign of "
+                 "the coefficient: an entropy penalty is not a bonus)")
 def _regularizer(v: View, t: Thresholds) -> Finding | None:
-    rows = [(s, m) for s, m in v.run.rows.items() if "grad_norm/all/task" in m]
+    rows, left_out = task_gradient_rows(v)
     for term in ("kl", "entropy"):
         k = key("grad_norm/{bucket}/{term}", bucket="all", term=term)
         hits = [(s, m[k], m["grad_norm/all/task"]) for s, m in rows
@@ -136,11 +138,11 @@ def _regularizer(v: View, t: Thresholds) -> Finding | None:
             size = update_size(v)
             large = f"actor/update_ratio {fmt(size)}, median" if size is not None and size > t.update_high else ""
             title, why, action, explains = _regularizer_words(v, term, coef, large)
-            ratio = f" (ratio {fmt(r / task)})" if task > 0 else " (the task's gradient is 0)"
             return Finding(
                 severity="warn", step=s, confidence=0.8, title=title,
-                evidence=[f"step {s}: grad_norm/all/{term} {fmt(r)} vs grad_norm/all/task {fmt(task)}{ratio}",
-                          f"on {len(hits)} of {len(rows)} analysis steps"]
+                evidence=[f"step {s}: grad_norm/all/{term} {fmt(r)} vs grad_norm/all/task {fmt(task)} (ratio "
+                          f"{fmt(r / task)})", f"on {len(hits)} of the {len(rows)} analysis steps with a task gradient"
+                          + (f"; {left_out} step(s) without one left out" if left_out else "")]
                          + ([f"{name} {coef}"] if coef is not None else []),
                 explanation=why, action=action, explains=explains)
     return None

@@ -22,6 +22,7 @@ from rlgrad.doctor.findings import (
     reward_level,
     reward_weights,
     signature,
+    task_gradient_rows,
     train_series,
     unpaid_correctness,
     update_size,
@@ -315,9 +316,9 @@ def _reward_collapse(v: View, t: Thresholds) -> Finding | None:
 
 
 def entropy_term_dominates(v: View, t: Thresholds, until: int) -> tuple[int, int]:
-    """On how many of the analysis steps up to ``until`` the entropy term's gradient outweighed the task's, of
-    how many (``grad_norm/all/entropy`` > ``reg_ratio`` × ``grad_norm/all/task``)."""
-    rows = [m for s, m in v.run.rows.items() if s <= until and "grad_norm/all/task" in m]
+    """On how many of the analysis steps up to ``until`` with a task gradient the entropy term's gradient
+    outweighed the task's, of how many (``grad_norm/all/entropy`` > ``reg_ratio`` × ``grad_norm/all/task``)."""
+    rows = [m for _, m in task_gradient_rows(v, until)[0]]
     hits = [m for m in rows if m.get("grad_norm/all/entropy", 0.0) > t.reg_ratio * m["grad_norm/all/task"]]
     return len(hits), len(rows)
 
