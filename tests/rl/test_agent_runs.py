@@ -143,7 +143,7 @@ def test_the_sokoban_presets_run_and_the_probe_reads_them(tiny, tmp_path, preset
 def test_the_sokoban_demo_learns(model_cache, tmp_path):
     """The sokoban_demo preset as shipped (its CPU-built warm start, copied into a fresh cache), shortened to the
     first 60 of its 160 steps, without the bucket analysis: greedy success on its 128 validation rooms rises by at
-    least 3 points (measured: +10.2 and +8.6 at step 60 on seeds 1 and 2, flat at step 20). Loose on purpose:
+    least 3 points (measured: +11.0 and +9.4 at step 60 on seeds 1 and 2). Loose on purpose:
     another CPU or thread count samples other episodes. The full runs: docs/benchmarks.md "Sokoban demo"."""
     from rlgrad.cli import main
 
