@@ -326,6 +326,29 @@ def test_runs_that_differ_only_in_trainer_seed_share_one_warm_start(tmp_path):
     assert any(not torch.equal(wa[k], wc[k]) for k in wa)  # seed 7's own initial model differs from the shared one
 
 
+def test_initializer_range_sets_the_initial_weights_and_only_a_changed_one_renames_the_warm_start():
+    """model.tiny.initializer_range is Qwen2's init std (the Sokoban demo's 0.08 leaves the SFT plateau sooner);
+    the default keeps the key, so the warm starts shipped before the setting existed are still found."""
+    from dataclasses import asdict, replace
+
+    from rlgrad.config.model import TinyModelConfig
+
+    tok = models.build_char_tokenizer()
+    wide = TinyModelConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                           intermediate_size=64)
+    for std in (0.02, 0.08):
+        model = models.build_tiny_model(ModelConfig(tiny=replace(wide, initializer_range=std)), tok, seed=0)
+        weight = model.model.layers[0].mlp.up_proj.weight  # 64 x 64 normal draws: within 10% of the std
+        assert abs(weight.std().item() - std) < 0.1 * std
+    default, changed = ModelConfig(), ModelConfig(tiny=TinyModelConfig(initializer_range=0.08))
+    old = {k: v for k, v in asdict(default.tiny).items() if k != "initializer_range"}  # the key's input before
+    spec = {"v": models.WARMSTART_VERSION, "tiny": old, "task": "arithmetic", "seed": 1,
+            "steps": default.warmstart_steps, "lr": default.warmstart_lr, "bs": default.warmstart_batch_size}
+    before = models.hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    assert models.warmstart_key(default, "arithmetic", 1) == before
+    assert models.warmstart_key(changed, "arithmetic", 1) != before
+
+
 def test_every_task_character_survives_a_save_and_autotokenizer_reload(tmp_path):
     """The embedded default is saved with a qwen2 model config; TRL, verl and the HF tools reload its tokenizer with
     AutoTokenizer, which under transformers 5 takes Qwen2's class and dropped the character tokenizer's spaces and

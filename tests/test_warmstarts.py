@@ -95,8 +95,6 @@ def test_two_runs_build_one_warm_start(tmp_path):
     assert len(list((tmp_path / "warmstart").glob("arithmetic-*.lock"))) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="issue 47: the shipped Sokoban warm starts write the marginal move (Left) on "
-                                       "nearly every board; a warm start that reads the board makes this pass")
 def test_the_sokoban_demo_warm_start_reads_the_board(tmp_path):
     """The demo needs a warm start that imitates its sloppy planner: the right first move wherever the solution
     does not start with Up (the planner's systematic slip, which RL is there to fix). A model that learnt only

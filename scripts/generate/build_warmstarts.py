@@ -64,8 +64,9 @@ PREFIX_STEPS = 20  # the checkable start of each warm start (tests/test_warmstar
 def build(cfg: RLGradConfig, task, seed: int, stop_after: int | None = None,
           device: str = "cpu") -> dict[str, torch.Tensor]:
     """One warm start (or its first ``stop_after`` steps), on one thread: the sums then run in one order whatever
-    the machine's core count, so a rebuild is bitwise the same. ``device="cuda"`` builds a long one (Sokoban's)
-    in a minute instead of an hour; it is then reproducible on that kind of GPU, not bitwise on a CPU."""
+    the machine's core count, so a rebuild is bitwise the same. ``device="cuda"`` builds a long one in a minute
+    instead of an hour, for trying settings; it is then reproducible on that kind of GPU, not bitwise on a CPU,
+    so the shipped files are all built on the CPU (issue 47)."""
     torch.set_num_threads(1)
     model, _ = build_warmstart(cfg.model, task, seed, log=lambda msg: print(msg, flush=True), stop_after=stop_after,
                                device=device)

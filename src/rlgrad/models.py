@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from rlgrad.config.model import ModelConfig, not_local_hint
+from rlgrad.config.model import ModelConfig, TinyModelConfig, not_local_hint
 from rlgrad.errors import UserError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub, whatever a config says
@@ -102,7 +102,7 @@ def build_tiny_model(cfg: ModelConfig, tokenizer, seed: int):
         num_hidden_layers=tiny.num_hidden_layers, num_attention_heads=tiny.num_attention_heads,
         num_key_value_heads=tiny.num_key_value_heads, max_position_embeddings=tiny.max_position_embeddings,
         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
+        bos_token_id=None, initializer_range=tiny.initializer_range,
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -370,7 +370,10 @@ def cache_root(cfg: ModelConfig) -> Path:
 
 def warmstart_key(cfg: ModelConfig, task_name: str, seed: int, task_spec: dict | None = None) -> str:
     """``task_spec``: what else the warm start depends on (a multi-turn task's environment and agent settings)."""
-    spec = {"v": WARMSTART_VERSION, "tiny": asdict(cfg.tiny), "task": task_name, "seed": seed,
+    tiny = asdict(cfg.tiny)
+    if tiny["initializer_range"] == TinyModelConfig.initializer_range:  # added later: the default keeps the
+        del tiny["initializer_range"]  # names (and shipped files) of the warm starts made before it
+    spec = {"v": WARMSTART_VERSION, "tiny": tiny, "task": task_name, "seed": seed,
             "steps": cfg.warmstart_steps, "lr": cfg.warmstart_lr, "bs": cfg.warmstart_batch_size}
     if task_spec:
         spec["task_spec"] = task_spec

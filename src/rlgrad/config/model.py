@@ -35,6 +35,8 @@ class TinyModelConfig:
     num_key_value_heads: int = _f(2, "Key/value heads (grouped-query attention).", ge=1)
     intermediate_size: int = _f(384, "MLP width.", ge=1)
     max_position_embeddings: int = _f(256, "Longest prompt+response the model accepts.", ge=2)
+    initializer_range: float = _f(0.02, "Standard deviation of the initial weights (Qwen2's initializer_range). "
+                                  "Larger lets a narrow model's attention pick out tokens sooner.", gt=0)
 
 
 @dataclass
