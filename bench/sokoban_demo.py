@@ -1,4 +1,4 @@
-"""The Sokoban demo's record (docs/training.md, docs/benchmarks.md "Sokoban demo"): the greedy validation success
+"""The Sokoban demo's record (docs/training.md, docs/benchmarks.md "The Sokoban demo"): the greedy validation success
 of `rlgrad train --config-name sokoban_demo` runs at every validation step, their time, and the bucket analysis
 at each analysis step, read from the runs' metric files into one compact JSON.
 

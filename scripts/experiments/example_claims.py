@@ -155,7 +155,10 @@ def geometry_table(record: dict) -> str | None:
 def tables() -> dict[str, list[str]]:
     """Every table docs/benchmarks.md shows from the store, by example."""
     out = {}
-    for path in sorted(STORE.glob("*.json")):
+    # the store also holds records other scripts write (bench/sokoban_demo.py): only this script's examples
+    for path in sorted(STORE / f"{name}.json" for name in EXAMPLES):
+        if not path.is_file():
+            continue
         record = json.loads(path.read_text())
         geometry = geometry_table(record)
         out[record["example"]] = [table(record)] + ([geometry] if geometry is not None else [])

@@ -144,7 +144,7 @@ def test_the_sokoban_demo_learns(model_cache, tmp_path):
     """The sokoban_demo preset as shipped (its CPU-built warm start, copied into a fresh cache), shortened to the
     first 60 of its 160 steps, without the bucket analysis: greedy success on its 128 validation rooms rises by at
     least 3 points (measured: +11.0 and +9.4 at step 60 on seeds 1 and 2). Loose on purpose:
-    another CPU or thread count samples other episodes. The full runs: docs/benchmarks.md "Sokoban demo"."""
+    another CPU or thread count samples other episodes. The full runs: docs/benchmarks.md "The Sokoban demo"."""
     from rlgrad.cli import main
 
     steps, floor = 60, 3.0
