@@ -295,15 +295,21 @@ def relation_table(records: dict[str, dict]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def mean_over_steps(rec: dict, field: str) -> dict[str, float]:
+    """Each name's mean over the analysed steps of a record that have it, from every step's ``field`` dict."""
+    values: dict[str, list[float]] = {}
+    for s in rec["steps"].values():
+        for name, v in s[field].items():
+            values.setdefault(name, []).append(v)
+    return {name: sum(v) / len(v) for name, v in values.items()}
+
+
 def component_table(records: dict[str, dict]) -> str:
     lines = []
     for name, rec in records.items():
-        shares: dict[str, list[float]] = {}
-        for s in rec["steps"].values():
-            for c, v in s["shares"].items():
-                shares.setdefault(c, []).append(v)
+        shares = mean_over_steps(rec, "shares")
         cos = [s["cosine"] for s in rec["steps"].values() if s["cosine"] is not None]
-        text = ", ".join(f"{c} {sum(v) / len(v):.2f}" for c, v in sorted(shares.items())) or "n/a"
+        text = ", ".join(f"{c} {v:.2f}" for c, v in sorted(shares.items())) or "n/a"
         lines.append(f"| {label(name)} | {text} | " + (f"{sum(cos) / len(cos):.2f} ({len(cos)} steps) |" if cos
                                                        else "n/a |"))
     return ("| run | share of the policy gradient (mean over analysed steps) | cosine correctness · format |\n"
@@ -313,11 +319,7 @@ def component_table(records: dict[str, dict]) -> str:
 def layer_table(records: dict[str, dict]) -> str:
     lines = []
     for name, rec in records.items():
-        acc: dict[str, list[float]] = {}
-        for s in rec["steps"].values():
-            for g, v in s["layers"].items():
-                acc.setdefault(g, []).append(v)
-        top = sorted(((g, sum(v) / len(v)) for g, v in acc.items()), key=lambda kv: -kv[1])
+        top = sorted(mean_over_steps(rec, "layers").items(), key=lambda kv: -kv[1])
         lines.append(f"| {label(name)} | " + ", ".join(f"{g} {v:.0%}" for g, v in top[:6]) + " |")
     return ("| run | layer groups' share of the task gradient's squared norm (mean over analysed steps; the six "
             "largest) |\n|---|---|\n" + "\n".join(lines) + "\n")
