@@ -49,7 +49,7 @@ def test_metrics_and_tables_of_every_hook_are_merged_in_order():
     assert res.tables == {"first/table": (["a", "b"], [[1, 2.5]]), "second/table": (["a", "b"], [[1, 2.5]])}
     assert not res.stop and res.reason == ""
     assert runner.on_grads(CTX, None, None, role="critic") == {"first/grads/critic": 2.0, "second/grads/critic": 2.0}
-    assert runner.after_update(CTX) == {"first/after": 3.0, "second/after": 3.0}
+    assert runner.after_update(CTX).metrics == {"first/after": 3.0, "second/after": 3.0}
     assert list(runner) == runner.hooks and len(runner) == 3
 
 
@@ -67,7 +67,7 @@ def test_no_hooks_answer_nothing():
     runner = HookRunner()
     res = runner.before_update(CTX)
     assert (res.metrics, res.tables, res.stop) == ({}, {}, False)
-    assert runner.on_grads(CTX, None, None) == {} and runner.after_update(CTX) == {} and len(runner) == 0
+    assert runner.on_grads(CTX, None, None) == {} and runner.after_update(CTX).metrics == {} and len(runner) == 0
     runner.close()
 
 

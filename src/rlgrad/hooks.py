@@ -17,9 +17,10 @@ optimizer state, gradients or RNG streams (``torch.random.fork_rng`` helps).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -66,6 +67,11 @@ class StepContext:
     # the split ``analyse_components`` derives from ``reward_weights`` and the config's estimator.
     loss: LossFn | None = None
     component_advantages: Callable[[Batch], dict[str, torch.Tensor]] | None = None
+    # True where the loop's actor update at this step runs its first optimizer step over the whole ``batch`` in ONE
+    # forward and backward at the current weights, in one process, and takes an ``update_tap`` for it (rlgrad's
+    # trainer with one mini-batch and one micro-batch): instruments may then ride on that backward
+    # (``analysis/groups.py``, "the update's own pass") and measure at ``after_update``.
+    one_pass_update: bool = False
 
     def actor_loss(self) -> LossFn:
         """The loss the actor update optimises: ``loss`` if the loop gave one, else rlgrad's actor loss."""
@@ -84,6 +90,16 @@ class HookResult:
     tables: dict[str, tuple[list[str], list[list]]] = field(default_factory=dict)
 
 
+class UpdateTap(Protocol):
+    """What rides on the update's own forward and backward (``StepContext.one_pass_update``): ``around`` wraps the
+    first micro-batch's forward and backward (``rows``: its rows' places in the step's batch), ``seen`` gets that
+    forward's per-token loss terms (``rlgrad.algos.objective.ActorTerms``). Read-only: the update is unchanged."""
+
+    def around(self, model: torch.nn.Module, mb: Batch, rows: torch.Tensor) -> AbstractContextManager: ...
+
+    def seen(self, terms: Any) -> None: ...
+
+
 class Hook:
     """Base with no-op defaults: override only what you need."""
 
@@ -98,11 +114,16 @@ class Hook:
         rows in the mini-batch one process would see; ``model`` is DDP's inner module or the FSDP2 module."""
         return None
 
-    def after_update(self, ctx: StepContext) -> dict[str, float] | None:
+    def update_tap(self, ctx: StepContext) -> UpdateTap | None:
+        """Where ``ctx.one_pass_update``: what this hook has ride on the actor update's backward (None: nothing)."""
+        return None
+
+    def after_update(self, ctx: StepContext) -> dict[str, float] | HookResult | None:
         """After the step's actor (and critic) updates, before validation and the checkpoint.
 
         The one place a hook may change weights and optimizer state on purpose (e.g. a neuron reset);
-        it must say so in its metrics."""
+        it must say so in its metrics. A measurement that rode on the update's backward answers here, with its
+        tables (a ``HookResult``; its ``stop`` is not read)."""
         return None
 
     def after_step(self, step: int, metrics: dict[str, float]) -> HookResult | None:
@@ -168,12 +189,24 @@ class HookRunner:
             out.update(hook.on_grads(ctx, model, minibatch, role=role) or {})
         return out
 
-    def after_update(self, ctx: StepContext) -> dict[str, float]:
-        """Every hook's ``after_update``: their metrics merged."""
-        out: dict[str, float] = {}
+    def update_tap(self, ctx: StepContext) -> UpdateTap | None:
+        """The one ``update_tap`` the hooks give for this step (hooks sharing one give the same), or None."""
+        taps = {id(t): t for t in (hook.update_tap(ctx) for hook in self.hooks) if t is not None}
+        if len(taps) > 1:
+            raise RuntimeError(f"{len(taps)} hooks ride on one update's backward; at most one can")
+        return next(iter(taps.values()), None)
+
+    def after_update(self, ctx: StepContext) -> HookResult:
+        """Every hook's ``after_update``: their metrics and tables merged."""
+        merged = HookResult()
         for hook in self.hooks:
-            out.update(hook.after_update(ctx) or {})
-        return out
+            res = hook.after_update(ctx)
+            if isinstance(res, HookResult):
+                merged.metrics.update(res.metrics)
+                merged.tables.update(res.tables)
+            else:
+                merged.metrics.update(res or {})
+        return merged
 
     def after_step(self, step: int, metrics: dict[str, float]) -> HookResult:
         """Every hook's ``after_step``: their metrics merged; the first stop's reason is the result's (the later

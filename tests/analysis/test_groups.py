@@ -119,3 +119,59 @@ def test_without_the_per_sample_norms_the_pass_is_not_shared_where_a_tied_weight
              **analyse_buckets(model, b, s, num_buckets=2).metrics}
     for k in alone:
         assert got[k] == pytest.approx(alone[k], rel=1e-6, abs=1e-12), k
+
+
+def test_the_pass_riding_on_the_update_gives_its_own_numbers_and_leaves_the_update_bitwise_unchanged(tmp_path):
+    """``StepContext.one_pass_update`` with the task term alone: the instruments wait (``Deferred``), the prompt-group
+    pass rides on the update's own forward and backward (no forward of their own), and after the update they give
+    the numbers the pass before the update gives; the updated weights are those of an update without them."""
+    import copy
+
+    from rlgrad.config.model import ModelConfig, TinyModelConfig
+    from rlgrad.hooks import HookRunner
+    from rlgrad.models import build_char_tokenizer, build_tiny_model
+    from rlgrad.rl.actor import update_actor
+
+    tok = build_char_tokenizer()
+    tiny = TinyModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                           intermediate_size=48)
+    b = component_batch(build_tiny_model(ModelConfig(tiny=tiny), tok, seed=5), tok, seed=1)
+    s = LossSettings()  # the task term alone
+    cfg = load_config(overrides=["analysis.buckets.every=1", "analysis.components.every=1",
+                                 "analysis.per_sample.every=1", "analysis.buckets.num_buckets=2"])
+    measured, weights, forwards = {}, {}, {}
+    for one_pass in (False, True):
+        model = build_tiny_model(ModelConfig(tiny=tiny), tok, seed=5)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        runner = HookRunner(hooks_from_config(cfg))
+        ctx = StepContext(step=1, batch=b, actor=model, optimizer=optimizer, loss_settings=s, config=cfg,
+                          run_dir=tmp_path / str(one_pass), reward_weights=WEIGHTS, one_pass_update=one_pass)
+        calls = []
+        handle = model.register_forward_hook(lambda *a, calls=calls: calls.append(1))
+        before = runner.before_update(ctx).metrics
+        tap = runner.update_tap(ctx)
+        assert (tap is not None) == one_pass and (not before) == one_pass  # riding: nothing measured before it
+        update_actor(model, optimizer, b, s, ppo_epochs=1, mini_batch_size=len(b), micro_batch_size=len(b),
+                     max_grad_norm=1.0, shuffle=False, seed=0, tap=tap)
+        handle.remove()
+        measured[one_pass] = {**before, **runner.after_update(ctx).metrics}
+        weights[one_pass], forwards[one_pass] = copy.deepcopy(model.state_dict()), len(calls)
+    assert forwards == {False: 2, True: 1}  # the shared pass's forward and the update's; the update's alone
+    keys = [k for k in measured[False] if not k.startswith("timing_s/")]
+    assert set(keys) == {k for k in measured[True] if not k.startswith("timing_s/")}
+    assert any(k.startswith("grad_comp/") for k in keys) and any(k.startswith("grad_norm_sample/") for k in keys)
+    for k in keys:
+        assert measured[True][k] == pytest.approx(measured[False][k], rel=1e-4, abs=1e-9, nan_ok=True), k
+    for name, w in weights[False].items():
+        assert torch.equal(w, weights[True][name]), name
+
+
+def test_the_pass_does_not_ride_on_an_update_whose_loss_has_other_terms():
+    from rlgrad.algos.objective import ActorLoss
+    from rlgrad.analysis.groups import rides_on_update
+    from tests.helpers.batches import tiny_model_and_tokenizer
+
+    model, _ = tiny_model_and_tokenizer()
+    assert rides_on_update(model, ActorLoss(LossSettings()))
+    assert not rides_on_update(model, ActorLoss(LossSettings(entropy_coeff=0.01)))
+    assert not rides_on_update(model, ActorLoss(LossSettings(use_kl_loss=True)))

@@ -143,6 +143,7 @@ class ActorObjective:
     clipfrac: Tensor
     clipfrac_lower: Tensor
     ppo_kl: Tensor
+    terms: ActorTerms | None = None  # the per-token terms they aggregate
 
     def total(self, s: LossSettings) -> Tensor:
         raw = {"policy": self.task, "entropy": self.entropy, "kl": self.kl}
@@ -163,7 +164,7 @@ def actor_objective(model: nn.Module, mb: Batch, s: LossSettings, den: Denominat
 
     kl = agg(terms.kl) if terms.kl is not None else None
     return ActorObjective(task=agg(terms.task), entropy=agg(terms.entropy), kl=kl, clipfrac=terms.clipfrac,
-                          clipfrac_lower=terms.clipfrac_lower, ppo_kl=terms.ppo_kl)
+                          clipfrac_lower=terms.clipfrac_lower, ppo_kl=terms.ppo_kl, terms=terms)
 
 
 class Terms(dict):
@@ -225,8 +226,11 @@ class ActorLoss:
         self.agg = self.settings.agg
 
     def __call__(self, model: nn.Module, batch: Batch) -> Terms:
+        return self.of(actor_terms(model, batch, self.settings))
+
+    def of(self, terms: ActorTerms) -> Terms:
+        """What this loss returns for a forward's per-token terms (the update's own: ``groups.UpdatePass``)."""
         s = self.settings
-        terms = actor_terms(model, batch, s)
         out = Terms(terms.weighted(s))
         out.logged = {q: v.detach() for q, v in terms.quantities().items() if v is not None}
         out.total = s.coefficients()

@@ -404,14 +404,21 @@ class GradientAnalysisHook(InstrumentHook):
             result.stop, result.reason = True, "analysis.buckets.exit_after"
         return result, files
 
+    def after_update_safe(self) -> bool:
+        """Whether the analysis can be taken after the update from what its backward left: nothing else of it
+        reads the model (no analysis of the batch before the filter, no model saved) and it stops nothing."""
+        b = self.settings
+        return not (b.log_prefilter or b.exit_after or (b.save_batch and b.save_model))
+
     def _analyse(self, ctx: StepContext, batch: Batch, prefix: str) -> BucketReport:
         """One bucket analysis of ``batch`` and (``save_batch``) its probe bundle on disk."""
         b = self.settings
         loss_fn, trim = ctx.actor_loss(), self.dp_size if b.dp_trim else 0
         groups = None
-        if self.shared is not None and self.shared.serves(ctx.step, "buckets") and batch is ctx.batch \
-                and not fast_unsupported(ctx.actor):
-            groups = self.shared.pass_for(ctx.step, ctx.actor, batch, loss_fn)
+        if self.shared is not None and self.shared.serves(ctx.step, "buckets", ctx.one_pass_update) \
+                and batch is ctx.batch and not fast_unsupported(ctx.actor):
+            groups = self.shared.pass_for(ctx.step, ctx.actor, batch, loss_fn,
+                                          one_pass=ctx.one_pass_update and self.after_update_safe())
         rep = analyse_buckets(ctx.actor, batch, loss_fn, bucket_mode=b.bucket_mode, num_buckets=b.num_buckets,
                               method=self.method, dp_trim=trim, groups=groups)
         if ctx.is_main and prefix == "grad_norm" and b.save_batch:

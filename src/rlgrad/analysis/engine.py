@@ -100,9 +100,13 @@ def _contiguous_range(rows: torch.Tensor) -> tuple[int, int] | None:
 class _SliceReducer:
     """Accumulates per-slice parameter gradients from module hooks during one backward."""
 
-    def __init__(self, model: nn.Module, weights: torch.Tensor, watch: bool = True):
-        """``watch=False``: no module hooks of its own; another reducer's hooks feed it (``side``)."""
+    def __init__(self, model: nn.Module, weights: torch.Tensor, watch: bool = True, leaf_embeddings: bool = True):
+        """``watch=False``: no module hooks of its own; another reducer's hooks feed it (``side``).
+        ``leaf_embeddings=False``: the input embeddings' outputs stay in the graph (riding on a training backward,
+        which must reach their weights; ``groups.UpdatePass``) instead of becoming the leaves the engine's own
+        backward stops at."""
         self.model = model
+        self.leaf_embeddings = leaf_embeddings
         self.weights = weights  # [S, N]
         self.rows = [torch.nonzero(w).squeeze(-1) for w in weights]
         self.const = [len(r) > 0 and bool((w[r] == w[r[0]]).all()) for w, r in zip(weights, self.rows)]
@@ -179,14 +183,14 @@ class _SliceReducer:
 
         def fwd(module, inputs, output):
             x = inputs[0].detach() if prep is None else prep(module, inputs[0].detach())
-            if isinstance(module, nn.Embedding):
+            if isinstance(module, nn.Embedding) and self.leaf_embeddings:
                 # The input embedding: the leaf the backward stops at. Token ids carry no gradient, so its output
                 # depends on the parameters only through the weight, whose slice gradients the hook forms (its
                 # output may require grad: a hook such as transformers' enable_input_require_grads, or FSDP2's
                 # unsharded weight, which fast_gradients cannot freeze).
                 output = output.detach().requires_grad_(True)
                 self.embed_leaf.append((module, x, output))
-            if not leaf_only:
+            if not leaf_only and output.requires_grad:
                 for _, k in attrs:
                     self.calls[k] = self.calls.get(k, 0) + 1
                 output.register_hook(lambda g: on_grad(module, x, g))

@@ -26,14 +26,25 @@ weight's whole; without the per-sample norms due, the pass is shared only where 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from rlgrad.algos.objective import FunctionLoss, LossFn
-from rlgrad.analysis.engine import BLOCK_ELEMENTS, GradStats, backward, run_terms, stream
+from rlgrad.algos.aggregation import denominator
+from rlgrad.algos.objective import ActorLoss, ActorTerms, FunctionLoss, LossFn
+from rlgrad.analysis.engine import (
+    BLOCK_ELEMENTS,
+    GradStats,
+    _SliceReducer,
+    backward,
+    fast_unsupported,
+    run_terms,
+    stream,
+)
+from rlgrad.analysis.instrument import Deferred
 from rlgrad.analysis.rows import RowNormReducer
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_cat
@@ -134,7 +145,6 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
         extra = reducer.attach_side(side_weights[:, perm].to(device))
     params = [p for p in model.parameters() if p.requires_grad]
     side_stats = GradStats(side.slices + list(side.derived), {}) if side is not None else None
-    layer_groups = sorted(set(reducer.group_names.values()))
     rows: dict[str, dict[str, torch.Tensor]] = {}
     grams: dict[str, dict[str, torch.Tensor]] = {}
     back = torch.argsort(perm)
@@ -146,27 +156,43 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
         return out
 
     def on_term(term: str, total: torch.Tensor, leaves: list[torch.Tensor], retain_graph: bool) -> None:
-        reducer.acc = {}
-        reducer.row_norms = row_terms is None or term in row_terms
-        reducer.side = extra if term == "task" else None
-        finish = stream(extra, side.derived, side.slices, False) if reducer.side is not None else None
+        finish = _start_term(reducer, term, row_terms, extra, side)
         try:
             backward(total, leaves, retain_graph)
         finally:
             reducer.side = None
         if finish is not None:
             side_stats.gram["task"] = finish(params)[1]
-        zeros_rows = torch.zeros(len(perm), dtype=torch.float64)
-        zeros_gram = torch.zeros(groups, groups, dtype=torch.float64)
-        if reducer.row_norms:
-            rows[term] = {g: (reducer.row_sq[g].cpu()[back] if g in reducer.row_sq else zeros_rows)[:n]
-                          for g in layer_groups}
-        grams[term] = {g: reducer.gram[g].cpu() if g in reducer.gram else zeros_gram for g in layer_groups}
-        reducer.reset()
+        _read_term(reducer, term, rows, grams, back, n, groups)
 
     taps = _run(model, batch.select(perm), FunctionLoss(capture, loss_fn.agg), reducer, on_term, proxy)
     proxy_tokens = taps[0].cpu()[back][:n] if taps else None
     return GroupPass(group_ids, inverse, rows, grams, *seen[0], perm, side_stats, proxy_tokens)
+
+
+def _start_term(reducer: RowNormReducer, term: str, row_terms: Collection[str] | None, extra: _SliceReducer | None,
+                side: Side | None) -> Callable | None:
+    """Readies ``reducer`` for one term's backward: its per-row norms where asked for, the side slices on the task
+    term; returns the side's ``finish`` (``engine.stream``) where it rides along."""
+    reducer.acc = {}
+    reducer.row_norms = row_terms is None or term in row_terms
+    reducer.side = extra if term == "task" else None
+    return stream(extra, side.derived, side.slices, False) if reducer.side is not None else None
+
+
+def _read_term(reducer: RowNormReducer, term: str, rows: dict, grams: dict, back: torch.Tensor, n: int, groups: int,
+               scale: float = 1.0) -> None:
+    """What one term's backward left in ``reducer``: per-row norms (batch order, ``back`` undoing the run's order)
+    and the groups' Gram per layer group, times ``scale``² (``rows[term]``, ``grams[term]``); empties it."""
+    layer_groups = sorted(set(reducer.group_names.values()))
+    zeros_rows = torch.zeros(len(back), dtype=torch.float64)
+    zeros_gram = torch.zeros(groups, groups, dtype=torch.float64)
+    sq = scale * scale
+    if reducer.row_norms:
+        rows[term] = {g: (reducer.row_sq[g].cpu()[back] * sq if g in reducer.row_sq else zeros_rows)[:n]
+                      for g in layer_groups}
+    grams[term] = {g: reducer.gram[g].cpu() * sq if g in reducer.gram else zeros_gram for g in layer_groups}
+    reducer.reset()
 
 
 def _run(model: nn.Module, run: Batch, loss_fn: LossFn, reducer: RowNormReducer, on_term: Callable, proxy: bool
@@ -190,35 +216,133 @@ class SharedPass:
 
     ``users``: each user's steps and the loss terms it needs (None: every term). At a step where at least two users
     are due (``serves``), the first to run runs the pass (``pass_for``) with every due user's terms, the reward
-    components' slices as its ``side``, and the others take it: one forward and one backward per term for all."""
+    components' slices as its ``side``, and the others take it: one forward and one backward per term for all.
+
+    Where the loop's actor update takes its first optimizer step over the whole batch in one forward and backward
+    (``StepContext.one_pass_update``) and that loss is the task term alone, the pass rides on the update's own
+    forward and backward instead (``UpdatePass``, also for a single user): ``pass_for`` raises ``Deferred`` before
+    the update, and after it hands out what the update's backward left. The numbers are the pass's own (the same
+    gradients, at the weights before the update), and the update is bitwise unchanged (the hooks only read).
+    """
 
     def __init__(self, users: dict[str, tuple[Schedule, Sequence[str] | None]], proxy: bool = False) -> None:
         """``proxy``: the pass also takes verl's proxy from its forward (at the per-sample norms' steps)."""
         self.users, self.proxy = users, proxy
         self.kept: tuple[int, int, GroupPass] | None = None
+        self.planned: UpdatePass | None = None
 
-    def serves(self, step: int, user: str) -> bool:
-        """Whether ``user``'s measurement at ``step`` goes through the shared pass: it and another user are due."""
+    def serves(self, step: int, user: str, one_pass: bool = False) -> bool:
+        """Whether ``user``'s measurement at ``step`` goes through the shared pass: it and another user are due, or
+        (``one_pass``: ``StepContext.one_pass_update``) it alone, the pass then riding on the update."""
         due = [u for u, (at, _) in self.users.items() if at.due(step)]
-        return user in due and len(due) > 1
+        return user in due and (len(due) > 1 or one_pass)
 
-    def pass_for(self, step: int, model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | None = None
-                 ) -> GroupPass | None:
+    def pass_for(self, step: int, model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | None = None,
+                 one_pass: bool = False) -> GroupPass | None:
         """The step's pass on ``batch``: the one kept, else a new one (kept for the next user); None where it would
-        hold more memory than the users' own passes (``_fits``): then each runs its own."""
+        hold more memory than the users' own passes (``_fits``): then each runs its own. ``one_pass``
+        (``StepContext.one_pass_update``): where the update's loss is the task term alone, the pass is planned on
+        the update's backward and ``Deferred`` raised (the class docstring)."""
         if self.kept is not None and self.kept[:2] == (step, id(batch)):
             return self.kept[2]
+        if self.planned is not None and self.planned.step == step:
+            if not one_pass:  # this user cannot wait for the update: its own pass, now
+                return None
+            self.planned.side = self.planned.side or side
+            raise Deferred
         at, row_terms = self.users.get("per_sample", (None, ()))
         per_sample = at is not None and at.due(step)
         if not per_sample and not _fits(model, batch):
             return None
         wanted = [terms for at, terms in self.users.values() if at.due(step)]
-        if all(terms is not None for terms in wanted):
-            loss_fn = only_terms(loss_fn, {t for terms in wanted for t in terms})
-        found = group_pass(model, batch, checked(loss_fn), side, self.proxy and per_sample,
-                           row_terms=row_terms if per_sample else ())
+        keep = {t for terms in wanted for t in terms} if all(terms is not None for terms in wanted) else None
+        rows = row_terms if per_sample else ()
+        if one_pass and rides_on_update(model, loss_fn):
+            self.planned = UpdatePass(self, step, batch, loss_fn, keep, side, self.proxy and per_sample, rows)
+            raise Deferred
+        found = group_pass(model, batch, checked(loss_fn if keep is None else only_terms(loss_fn, keep)), side,
+                           self.proxy and per_sample, row_terms=rows)
         self.kept = (step, id(batch), found)
         return found
+
+    def tap(self, step: int) -> UpdatePass | None:
+        """The pass planned on the update of ``step`` (``hooks.UpdateTap``), if any."""
+        return self.planned if self.planned is not None and self.planned.step == step else None
+
+
+def rides_on_update(model: nn.Module, loss_fn: LossFn) -> bool:
+    """Whether the prompt-group pass can ride on the backward of a one-pass update: rlgrad's actor loss with the
+    task term alone (no entropy bonus, no KL loss: the backward is that term's), on a model the fast engine covers."""
+    if not isinstance(loss_fn, ActorLoss):
+        return False
+    extra = {q: c for q, c in loss_fn.settings.coefficients().items() if q != "policy"}
+    return all(c == 0 for c in extra.values()) and not fast_unsupported(model)
+
+
+class UpdatePass:
+    """The prompt-group pass riding on the actor update's first forward and backward (``hooks.UpdateTap``): the same
+    ``RowNormReducer`` as ``group_pass``, its hooks reading the update's graph (the embeddings' outputs left in it),
+    the side slices on the same backward, verl's proxy from the same LM-head output. The update's loss is the task
+    term over its denominator D (``Aggregation.weights``), so what the hooks see is 1/D of the pass's unnormalised
+    loss: its per-row norms and Grams are scaled by D²."""
+
+    def __init__(self, shared: SharedPass, step: int, batch: Batch, loss_fn: ActorLoss, keep: set[str] | None,
+                 side: Side | None, proxy: bool, row_terms: Collection[str] | None) -> None:
+        self.shared, self.step, self.batch, self.loss_fn, self.keep = shared, step, batch, loss_fn, keep
+        self.side, self.proxy, self.row_terms = side, proxy, row_terms
+        self.terms: ActorTerms | None = None
+        self.active = False
+
+    def seen(self, terms: ActorTerms) -> None:
+        if self.active and self.terms is None:
+            self.terms = terms
+
+    @contextmanager
+    def around(self, model: nn.Module, mb: Batch, rows: torch.Tensor) -> Iterator[None]:
+        batch, order = self.batch, rows.cpu()
+        if len(order) != len(batch) or not torch.equal(order.sort().values, torch.arange(len(batch))):
+            raise RuntimeError(f"the update's first micro-batch holds {len(order)} of the batch's {len(batch)} rows: "
+                               "the prompt-group pass planned on it needs them all (StepContext.one_pass_update)")
+        group_ids = torch.unique(batch.group_ids.cpu())
+        inverse = torch.searchsorted(group_ids, batch.group_ids.cpu())
+        weights = torch.zeros(len(group_ids), len(order))
+        weights[inverse[order], torch.arange(len(order))] = 1.0
+        device = next(model.parameters()).device
+        reducer = RowNormReducer(model, weights.to(device), leaf_embeddings=False)
+        extra = reducer.attach_side(self.side.weights[:, order].to(device)) if self.side is not None else None
+        finish = _start_term(reducer, "task", self.row_terms, extra, self.side)
+        taps: list[torch.Tensor] = []
+        untap = _proxy_tap(model, mb.input_ids.to(device), taps) if self.proxy else None
+        self.active = True
+        try:
+            yield  # the update's forward and backward
+        finally:
+            self.active, reducer.side = False, None
+            reducer.close()
+            if untap is not None:
+                untap()
+        self._keep(model, reducer, finish, taps, group_ids, inverse, order)
+
+    def _keep(self, model: nn.Module, reducer: RowNormReducer, finish: Callable | None, taps: list[torch.Tensor],
+              group_ids: torch.Tensor, inverse: torch.Tensor, order: torch.Tensor) -> None:
+        """The ``GroupPass`` the update's backward left, kept by the shared pass for the step's users."""
+        _, u = self.loss_fn.agg.weights(self.batch.response_mask)
+        scale = denominator(float(u.sum()))
+        back = torch.argsort(order)
+        side_stats = None
+        if finish is not None:
+            side_stats = GradStats(self.side.slices + list(self.side.derived), {})
+            grams = finish([p for p in model.parameters() if p.requires_grad])[1]
+            side_stats.gram["task"] = {g: k * scale * scale for g, k in grams.items()}
+        rows: dict[str, dict[str, torch.Tensor]] = {}
+        grams_of: dict[str, dict[str, torch.Tensor]] = {}
+        _read_term(reducer, "task", rows, grams_of, back, len(order), len(group_ids), scale)
+        out = self.loss_fn.of(self.terms)
+        if self.keep is not None:
+            out = {k: v for k, v in out.items() if k in self.keep}
+        found = GroupPass(group_ids, inverse, rows, grams_of, *logged_values(out), order, side_stats,
+                          taps[0].cpu()[back] if taps else None)
+        self.shared.kept, self.shared.planned = (self.step, id(self.batch), found), None
 
 
 def _fits(model: nn.Module, batch: Batch) -> bool:

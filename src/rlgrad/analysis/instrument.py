@@ -18,6 +18,12 @@ from rlgrad.metrics import GROUPS, Instrument, key
 from rlgrad.runfiles import atomic_write_bytes, atomic_write_json, atomic_write_text
 from rlgrad.runfiles import step_dir as run_step_dir
 
+
+class Deferred(Exception):  # noqa: N818 - a signal, not an error
+    """Raised by a measurement that rides on the actor update's own forward and backward (``groups.SharedPass``):
+    it is taken again at ``after_update``, from what that backward left."""
+
+
 STEP_FILE = "analysis/step_N/"  # how the catalogue's groups name a file of a step directory
 
 
@@ -36,12 +42,37 @@ class InstrumentHook(Hook):
 
     declared: Instrument
     schedule: Schedule = Schedule(0)
+    shared: Any = None  # the step's shared prompt-group pass (``groups.SharedPass``), for the instruments using one
+    deferred_step: int | None = None  # the step whose measurement waits for the update's backward (``Deferred``)
 
     def before_update(self, ctx: StepContext) -> HookResult | None:
         """At a due step, ``measure``'s result with its files written and its time under the instrument's timing
-        key; None at any other step and at a step ``measure`` skips."""
+        key; None at any other step, at a step ``measure`` skips, and where it rides on the update (``Deferred``:
+        the result comes at ``after_update``)."""
         if not self.schedule.due(ctx.step):
             return None
+        try:
+            return self._measured(ctx)
+        except Deferred:
+            self.deferred_step = ctx.step
+            return None
+
+    def update_tap(self, ctx: StepContext) -> Any:
+        """The shared pass's ride on the update's backward, where this step's measurement waits for it."""
+        return self.shared.tap(ctx.step) if self.deferred_step == ctx.step else None
+
+    def after_update(self, ctx: StepContext) -> HookResult | None:
+        """The measurement that waited for the update's backward (``before_update``), as it would have been there."""
+        if self.deferred_step != ctx.step:
+            return None
+        self.deferred_step = None
+        try:
+            return self._measured(ctx)
+        except Deferred:
+            raise RuntimeError(f"{self.declared.section}: step {ctx.step}'s actor update did not carry the "
+                               "prompt-group pass planned on it (StepContext.one_pass_update)") from None
+
+    def _measured(self, ctx: StepContext) -> HookResult | None:
         timing: dict[str, float] = {}
         with self.timed(timing):
             measured = self.measure(ctx)

@@ -92,13 +92,13 @@ class RowNormReducer(_SliceReducer):
     every rank's groups, ``row_sq`` this rank's rows, ``gram`` global (the same on every rank).
     """
 
-    def __init__(self, model: nn.Module, weights: torch.Tensor):
+    def __init__(self, model: nn.Module, weights: torch.Tensor, leaf_embeddings: bool = True):
         # False: the prompt groups' Gram alone (``row_sq`` stays empty), for a term whose per-row norms no instrument
         # asks for at this step (``groups.py``: the bucket analysis and the reward components share the pass)
         self.row_norms = True
         self.owners: dict[int, list[nn.Module]] = defaultdict(list)
         self.ids: dict[int, torch.Tensor] = {}  # id(embedding) -> this forward's token ids
-        super().__init__(model, weights)
+        super().__init__(model, weights, leaf_embeddings=leaf_embeddings)
         self.group_names = {k: layer_group(n) for k, n in self.names.items()}
         self.row_group = weights.argmax(0)  # [N]: each row's prompt group
         # Ghost norms' input Grams x·xᵀ, by input storage: they depend on the forward only, so Linears that read one

@@ -276,7 +276,7 @@ class _Instruments:
         ctx = self.ctx
         if ctx is None or ctx.step != self.trainer.state.global_step:
             return
-        self.pending.update(self.hooks.after_update(ctx))
+        self.pending.update(self.hooks.after_update(ctx).metrics)
         if self.pending:
             if self.metrics_log is not None:
                 self.metrics_log.log(ctx.step, self.pending)

@@ -293,7 +293,7 @@ class _Instruments:
     def after_update(self) -> dict[str, float]:
         out, self.pending = self.pending, {}
         if self.ctx is not None:
-            out.update(self.hooks.after_update(self.ctx))
+            out.update(self.hooks.after_update(self.ctx).metrics)
             self.ctx = None  # nothing of the step (its batch, an FSDP1 replica) stays until the next one
         return out
 

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import NamedTuple
 
 import torch
 
 from rlgrad.algos.aggregation import Denominators
-from rlgrad.algos.objective import LossSettings, actor_objective
+from rlgrad.algos.objective import ActorTerms, LossSettings, actor_objective
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_sizes, all_reduce_max, all_reduce_sum, rank
 from rlgrad.distributed import grad_sync
 from rlgrad.errors import UserError
+from rlgrad.hooks import UpdateTap
 from rlgrad.metrics import key as metric_key
 from rlgrad.metrics import layer_group
 
@@ -48,7 +49,7 @@ ACTOR_KEYS = UpdateKeys("actor/grad_norm", "actor/lr", "actor/nonfinite_grad_ste
 
 def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, names: UpdateKeys, ppo_epochs: int,
                mini_batch_size: int, micro_batch_size: int, max_grad_norm: float, shuffle: bool, seed: int,
-               scheduler=None, on_grads=None) -> dict[str, float]:
+               scheduler=None, on_grads=None, tap: UpdateTap | None = None) -> dict[str, float]:
     """The one update loop, for the actor and the critic alike: PPO-style epochs over shuffled
     mini-batches, each one optimizer step over accumulated micro-batches.
 
@@ -66,6 +67,9 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, names: 
     reduces gradients on the last one only. The step then equals the one-process step, and the logged
     stats are summed over ranks. The mini-batch ``on_grads`` sees carries ``global_index``: each row's
     position in the one-process mini-batch.
+
+    ``tap`` (``hooks.UpdateTap``): wraps the first micro-batch's forward and backward, read-only (instruments
+    riding on the update's own pass).
     """
     model.train()
     gen = torch.Generator().manual_seed(seed)
@@ -75,10 +79,12 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, names: 
     params = [p for p in model.parameters() if p.requires_grad]
     sizes = all_gather_sizes(len(batch))
     offset, n_global = sum(sizes[:rank()]), sum(sizes)
+    untapped = tap is not None
     for _ in range(ppo_epochs):
         for gidx in minibatches(n_global, mini_batch_size, shuffle, gen):
             held = (gidx >= offset) & (gidx < offset + len(batch))
-            mini = batch.select(gidx[held] - offset)
+            rows = gidx[held] - offset
+            mini = batch.select(rows)
             # Where each row sits in the mini-batch one process would hold: ranks interleave when shuffled.
             mini.global_index = torch.nonzero(held).squeeze(-1).to(mini.input_ids.device)
             den = Denominators.global_of(mini)
@@ -90,7 +96,9 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, names: 
                 mb = (mini.select(torch.arange(start, min(start + micro_batch_size, len(mini)))) if start < len(mini)
                       # this rank is out of rows: a zero-loss pass keeps the collectives in step
                       else batch.blank_rows(1))
-                with grad_sync(model, k == n_micro - 1):
+                tapped = tap.around(model, mb, rows[start:start + len(mb)]) if untapped else nullcontext()
+                untapped = False
+                with grad_sync(model, k == n_micro - 1), tapped:
                     loss, shares = micro_loss(model, mb, den)
                     loss.backward()
                 for key, v in shares.items():
@@ -120,11 +128,14 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, names: 
     return out
 
 
-def actor_micro_loss(s: LossSettings) -> MicroLoss:
-    """The actor's per-micro-batch loss for :func:`ppo_update`, with its metrics as additive shares."""
+def actor_micro_loss(s: LossSettings, seen: Callable[[ActorTerms], None] | None = None) -> MicroLoss:
+    """The actor's per-micro-batch loss for :func:`ppo_update`, with its metrics as additive shares; ``seen`` gets
+    each forward's per-token terms."""
 
     def loss(model, mb: Batch, den: Denominators) -> tuple[torch.Tensor, dict[str, float]]:
         terms = actor_objective(model, mb, s, den)
+        if seen is not None:
+            seen(terms.terms)
         # pg / entropy / kl are already normalised by the mini-batch denominators: they sum to the mini value;
         # the clip fractions and ppo_kl are token means of this micro-batch, weighted by its token share.
         w = float(mb.response_mask.sum()) / max(den.num_tokens, 1.0)
@@ -140,16 +151,18 @@ def actor_micro_loss(s: LossSettings) -> MicroLoss:
 
 def update_actor(model, optimizer, batch: Batch, s: LossSettings, *, ppo_epochs: int, mini_batch_size: int,
                  micro_batch_size: int, max_grad_norm: float, shuffle: bool, seed: int,
-                 scheduler=None, on_grads=None) -> dict[str, float]:
+                 scheduler=None, on_grads=None, tap: UpdateTap | None = None) -> dict[str, float]:
     """PPO-style epochs over mini-batches, each one AdamW step over accumulated micro-batches.
 
     ``on_grads(model, minibatch)`` (optional) sees the accumulated gradient before clipping
-    and the step. A non-finite gradient norm skips that optimizer step (logged, no crash).
+    and the step. A non-finite gradient norm skips that optimizer step (logged, no crash). ``tap``: see
+    ``ppo_update``; it also sees the tapped forward's per-token terms.
     """
-    return ppo_update(model, optimizer, batch, actor_micro_loss(s), names=ACTOR_KEYS, ppo_epochs=ppo_epochs,
+    micro = actor_micro_loss(s, tap.seen if tap is not None else None)
+    return ppo_update(model, optimizer, batch, micro, names=ACTOR_KEYS, ppo_epochs=ppo_epochs,
                       mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size,
                       max_grad_norm=max_grad_norm, shuffle=shuffle, seed=seed, scheduler=scheduler,
-                      on_grads=on_grads)
+                      on_grads=on_grads, tap=tap)
 
 
 @contextmanager

@@ -497,7 +497,20 @@ class Trainer:
         if self.critic is not None:
             ctx.critic_loss = critic_loss_fn(self.critic_settings)
             ctx.sync_critic = lambda: distributed.sync_policy(self.train_critic, self.critic)
+        ctx.one_pass_update = self.actor_updates(step) and self.one_pass(len(batch))
         return ctx
+
+    def actor_updates(self, step: int) -> bool:
+        """Whether the actor is updated at ``step`` (a critic's warm-up holds it back)."""
+        return self.critic is None or step > self.cfg.trainer.critic_warmup
+
+    def one_pass(self, rows: int) -> bool:
+        """Whether the actor update of a batch of ``rows`` rows takes its first optimizer step over all of them in ONE
+        forward and backward, in one process, on the module the hooks see (``StepContext.one_pass_update``)."""
+        actor_cfg = self.cfg.actor
+        mini_rows = (actor_cfg.ppo_mini_batch_size or self.cfg.data.train_batch_size) * self.cfg.rollout.n
+        return (rows > 0 and self.train_actor is self.actor and world_size() == 1
+                and mini_rows >= rows and actor_cfg.ppo_micro_batch_size >= rows)
 
     def _on_grads(self, ctx: StepContext, role: str, metrics: dict) -> Callable | None:
         """The ``on_grads`` callback ``ppo_update`` calls after each mini-batch's backward (None: no hooks)."""
@@ -538,7 +551,8 @@ class Trainer:
                 ppo_epochs=actor_cfg.ppo_epochs, mini_batch_size=mini_prompts * cfg.rollout.n,
                 micro_batch_size=actor_cfg.ppo_micro_batch_size, max_grad_norm=actor_cfg.max_grad_norm,
                 shuffle=actor_cfg.shuffle, seed=cfg.trainer.seed * 100_003 + ctx.step,
-                scheduler=self.scheduler, on_grads=self._on_grads(ctx, "actor", metrics)))
+                scheduler=self.scheduler, on_grads=self._on_grads(ctx, "actor", metrics),
+                tap=self.hooks.update_tap(ctx) if ctx.one_pass_update else None))
             distributed.sync_policy(self.train_actor, self.actor)  # FSDP2: the rollout replica gets the new weights
 
     def train_step(self, step: int, logger: MetricLogger) -> tuple[dict[str, float], bool]:
@@ -558,9 +572,12 @@ class Trainer:
                 self.update_critic(ctx, metrics)
             stop = self.before_update(ctx, logger, metrics).stop
             if not stop:
-                if self.critic is None or step > self.cfg.trainer.critic_warmup:  # critic warm-up: the actor waits
+                if self.actor_updates(step):  # critic warm-up: the actor waits
                     self.update_actor(ctx, metrics)
-                metrics.update(self.hooks.after_update(ctx))
+                after = self.hooks.after_update(ctx)
+                metrics.update(after.metrics)
+                for table, (columns, rows) in after.tables.items():
+                    logger.log_table(table, columns, rows, ctx.step)
         metrics["timing_s/step"] = time.perf_counter() - t0
         return metrics, stop
 
