@@ -121,10 +121,13 @@ def test_without_the_per_sample_norms_the_pass_is_not_shared_where_a_tied_weight
         assert got[k] == pytest.approx(alone[k], rel=1e-6, abs=1e-12), k
 
 
-def test_the_pass_riding_on_the_update_gives_its_own_numbers_and_leaves_the_update_bitwise_unchanged(tmp_path):
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_the_pass_riding_on_the_update_gives_its_own_numbers_and_leaves_the_update_bitwise_unchanged(tmp_path,
+                                                                                                   shuffle):
     """``StepContext.one_pass_update`` with the task term alone: the instruments wait (``Deferred``), the prompt-group
     pass rides on the update's own forward and backward (no forward of their own), and after the update they give
-    the numbers the pass before the update gives; the updated weights are those of an update without them."""
+    the numbers the pass before the update gives; the updated weights are those of an update without them. Shuffled:
+    the update's rows arrive out of group order (the reducer gathers them back)."""
     import copy
 
     from rlgrad.config.model import ModelConfig, TinyModelConfig
@@ -152,7 +155,9 @@ def test_the_pass_riding_on_the_update_gives_its_own_numbers_and_leaves_the_upda
         tap = runner.update_tap(ctx)
         assert (tap is not None) == one_pass and (not before) == one_pass  # riding: nothing measured before it
         update_actor(model, optimizer, b, s, ppo_epochs=1, mini_batch_size=len(b), micro_batch_size=len(b),
-                     max_grad_norm=1.0, shuffle=False, seed=0, tap=tap)
+                     max_grad_norm=1.0, shuffle=shuffle, seed=0, tap=tap)
+        if tap is not None:
+            assert tap.shared.kept[2].row_order.tolist() != list(range(len(b))) or not shuffle
         handle.remove()
         measured[one_pass] = {**before, **runner.after_update(ctx).metrics}
         weights[one_pass], forwards[one_pass] = copy.deepcopy(model.state_dict()), len(calls)

@@ -142,8 +142,18 @@ class _SliceReducer:
         # call, not a loop of S small products (whose overhead exceeded the products at the embedded default's
         # width).
         size = N // S if S and N % S == 0 else 0
-        self.tiled = bool(size) and all(self.folded) and all(
-            rng == (k * size, size) for k, rng in enumerate(self.ranges))
+
+        def tiles(ranges: list) -> bool:
+            return bool(size) and all(self.folded) and all(rng == (k * size, size) for k, rng in enumerate(ranges))
+
+        self.tiled = tiles(self.ranges)
+        # Rows that arrive shuffled (an update's shuffled mini-batch, ``groups.UpdatePass``) but tile in slice order:
+        # gathered into that order once per module, then the one batched call.
+        self.gather: torch.Tensor | None = None
+        if not self.tiled and bool(size) and all(self.folded):
+            order = torch.sort(nz.to(torch.int8).argmax(0), stable=True).indices
+            if tiles([_contiguous_range(torch.nonzero(w[order]).squeeze(-1)) for w in weights]):
+                self.tiled, self.gather = True, order
         self.acc: dict[int, torch.Tensor] = {}
         self.names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
         # FSDP2 swaps a module's registered (sharded) parameter for an unsharded one around its forward and
@@ -228,6 +238,8 @@ class _SliceReducer:
         forming for overlapping slices (see ``self.combine``).
         """
         if rows is not None and self.tiled:
+            if self.gather is not None:
+                g, x = g.index_select(0, self.gather), x.index_select(0, self.gather)
             slices = len(self.weights)
             return rows(g.reshape(slices, -1, g.shape[-1]),
                         x.reshape(slices, -1, x.shape[-1]) if x.is_floating_point() else x.reshape(slices, -1))
