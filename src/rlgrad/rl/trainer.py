@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from rlgrad import distributed
-from rlgrad.algos.advantages import compute_advantages, explained_variance, group_reward_std
+from rlgrad.algos.advantages import compute_advantages, group_reward_std
 from rlgrad.algos.objective import CriticSettings, LossSettings, critic_loss_fn
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_cat, all_reduce_sum, is_main, rank, world_size
@@ -48,7 +48,7 @@ from rlgrad.config.trainer import cpu_threads
 from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult, HookRunner, StepContext
 from rlgrad.logging.reward_signal import RewardSignalWatch
-from rlgrad.logging.rewards import RewardComponentLog, reward_metrics, step_record
+from rlgrad.logging.rewards import RewardComponentLog
 from rlgrad.logging.rollouts import (
     RolloutLog,
     gather_samples,
@@ -61,6 +61,7 @@ from rlgrad.models import load_actor, load_critic, load_pretrained, load_value_m
 from rlgrad.rl import checkpoint as ckpt
 from rlgrad.rl import resume as runs
 from rlgrad.rl.actor import build_optimizer, update_actor, update_size
+from rlgrad.rl.batch_metrics import kept_batch_metrics
 from rlgrad.rl.critic import compute_values, update_critic
 from rlgrad.rl.episodes import COUNTS, EpisodeRunner, episode_metrics
 from rlgrad.rl.filter import rollout_filter
@@ -429,7 +430,8 @@ class Trainer:
         per_token = batch.token_rewards is not None or self.cfg.algorithm.adv_estimator in PER_TOKEN
         self._log_rollouts(step, full, info, keep,
                            sequence_advantages(batch.advantages, batch.response_mask, mean=per_token))
-        self._batch_metrics(step, batch, info, kept, metrics)
+        metrics.update(kept_batch_metrics(step, batch, info, kept, has_critic=self.critic is not None,
+                                          reward_weights=self.reward_weights, reward_log=self.reward_log))
         return batch, full
 
     def _sample(self, step: int, metrics: dict) -> tuple[Batch, dict, torch.Tensor | None]:
@@ -442,25 +444,6 @@ class Trainer:
                 return (*self.sample_round(step, size, 0), None)
             return dynamic_sampling(lambda round_index: self.sample_round(step, round_groups, round_index), size,
                                     filter_groups.max_num_gen_batches, filter_groups.metric, metrics)
-
-    def _batch_metrics(self, step: int, batch: Batch, info: dict, kept: torch.Tensor, metrics: dict) -> None:
-        """The kept batch's scores, reward components (and reward_components.jsonl), advantages and values."""
-        gather = all_gather_cat  # every rank's rows: collectives, so every rank calls them in the same order
-        comps, scores = {k: gather(v) for k, v in batch.components.items()}, gather(batch.scores)
-        metrics.update(summarize("critic/score/{stat}", scores))
-        lengths, correct = gather(info["actual_lengths"][kept]), gather(info["correct"][kept])
-        group_ids = gather(batch.group_ids)
-        metrics.update(reward_metrics(comps, group_ids, gather(info["fallback"][kept]) if "fallback" in info else None))
-        valid = gather(info["valid_format"][kept]) if "valid_format" in info else None
-        if self.reward_log is not None:  # main process only
-            self.reward_log.append(step_record(step, comps, self.reward_weights, scores, group_ids, lengths, correct,
-                                               valid))
-        on_response = batch.response_mask.bool()
-        metrics.update(summarize("critic/advantages/{stat}", gather(batch.advantages[on_response])))
-        if self.critic is not None:
-            values, returns = gather(batch.values[on_response]), gather(batch.returns[on_response])
-            metrics.update({**summarize("critic/values/{stat}", values), **summarize("critic/returns/{stat}", returns)})
-            metrics["critic/vf_explained_var"] = float(explained_variance(returns, values, torch.ones_like(values)))
 
     def _log_rollouts(self, step: int, full: Batch, info: dict, keep: torch.Tensor, advantages: list | None) -> None:
         """rollouts/step_<N>.jsonl (``logging/rollouts.py``): every rank gathers (a collective), rank 0 writes."""
@@ -497,20 +480,18 @@ class Trainer:
         if self.critic is not None:
             ctx.critic_loss = critic_loss_fn(self.critic_settings)
             ctx.sync_critic = lambda: distributed.sync_policy(self.train_critic, self.critic)
-        ctx.one_pass_update = self.actor_updates(step) and self.one_pass(len(batch))
+        # StepContext.one_pass_update: the first optimizer step over the whole batch in ONE forward and backward
+        ctx.one_pass_update = (self.actor_updates(step) and self.train_actor is self.actor and world_size() == 1
+                               and 0 < len(batch) <= min(self.actor_mini_rows(), self.cfg.actor.ppo_micro_batch_size))
         return ctx
 
     def actor_updates(self, step: int) -> bool:
         """Whether the actor is updated at ``step`` (a critic's warm-up holds it back)."""
         return self.critic is None or step > self.cfg.trainer.critic_warmup
 
-    def one_pass(self, rows: int) -> bool:
-        """Whether the actor update of a batch of ``rows`` rows takes its first optimizer step over all of them in ONE
-        forward and backward, in one process, on the module the hooks see (``StepContext.one_pass_update``)."""
-        actor_cfg = self.cfg.actor
-        mini_rows = (actor_cfg.ppo_mini_batch_size or self.cfg.data.train_batch_size) * self.cfg.rollout.n
-        return (rows > 0 and self.train_actor is self.actor and world_size() == 1
-                and mini_rows >= rows and actor_cfg.ppo_micro_batch_size >= rows)
+    def actor_mini_rows(self) -> int:
+        """Rows of an actor mini-batch (one optimizer step)."""
+        return (self.cfg.actor.ppo_mini_batch_size or self.cfg.data.train_batch_size) * self.cfg.rollout.n
 
     def _on_grads(self, ctx: StepContext, role: str, metrics: dict) -> Callable | None:
         """The ``on_grads`` callback ``ppo_update`` calls after each mini-batch's backward (None: no hooks)."""
@@ -522,12 +503,17 @@ class Trainer:
     def before_update(self, ctx: StepContext, logger: MetricLogger, metrics: dict) -> HookResult:
         """The hook point (``HookRunner.before_update``): the hooks' metrics into ``metrics``, their tables to the
         logger; the result says whether one of them stopped the run."""
-        res = self.hooks.before_update(ctx)
-        metrics.update(res.metrics)
-        for table, (columns, rows) in res.tables.items():
-            logger.log_table(table, columns, rows, ctx.step)
+        res = self.hook_result(self.hooks.before_update(ctx), ctx.step, logger, metrics)
         if res.stop:
             self.log(f"step {ctx.step}: stopping before the actor update ({res.reason})")
+        return res
+
+    @staticmethod
+    def hook_result(res: HookResult, step: int, logger: MetricLogger, metrics: dict) -> HookResult:
+        """A hook point's answer: its metrics into ``metrics``, its tables to the logger."""
+        metrics.update(res.metrics)
+        for table, (columns, rows) in res.tables.items():
+            logger.log_table(table, columns, rows, step)
         return res
 
     def update_critic(self, ctx: StepContext, metrics: dict) -> None:
@@ -544,11 +530,10 @@ class Trainer:
 
     def update_actor(self, ctx: StepContext, metrics: dict) -> None:
         cfg, actor_cfg = self.cfg, self.cfg.actor
-        mini_prompts = actor_cfg.ppo_mini_batch_size or cfg.data.train_batch_size
         with timer(metrics, "timing_s/update_actor"), update_size(self.actor, metrics):  # actor/update_ratio
             metrics.update(update_actor(
                 self.train_actor, self.optimizer, ctx.batch, self.loss_settings,
-                ppo_epochs=actor_cfg.ppo_epochs, mini_batch_size=mini_prompts * cfg.rollout.n,
+                ppo_epochs=actor_cfg.ppo_epochs, mini_batch_size=self.actor_mini_rows(),
                 micro_batch_size=actor_cfg.ppo_micro_batch_size, max_grad_norm=actor_cfg.max_grad_norm,
                 shuffle=actor_cfg.shuffle, seed=cfg.trainer.seed * 100_003 + ctx.step,
                 scheduler=self.scheduler, on_grads=self._on_grads(ctx, "actor", metrics),
@@ -574,10 +559,7 @@ class Trainer:
             if not stop:
                 if self.actor_updates(step):  # critic warm-up: the actor waits
                     self.update_actor(ctx, metrics)
-                after = self.hooks.after_update(ctx)
-                metrics.update(after.metrics)
-                for table, (columns, rows) in after.tables.items():
-                    logger.log_table(table, columns, rows, ctx.step)
+                self.hook_result(self.hooks.after_update(ctx), step, logger, metrics)
         metrics["timing_s/step"] = time.perf_counter() - t0
         return metrics, stop
 
