@@ -51,6 +51,36 @@ def test_analysis_every_step_leaves_training_bitwise_unchanged(tiny, tmp_path):
         assert len(table) == 4 and {r["bucket"] for r in table} <= {f"bucket_{i}" for i in range(1, 7)}
 
 
+def test_instruments_riding_on_a_one_pass_update_leave_training_bitwise_unchanged(tiny, tmp_path, monkeypatch):
+    """One mini-batch, one micro-batch, the policy loss alone: every instrument every step runs no pass of its own
+    (the prompt-group pass rides on the update's backward), the run's weights and training metrics are those of a
+    plain run, and the instruments' metrics, files and tables are all there."""
+    import rlgrad.analysis.groups as groups
+
+    common = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + [
+        "trainer.total_training_steps=2", "actor.ppo_micro_batch_size=16"]
+    _run(common + [f"trainer.default_local_dir={tmp_path / 'plain'}"])
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("a prompt-group pass of its own ran")
+
+    monkeypatch.setattr(groups, "group_pass", no_pass)
+    _run(common + ["analysis.every=1", "analysis.per_sample.every=1", "trainer.logger=[jsonl]",
+                   f"trainer.default_local_dir={tmp_path / 'rode'}"])
+    a = load_file(tmp_path / "plain" / "global_step_2" / "actor" / "model.safetensors")
+    b = load_file(tmp_path / "rode" / "global_step_2" / "actor" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    plain, rode = read_jsonl(tmp_path / "plain" / "metrics.jsonl"), read_jsonl(tmp_path / "rode" / "metrics.jsonl")
+    for x, y in zip(plain, rode):
+        assert {k: v for k, v in x["data"].items() if not k.startswith("timing_s/")} == \
+            {k: v for k, v in y["data"].items() if k in x["data"] and not k.startswith("timing_s/")}
+    for step in (1, 2):
+        d = rode[step]["data"]
+        assert {"grad_norm/all/task", "grad_comp/correctness/norm", "grad_norm_sample/all/task",
+                "actor/neuron/nullspace_ratio"} <= set(d), step
+        assert (tmp_path / "rode" / "analysis" / f"step_{step}" / "group_rv_table.csv").exists()
+
+
 def test_exit_after_analysis_stops_before_update(tiny, tmp_path):
     summary = _run(tiny + ["trainer.total_training_steps=5", "trainer.gradient_analysis_every=2",
                            "trainer.exit_after_gradient_analysis=true", "trainer.save_freq=1"])
