@@ -22,9 +22,9 @@ Targets (issue 49): all <= 1.5x a plain step; task <= 1.15x a plain update; neur
 
 With ``actor.ppo_micro_batch_size=128`` (the batch's 128 rows in one micro-batch: the update is one pass,
 ``StepContext.one_pass_update``) the prompt-group pass rides on the update's backward where the loss is the policy
-loss alone (``task``, ``buckets`` with ``actor.entropy_coeff=0 actor.use_kl_loss=false``, ``default``) and neuron
-health's nullspace sample always does; their reductions then sit inside the instrumented steps' update, which the
-printed ``instruments / plain update`` counts as the difference of the two sides' update times.
+loss alone (``task``, ``buckets`` with ``actor.entropy_coeff=0 actor.use_kl_loss=false``, ``default``); its
+reductions then sit inside the instrumented steps' update, which the printed ``instruments / plain update`` counts
+as the difference of the two sides' update times.
 """
 
 from __future__ import annotations
