@@ -17,7 +17,7 @@ optimizer state, gradients or RNG streams (``torch.random.fork_rng`` helps).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -98,24 +98,6 @@ class UpdateTap(Protocol):
     def around(self, model: torch.nn.Module, mb: Batch, rows: torch.Tensor) -> AbstractContextManager: ...
 
     def seen(self, terms: Any) -> None: ...
-
-
-class _Taps:
-    """Several hooks' taps on one update: entered together, each seeing the terms."""
-
-    def __init__(self, taps: list[UpdateTap]):
-        self.taps = taps
-
-    @contextmanager
-    def around(self, model: torch.nn.Module, mb: Batch, rows: torch.Tensor) -> Iterator[None]:
-        with ExitStack() as stack:
-            for tap in self.taps:
-                stack.enter_context(tap.around(model, mb, rows))
-            yield
-
-    def seen(self, terms: Any) -> None:
-        for tap in self.taps:
-            tap.seen(terms)
 
 
 class Hook:
@@ -208,9 +190,11 @@ class HookRunner:
         return out
 
     def update_tap(self, ctx: StepContext) -> UpdateTap | None:
-        """What the hooks have ride on this step's update (hooks sharing one tap give it once), or None."""
-        taps = list({id(t): t for t in (hook.update_tap(ctx) for hook in self.hooks) if t is not None}.values())
-        return None if not taps else taps[0] if len(taps) == 1 else _Taps(taps)
+        """The one ``update_tap`` the hooks give for this step (hooks sharing one give the same), or None."""
+        taps = {id(t): t for t in (hook.update_tap(ctx) for hook in self.hooks) if t is not None}
+        if len(taps) > 1:
+            raise RuntimeError(f"{len(taps)} hooks ride on one update's backward; at most one can")
+        return next(iter(taps.values()), None)
 
     def after_update(self, ctx: StepContext) -> HookResult:
         """Every hook's ``after_update``: their metrics and tables merged."""

@@ -248,47 +248,6 @@ def test_nullspace_counts_duplicates_and_gram_equals_plain_autograd(tok):
                    loss_fn=fn).nullspace_ratio == 0.0
 
 
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_the_nullspace_sample_riding_on_a_one_pass_update_equals_its_own_pass(tok, tmp_path, shuffle):
-    """``StepContext.one_pass_update``: the sampled rows' gradients come from the update's own backward (no forward of
-    their own); the report equals the one from the sample pass (duplicated rows: a null direction on both), its
-    Gram scaled back to each sequence's un-normalised loss; and the update is bitwise the one without it."""
-    from rlgrad.hooks import HookRunner
-    from rlgrad.rl.actor import update_actor
-
-    b = make_batch(len(tok), n=12).select(torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]))
-    cfg = load_config(overrides=["analysis.neurons.actor.metric_every=1", "analysis.buckets.enable=false",
-                                 "analysis.neurons.actor.nullspace_samples=8"])
-    got, weights, forwards, grams = {}, {}, {}, {}
-    for one_pass in (False, True):
-        model = qwen(tok, kv_heads=1)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        hook = next(h for h in hooks_from_config(cfg) if isinstance(h, NeuronHealthHook))
-        runner = HookRunner([hook])
-        ctx = StepContext(step=1, batch=b, actor=model, optimizer=optimizer, loss_settings=S, config=cfg,
-                          run_dir=tmp_path / str(one_pass), one_pass_update=one_pass)
-        tap = runner.update_tap(ctx)
-        assert (tap is not None) == one_pass
-        metrics, calls = {}, []
-        handle = model.register_forward_hook(lambda *a, calls=calls: calls.append(1))
-        update_actor(model, optimizer, b, S, ppo_epochs=1, mini_batch_size=len(b), micro_batch_size=len(b),
-                     max_grad_norm=1.0, shuffle=shuffle, seed=0, tap=tap,
-                     on_grads=lambda m, mini, metrics=metrics, runner=runner, ctx=ctx:
-                     metrics.update(runner.on_grads(ctx, m, mini)))
-        handle.remove()
-        got[one_pass], forwards[one_pass] = metrics, len(calls)
-        grams[one_pass] = hook.pending["actor"][1].gram
-        weights[one_pass] = copy.deepcopy(model.state_dict())
-    assert forwards == {False: 2, True: 1}
-    assert got[True]["actor/neuron/nullspace_ratio"] > 0  # the repeated rows, when sampled together
-    for k, v in got[False].items():
-        if not k.startswith("timing_s/"):
-            assert got[True][k] == pytest.approx(v, rel=1e-5, abs=1e-12), k
-    torch.testing.assert_close(grams[True], grams[False], rtol=1e-4, atol=1e-10)
-    for name, w in weights[False].items():
-        assert torch.equal(w, weights[True][name]), name
-
-
 def test_nullspace_ratio_of_a_non_finite_gram_is_nan_not_a_crash():
     """A step whose gradient is not finite (a reward whose sum overflows: tests/doctor's reward_overflow) gave
     eigvalsh a non-finite matrix, which raised LinAlgError and killed the run before the trainer could skip the

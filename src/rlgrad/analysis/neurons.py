@@ -36,17 +36,15 @@ activations; under FSDP2 it runs on the plain replica.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from rlgrad import collectives
-from rlgrad.algos.aggregation import denominator
 from rlgrad.algos.objective import FunctionLoss, LossFn
-from rlgrad.analysis.engine import _SliceReducer, fast_unsupported, slice_gradients, stream
+from rlgrad.analysis.engine import slice_gradients
 from rlgrad.analysis.instrument import InstrumentHook
 from rlgrad.analysis.neuron_base import (
     LayerStats,
@@ -161,53 +159,6 @@ class _Activations:
         for h in self.handles:
             h.remove()
 
-    def into(self, stats: list[LayerStats]) -> None:
-        """The sums into each layer's statistics (``act_sum``, ``act_count``); they cover this rank's sampled rows
-        only: summed over ranks first."""
-        flat = collectives.all_reduce_sum(torch.cat([*self.sums, self.tokens.view(1)]))
-        parts = flat[:-1].split([s.layer.n for s in stats])
-        for s, a in zip(stats, parts):
-            s.act_sum, s.act_count = a, flat[-1] * s.layer.width * torch.ones_like(a)
-
-
-class NullspaceTap:
-    """The nullspace sample riding on the actor update's first forward and backward (``hooks.UpdateTap``; where the
-    update is one pass over the batch, ``StepContext.one_pass_update``): the sampled rows' per-sequence gradients
-    from the update's own backward (of the whole loss, as the sample pass takes it), their Gram, and their
-    activation sums, with no forward or backward of their own. The update's loss is the sample pass's over its
-    denominator D (``Aggregation.weights``): the Gram is scaled by D². ``sample``: ``(K, rows, activations)`` after
-    the update's backward, for ``measure``."""
-
-    def __init__(self, nc: NeuronHealthConfig, agg, seed: int) -> None:
-        self.nc, self.agg, self.seed = nc, agg, seed
-        self.sample: tuple[torch.Tensor, torch.Tensor, _Activations] | None = None
-
-    def seen(self, terms) -> None:
-        return None
-
-    @contextmanager
-    def around(self, model: nn.Module, mb: Batch, rows: torch.Tensor) -> Iterator[None]:
-        sampled, local, slot = global_sample(mb, self.nc.nullspace_samples, self.seed)
-        weights = torch.zeros(len(sampled), len(mb))
-        weights[slot, local] = 1.0
-        device = next(model.parameters()).device
-        reducer = _SliceReducer(model, weights.to(device), leaf_embeddings=False)
-        slices = [f"seq_{i}" for i in range(len(sampled))]
-        finish = stream(reducer, {}, slices, False)
-        acts = _Activations(find_neurons(model))
-        acts.mask = mb.response_mask * weights.sum(0).to(mb.response_mask.device)[:, None]
-        acts.tokens += float(acts.mask.sum())
-        try:
-            yield  # the update's forward and backward
-        finally:
-            reducer.close()
-            acts.close()
-        _, u = self.agg.weights(mb.response_mask)
-        scale = denominator(float(u.sum()))
-        gram = finish([p for p in model.parameters() if p.requires_grad])[1]
-        K = sum(gram.values()) if gram else torch.zeros(len(sampled), len(sampled), dtype=torch.float64)
-        self.sample = (K * scale * scale, sampled, acts)
-
 
 def global_sample(batch: Batch, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The nullspace sample, drawn over the GLOBAL mini-batch: ``(rows, local, slot)``.
@@ -255,13 +206,16 @@ def sample_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, stats: list[Lay
         acts.close()
     # K is already global: the engine summed each sequence's gradient over ranks before forming it.
     K = g.total_gram("loss") if "loss" in g.gram else torch.zeros(S, S, dtype=torch.float64)
-    acts.into(stats)
+    # Activation sums and token counts cover this rank's sampled rows only: summed over ranks.
+    flat = collectives.all_reduce_sum(torch.cat([*acts.sums, acts.tokens.view(1)]))
+    parts = flat[:-1].split([s.layer.n for s in stats])
+    for s, a in zip(stats, parts):
+        s.act_sum, s.act_count = a, flat[-1] * s.layer.width * torch.ones_like(a)
     return K
 
 
 def measure(model: nn.Module, batch: Batch | None, nc: NeuronHealthConfig, *, role: str, seed: int, step: int,
-            loss_fn: LossFn | None = None, method: str = "fast", replica: nn.Module | None = None,
-            tap: NullspaceTap | None = None) -> NeuronReport:
+            loss_fn: LossFn | None = None, method: str = "fast", replica: nn.Module | None = None) -> NeuronReport:
     """Neuron health of ``model`` from its current ``.grad`` (and, with ``loss_fn``, a sample of ``batch``).
 
     ``nc``: the role's settings (tau, mode, nullspace_samples). Without ``loss_fn`` or with
@@ -269,7 +223,6 @@ def measure(model: nn.Module, batch: Batch | None, nc: NeuronHealthConfig, *, ro
     global RNG are left as they were. Data parallel: ``batch`` is this rank's share of the mini-batch and
     every rank calls this; under FSDP2 ``model`` is the sharded module and ``replica`` (optional) a plain module
     with the same weights, which the per-sequence pass then runs on (without it, on the shards: the fast engine).
-    ``tap``: the nullspace sample taken from the update's own backward (``NullspaceTap``), used instead of a pass.
     """
     layers = find_neurons(model)
     stats, zero, numel = gradient_stats(model, layers)
@@ -279,12 +232,8 @@ def measure(model: nn.Module, batch: Batch | None, nc: NeuronHealthConfig, *, ro
     if loss_fn is not None and nc.nullspace_samples > 0 and batch is not None:
         runner = replica if replica is not None else model  # FSDP2 shards: the fast engine runs on them as well
         rows, local, slot = global_sample(batch, nc.nullspace_samples, seed_of(seed, step, role, "nullspace"))
-        if tap is not None and tap.sample is not None and torch.equal(tap.sample[1], rows):
-            K, _, acts = tap.sample
-            acts.into(stats)
-        elif len(rows):  # the global mini-batch is not empty (the same answer on every rank)
+        if len(rows):  # the global mini-batch is not empty (the same answer on every rank)
             K = sample_pass(runner, batch, loss_fn, stats, local, slot, len(rows), method)
-        if len(rows):
             rep.gram, rep.sample_rows, rep.nullspace_samples = K, rows, len(rows)
             rep.nullspace_ratio = nullspace_ratio(K)
     return rep
@@ -313,18 +262,6 @@ class NeuronHealthHook(InstrumentHook):
         self.settings, self.seed, self.method = settings, seed, method
         self.metric_at, self.reset_at = dict(metrics), dict(resets)
         self.pending: dict[str, tuple[int, NeuronReport]] = {}
-        self.tap: tuple[int, NullspaceTap] | None = None  # the actor's sample riding on the update of a step
-
-    def update_tap(self, ctx: StepContext) -> NullspaceTap | None:
-        """The actor's nullspace sample on the update's own backward, at a due step whose update is one pass
-        (``StepContext.one_pass_update``) with rlgrad's actor loss and the fast engine."""
-        nc = self._role("actor")
-        if not (ctx.one_pass_update and ctx.loss is None and self.method == "fast" and nc.nullspace_samples > 0
-                and self.metric_at.get("actor", Schedule(0)).due(ctx.step)) or fast_unsupported(ctx.actor):
-            return None
-        tap = NullspaceTap(nc, ctx.loss_settings.agg, seed_of(self.seed, ctx.step, "actor", "nullspace"))
-        self.tap = (ctx.step, tap)
-        return tap
 
     def _role(self, role: str) -> NeuronHealthConfig:
         return getattr(self.settings, role)
@@ -345,11 +282,8 @@ class NeuronHealthHook(InstrumentHook):
         timing: dict[str, float] = {}
         with self.timed(timing, role=role):
             replica = getattr(ctx, role, None) if _is_sharded(model) else model
-            tap = self.tap[1] if role == "actor" and self.tap is not None and self.tap[0] == ctx.step else None
-            self.tap = None if tap is not None else self.tap
             rep = measure(model, minibatch, self._role(role), role=role, seed=self.seed, step=ctx.step,
-                          loss_fn=self.loss_fn(ctx, role) if metric else None, method=self.method, replica=replica,
-                          tap=tap)
+                          loss_fn=self.loss_fn(ctx, role) if metric else None, method=self.method, replica=replica)
             self.pending[role] = (ctx.step, rep)
         return {**rep.metrics(), **timing}
 
