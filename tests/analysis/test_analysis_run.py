@@ -100,7 +100,8 @@ def test_probe_never_updates(tiny, tmp_path, capsys):
 
     _run(tiny + ["trainer.total_training_steps=1", "trainer.save_freq=1", "algorithm.adv_estimator=gae"])
     probe_dir = tmp_path / "probe"
-    overrides = [o for o in tiny if not o.startswith("trainer.default_local_dir")]
+    # one micro-batch: a training step's instruments would ride on its update, which a probe never runs
+    overrides = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + ["actor.ppo_micro_batch_size=16"]
     cfg = load_config(overrides=overrides + [
         "algorithm.adv_estimator=gae", "trainer.resume_mode=resume_path",
         f"trainer.resume_from_path={tmp_path / 'run' / 'global_step_1'}", f"trainer.default_local_dir={probe_dir}"])

@@ -480,10 +480,13 @@ class Trainer:
         if self.critic is not None:
             ctx.critic_loss = critic_loss_fn(self.critic_settings)
             ctx.sync_critic = lambda: distributed.sync_policy(self.train_critic, self.critic)
-        # StepContext.one_pass_update: the first optimizer step over the whole batch in ONE forward and backward
-        ctx.one_pass_update = (self.actor_updates(step) and self.train_actor is self.actor and world_size() == 1
-                               and 0 < len(batch) <= min(self.actor_mini_rows(), self.cfg.actor.ppo_micro_batch_size))
         return ctx
+
+    def one_pass_update(self, ctx: StepContext) -> bool:
+        """``StepContext.one_pass_update`` of a training step: the actor's first optimizer step is over the whole
+        batch in ONE forward and backward, in one process, on the module the hooks see."""
+        return (self.actor_updates(ctx.step) and self.train_actor is self.actor and world_size() == 1
+                and 0 < len(ctx.batch) <= min(self.actor_mini_rows(), self.cfg.actor.ppo_micro_batch_size))
 
     def actor_updates(self, step: int) -> bool:
         """Whether the actor is updated at ``step`` (a critic's warm-up holds it back)."""
@@ -553,6 +556,7 @@ class Trainer:
         stop = False
         if collected is not None:
             ctx = self.context(step, *collected)
+            ctx.one_pass_update = self.one_pass_update(ctx)  # a probe has no update: never there
             if self.critic is not None:  # before the hook point, as in RAGEN
                 self.update_critic(ctx, metrics)
             stop = self.before_update(ctx, logger, metrics).stop
