@@ -118,6 +118,11 @@ class Hook:
         """Where ``ctx.one_pass_update``: what this hook has ride on the actor update's backward (None: nothing)."""
         return None
 
+    def update_skipped(self, ctx: StepContext) -> HookResult | None:
+        """A hook stopped the run at ``before_update``: this step's update will not run. A measurement that was
+        waiting to ride on it is taken now instead (its metrics and tables)."""
+        return None
+
     def after_update(self, ctx: StepContext) -> dict[str, float] | HookResult | None:
         """After the step's actor (and critic) updates, before validation and the checkpoint.
 
@@ -141,7 +146,8 @@ class HookRunner:
     the TRL and verl integrations, so each of them keeps the hooks' metrics, tables and stop requests alike.
 
     ``before_update`` merges the metrics and tables of the hooks it ran; the first hook that asks to stop ends
-    it (the hooks after that one do not run at that step) and its reason is the merged result's. What a stop
+    it (the hooks after that one do not run at that step, the ones before it take what waited for the update:
+    ``Hook.update_skipped``) and its reason is the merged result's. What a stop
     does is the loop's to say, and each says it in its docstring:
 
     * rlgrad's trainer: no actor update, after-update hooks, validation or checkpoint at that step; its metrics
@@ -170,7 +176,9 @@ class HookRunner:
     def before_update(self, ctx: StepContext) -> HookResult:
         """Every hook's ``before_update`` up to the first that asks to stop: their metrics and tables merged."""
         merged = HookResult()
+        ran: list[Hook] = []
         for hook in self.hooks:
+            ran.append(hook)
             res = hook.before_update(ctx)
             if res is None:
                 continue
@@ -179,6 +187,11 @@ class HookRunner:
             if res.stop:
                 merged.stop, merged.reason = True, res.reason or "requested by a hook"
                 break
+        for hook in ran if merged.stop else ():  # no update to ride on: what waited for it, now
+            res = hook.update_skipped(ctx)
+            if res is not None:
+                merged.metrics.update(res.metrics)
+                merged.tables.update(res.tables)
         return merged
 
     def on_grads(self, ctx: StepContext, model: torch.nn.Module, minibatch: Batch,

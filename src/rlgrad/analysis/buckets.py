@@ -415,10 +415,10 @@ class GradientAnalysisHook(InstrumentHook):
         b = self.settings
         loss_fn, trim = ctx.actor_loss(), self.dp_size if b.dp_trim else 0
         groups = None
-        if self.shared is not None and self.shared.serves(ctx.step, "buckets", ctx.one_pass_update) \
+        ride = self.shared is not None and self.shared.rides(ctx) and self.after_update_safe()
+        if self.shared is not None and self.shared.serves(ctx.step, "buckets", ride) \
                 and batch is ctx.batch and not fast_unsupported(ctx.actor):
-            groups = self.shared.pass_for(ctx.step, ctx.actor, batch, loss_fn,
-                                          one_pass=ctx.one_pass_update and self.after_update_safe())
+            groups = self.shared.pass_for(ctx.step, ctx.actor, batch, loss_fn, one_pass=ride)
         rep = analyse_buckets(ctx.actor, batch, loss_fn, bucket_mode=b.bucket_mode, num_buckets=b.num_buckets,
                               method=self.method, dp_trim=trim, groups=groups)
         if ctx.is_main and prefix == "grad_norm" and b.save_batch:

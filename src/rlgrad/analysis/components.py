@@ -224,10 +224,10 @@ class ComponentGeometryHook(InstrumentHook):
         save = self.writer is not None
         split = ctx.component_advantages(ctx.batch) if ctx.component_advantages is not None else None
         shared = None
-        if self.shared is not None and self.shared.serves(ctx.step, "components", ctx.one_pass_update):
+        ride = self.shared is not None and self.shared.rides(ctx)
+        if self.shared is not None and self.shared.serves(ctx.step, "components", ride):
             def shared(side: Side) -> GradStats | None:
-                found = self.shared.pass_for(ctx.step, ctx.actor, ctx.batch, ctx.actor_loss(), side,
-                                             ctx.one_pass_update)
+                found = self.shared.pass_for(ctx.step, ctx.actor, ctx.batch, ctx.actor_loss(), side, ride)
                 return found.side if found is not None else None
         rep = analyse_components(ctx.actor, ctx.batch, ctx.actor_loss(), weights=ctx.reward_weights,
                                  mode=self.settings.mode, estimator=self.estimator, norm_by_std=self.norm_by_std,

@@ -48,7 +48,7 @@ from rlgrad.analysis.instrument import Deferred
 from rlgrad.analysis.rows import RowNormReducer
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_cat
-from rlgrad.hooks import Schedule
+from rlgrad.hooks import Schedule, StepContext
 from rlgrad.metrics import key
 
 
@@ -108,11 +108,16 @@ def logit_grad_sq(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _lm_head(model: nn.Module) -> nn.Module | None:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return head if isinstance(head, nn.Module) else None
+
+
 def _proxy_tap(model: nn.Module, ids: torch.Tensor, into: list) -> Callable[[], None] | None:
     """A forward hook on the model's LM head that puts ``logit_grad_sq`` of its output in ``into``: verl's proxy from
     the pass's own forward. None (no hook) for a model without ``get_output_embeddings``; returns the remover."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if not isinstance(head, nn.Module):
+    head = _lm_head(model)
+    if head is None:
         return None
     handle = head.register_forward_hook(lambda m, args, out: into.append(logit_grad_sq(out.detach(), ids)))
     return handle.remove
@@ -230,6 +235,7 @@ class SharedPass:
         self.users, self.proxy = users, proxy
         self.kept: tuple[int, int, GroupPass] | None = None
         self.planned: UpdatePass | None = None
+        self.dropped: int | None = None  # a step whose update will not run (``drop``)
 
     def serves(self, step: int, user: str, one_pass: bool = False) -> bool:
         """Whether ``user``'s measurement at ``step`` goes through the shared pass: it and another user are due, or
@@ -240,9 +246,9 @@ class SharedPass:
     def pass_for(self, step: int, model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | None = None,
                  one_pass: bool = False) -> GroupPass | None:
         """The step's pass on ``batch``: the one kept, else a new one (kept for the next user); None where it would
-        hold more memory than the users' own passes (``_fits``): then each runs its own. ``one_pass``
-        (``StepContext.one_pass_update``): where the update's loss is the task term alone, the pass is planned on
-        the update's backward and ``Deferred`` raised (the class docstring)."""
+        hold more memory than the users' own passes (``_fits``): then each runs its own. ``one_pass`` (``rides``:
+        the user can wait for it too): the pass is planned on the update's backward and ``Deferred`` raised (the
+        class docstring)."""
         if self.kept is not None and self.kept[:2] == (step, id(batch)):
             return self.kept[2]
         if self.planned is not None and self.planned.step == step:
@@ -257,7 +263,7 @@ class SharedPass:
         wanted = [terms for at, terms in self.users.values() if at.due(step)]
         keep = {t for terms in wanted for t in terms} if all(terms is not None for terms in wanted) else None
         rows = row_terms if per_sample else ()
-        if one_pass and rides_on_update(model, loss_fn):
+        if one_pass:
             self.planned = UpdatePass(self, step, batch, loss_fn, keep, side, self.proxy and per_sample, rows)
             raise Deferred
         found = group_pass(model, batch, checked(loss_fn if keep is None else only_terms(loss_fn, keep)), side,
@@ -265,18 +271,31 @@ class SharedPass:
         self.kept = (step, id(batch), found)
         return found
 
+    def rides(self, ctx: StepContext) -> bool:
+        """Whether this step's pass can ride on its update: a one-pass update (``StepContext.one_pass_update``) whose
+        loss is the task term alone (``rides_on_update``), and not dropped (``drop``)."""
+        return (ctx.one_pass_update and self.dropped != ctx.step
+                and rides_on_update(ctx.actor, ctx.actor_loss(), self.proxy))
+
+    def drop(self, step: int) -> None:
+        """No update will run at ``step``: its plan is dropped, and the users take a pass of their own before it."""
+        self.planned, self.dropped = None, step
+
     def tap(self, step: int) -> UpdatePass | None:
         """The pass planned on the update of ``step`` (``hooks.UpdateTap``), if any."""
         return self.planned if self.planned is not None and self.planned.step == step else None
 
 
-def rides_on_update(model: nn.Module, loss_fn: LossFn) -> bool:
+def rides_on_update(model: nn.Module, loss_fn: LossFn, proxy: bool = False) -> bool:
     """Whether the prompt-group pass can ride on the backward of a one-pass update: rlgrad's actor loss with the
-    task term alone (no entropy bonus, no KL loss: the backward is that term's), on a model the fast engine covers."""
+    task term alone (no entropy bonus, no KL loss: the backward is that term's), on a model the fast engine covers;
+    with verl's ``proxy``, one with an LM head to read it from (else the proxy's own forwards would run after the
+    update)."""
     if not isinstance(loss_fn, ActorLoss):
         return False
     extra = {q: c for q, c in loss_fn.settings.coefficients().items() if q != "policy"}
-    return all(c == 0 for c in extra.values()) and not fast_unsupported(model)
+    return (all(c == 0 for c in extra.values()) and not fast_unsupported(model)
+            and (not proxy or _lm_head(model) is not None))
 
 
 class UpdatePass:

@@ -72,6 +72,15 @@ class InstrumentHook(Hook):
             raise RuntimeError(f"{self.declared.section}: step {ctx.step}'s actor update did not carry the "
                                "prompt-group pass planned on it (StepContext.one_pass_update)") from None
 
+    def update_skipped(self, ctx: StepContext) -> HookResult | None:
+        """No update to ride on (a later hook stopped the run): the measurement that waited for it, now, from a
+        pass of its own before the update (the shared pass's plan dropped)."""
+        if self.deferred_step != ctx.step:
+            return None
+        self.deferred_step = None
+        self.shared.drop(ctx.step)
+        return self._measured(ctx)
+
     def _measured(self, ctx: StepContext) -> HookResult | None:
         timing: dict[str, float] = {}
         with self.timed(timing):

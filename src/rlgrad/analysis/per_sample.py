@@ -328,6 +328,7 @@ class PerSampleHook(InstrumentHook):
 
     def _shared(self, ctx: StepContext) -> GroupPass | None:
         """The step's shared prompt-group pass, when another instrument due at this step shares it."""
-        if self.shared is None or not self.shared.serves(ctx.step, "per_sample", ctx.one_pass_update):
+        ride = self.shared is not None and self.shared.rides(ctx)
+        if self.shared is None or not self.shared.serves(ctx.step, "per_sample", ride):
             return None
-        return self.shared.pass_for(ctx.step, ctx.actor, ctx.batch, ctx.actor_loss(), one_pass=ctx.one_pass_update)
+        return self.shared.pass_for(ctx.step, ctx.actor, ctx.batch, ctx.actor_loss(), one_pass=ride)
