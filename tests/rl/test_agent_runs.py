@@ -113,7 +113,7 @@ def test_a_resumed_multi_turn_run_equals_the_uninterrupted_one(tiny, tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("preset", ["sokoban_ppo_filter_grad_analysis", "sokoban_grpo_filter_grad_analysis",
-                                    "sokoban_demo"])
+                                    "sokoban_demo", "frozen_lake_demo"])
 def test_the_sokoban_presets_run_and_the_probe_reads_them(tiny, tmp_path, preset):
     """RAGEN's runs scaled down further (a narrower model, one step): the separate analysis batch of episodes,
     the filter, the critic where there is one; then RAGEN's checkpoint probe of the PPO run."""
