@@ -95,13 +95,14 @@ class EnvTask:
         (``eos``: the text of the token that ends a model turn)."""
         planner = importlib.import_module(f"rlgrad.envs.{self.name}").sloppy_plan
         a, tag = self.agent, opening_tag(self.agent.enable_think)
+        actions = self.make_env().actions
+        meant, confused = self._confused_words() or (actions[0], actions[2])
         prompts, targets = [], []
         for ex in self.train_examples(n, rng):
             env, seen = self.make_env(), []  # per turn: (shown state, answer, turn reward)
             obs, used, done = env.reset(ex.meta["env_seed"]), 0, False
             while not done and len(seen) < a.max_turn and used < a.max_actions_per_traj:
                 moves = planner(env, rng, PLANNER_SLIP)[:a.max_actions_per_turn] or [rng.choice(env.actions)]
-                meant, confused = self._confused_words() or (env.actions[0], env.actions[2])
                 moves = [confused if m == meant and rng.random() < PLANNER_CONFUSION else m for m in moves]
                 body = f" {a.action_sep} ".join(moves) + "</answer>"
                 answer = ("</think><answer>" + body) if a.enable_think else body
