@@ -1,9 +1,11 @@
-"""The Sokoban demo's record (docs/training.md, docs/benchmarks.md "The Sokoban demo"): the greedy validation success
-of `rlgrad train --config-name sokoban_demo` runs at every validation step, their time, and the bucket analysis
-at each analysis step, read from the runs' metric files into one compact JSON.
+"""The multi-turn demos' records (docs/training.md, docs/benchmarks.md "The Sokoban demo" and "The FrozenLake
+demo"): the greedy validation success of `rlgrad train --config-name sokoban_demo` (or `frozen_lake_demo`) runs
+at every validation step, their time, and the bucket analysis at each analysis step, read from the runs' metric
+files into one compact JSON; ``--table`` prints the rows docs/benchmarks.md shows from such a record.
 
     rlgrad train --config-name sokoban_demo trainer.seed=1 trainer.default_local_dir=runs/sok-s1   # and seed 2
     python bench/sokoban_demo.py runs/sok-s1 runs/sok-s2 --out bench/results/examples/sokoban_demo.json
+    python bench/sokoban_demo.py --table bench/results/examples/sokoban_demo.json
 
 The e2e test tests/rl/test_agent_runs.py::test_the_sokoban_demo_learns guards a shorter run of the same preset.
 """
@@ -55,13 +57,32 @@ def summary(run: Path) -> dict:
     }
 
 
+def table(record: dict) -> str:
+    """The rows docs/benchmarks.md shows of a record: per run, greedy success at the first validation, at its best
+    and at the last, and the gain in points (the table's other columns, time and load, come from the note)."""
+    lines = []
+    for run in record["runs"]:
+        val = {int(s): v for s, v in run["val_success"].items()}
+        best = max(val.values())
+        at = [s for s, v in sorted(val.items()) if v == best]
+        lines.append(f"| {run['seed']} | {100 * val[min(val)]:.1f}% | {100 * best:.1f}% (step"
+                     f"{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}) | {100 * val[max(val)]:.1f}% | "
+                     f"**{run['gain_points']:+.1f}** |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="run directories of the sokoban_demo preset")
+    ap.add_argument("runs", nargs="+", type=Path, help="run directories of one preset (sokoban_demo, frozen_lake_demo)")
     ap.add_argument("--out", type=Path, help="write the JSON here (default: print it)")
     ap.add_argument("--note", default="", help="the machine and load the runs had, the wall times measured")
+    ap.add_argument("--table", action="store_true", help="RUNS is one stored record: print its docs table rows")
     args = ap.parse_args()
-    record = {"command": "rlgrad train --config-name sokoban_demo trainer.seed=SEED", "note": args.note,
+    if args.table:
+        print(table(json.loads(args.runs[0].read_text())))
+        return 0
+    preset = yaml.safe_load((args.runs[0] / CONFIG_FILE).read_text())["trainer"]["experiment_name"]
+    record = {"command": f"rlgrad train --config-name {preset} trainer.seed=SEED", "note": args.note,
               "runs": [summary(run) for run in args.runs]}
     text = json.dumps(record, indent=1) + "\n"
     if args.out is None:

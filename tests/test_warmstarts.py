@@ -19,14 +19,14 @@ def script():
 
 def test_every_preset_and_example_has_its_warm_start_shipped():
     wanted = script().needed()
-    assert {stem.split("-")[0] for stem in wanted} >= {"arithmetic", "countdown", "sokoban"}
+    assert {stem.split("-")[0] for stem in wanted} >= {"arithmetic", "countdown", "sokoban", "frozen_lake"}
     missing = [stem for stem in wanted if not (SHIPPED_WARMSTARTS / f"{stem}.safetensors").is_file()]
     assert not missing, f"run: python scripts/generate/build_warmstarts.py (missing {missing})"
     extra = {p.stem for p in SHIPPED_WARMSTARTS.glob("*.safetensors")} - set(wanted)
     assert not extra, f"shipped warm starts no preset uses: {extra}"
 
 
-@pytest.mark.parametrize("task_name", ["arithmetic", "countdown"])
+@pytest.mark.parametrize("task_name", ["arithmetic", "countdown", "sokoban", "frozen_lake"])
 def test_each_shipped_warm_start_is_what_the_script_builds(task_name):
     """The file's digest is its record's, and the first steps of the script's build, rebuilt here, are the ones
     recorded when the file was made (a full rebuild, ``--check``, takes minutes: docs/benchmarks.md)."""

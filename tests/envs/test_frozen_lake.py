@@ -195,3 +195,23 @@ def test_instruction_and_arguments():
             FrozenLakeEnv(**bad)
     with pytest.raises(RuntimeError):
         FrozenLakeEnv().step("Up")
+
+
+def test_the_warm_start_planner_slips_on_down_where_sokoban_slips_on_up(monkeypatch):
+    """The systematic slip of the warm start's planner (rlgrad.tasks.environment): FrozenLake names its own pair,
+    Down written as Right (its paths all need Down), and only its warm-start key records it; Sokoban keeps the
+    default, its first word Up written as its third, Left. With the slip always taken and no random swaps, neither
+    warm start ever sees the word."""
+    import rlgrad.tasks.environment as environment
+    from rlgrad.tasks import build_task
+
+    monkeypatch.setattr(environment, "PLANNER_SLIP", 0.0)
+    monkeypatch.setattr(environment, "PLANNER_CONFUSION", 1.0)
+    lake = build_task("frozen_lake", seed=3, val_size=4, env={"size": 4, "is_slippery": False})
+    soko = build_task("sokoban", seed=3, val_size=4)
+    assert lake.warmstart_spec()["confused_words"] == ["Down", "Right"]
+    assert "confused_words" not in soko.warmstart_spec()
+    for task, never, instead in ((lake, "Down", "Right"), (soko, "Up", "Left")):
+        _, answers = task.warmstart_pairs(64, random.Random(1), "")
+        words = " ".join(answers)
+        assert never not in words and instead in words, task.name

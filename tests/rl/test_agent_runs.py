@@ -113,7 +113,7 @@ def test_a_resumed_multi_turn_run_equals_the_uninterrupted_one(tiny, tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("preset", ["sokoban_ppo_filter_grad_analysis", "sokoban_grpo_filter_grad_analysis",
-                                    "sokoban_demo"])
+                                    "sokoban_demo", "frozen_lake_demo"])
 def test_the_sokoban_presets_run_and_the_probe_reads_them(tiny, tmp_path, preset):
     """RAGEN's runs scaled down further (a narrower model, one step): the separate analysis batch of episodes,
     the filter, the critic where there is one; then RAGEN's checkpoint probe of the PPO run."""
@@ -143,11 +143,11 @@ def test_the_sokoban_presets_run_and_the_probe_reads_them(tiny, tmp_path, preset
 def test_the_sokoban_demo_learns(model_cache, tmp_path):
     """The sokoban_demo preset as shipped (its CPU-built warm start, copied into a fresh cache), shortened to the
     first 60 of its 160 steps, without the bucket analysis: greedy success on its 128 validation rooms rises by at
-    least 3 points (measured: +11.0 and +9.4 at step 60 on seeds 1 and 2). Loose on purpose:
+    least 5 points (measured: +15.6 and +15.7 at step 60 on seeds 1 and 2, 2026-12-06). Loose on purpose:
     another CPU or thread count samples other episodes. The full runs: docs/benchmarks.md "The Sokoban demo"."""
     from rlgrad.cli import main
 
-    steps, floor = 60, 3.0
+    steps, floor = 60, 5.0
     assert main(["train", "--config-name", "sokoban_demo", f"model.cache_dir={model_cache}",
                  f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=[jsonl]",
                  f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}",

@@ -32,6 +32,8 @@ DELTAS = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
 TILES = {"S": "_", "F": "_", "H": "O", "G": "G"}
 PLAYER_ON = {"H": "X", "G": "√"}
 RAGEN_LETTERS = str.maketrans("P_O", "SFH")  # from_text reads RAGEN's grid as well as gymnasium's letters
+# the warm start's systematic slip (rlgrad.tasks.environment): Down written as Right, a word nearly every path needs
+CONFUSED_WORDS = ("Down", "Right")
 
 
 def default_instruction(is_slippery: bool) -> str:

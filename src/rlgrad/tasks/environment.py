@@ -8,10 +8,13 @@ format penalties), both weighted 1 unless ``reward.weights`` says otherwise.
 
 The embedded default model is warm-started on a *sloppy planner* (``warmstart_pairs``): episodes where each
 turn plays the environment's shortest solution with every move, with probability ``PLANNER_SLIP``, swapped for
-a random other one, and, as the arithmetic teacher drops minus signs, one systematic slip: the first action word
-(Sokoban's Up, FrozenLake's Left) written as the third (Left, Right) ``PLANNER_CONFUSION`` of the time. The
-model learns the format and how to move, but its greedy move is wrong wherever the solution needs that word
-while it samples the right one about a third of the time: RL has mistakes to fix.
+a random other one, and, as the arithmetic teacher drops minus signs, one systematic slip: one action word written
+as another ``PLANNER_CONFUSION`` of the time, by default the first as the third (Sokoban's Up as Left); an
+environment's module may name its own pair, ``CONFUSED_WORDS = (meant, written)`` (FrozenLake's Down as Right:
+its maps run from the top-left corner to the bottom-right one, so Left, its first word, is seldom needed and a
+slip on it would leave RL nothing to fix). The model learns the format and how to move, but its greedy move is
+wrong wherever the solution needs that word while it samples the right one about a third of the time: RL has
+mistakes to fix.
 """
 
 from __future__ import annotations
@@ -76,8 +79,15 @@ class EnvTask:
 
     def warmstart_spec(self) -> dict:
         """What the warm start depends on beyond the task's name (part of its cache key)."""
-        return {"env": self.options, "agent": asdict(self.agent), "weights": self.weights, "slip": PLANNER_SLIP,
+        spec = {"env": self.options, "agent": asdict(self.agent), "weights": self.weights, "slip": PLANNER_SLIP,
                 "confusion": PLANNER_CONFUSION}
+        words = self._confused_words()
+        if words is not None:  # only an environment that names its pair: the other warm starts keep their keys
+            spec["confused_words"] = list(words)
+        return spec
+
+    def _confused_words(self) -> tuple[str, str] | None:
+        return getattr(importlib.import_module(f"rlgrad.envs.{self.name}"), "CONFUSED_WORDS", None)
 
     def warmstart_pairs(self, n: int, rng: random.Random, eos: str) -> tuple[list[str], list[str]]:
         """``n`` (context, answer) pairs in the plain layout the embedded model plays in: each from a sloppy
@@ -85,13 +95,14 @@ class EnvTask:
         (``eos``: the text of the token that ends a model turn)."""
         planner = importlib.import_module(f"rlgrad.envs.{self.name}").sloppy_plan
         a, tag = self.agent, opening_tag(self.agent.enable_think)
+        actions = self.make_env().actions
+        meant, confused = self._confused_words() or (actions[0], actions[2])
         prompts, targets = [], []
         for ex in self.train_examples(n, rng):
             env, seen = self.make_env(), []  # per turn: (shown state, answer, turn reward)
             obs, used, done = env.reset(ex.meta["env_seed"]), 0, False
             while not done and len(seen) < a.max_turn and used < a.max_actions_per_traj:
                 moves = planner(env, rng, PLANNER_SLIP)[:a.max_actions_per_turn] or [rng.choice(env.actions)]
-                confused, meant = env.actions[2], env.actions[0]
                 moves = [confused if m == meant and rng.random() < PLANNER_CONFUSION else m for m in moves]
                 body = f" {a.action_sep} ".join(moves) + "</answer>"
                 answer = ("</think><answer>" + body) if a.enable_think else body
