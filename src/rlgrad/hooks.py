@@ -89,6 +89,14 @@ class HookResult:
     reason: str = ""
     tables: dict[str, tuple[list[str], list[list]]] = field(default_factory=dict)
 
+    def add(self, other: HookResult | dict[str, float] | None) -> None:
+        """Another hook's answer merged in: its metrics and tables (a plain dict: metrics alone); not its stop."""
+        if isinstance(other, HookResult):
+            self.metrics.update(other.metrics)
+            self.tables.update(other.tables)
+        else:
+            self.metrics.update(other or {})
+
 
 class UpdateTap(Protocol):
     """What rides on the update's own forward and backward (``StepContext.one_pass_update``): ``around`` wraps the
@@ -182,16 +190,12 @@ class HookRunner:
             res = hook.before_update(ctx)
             if res is None:
                 continue
-            merged.metrics.update(res.metrics)
-            merged.tables.update(res.tables)
+            merged.add(res)
             if res.stop:
                 merged.stop, merged.reason = True, res.reason or "requested by a hook"
                 break
         for hook in ran if merged.stop else ():  # no update to ride on: what waited for it, now
-            res = hook.update_skipped(ctx)
-            if res is not None:
-                merged.metrics.update(res.metrics)
-                merged.tables.update(res.tables)
+            merged.add(hook.update_skipped(ctx))
         return merged
 
     def on_grads(self, ctx: StepContext, model: torch.nn.Module, minibatch: Batch,
@@ -213,12 +217,7 @@ class HookRunner:
         """Every hook's ``after_update``: their metrics and tables merged."""
         merged = HookResult()
         for hook in self.hooks:
-            res = hook.after_update(ctx)
-            if isinstance(res, HookResult):
-                merged.metrics.update(res.metrics)
-                merged.tables.update(res.tables)
-            else:
-                merged.metrics.update(res or {})
+            merged.add(hook.after_update(ctx))
         return merged
 
     def after_step(self, step: int, metrics: dict[str, float]) -> HookResult:

@@ -239,7 +239,7 @@ class SharedPass:
 
     def serves(self, step: int, user: str, one_pass: bool = False) -> bool:
         """Whether ``user``'s measurement at ``step`` goes through the shared pass: it and another user are due, or
-        (``one_pass``: ``StepContext.one_pass_update``) it alone, the pass then riding on the update."""
+        (``one_pass``: ``rides``, and the user can wait) it alone, the pass then riding on the update."""
         due = [u for u, (at, _) in self.users.items() if at.due(step)]
         return user in due and (len(due) > 1 or one_pass)
 

@@ -63,9 +63,8 @@ class InstrumentHook(Hook):
 
     def after_update(self, ctx: StepContext) -> HookResult | None:
         """The measurement that waited for the update's backward (``before_update``), as it would have been there."""
-        if self.deferred_step != ctx.step:
+        if not self._waiting(ctx):
             return None
-        self.deferred_step = None
         try:
             return self._measured(ctx)
         except Deferred:
@@ -75,11 +74,15 @@ class InstrumentHook(Hook):
     def update_skipped(self, ctx: StepContext) -> HookResult | None:
         """No update to ride on (a later hook stopped the run): the measurement that waited for it, now, from a
         pass of its own before the update (the shared pass's plan dropped)."""
-        if self.deferred_step != ctx.step:
+        if not self._waiting(ctx):
             return None
-        self.deferred_step = None
         self.shared.drop(ctx.step)
         return self._measured(ctx)
+
+    def _waiting(self, ctx: StepContext) -> bool:
+        """Whether this step's measurement waited for the update (and no longer does: it is taken now)."""
+        waiting, self.deferred_step = self.deferred_step == ctx.step, None
+        return waiting
 
     def _measured(self, ctx: StepContext) -> HookResult | None:
         timing: dict[str, float] = {}
