@@ -3,14 +3,15 @@ plain TRL GRPOTrainer step, both in this one process, interleaved step by step.
 
     .venv/bin/python bench/trl_analysis_cost.py [--threads 2] [--warmup 2] [--steps 6] [--model tiny|PATH]
                                                 [--prompts 8] [--samples 8] [--tokens 32] [--instruments buckets|all]
+                                                [--beta 0.04]
 
 Both trainers train the same model (``tiny``: rlgrad's embedded Qwen2 at its default size, untrained; or a
 local HF directory / .gguf) on the same prompts with the same GRPOConfig (fp32, no activation checkpointing,
-loss_type dapo, beta 0.04, two reward functions whose values vary within groups). ``--instruments buckets``:
-``analysis.buckets.every=1`` (the bucket x term analysis, 6 buckets, fast engine); ``all``: also the reward
-functions' geometry and neuron health every step. The rlgrad trainer runs in a second thread, and the two
-alternate step by step (each waits for the other's step to end), so both see the same machine load; a step
-is timed from ``on_step_begin`` to ``on_step_end``. The last line is
+loss_type dapo, beta 0.04 unless ``--beta``, two reward functions whose values vary within groups).
+``--instruments buckets``: ``analysis.buckets.every=1`` (the bucket x term analysis, 6 buckets, fast engine);
+``all``: also the reward functions' geometry and neuron health every step. The rlgrad trainer runs in a second
+thread, and the two alternate step by step (each waits for the other's step to end), so both see the same
+machine load; a step is timed from ``on_step_begin`` to ``on_step_end``. The last line is
 
     plain_step_s=... rlgrad_step_s=... ratio=...      (ratio = with instruments / plain)
 """
@@ -81,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--instruments", choices=("buckets", "all"), default="buckets")
+    p.add_argument("--beta", type=float, default=0.04,
+                   help="TRL's KL coefficient; 0 (TRL's default): the loss is the policy term alone and the "
+                        "instruments ride on TRL's own update (rlgrad.integrations.trl.one_pass_update)")
     return p
 
 
@@ -126,7 +130,7 @@ def _build(side: str, root: Path, mdir: Path, tok, data, args, callback):
     cfg = GRPOConfig(output_dir=str(root / side), use_cpu=True, bf16=False, gradient_checkpointing=False,
                      per_device_train_batch_size=args.prompts * args.samples, num_generations=args.samples,
                      max_completion_length=args.tokens, generation_kwargs={"min_new_tokens": args.tokens},
-                     beta=0.04, loss_type="dapo", learning_rate=1e-5, max_steps=args.warmup + args.steps,
+                     beta=args.beta, loss_type="dapo", learning_rate=1e-5, max_steps=args.warmup + args.steps,
                      seed=args.seed, shuffle_dataset=False, report_to=[], logging_steps=1, save_strategy="no",
                      disable_tqdm=True, reward_weights=[0.7, 0.3])
     kw = dict(model=str(mdir), reward_funcs=_reward_functions(args.tokens), args=cfg, train_dataset=data,

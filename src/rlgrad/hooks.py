@@ -69,7 +69,8 @@ class StepContext:
     component_advantages: Callable[[Batch], dict[str, torch.Tensor]] | None = None
     # True where the loop's actor update at this step runs its first optimizer step over the whole ``batch`` in ONE
     # forward and backward at the current weights, in one process, and takes an ``update_tap`` for it (rlgrad's
-    # trainer with one mini-batch and one micro-batch): instruments may then ride on that backward
+    # trainer with one mini-batch and one micro-batch; TRL's with one accumulation step and no activation
+    # checkpointing, ``integrations.trl.one_pass_update``): instruments may then ride on that backward
     # (``analysis/groups.py``, "the update's own pass") and measure at ``after_update``.
     one_pass_update: bool = False
 
@@ -101,7 +102,8 @@ class HookResult:
 class UpdateTap(Protocol):
     """What rides on the update's own forward and backward (``StepContext.one_pass_update``): ``around`` wraps the
     first micro-batch's forward and backward (``rows``: its rows' places in the step's batch), ``seen`` gets that
-    forward's per-token loss terms (``rlgrad.algos.objective.ActorTerms``). Read-only: the update is unchanged."""
+    forward's per-token loss terms (what the loss's ``of`` reads: rlgrad's ``ActorTerms``, TRL's per-token parts).
+    Read-only: the update is unchanged."""
 
     def around(self, model: torch.nn.Module, mb: Batch, rows: torch.Tensor) -> AbstractContextManager: ...
 

@@ -601,3 +601,64 @@ def test_the_live_doctor_halts_trl_after_the_step_with_a_checkpoint(setup, tmp_p
     row = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])
     assert row["step"] == 1 and "timing_s/doctor" in row["data"] and row["data"]["critic/score/std"] < 1e-6
     assert "resume_from_checkpoint=True" in t.rlgrad.halted
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_instruments_ride_on_trls_own_update_with_the_numbers_of_their_own_pass(setup, tmp_path, monkeypatch,
+                                                                                    lora):
+    """beta=0, one accumulation step, activation checkpointing off: the prompt-group pass has no forward or backward
+    of its own but reads TRL's (``one_pass_update``; TRL's fused LM head shown to the hooks by
+    ``TRLLoss.fused_head``), with the numbers of the pass before the update (a run with activation checkpointing on,
+    where nothing rides), and TRL's training bitwise that of plain TRL. LoRA: the adapters' gradients, head frozen."""
+    from rlgrad.analysis import groups
+
+    settings = {"beta": 0.0, "bf16": False, "steps": 2,
+                "rlgrad": ("analysis.every=1", "analysis.buckets.num_buckets=2")}
+    if lora:
+        peft = pytest.importorskip("peft", reason="the LoRA test needs peft: pip install 'rlgrad[lora]'")
+        settings["peft_config"] = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
+                                                  lora_dropout=0.0, task_type="CAUSAL_LM")
+    own = make(setup, tmp_path / "own", gradient_checkpointing=True, **settings)
+    own.train()
+    real, calls = groups.group_pass, []
+    monkeypatch.setattr(groups, "group_pass", lambda *a, **k: calls.append(1) or real(*a, **k))
+    riding = make(setup, tmp_path / "riding", gradient_checkpointing=False, **settings)
+    riding.train()
+    assert not calls  # nothing ran a pass of its own
+    plain = make(setup, tmp_path / "plain", cls=trl.GRPOTrainer, gradient_checkpointing=False,
+                 **{k: v for k, v in settings.items() if k != "rlgrad"})
+    plain.train()
+    a, b = plain.model.state_dict(), riding.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    def logged(run: str) -> dict[int, dict[str, float]]:
+        steps: dict[int, dict[str, float]] = {}
+        for line in (tmp_path / run / "out" / "metrics.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            steps.setdefault(row["step"], {}).update({k: v for k, v in row["data"].items()
+                                                      if not k.startswith("timing_s/") and not isinstance(v, str)})
+        return steps
+
+    ours, theirs = logged("riding"), logged("own")
+    assert sorted(ours) == sorted(theirs) == [1, 2]
+    for step in (1, 2):
+        want, got = theirs[step], ours[step]
+        assert {"grad_norm/all/task", "grad_comp/shorter/norm", "grad_norm_sample/all/task",
+                "noise_trace/all/task"} <= set(want)
+        assert set(got) == set(want), set(got) ^ set(want)
+        assert got["grad_norm/all/task"] > 0
+        assert got == pytest.approx(want, rel=2e-4, abs=1e-7), step
+    tables = (tmp_path / "riding" / "out" / "tables.jsonl").read_text()
+    assert tables == (tmp_path / "own" / "out" / "tables.jsonl").read_text() and tables
+
+
+def test_the_fused_head_stand_in_serves_only_a_plain_linear_head(setup):
+    """``TRLLoss.fused_head`` runs the head as a plain Linear: a model whose logits TRL's kernel scales or soft-caps
+    does not ride (its pass runs before the update)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlgrad.integrations.trl_loss import plain_fused_head
+
+    model = AutoModelForCausalLM.from_pretrained(setup[0] / "model")
+    assert plain_fused_head(model)
+    model.config.final_logit_softcapping = 30.0
+    assert not plain_fused_head(model)

@@ -74,6 +74,16 @@ def forward_log_probs(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
     if mask_positions:
         kwargs["position_ids"] = position_ids_from_mask(attention_mask)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
+    return log_probs_of_output(logits, input_ids, temperature=temperature, with_entropy=with_entropy,
+                               entropy_grad=entropy_grad, start=start)
+
+
+def log_probs_of_output(logits: Tensor, input_ids: Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
+                        entropy_grad: bool = True, start: int = 1) -> tuple[Tensor, Tensor | None]:
+    """``forward_log_probs`` from a forward's output ``logits`` ``[N, K, V]`` at the last K positions, K at least
+    ``L - start + 1`` (e.g. what an LM-head hook sees of a forward run with ``logits_to_keep``)."""
+    L = input_ids.shape[1]
+    start = min(max(start, 1), L)
     logits = logits[:, -(L - start + 1):-1].float()  # the logits at positions start-1 .. L-2
     if temperature != 1.0:
         logits = logits / temperature

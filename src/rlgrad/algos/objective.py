@@ -236,6 +236,10 @@ class ActorLoss:
         out.total = s.coefficients()
         return out
 
+    def task_alone(self) -> bool:
+        """Whether the loss is the policy term alone (no entropy bonus, no KL loss): its backward is that term's."""
+        return all(c == 0 for q, c in self.settings.coefficients().items() if q != "policy")
+
     def unit(self) -> FunctionLoss:
         """The policy loss per unit of advantage (``ActorTerms.task_unit``), term ``task``: what the
         reward-component geometry splits by component advantages."""

@@ -29,12 +29,13 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from rlgrad.algos.aggregation import denominator
-from rlgrad.algos.objective import ActorLoss, ActorTerms, FunctionLoss, LossFn
+from rlgrad.algos.objective import FunctionLoss, LossFn
 from rlgrad.analysis.engine import (
     BLOCK_ELEMENTS,
     GradStats,
@@ -287,14 +288,12 @@ class SharedPass:
 
 
 def rides_on_update(model: nn.Module, loss_fn: LossFn, proxy: bool = False) -> bool:
-    """Whether the prompt-group pass can ride on the backward of a one-pass update: rlgrad's actor loss with the
-    task term alone (no entropy bonus, no KL loss: the backward is that term's), on a model the fast engine covers;
-    with verl's ``proxy``, one with an LM head to read it from (else the proxy's own forwards would run after the
-    update)."""
-    if not isinstance(loss_fn, ActorLoss):
-        return False
-    extra = {q: c for q, c in loss_fn.settings.coefficients().items() if q != "policy"}
-    return (all(c == 0 for c in extra.values()) and not fast_unsupported(model)
+    """Whether the prompt-group pass can ride on the backward of a one-pass update: a loss whose update's backward is
+    the task term's alone (``task_alone()``: rlgrad's actor loss or TRL's, without an entropy bonus or a KL term)
+    and that reads a forward's per-token parts (``of``), on a model the fast engine covers; with verl's ``proxy``,
+    one with an LM head to read it from (else the proxy's own forwards would run after the update)."""
+    task_alone = getattr(loss_fn, "task_alone", None)
+    return (task_alone is not None and task_alone() and hasattr(loss_fn, "of") and not fast_unsupported(model)
             and (not proxy or _lm_head(model) is not None))
 
 
@@ -303,16 +302,17 @@ class UpdatePass:
     ``RowNormReducer`` as ``group_pass``, its hooks reading the update's graph (the embeddings' outputs left in it),
     the side slices on the same backward, verl's proxy from the same LM-head output. The update's loss is the task
     term over its denominator D (``Aggregation.weights``), so what the hooks see is 1/D of the pass's unnormalised
-    loss: its per-row norms and Grams are scaled by D²."""
+    loss: its per-row norms and Grams are scaled by D². ``seen`` takes the update forward's per-token parts, which
+    the loss's ``of`` turns into its terms (rlgrad's ``ActorTerms``; TRL's, from ``TRLLoss.fused_head``)."""
 
-    def __init__(self, shared: SharedPass, step: int, batch: Batch, loss_fn: ActorLoss, keep: set[str] | None,
+    def __init__(self, shared: SharedPass, step: int, batch: Batch, loss_fn: LossFn, keep: set[str] | None,
                  side: Side | None, proxy: bool, row_terms: Collection[str] | None) -> None:
         self.shared, self.step, self.batch, self.loss_fn, self.keep = shared, step, batch, loss_fn, keep
         self.side, self.proxy, self.row_terms = side, proxy, row_terms
-        self.terms: ActorTerms | None = None
+        self.terms: Any = None
         self.active = False
 
-    def seen(self, terms: ActorTerms) -> None:
+    def seen(self, terms: Any) -> None:
         if self.active and self.terms is None:
             self.terms = terms
 

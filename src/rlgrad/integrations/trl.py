@@ -26,11 +26,17 @@ TRL's training step, between its generation and its loss, where TRL offers no wa
 finishes, then TRL's own ``TrainerControl.should_training_stop`` ends training, as ``max_steps`` would (TRL's
 end-of-step logging and saving run as usual).
 
+Where TRL's optimizer step is one forward and backward over the whole generation batch of the policy loss alone
+(``one_pass_update``; ``beta=0``), the instruments ride on it instead of running a pass of their own before it
+(``rlgrad.analysis.groups``, "the update's own pass"): ``compute_loss`` opens the hooks' tap on TRL's forward, which
+``training_step`` closes after TRL's backward, and ``TRLLoss.fused_head`` shows TRL's fused LM head to the hooks;
+the rows are told apart after TRL shuffles them by a key of the generation output (``ROWS``).
+
 Only TRL's documented extension points are used: this subclass calls TRL's own methods and adds to them
-(``_calculate_rewards``, ``_generate_and_score_completions``, ``log``) and a ``TrainerCallback``; nothing is
-patched. The instruments change nothing TRL computes: weights, gradients, optimizer state and RNG streams
-are as without them. Under ``accelerate launch`` / torchrun every process runs them on its rows, the metrics
-are global, and only the main process writes.
+(``_calculate_rewards``, ``_generate_and_score_completions``, ``log``, ``training_step``, ``compute_loss``), a
+``TrainerCallback`` and module hooks; nothing is patched. The instruments change nothing TRL computes: weights,
+gradients, optimizer state and RNG streams are as without them. Under ``accelerate launch`` / torchrun every process
+runs them on its rows, the metrics are global, and only the main process writes.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 from collections.abc import Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -53,7 +59,13 @@ from rlgrad.errors import UserError
 from rlgrad.hooks import Hook, HookResult, HookRunner, StepContext
 from rlgrad.integrations import activation_checkpointing_off, instrument_settings, open_metrics
 from rlgrad.integrations.trl_console import use_summary_console
-from rlgrad.integrations.trl_loss import TRLLoss, TRLLossSettings, batch_from_trl, trl_reward_view
+from rlgrad.integrations.trl_loss import (
+    TRLLoss,
+    TRLLossSettings,
+    batch_from_trl,
+    plain_fused_head,
+    trl_reward_view,
+)
 from rlgrad.logging.rewards import RewardComponentLog, step_record
 from rlgrad.logging.rollouts import RolloutLog, gather_samples, prompt_texts, step_samples
 from rlgrad.logging.sinks import JsonlSink, JsonlTableSink
@@ -66,6 +78,7 @@ except ImportError as e:  # pragma: no cover - the module is only imported by pe
     raise ImportError("rlgrad.integrations.trl needs TRL: pip install 'rlgrad[trl]'") from e
 
 TRL_VERSIONS = (Version("1.16"), Version("2"))  # supported: [low, high); CI tests the newest release
+ROWS = "rlgrad_rows"  # a key of TRL's generation output where the instruments ride on its update: each row's place
 DEFAULTS = ("analysis.every=10",)  # before the user's settings: every instrument at steps 1, 11, 21, ...
 # rlgrad settings that need rlgrad's own trainer (a second rollout, the rollout filter, a stop, a reset).
 UNSUPPORTED = {"analysis.buckets.env_groups": None, "analysis.buckets.group_size": None,
@@ -119,6 +132,19 @@ def reward_keys(names: Sequence[str]) -> dict[str, str]:
 log = logging.getLogger(__name__)
 
 
+def one_pass_update(trainer: _TRLGRPOTrainer) -> bool:
+    """Whether TRL's optimizer step of this generation batch is ONE forward and backward over all of its rows at the
+    current weights, which the instruments can ride on (``hooks.StepContext.one_pass_update``): one process, the
+    batch in one accumulation step (``steps_per_generation`` = ``gradient_accumulation_steps`` = 1), one iteration
+    per generation, each layer run once per forward (no activation checkpointing) and TRL's own loss code (no Liger
+    kernel), with an LM head ``TRLLoss.fused_head`` can show to the hooks (``plain_fused_head``)."""
+    a = trainer.args
+    return (trainer.accelerator.num_processes == 1 and a.steps_per_generation == 1
+            and a.gradient_accumulation_steps == 1 and trainer.num_iterations == 1 and not a.gradient_checkpointing
+            and not getattr(trainer, "use_liger_kernel", False) and not getattr(a, "use_liger_kernel", False)
+            and plain_fused_head(trainer.accelerator.unwrap_model(trainer.model)))
+
+
 class GRPOTrainer(_TRLGRPOTrainer):
     """TRL's ``GRPOTrainer`` with rlgrad's instruments (module docstring); every argument is TRL's, plus:
 
@@ -147,7 +173,19 @@ class GRPOTrainer(_TRLGRPOTrainer):
         out = super()._generate_and_score_completions(inputs)
         if self.model.training:
             self.rlgrad.before_update(out)
+            if self.rlgrad.rides():  # which row is which after TRL shuffles them (``compute_loss``)
+                out[ROWS] = torch.arange(len(out["advantages"]))
         return out
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        with self.rlgrad.update():
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if ROWS in inputs and model.training:
+            self.rlgrad.ride(inputs[ROWS])
+        return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                    num_items_in_batch=num_items_in_batch)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         self.rlgrad.on_console = ()
@@ -184,6 +222,7 @@ class _Instruments:
         self.unlogged_step = 0  # the step they were measured at
         self.on_console: tuple[int, dict[str, float]] | tuple[()] = ()  # rlgrad's keys in the log being printed
         self.stop_at: int | None = None  # the step a hook asked to end training after
+        self.riding: ExitStack | None = None  # inside TRL's training_step: the tap entered at its compute_loss
         self.metrics_log: JsonlSink | None = None
         self.table_log: JsonlTableSink | None = None
         self.reward_log: RewardComponentLog | None = None
@@ -227,7 +266,8 @@ class _Instruments:
         self.ctx = StepContext(step=step, batch=batch, actor=t.accelerator.unwrap_model(t.model), optimizer=t.optimizer,
                                loss_settings=LossSettings(), config=self.cfg, run_dir=self.run_dir,
                                tokenizer=t.processing_class, is_main=self.is_main, reward_weights=weights,
-                               loss=self.loss, component_advantages=lambda b: local)
+                               loss=self.loss, component_advantages=lambda b: local,
+                               one_pass_update=one_pass_update(t))
         self._log_rollouts(step, out, batch)
         lengths = collectives.all_gather_cat(out["completion_mask"].sum(1).cpu())
         if self.reward_log is not None:
@@ -235,6 +275,31 @@ class _Instruments:
                                                view.group_ids, lengths, None))
         with self._running():
             self._record(step, self.hooks.before_update(self.ctx))
+
+    def rides(self) -> bool:
+        """Whether a measurement of this step waits for its update's backward (``hooks.UpdateTap``)."""
+        return self.ctx is not None and self.ctx.one_pass_update and self.hooks.update_tap(self.ctx) is not None
+
+    @contextmanager
+    def update(self):
+        """The span of TRL's ``training_step``: what ``ride`` enters in it is left at its end (after the backward)."""
+        try:
+            with ExitStack() as self.riding:
+                yield
+        finally:
+            self.riding = None
+
+    def ride(self, rows: torch.Tensor) -> None:
+        """At ``compute_loss`` of a step that rides (``rides``): the tap wraps TRL's forward and backward of the rows
+        ``rows`` (their places in the step's batch, after TRL's shuffle), reading TRL's per-token loss from its
+        forward (``TRLLoss.fused_head``)."""
+        tap = self.hooks.update_tap(self.ctx) if self.rides() and self.riding is not None else None
+        if tap is None:
+            return
+        rows = rows.cpu()
+        mb = self.ctx.batch.select(rows)
+        self.riding.enter_context(tap.around(self.ctx.actor, mb, rows))
+        self.riding.enter_context(self.loss.fused_head(self.ctx.actor, mb, tap.seen))
 
     def _record(self, step: int, res: HookResult) -> None:
         """The hook point's answer: metrics until the step ends, tables to tables.jsonl, a stop for the step's end."""
@@ -276,7 +341,9 @@ class _Instruments:
         ctx = self.ctx
         if ctx is None or ctx.step != self.trainer.state.global_step:
             return
-        self.pending.update(self.hooks.after_update(ctx).metrics)
+        res = self.hooks.after_update(ctx)  # with what rode on the update (its tables too)
+        res.stop = False
+        self._record(ctx.step, res)
         if self.pending:
             if self.metrics_log is not None:
                 self.metrics_log.log(ctx.step, self.pending)

@@ -26,13 +26,15 @@ no ``position_ids``), which is what TRL's fused LM head computes without materia
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from rlgrad.algos.aggregation import Aggregation
-from rlgrad.algos.logprobs import forward_log_probs
+from rlgrad.algos.logprobs import forward_log_probs, log_probs_of_output
 from rlgrad.algos.objective import FunctionLoss, Terms
 from rlgrad.batch import Batch
 from rlgrad.errors import UserError
@@ -117,14 +119,19 @@ class TRLLoss:
     def _parts(self, model: nn.Module, b: Batch) -> dict[str, Tensor]:
         s = self.settings
         device = next(model.parameters()).device
-        mask = b.response_mask.to(device)
-        start = b.response_start()
         logp, ent = forward_log_probs(model, b.input_ids.to(device), b.attention_mask.to(device),
                                       temperature=s.temperature, with_entropy=True, entropy_grad=s.entropy_coef != 0,
-                                      start=start, mask_positions=False)
+                                      start=b.response_start(), mask_positions=False)
+        return self._per_token(logp, ent, b)
+
+    def _per_token(self, logp: Tensor, ent: Tensor, b: Batch) -> dict[str, Tensor]:
+        """The per-token parts (``unit``, ``policy``, ``entropy``, ``kl``) from the forward's log-probs."""
+        s = self.settings
+        device = logp.device
+        mask = b.response_mask.to(device)
         old = logp.detach() if b.old_log_probs is None else b.old_log_probs.to(device)
         adv = b.advantages.to(device)
-        adv = adv.gather(1, torch.full_like(adv[:, :1], start, dtype=torch.long))  # [N, 1]: the sequence advantage
+        adv = adv.gather(1, torch.full_like(adv[:, :1], b.response_start(), dtype=torch.long))  # [N, 1]: per sequence
         log_ratio = (logp - old) * mask
         if s.importance_sampling_level == "sequence":
             log_w = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
@@ -165,8 +172,11 @@ class TRLLoss:
         return out
 
     def __call__(self, model: nn.Module, batch: Batch) -> Terms:
+        return self.of(self._parts(model, batch))
+
+    def of(self, p: dict[str, Tensor]) -> Terms:
+        """What this loss returns for a forward's per-token parts (``fused_head``: those of TRL's own forward)."""
         s = self.settings
-        p = self._parts(model, batch)
         terms = Terms({"task": p["policy"]})
         if "kl" in p:
             terms["kl"] = s.beta * p["kl"]
@@ -181,6 +191,71 @@ class TRLLoss:
 
     def unit(self) -> FunctionLoss:
         return FunctionLoss(lambda model, batch: {"task": self._parts(model, batch)["unit"]}, self.agg)
+
+    def task_alone(self) -> bool:
+        """Whether TRL's loss is the policy term alone (β = 0, no entropy bonus): its backward is that term's."""
+        return self.settings.beta == 0.0 and not self.settings.entropy_coef
+
+    @contextmanager
+    def fused_head(self, model: nn.Module, batch: Batch, seen: Callable[[dict[str, Tensor]], None]
+                   ) -> Iterator[None]:
+        """While open, TRL's training forward of ``model`` on ``batch``'s rows (TRL's fused LM head:
+        ``trl.trainer.utils.add_fused_lm_head``, which scores the tokens in tiles without calling the LM head as a
+        module or keeping the logits) shows the LM head to the module hooks as if it had run: from the backbone's
+        output h (detached) the head runs once on the completion positions, ``z = head(h)``, whose forward hooks
+        see it (``seen`` gets the per-token parts read from z, without a graph), and in the backward, when the
+        gradient g of TRL's per-token log-probs arrives, ``∂L/∂z = g (onehot(y) − softmax(z/T)) / T`` goes back
+        through that head call alone (``autograd.grad`` to its weight, discarded), so its backward hooks see the
+        head's output gradient. TRL's own gradients are untouched. Costs one head forward and weight backward."""
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: the model it wraps
+        head, backbone = model.get_output_embeddings(), model.base_model
+        s, start, L = self.settings, batch.response_start(), batch.input_ids.shape[1]
+        held: dict[str, Tensor] = {}
+
+        def keep_hidden(module: nn.Module, args: tuple, out) -> None:
+            held["h"] = out.last_hidden_state.detach()
+
+        def read(module: nn.Module, args: tuple, out) -> None:
+            with torch.enable_grad():
+                z = head(held.pop("h")[:, start - 1:])  # positions start-1 .. L-1, as logits_to_keep does
+            with torch.no_grad():
+                logp, ent = log_probs_of_output(z.detach(), batch.input_ids.to(z.device), temperature=s.temperature,
+                                                with_entropy=True, entropy_grad=False, start=start)
+                seen(self._per_token(logp, ent, batch))
+            if out.log_probs.requires_grad and head.weight.requires_grad:  # (a frozen head: LoRA)
+                out.log_probs.register_hook(lambda g: back(z, g))
+
+        def back(z: Tensor, g: Tensor) -> None:
+            with torch.no_grad():
+                # log_probs[:, j] scores column j + 1: the head's position start-1+i scores column start+i
+                upstream = torch.zeros(z.shape[:2], dtype=torch.float32, device=z.device)
+                upstream[:, :-1] = g[:, start - 1:L - 1].float()
+                ids = batch.input_ids[:, start:].to(z.device)[..., None]
+                dz = torch.softmax(z.detach().float() / s.temperature, dim=-1).neg_()
+                dz[:, :-1].scatter_add_(-1, ids, torch.ones(ids.shape, dtype=dz.dtype, device=dz.device))
+                dz.mul_((upstream / s.temperature)[..., None])
+            torch.autograd.grad(z, head.weight, grad_outputs=dz.to(z.dtype))
+
+        handles = [backbone.register_forward_hook(keep_hidden), model.register_forward_hook(read)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def plain_fused_head(model: nn.Module) -> bool:
+    """Whether ``TRLLoss.fused_head`` can stand in for TRL's fused LM head on ``model`` (a PEFT model: the model it
+    wraps): a text model whose head is an ``nn.Linear`` applied to its ``base_model``'s output as it is (no logit
+    scale or soft-capping, which TRL's kernel would apply and the stand-in does not)."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(model, "config", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if config is None or not isinstance(head, nn.Linear) or getattr(model, "base_model", model) is model:
+        return False
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    scaled = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
+    return text is config and all(getattr(text, k, None) is None for k in scaled)
 
 
 # ---- TRL's generation output -> Batch ---------------------------------------------------------------------
