@@ -673,3 +673,68 @@ def test_the_fused_head_stand_in_serves_only_a_plain_linear_head(setup):
     assert plain_fused_head(model)
     model.config.final_logit_softcapping = 30.0
     assert not plain_fused_head(model)
+
+
+def test_under_fp16_loss_scaling_nothing_rides(setup, tmp_path):
+    """fp16 (``GRPOConfig(fp16=True)``, GPU only): accelerate's ``GradScaler`` makes TRL's backward that of the loss
+    times its scale (65536 at first), which the instruments would read as it is: nothing rides on it
+    (``one_pass_update``), the pass runs before the update. The scaler is put where accelerate keeps it, a CPU one
+    (scale 1024), both runs alike."""
+    from rlgrad.integrations.trl import one_pass_update
+
+    runs = {}
+    for name, checkpointing in (("own", True), ("riding", False)):
+        t = make(setup, tmp_path / name, gradient_checkpointing=checkpointing, **{**RIDE, "steps": 1})
+        assert one_pass_update(t) != checkpointing
+        t.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        assert not one_pass_update(t)
+        t.train()
+        runs[name] = logged_steps(tmp_path / name)[1]
+    assert runs["own"]["grad_norm/all/task"] > 0
+    assert runs["riding"] == pytest.approx(runs["own"], rel=2e-4, abs=1e-9)
+
+
+class FailsOnce(GRPOTrainer):
+    """Raises once at step 2, after TRL's forward (``_compute_loss``: an OOM in the backward, say) or before it
+    (``_prepare_inputs``, after the generation and the hooks' before-update part) (test only)."""
+
+    where = "_compute_loss"
+    failed = False
+
+    def _fail(self) -> None:
+        if self.state.global_step + 1 == 2 and not self.failed:
+            self.failed = True
+            raise RuntimeError("failed once")
+
+    def _compute_loss(self, model, inputs):
+        loss = super()._compute_loss(model, inputs)
+        if self.where == "_compute_loss":
+            self._fail()
+        return loss
+
+    def _prepare_inputs(self, generation_batch):
+        out = super()._prepare_inputs(generation_batch)
+        if self.where == "_prepare_inputs":
+            self._fail()
+        return out
+
+
+@pytest.mark.parametrize("where", ["_compute_loss", "_prepare_inputs"])
+def test_a_step_that_failed_inside_trl_is_measured_again_when_it_is_retried(setup, tmp_path, where):
+    """A step that raised inside TRL's training step after its pass was planned on the update, retried on the same
+    trainer from the last checkpoint: the retried step rides on its own update with the numbers of its own batch
+    (the run with activation checkpointing, where nothing rides, failing alike), not on the plan the failed one
+    left behind."""
+    runs = {}
+    for name, checkpointing in (("own", True), ("riding", False)):
+        t = make(setup, tmp_path / name, cls=FailsOnce, gradient_checkpointing=checkpointing, save_strategy="steps",
+                 save_steps=1, max_completion_length=48, **RIDE)
+        t.where = where
+        with pytest.raises(RuntimeError, match="failed once"):
+            t.train()
+        t.train(resume_from_checkpoint=True)
+        assert t.state.global_step == 2
+        runs[name] = logged_steps(tmp_path / name)
+    assert sorted(runs["riding"]) == sorted(runs["own"]) == [1, 2]
+    for step in (1, 2):
+        assert runs["riding"][step] == pytest.approx(runs["own"][step], rel=2e-4, abs=1e-9), step
