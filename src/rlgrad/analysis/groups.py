@@ -252,7 +252,8 @@ class SharedPass:
         class docstring)."""
         if self.kept is not None and self.kept[:2] == (step, id(batch)):
             return self.kept[2]
-        if self.planned is not None and self.planned.step == step:
+        # (a plan of this step on another batch was left by an attempt that failed before its update: replaced)
+        if self.planned is not None and self.planned.step == step and self.planned.batch is batch:
             if not one_pass:  # this user cannot wait for the update: its own pass, now
                 return None
             self.planned.side = self.planned.side or side
@@ -335,6 +336,11 @@ class UpdatePass:
         self.active = True
         try:
             yield  # the update's forward and backward
+        except BaseException:
+            # the update failed: a retry of its step plans anew (its batch, its forward's terms), not on this plan
+            if self.shared.planned is self:
+                self.shared.planned = None
+            raise
         finally:
             self.active, reducer.side = False, None
             reducer.close()
