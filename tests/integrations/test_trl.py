@@ -738,3 +738,25 @@ def test_a_step_that_failed_inside_trl_is_measured_again_when_it_is_retried(setu
     assert sorted(runs["riding"]) == sorted(runs["own"]) == [1, 2]
     for step in (1, 2):
         assert runs["riding"][step] == pytest.approx(runs["own"][step], rel=2e-4, abs=1e-9), step
+
+
+def test_under_bf16_autocast_what_rides_reads_trls_own_bf16_backward(setup, tmp_path):
+    """TRL's default ``bf16=True`` runs its forward under bf16 autocast: what rides reads that backward, so
+    ``grad_norm/all/task`` is the norm of the gradient TRL applies (its logged ``grad_norm``, ``actor/grad_norm``),
+    where the pass before the update (activation checkpointing on: nothing rides) runs in fp32 and differs from it
+    at bf16's precision (and the noise-scale estimates, differences of such norms, by up to a few percent).
+    Printed: the record behind docs/integrations.md ("Riding on TRL's update")."""
+    runs = {}
+    for name, checkpointing in (("own", True), ("riding", False)):
+        make(setup, tmp_path / name, gradient_checkpointing=checkpointing, **{**RIDE, "bf16": True}).train()
+        runs[name] = logged_steps(tmp_path / name)
+    for step in (1, 2):
+        own, riding = runs["own"][step], runs["riding"][step]
+        trl_norm = riding["actor/grad_norm"]
+        assert own["actor/grad_norm"] == trl_norm  # the same training (bitwise: test above)
+        noise = max(abs(riding[k] - own[k]) / abs(own[k]) for k in own if k.startswith("noise_") and abs(own[k]) > 1e-6)
+        print(f"bf16 step {step}: TRL grad_norm {trl_norm:.7g}; grad_norm/all/task riding "
+              f"{riding['grad_norm/all/task']:.7g} (rel {abs(riding['grad_norm/all/task'] / trl_norm - 1):.1e}), "
+              f"own pass {own['grad_norm/all/task']:.7g} (rel {abs(own['grad_norm/all/task'] / trl_norm - 1):.1e}); "
+              f"noise_* riding vs own: max rel {noise:.1e}")
+        assert riding["grad_norm/all/task"] == pytest.approx(trl_norm, rel=2e-4)
