@@ -233,7 +233,7 @@ class _Instruments:
     # ---- run directory -----------------------------------------------------------------------------
     def open(self, step: int) -> None:
         """At the start of training (``step``: the resumed global step): refuse another run's files, resume ours."""
-        self.stop_at = None
+        self.stop_at, self.pending = None, {}  # (a failed attempt's measurements are not the retried step's)
         if self.is_main:
             self.metrics_log = open_metrics(self.run_dir, step, "use a new output_dir (or rlgrad_dir)",
                                             also=(self.run_dir / REWARD_COMPONENTS_FILE, self.run_dir / TABLES_FILE))
