@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlgrad.algos.objective import ActorLoss, LossSettings
 from rlgrad.analysis import hooks_from_config, schedules
 from rlgrad.config.schema import RLGradConfig
-from rlgrad.distributed import env_rank
+from rlgrad.distributed import env_rank, env_world_size
 from rlgrad.doctor.hook import doctor_hooks
 from rlgrad.hooks import Hook, Schedule
 from rlgrad.rl.resume import resolve_run_dir
@@ -22,7 +23,26 @@ def make_trainer(cfg: RLGradConfig, hooks: list[Hook] | None = None, log: Callab
     """rlgrad's trainer with the instruments ``cfg`` asks for, then ``hooks`` (``rlgrad train``), then the live
     doctor (``doctor.live``: it reads every step's whole row, the other hooks' metrics included)."""
     doctor = doctor_hooks(cfg, resolve_run_dir(cfg), is_main=env_rank() == 0)
+    hint = ride_hint(cfg)
+    if hint and env_rank() == 0:
+        log(hint)
     return Trainer(cfg, hooks=hooks_from_config(cfg) + list(hooks or []) + doctor, log=log)
+
+
+def ride_hint(cfg: RLGradConfig) -> str | None:
+    """One line for a run with the prompt-group pass due at every step (``analysis.every=1``) on the policy loss
+    alone, in one process, whose actor update takes several micro-batches: the pass then runs before each update,
+    where with one micro-batch it would ride on the update's own forward and backward (docs/instruments.md). None
+    otherwise. Training itself never changes for the instruments: the micro-batch is the user's choice."""
+    at = schedules(cfg)
+    rows = cfg.data.train_batch_size * cfg.rollout.n
+    micro = cfg.actor.ppo_micro_batch_size
+    if (not any(at[k].every == 1 for k in ("buckets", "components", "per_sample")) or micro >= rows
+            or env_world_size() > 1 or not ActorLoss(LossSettings.from_config(cfg)).task_alone()):
+        return None
+    return (f"note: the instruments run every step on {rows} rows in micro-batches of {micro}: each step runs their "
+            f"pass before the update; actor.ppo_micro_batch_size={rows} (one micro-batch, if it fits in memory) lets "
+            "them ride on the update's own forward and backward instead (docs/instruments.md, riding on the update)")
 
 
 def make_prober(cfg: RLGradConfig, log: Callable = print) -> Trainer:
