@@ -309,14 +309,16 @@ def test_a_signal_stops_after_the_step_with_a_checkpoint_and_resumes_exactly(tin
                            timeout=300)
         assert p.returncode == 128 + getattr(signal, sig), p.stderr[-2000:]
     else:  # in this process (the same handlers and Interrupted; a process launch cost 4 s): Ctrl-C at a terminal
+        trainer = make_trainer(load_config(overrides=ov + [f"trainer.default_local_dir={stopped}"]),
+                               hooks=[SignalAt(signal.SIGINT, 2)], log=lambda *a: None)
         previous = signal.signal(signal.SIGINT, not_caught)
         try:
             with pytest.raises(Interrupted) as stop:
-                make_trainer(load_config(overrides=ov + [f"trainer.default_local_dir={stopped}"]),
-                             hooks=[SignalAt(signal.SIGINT, 2)], log=lambda *a: None).fit()
+                trainer.fit()
         finally:
             signal.signal(signal.SIGINT, previous)
         assert stop.value.status == 128 + signal.SIGINT
+        trainer.run_lock.close()  # as the stopped process's exit would (the traceback kept the trainer alive)
     assert [x["step"] for x in rows(stopped)] == [0, 1, 2]  # step 2 whole, nothing of step 3
     assert (stopped / "global_step_2" / "COMPLETE").exists()  # a checkpoint although save_freq=-1
     make_trainer(load_config(overrides=ov + [f"trainer.default_local_dir={stopped}"]), log=lambda *a: None).fit()
