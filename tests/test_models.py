@@ -17,7 +17,6 @@ from rlgrad import models
 from rlgrad.config.model import ModelConfig
 from rlgrad.errors import UserError
 from rlgrad.models import is_gguf, load_actor, load_critic, load_pretrained
-from tests.conftest import run_cli
 
 
 def _quiet(*_a, **_k):
@@ -233,13 +232,17 @@ def test_is_gguf(tmp_path):
     assert not is_gguf(tmp_path / "d.gguf") and not is_gguf(tmp_path / "other.bin") and not is_gguf(tmp_path)
 
 
-def test_cli_missing_gguf_exits_2_with_one_line(tmp_path):
+def test_cli_missing_gguf_exits_2_with_one_line(tmp_path, capsys, monkeypatch):
+    from rlgrad.cli import main
+
     missing, run = tmp_path / "model.gguf", tmp_path / "run"
-    res = run_cli(["train", f"model.path={missing}", f"trainer.default_local_dir={run}",
-                   f"model.cache_dir={tmp_path / 'cache'}"], cwd=tmp_path)
-    assert res.returncode == 2, res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("rlgrad: error:") and str(missing) in lines[0], res.stderr
+    monkeypatch.chdir(tmp_path)  # in process (cli.main, what `python -m rlgrad` calls); test_cli launches `train`
+    code = main(["train", f"model.path={missing}", f"trainer.default_local_dir={run}",
+                 f"model.cache_dir={tmp_path / 'cache'}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlgrad: error:") and str(missing) in lines[0], err
     assert not run.exists()
 
 

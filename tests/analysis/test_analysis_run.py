@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 from rlgrad.algos.aggregation import Denominators
 from rlgrad.algos.objective import LossSettings, actor_objective
 from rlgrad.batch import Batch
+from rlgrad.cli import main
 from rlgrad.config.load import load_config
 from rlgrad.recipes import make_trainer
 from rlgrad.runfiles import read_jsonl
@@ -152,7 +153,7 @@ def test_saved_bundle_recomputes_logged_norms(tiny, tmp_path):
         assert logged[f"grad_norm/bucket_{k}/task"] == pytest.approx(norm, rel=1e-4, abs=1e-9)
 
 
-def test_probe_cli(tiny, tmp_path):
+def test_probe_cli(tiny, tmp_path, capsys):
     run = tmp_path / "run"
     _run(tiny + ["trainer.total_training_steps=2", "trainer.save_freq=1"])
     res = run_cli(["probe", "--resume-from-path", str(run / "global_step_1"), "--with-val"], cwd=tmp_path)
@@ -166,8 +167,10 @@ def test_probe_cli(tiny, tmp_path):
     assert "grad_norm/all/kl" in d and "grad_norm/all/entropy" in d and "grad_norm_prefilter/all/task" in d
     # the original run is untouched
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
-    bad = run_cli(["probe", "--resume-from-path", str(tmp_path / "nope" / "global_step_9")], cwd=tmp_path)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    capsys.readouterr()  # the bad path in process (cli.main): the real entry point is launched above
+    assert main(["probe", "--resume-from-path", str(tmp_path / "nope" / "global_step_9")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlgrad: error:") and len(err.strip().splitlines()) == 1, err
 
 
 def test_one_setting_puts_every_instrument_on_the_same_steps(tiny, tmp_path):

@@ -16,6 +16,7 @@ from rlgrad.analysis.neuron_base import find_neurons
 from rlgrad.analysis.neurons import NeuronHealthHook, gradient_stats, measure, nullspace_ratio, sample_rows
 from rlgrad.analysis.redo import reset_dormant, select_reset
 from rlgrad.batch import Batch
+from rlgrad.cli import main
 from rlgrad.config.analysis import NeuronHealthConfig
 from rlgrad.config.load import load_config
 from rlgrad.config.model import ModelConfig, TinyModelConfig
@@ -23,7 +24,6 @@ from rlgrad.errors import UserError
 from rlgrad.hooks import StepContext
 from rlgrad.models import build_char_tokenizer, build_tiny_model
 from rlgrad.runfiles import read_jsonl
-from tests.conftest import run_cli
 
 S = LossSettings(loss_agg_mode="token-mean", entropy_coeff=0.01, horizon=5)
 
@@ -592,13 +592,14 @@ def test_metrics_alone_leave_the_training_trajectory_bitwise_unchanged(model_cac
         tmp_path / "plain" / "metrics.jsonl")[-1]["data"]
 
 
-def test_train_cli_writes_neuron_metrics(tiny, tmp_path):
+def test_train_cli_writes_neuron_metrics(tiny, tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
-    res = run_cli(["train", *tiny, "trainer.total_training_steps=2", "trainer.gradient_analysis_mode=false",
-                   "trainer.val_before_train=false", "actor.redo_metric_freq=1", "actor.redo_reset_freq=2",
-                   "actor.redo_mode=percentage", "actor.redo_max_reset_frac=0.1",
-                   "actor.entropy_coeff=0.01"], cwd=tmp_path)  # a nonzero gradient even if every reward ties
-    assert res.returncode == 0, res.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)  # in process (cli.main): the command's launch is test_critic's and test_tasks'
+    res = main(["train", *tiny, "trainer.total_training_steps=2", "trainer.gradient_analysis_mode=false",
+                "trainer.val_before_train=false", "actor.redo_metric_freq=1", "actor.redo_reset_freq=2",
+                "actor.redo_mode=percentage", "actor.redo_max_reset_frac=0.1",
+                "actor.entropy_coeff=0.01"])  # a nonzero gradient even if every reward ties
+    assert res == 0, capsys.readouterr().err[-3000:]
     rows = {r["step"]: r["data"] for r in read_jsonl(run / "metrics.jsonl")}
     for step in (1, 2):
         for k in ("dormant_ratio", "act_dormant_ratio", "zero_grad_ratio", "nullspace_ratio"):
@@ -617,15 +618,15 @@ def test_train_cli_writes_neuron_metrics(tiny, tmp_path):
         "model.layers.0.self_attn": 0, "model.layers.0.mlp": 6, "model.layers.1.self_attn": 0, "model.layers.1.mlp": 6}
 
 
-def test_train_cli_critic_neuron_health(tiny, tmp_path):
+def test_train_cli_critic_neuron_health(tiny, tmp_path, capsys, monkeypatch):
     """PPO with a critic: the critic's neuron health comes from its own gradient and value loss."""
     run = tmp_path / "run"
-    res = run_cli(["train", *tiny, "trainer.total_training_steps=2", "trainer.gradient_analysis_mode=false",
-                   "trainer.val_before_train=false", "algorithm.adv_estimator=gae", "critic.redo_metric_freq=1",
-                   "critic.redo_reset_freq=2", "critic.redo_mode=percentage", "critic.redo_max_reset_frac=0.1",
-                   "reward.weights.correctness=0.0", "reward.weights.format=0.0"],  # every score 0, by construction
-                  cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)  # in process (cli.main), as above
+    res = main(["train", *tiny, "trainer.total_training_steps=2", "trainer.gradient_analysis_mode=false",
+                "trainer.val_before_train=false", "algorithm.adv_estimator=gae", "critic.redo_metric_freq=1",
+                "critic.redo_reset_freq=2", "critic.redo_mode=percentage", "critic.redo_max_reset_frac=0.1",
+                "reward.weights.correctness=0.0", "reward.weights.format=0.0"])  # every score 0, by construction
+    assert res == 0, capsys.readouterr().err[-3000:]
     rows = {r["step"]: r["data"] for r in read_jsonl(run / "metrics.jsonl")}
     for step in (1, 2):
         for k in ("dormant_ratio", "act_dormant_ratio", "zero_grad_ratio", "nullspace_ratio"):

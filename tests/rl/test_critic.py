@@ -325,10 +325,14 @@ def test_critic_keys_unused_without_gae_and_checked_with_it(tmp_path):
     assert load_config(preset="ppo_critic").algorithm.adv_estimator == "gae"
 
 
-def test_bad_critic_path_exits_2_with_one_line(tmp_path):
-    res = run_cli(["train", f"trainer.default_local_dir={tmp_path / 'run'}", "algorithm.adv_estimator=gae",
-                   "critic.model.path=/nonexistent/critic"], cwd=tmp_path)
-    assert res.returncode == 2, res.stderr
-    lines = res.stderr.strip().splitlines()
+def test_bad_critic_path_exits_2_with_one_line(tmp_path, capsys, monkeypatch):
+    from rlgrad.cli import main
+
+    monkeypatch.chdir(tmp_path)  # in process (cli.main); test_train_gae_cli_metrics_checkpoint_and_warmup launches it
+    code = main(["train", f"trainer.default_local_dir={tmp_path / 'run'}", "algorithm.adv_estimator=gae",
+                 "critic.model.path=/nonexistent/critic"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rlgrad: error:") and "/nonexistent/critic" in lines[0]
     assert not (tmp_path / "run").exists()

@@ -17,8 +17,9 @@ from rlgrad.hooks import Hook, HookResult
 from rlgrad.logging.sinks import MetricLogger
 from rlgrad.metrics import layer_group
 from rlgrad.recipes import make_trainer
+from rlgrad.rl.resume import Interrupted
 from rlgrad.runfiles import read_jsonl
-from tests.conftest import REPO
+from tests.conftest import REPO, tiny_overrides
 
 
 def rows(run_dir):
@@ -271,19 +272,53 @@ TERM_SCRIPT = textwrap.dedent("""
 """)
 
 
+SIGNAL_STEPS = ["trainer.total_training_steps=4", "trainer.save_freq=-1", "trainer.test_freq=-1"]
+
+
+@pytest.fixture(scope="module")
+def straight_4_steps(model_cache, tmp_path_factory):
+    """The uninterrupted run that both signals' stopped-and-resumed runs must equal, trained once."""
+    straight = tmp_path_factory.mktemp("straight") / "run"
+    make_trainer(load_config(overrides=tiny_overrides(model_cache, straight) + SIGNAL_STEPS), log=lambda *a: None).fit()
+    return straight
+
+
+class SignalAt(Hook):
+    def __init__(self, sig: int, step: int):
+        self.sig, self.step = sig, step
+
+    def before_update(self, ctx):
+        if ctx.step == self.step:
+            os.kill(os.getpid(), self.sig)  # mid-step: the step still completes
+
+
+def not_caught(signum, frame):
+    raise AssertionError(f"signal {signum} reached the test: the trainer did not take it")
+
+
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
-def test_a_signal_stops_after_the_step_with_a_checkpoint_and_resumes_exactly(tiny, tmp_path, sig):
-    steps = ["trainer.total_training_steps=4", "trainer.save_freq=-1", "trainer.test_freq=-1"]
-    ov = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + steps
-    straight = tmp_path / "straight"
-    make_trainer(load_config(overrides=ov + [f"trainer.default_local_dir={straight}"]), log=lambda *a: None).fit()
+def test_a_signal_stops_after_the_step_with_a_checkpoint_and_resumes_exactly(tiny, tmp_path, sig, straight_4_steps):
+    ov = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + SIGNAL_STEPS
+    straight = straight_4_steps
     stopped = tmp_path / "stopped"
-    script = tmp_path / "term.py"
-    script.write_text(TERM_SCRIPT)
-    p = subprocess.run([sys.executable, str(script), *ov, f"trainer.default_local_dir={stopped}"],
-                       env={**os.environ, "TERM_AT": "2", "SIG": sig}, capture_output=True, text=True, cwd=REPO,
-                       timeout=300)
-    assert p.returncode == 128 + getattr(signal, sig), p.stderr[-2000:]
+    if sig == "SIGTERM":  # a process of its own, as a scheduler stops one
+        script = tmp_path / "term.py"
+        script.write_text(TERM_SCRIPT)
+        p = subprocess.run([sys.executable, str(script), *ov, f"trainer.default_local_dir={stopped}"],
+                           env={**os.environ, "TERM_AT": "2", "SIG": sig}, capture_output=True, text=True, cwd=REPO,
+                           timeout=300)
+        assert p.returncode == 128 + getattr(signal, sig), p.stderr[-2000:]
+    else:  # in this process (the same handlers and Interrupted; a process launch cost 4 s): Ctrl-C at a terminal
+        trainer = make_trainer(load_config(overrides=ov + [f"trainer.default_local_dir={stopped}"]),
+                               hooks=[SignalAt(signal.SIGINT, 2)], log=lambda *a: None)
+        previous = signal.signal(signal.SIGINT, not_caught)
+        try:
+            with pytest.raises(Interrupted) as stop:
+                trainer.fit()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        assert stop.value.status == 128 + signal.SIGINT
+        trainer.run_lock.close()  # as the stopped process's exit would (the traceback kept the trainer alive)
     assert [x["step"] for x in rows(stopped)] == [0, 1, 2]  # step 2 whole, nothing of step 3
     assert (stopped / "global_step_2" / "COMPLETE").exists()  # a checkpoint although save_freq=-1
     make_trainer(load_config(overrides=ov + [f"trainer.default_local_dir={stopped}"]), log=lambda *a: None).fit()

@@ -101,18 +101,16 @@ def _write_rows(run_dir, rows):
                                                    for s, d in rows.items()))
 
 
-def test_plot_draws_the_real_producers_files(recorded_run, tmp_path):
-    """components.json / neurons.json as the trainer writes them (not the synthetic copies) are drawn."""
+def test_plot_draws_the_real_producers_files(recorded_run):
+    """components.json / neurons.json as the trainer writes them (not the synthetic copies) are drawn: the step's
+    figures as `rlgrad plot` makes them (step_figures), the two drawn to PNG (the command writing every figure
+    is test_plot_writes_every_file_with_the_run_contents; all eight of this step through it took 4 s)."""
     for step in (1, 2):
         assert (recorded_run / "analysis" / f"step_{step}" / "components.json").exists()
         assert (recorded_run / "analysis" / f"step_{step}" / "neurons.json").exists()
-    out = tmp_path / "plots"
-    assert main(["plot", str(recorded_run), "--step", "2", "--output-dir", str(out), "--dpi", DPI]) == 0
+    figs = step_figures(D.load_run(recorded_run), 2)
     for name in ("components", "neurons"):
-        png = out / f"gradient_analysis_{name}_step_2.png"
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        img = mpimg.imread(png)
-        assert img.std() > 0.01
+        _png_ok(png_bytes(figs[name], int(DPI)))
 
 
 @pytest.fixture(scope="session")
@@ -747,6 +745,7 @@ def test_report_is_self_contained(rich_run, rich_report):
     assert "dormant-neuron ratio went from 5.0% (step 1) to 10.0% (step 2)" in page
     assert "the actor update trained on: after the rollout filter" in page  # which samples the rewards are of
     assert "reward std mean" in page and "RV mean" not in page
+    assert "in progress" not in page  # a finished run (2 of 2) with its analysis is not marked
 
 
 def test_report_renders_in_chromium_without_errors(rich_report, tmp_path):
@@ -976,15 +975,24 @@ def test_commands_take_a_runs_metrics_jsonl_and_the_report_marks_an_unfinished_r
     (run / "metrics.jsonl").write_text("".join(r + "\n" for r in rows if json.loads(r)["step"] < 2))
     mfile = str(run / "metrics.jsonl")
     capsys.readouterr()
+    assert main(["plot", mfile, "--list-steps"]) == 0 and f"analysis steps in {run} " in capsys.readouterr().out
+    assert main(["samples", mfile, "--max", "1"]) == 0 and capsys.readouterr().out.startswith(f"{run} · step ")
+    assert main(["doctor", mfile]) in (0, 1) and f"rlgrad doctor: run ({run})" in capsys.readouterr().out
+    # The reports of this run and of the finished one without their analysis: the mark depends on the rows'
+    # steps and the config alone, and the analysis figures (checked in test_report_is_self_contained) took 10 s.
+    done = tmp_path / "done"
+    shutil.copytree(recorded_run, done, ignore=shutil.ignore_patterns("global_step_*"))
+    for r in (run, done):
+        shutil.rmtree(r / "analysis")
+        (r / "reward_components.jsonl").unlink()
+        _write_rows(r, {s: {k: v for k, v in d.items() if not k.startswith(("grad_norm", "grad_comp/", "grad_sim/"))
+                            and "/neuron/" not in k} for s, d in _rows(r).items()})
     assert main(["report", mfile, "--dpi", DPI, "--max-steps", "1"]) == 0
     assert capsys.readouterr().out.strip() == f"report written to {(run / 'report.html').resolve()} " \
                                               "(in progress: step 1 of 2)"
     page = (run / "report.html").read_text()
     assert page.index("in progress: step 1 of 2") < page.index("<nav>")
-    assert main(["plot", mfile, "--list-steps"]) == 0 and f"analysis steps in {run} " in capsys.readouterr().out
-    assert main(["samples", mfile, "--max", "1"]) == 0 and capsys.readouterr().out.startswith(f"{run} · step ")
-    assert main(["doctor", mfile]) in (0, 1) and f"rlgrad doctor: run ({run})" in capsys.readouterr().out
-    assert main(["report", str(recorded_run / "metrics.jsonl"), "--output", str(tmp_path / "done.html"),
+    assert main(["report", str(done / "metrics.jsonl"), "--output", str(tmp_path / "done.html"),
                  "--dpi", DPI, "--max-steps", "1"]) == 0
     assert "in progress" not in capsys.readouterr().out + (tmp_path / "done.html").read_text()
     assert D.unfinished(D.load_run(run)) == (1, 2) and D.unfinished(D.load_run(recorded_run)) is None
