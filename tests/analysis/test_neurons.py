@@ -639,3 +639,28 @@ def test_train_cli_critic_neuron_health(tiny, tmp_path, capsys, monkeypatch):
     # which neurons are dead).
     assert rows[2]["critic/grad_norm"] == 0.0 and rows[2]["critic/neuron/zero_grad_ratio"] == 1.0
     assert rows[2]["critic/neuron/reset_count"] == 0.0
+
+
+def test_the_sample_runs_at_every_nullspace_every_th_metric_step_and_the_gradient_scores_at_each(tok, tmp_path):
+    """``nullspace_every=3`` with metrics every 2 steps (steps 2, 4, 6, 8): the sample (nullspace ratio, activation
+    scores) at steps 2 and 8; the gradient scores at all four, equal to those of ``nullspace_every=1``."""
+    model, opt, b, _ = _trained(tok)
+    base = ["analysis.neurons.actor.metric_every=2"]
+    every = _neuron_hook(load_config(overrides=base))
+    cfg = load_config(overrides=base + ["analysis.neurons.actor.nullspace_every=3"])
+    third = _neuron_hook(cfg)
+    sampled = []
+    for step in range(1, 9):
+        got = third.on_grads(_ctx(cfg, model, opt, b, tmp_path, step=step), model, b)
+        if step % 2:
+            assert got is None
+            continue
+        want = every.on_grads(_ctx(cfg, model, opt, b, tmp_path, step=step), model, b)
+        assert "actor/neuron/nullspace_ratio" in want and "actor/neuron/act_dormant_ratio" in want
+        if "actor/neuron/nullspace_ratio" in got:
+            sampled.append(step)
+        plain = {k: v for k, v in want.items() if not k.startswith("timing_s/")}
+        if step not in (2, 8):
+            plain = {k: v for k, v in plain.items() if "nullspace" not in k and "act_dormant" not in k}
+        assert {k: v for k, v in got.items() if not k.startswith("timing_s/")} == plain
+    assert sampled == [2, 8]

@@ -184,14 +184,14 @@ NEURON_GROUP = Group(
          "mean) is <= tau."),
         ("{role}/neuron/act_dormant_ratio",
          "Fraction of neurons whose mean |activation| over the sampled sequences' response tokens / its "
-         "layer's mean is <= tau (metric steps)."),
+         "layer's mean is <= tau (the sample's steps: nullspace_every)."),
         ("{role}/neuron/zero_grad_ratio",
          "Fraction of neurons whose incoming-weight gradient is exactly zero."),
         ("{role}/param/zero_grad_ratio",
          "Fraction of trainable parameter elements whose gradient is exactly zero (or absent)."),
         ("{role}/neuron/nullspace_ratio",
          "Fraction of eigenvalues below 1e-10·λ_max of the unit-diagonal Gram matrix of up to "
-         "nullspace_samples sampled sequences' loss gradients (metric steps)."),
+         "nullspace_samples sampled sequences' loss gradients (the sample's steps: nullspace_every)."),
         Metric("{role}/neuron/reset_count",
                "Number of neurons the ReDo-style reset re-initialised after this step's update "
                "(reset_every steps).",
