@@ -3,7 +3,7 @@ plain TRL GRPOTrainer step, both in this one process, interleaved step by step.
 
     .venv/bin/python bench/trl_analysis_cost.py [--threads 2] [--warmup 2] [--steps 6] [--model tiny|PATH]
                                                 [--prompts 8] [--samples 8] [--tokens 32] [--instruments buckets|all]
-                                                [--beta 0.04]
+                                                [--beta 0.04] [--rlgrad KEY=VALUE ...]
 
 Both trainers train the same model (``tiny``: rlgrad's embedded Qwen2 at its default size, untrained; or a
 local HF directory / .gguf) on the same prompts with the same GRPOConfig (fp32, no activation checkpointing,
@@ -82,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--instruments", choices=("buckets", "all"), default="buckets")
+    p.add_argument("--rlgrad", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="more rlgrad settings after --instruments' (e.g. analysis.neurons.actor.nullspace_samples=0)")
     p.add_argument("--beta", type=float, default=0.04,
                    help="TRL's KL coefficient; 0 (TRL's default): the loss is the policy term alone and the "
                         "instruments ride on TRL's own update (rlgrad.integrations.trl.one_pass_update)")
@@ -140,7 +142,7 @@ def _build(side: str, root: Path, mdir: Path, tok, data, args, callback):
     else:
         what = (["analysis.every=null", "analysis.buckets.every=1"] if args.instruments == "buckets"
                 else ["analysis.every=1"])
-        trainer = GRPOTrainer(**kw, rlgrad=what)
+        trainer = GRPOTrainer(**kw, rlgrad=what + list(args.rlgrad))
     trainer.remove_callback(PrinterCallback)
     return trainer
 
