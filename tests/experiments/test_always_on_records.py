@@ -1,0 +1,71 @@
+"""bench/always_on_cost.py on a preset (``--preset``, ``--gguf``), and docs/benchmarks.md's SmolLM2 rows of it
+against the stored raw output (bench/results/i49/smollm2/)."""
+
+import argparse
+import re
+
+import pytest
+
+from tests.conftest import REPO
+from tests.helpers.scripts import load_script
+
+RESULTS = REPO / "bench" / "results" / "i49" / "smollm2"
+HEADING = "### Every instrument every step on SmolLM2-135M"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_script("bench/always_on_cost.py")
+
+
+def args(**kw) -> argparse.Namespace:
+    return argparse.Namespace(**{"preset": None, "gguf": None, **kw})
+
+
+def test_a_preset_runs_without_validation_and_smollm2_gets_the_wheels_model(bench, tmp_path):
+    assert bench._model_overrides(args()) == []  # the embedded default as before
+    assert bench._model_overrides(args(preset="sokoban_demo")) == ["trainer.test_freq=-1"]
+    gguf = tmp_path / "m.gguf"
+    assert bench._model_overrides(args(preset="smollm2_chain_sum", gguf=str(gguf))) == [
+        "trainer.test_freq=-1", f"model.path={gguf}"]
+    default = bench._model_overrides(args(preset="smollm2_chain_sum"))[1]
+    assert default.startswith("model.path=") and default.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def figures(text: str) -> tuple[float, float]:
+    """A raw output's step ratio (with / plain, median of pairs) and instruments / plain update."""
+    ratio = re.search(r"^ratio=([0-9.]+)", text, re.M)
+    update = re.search(r"instruments / plain update = ([0-9.]+)", text)
+    assert ratio and update, "not a finished bench/always_on_cost.py output"
+    return float(ratio.group(1)), float(update.group(1))
+
+
+def test_figures_of_a_raw_output():
+    text = "timing_s/update_actor: ... instruments / plain update = 0.700; 1 + ...\nratio=1.551 (process CPU time: 1.4)"
+    assert figures(text) == (1.551, 0.700)
+    with pytest.raises(AssertionError):
+        figures("Traceback (most recent call last):")
+
+
+def test_the_smollm2_table_is_the_stored_raw_output():
+    """Each row of the page's SmolLM2 table links its raw file, shows its two figures (2 decimals) and says
+    "met" exactly where the figure its target reads is within it; a row saying "killed" links a run that ended
+    with SIGKILL (exit 137) before printing any."""
+    page = (REPO / "docs" / "benchmarks.md").read_text()
+    section = page[page.index(HEADING):]
+    section = section[:section.index("\n## ", 1)] if "\n## " in section else section
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "smollm2/" in line]
+    assert len(rows) >= 3
+    for row in rows:
+        name = re.search(r"smollm2/([\w.]+\.txt)", row).group(1)
+        text = (RESULTS / name).read_text()
+        if "killed" in row:  # a run the kernel ended (out of memory): its file says so, and has no figures
+            assert re.search(r"exit 137$", text.strip()) and "ratio=" not in text, (name, row)
+            continue
+        ratio, update = figures(text)
+        assert f"{ratio:.2f}" in row and f"{update:.2f}" in row, (name, ratio, update, row)
+        target = re.search(r"<= ([0-9.]+)x? \((step|update)\): (met|not met)", row)
+        if target:
+            bound, of, said = float(target.group(1)), target.group(2), target.group(3)
+            value = ratio if of == "step" else 1 + update
+            assert (said == "met") == (round(value, 2) <= bound), (name, value, row)
