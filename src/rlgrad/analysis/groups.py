@@ -109,7 +109,8 @@ def logit_grad_sq(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _lm_head(model: nn.Module) -> nn.Module | None:
+def lm_head(model: nn.Module) -> nn.Module | None:
+    """The model's output embeddings (its LM head) as a module, or None (a model without ``get_output_embeddings``)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return head if isinstance(head, nn.Module) else None
 
@@ -117,7 +118,7 @@ def _lm_head(model: nn.Module) -> nn.Module | None:
 def _proxy_tap(model: nn.Module, ids: torch.Tensor, into: list) -> Callable[[], None] | None:
     """A forward hook on the model's LM head that puts ``logit_grad_sq`` of its output in ``into``: verl's proxy from
     the pass's own forward. None (no hook) for a model without ``get_output_embeddings``; returns the remover."""
-    head = _lm_head(model)
+    head = lm_head(model)
     if head is None:
         return None
     handle = head.register_forward_hook(lambda m, args, out: into.append(logit_grad_sq(out.detach(), ids)))
@@ -295,7 +296,7 @@ def rides_on_update(model: nn.Module, loss_fn: LossFn, proxy: bool = False) -> b
     one with an LM head to read it from (else the proxy's own forwards would run after the update)."""
     task_alone = getattr(loss_fn, "task_alone", None)
     return (task_alone is not None and task_alone() and hasattr(loss_fn, "of") and not fast_unsupported(model)
-            and (not proxy or _lm_head(model) is not None))
+            and (not proxy or lm_head(model) is not None))
 
 
 class UpdatePass:

@@ -41,6 +41,7 @@ from rlgrad.analysis.groups import (
     SharedPass,
     checked,
     group_pass,
+    lm_head,
     logit_grad_sq,
     only_terms,
 )
@@ -81,7 +82,7 @@ class PerSampleReport:
 
 def _proxy_rows(model: nn.Module, batch: Batch) -> int:
     """Rows per forward of verl's proxy: ``PROXY_CHUNK_ELEMENTS`` over the batch's ``[L, V]`` logits."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = lm_head(model)
     vocab = getattr(head, "out_features", None) or getattr(getattr(model, "config", None), "vocab_size", None)
     if not vocab:
         return 8

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from rlgrad.algos.aggregation import Aggregation
 from rlgrad.algos.logprobs import forward_log_probs, log_probs_of_output
 from rlgrad.algos.objective import FunctionLoss, Terms
+from rlgrad.analysis.groups import lm_head
 from rlgrad.batch import Batch
 from rlgrad.errors import UserError
 
@@ -207,7 +208,7 @@ class TRLLoss:
         gradient g of TRL's per-token log-probs arrives, ``∂L/∂z = g (onehot(y) − softmax(z/T)) / T`` goes back
         through that head call alone (``autograd.grad`` to its weight, discarded), so its backward hooks see the
         head's output gradient. TRL's own gradients are untouched. Costs one head forward and weight backward."""
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: the model it wraps
+        model = _unwrapped(model)
         head, backbone = model.get_output_embeddings(), model.base_model
         s, start, L = self.settings, batch.response_start(), batch.input_ids.shape[1]
         held: dict[str, Tensor] = {}
@@ -244,13 +245,18 @@ class TRLLoss:
                 handle.remove()
 
 
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """A PEFT model's wrapped model (TRL adds its fused head to it, before PEFT wraps it); any other model itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def plain_fused_head(model: nn.Module) -> bool:
     """Whether ``TRLLoss.fused_head`` can stand in for TRL's fused LM head on ``model`` (a PEFT model: the model it
     wraps): a text model whose head is an ``nn.Linear`` applied to its ``base_model``'s output as it is (no logit
     scale or soft-capping, which TRL's kernel would apply and the stand-in does not)."""
-    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    model = _unwrapped(model)
     config = getattr(model, "config", None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = lm_head(model)
     if config is None or not isinstance(head, nn.Linear) or getattr(model, "base_model", model) is model:
         return False
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
