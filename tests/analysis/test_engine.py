@@ -90,6 +90,42 @@ def test_large_parameters_streamed_by_blocks_of_rows_equal_the_reference(model_t
             torch.testing.assert_close(fast.gram[term][grp], k, rtol=1e-5, atol=1e-9 * float(k.abs().max()) + 1e-12)
 
 
+@pytest.mark.parametrize("kind", ["disjoint", "one_row_each", "overlapping"])
+def test_a_tied_embedding_is_streamed_without_its_dense_slice_gradients(model_tok, monkeypatch, kind):
+    """The tied input/output embedding while streaming: the embedding's slice gradients only at the batch's token ids,
+    the LM head's rows there added to them, its other rows by blocks. The Gram is the reference's, and no flushed
+    piece of the tied weight holds all its rows (the dense per-slice vocabulary x hidden gradient the neuron sample
+    of a large vocabulary ran out of memory on)."""
+    from rlgrad.algos.objective import ActorLoss
+    from rlgrad.analysis import engine
+
+    model, tok = model_tok
+    m = copy.deepcopy(model)
+    assert m.lm_head.weight is m.model.embed_tokens.weight  # tied
+    b = make_batch(model, tok)
+    g = torch.Generator().manual_seed(0)
+    weights = {"disjoint": (b.group_ids[None, :] == torch.arange(3)[:, None]).float() * torch.tensor([[1.0], [0.5],
+                                                                                                       [2.0]]),
+               "one_row_each": torch.eye(len(b))[[3, 0, 7, 12]],
+               "overlapping": torch.rand(3, len(b), generator=g)}[kind]
+    slices = [f"s{i}" for i in range(len(weights))]
+    monkeypatch.setattr(engine, "BLOCK_ELEMENTS", 5 * len(weights) * m.config.hidden_size)  # 5 rows of hidden
+    loss = ActorLoss(SETTINGS[0])
+    ref = engine.slice_gradients("reference", m, b, loss, weights, slices, {"sum": {s: 1.0 for s in slices}})
+    flushed = []
+    real = engine._gram
+    monkeypatch.setattr(engine, "_gram", lambda grads, *a, **k: flushed.extend(
+        (n, tuple(t.shape)) for n, t in grads.items()) or real(grads, *a, **k))
+    fast = engine.slice_gradients("fast", m, b, loss, weights, slices, {"sum": {s: 1.0 for s in slices}})
+    vocab = m.lm_head.weight.shape[0]
+    tied = [shape for name, shape in flushed if name == "model.embed_tokens.weight"]
+    present = len(torch.unique(b.input_ids))
+    assert tied and max(shape[1] for shape in tied) < vocab and any(shape[1] == present for shape in tied)
+    for term in ref.gram:
+        for grp, k in ref.gram[term].items():
+            torch.testing.assert_close(fast.gram[term][grp], k, rtol=1e-5, atol=1e-9 * float(k.abs().max()) + 1e-12)
+
+
 def test_a_frozen_input_embedding_still_runs_the_fast_engine(model_tok):
     """Its output is the leaf the backward stops at (LoRA: every base weight frozen); it gets no gradient itself."""
     model, tok = model_tok

@@ -168,6 +168,11 @@ class _SliceReducer:
         self.block_elements: int | None = None  # streaming: form large parameters' slices by blocks (_blocks)
         self.handles = []
         self.embed_leaf: list[tuple[nn.Embedding, torch.Tensor, torch.Tensor]] = []
+        # The modules holding each parameter, and each input embedding's token ids of this forward with (once asked
+        # for) every rank's distinct ones: the rows of an embedding gradient that can be nonzero (``_present_rows``).
+        self.owners: dict[int, list[nn.Module]] = {}
+        self.ids: dict[int, torch.Tensor] = {}
+        self.present: dict[int, torch.Tensor] = {}
         # A second slice set reduced from the same backward (``attach_side``): its hooks are this reducer's.
         self.side: _SliceReducer | None = None
         for mod in model.modules() if watch else ():
@@ -175,12 +180,14 @@ class _SliceReducer:
                 self._watch(mod, self._linear)
             elif isinstance(mod, nn.Embedding):
                 # also a frozen one (LoRA): its output is a leaf the backward stops at, its weight gets nothing
-                self._watch(mod, self._embedding, leaf_only=not mod.weight.requires_grad)
+                self._watch(mod, self._embedding, self._record_ids, leaf_only=not mod.weight.requires_grad)
             elif isinstance(mod, nn.LayerNorm) or _is_rmsnorm(mod):
                 self._watch(mod, self._norm, _norm_input)  # x̂ once per forward, not once per term
 
     def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None, leaf_only: bool = False) -> None:
         attrs = [(a, id(p)) for a, p in mod.named_parameters(recurse=False) if id(p) in self.names]
+        for _, k in attrs:
+            self.owners.setdefault(k, []).append(mod)
         if not attrs and not leaf_only:
             return
 
@@ -208,12 +215,18 @@ class _SliceReducer:
 
         self.handles.append(mod.register_forward_hook(fwd))
 
+    def _record_ids(self, mod: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        self.ids[id(mod)] = ids
+        self.present.pop(id(mod), None)  # a new forward's tokens
+        return ids
+
     def attach_side(self, weights: torch.Tensor) -> _SliceReducer:
         """A reducer of the slices ``weights`` ``[S', N]`` (the same rows) fed by this reducer's hooks while
         ``self.side`` is it: one backward gives both slice sets (``groups.py``: the reward components on the
-        prompt-group pass). It shares this reducer's parameter map and forward call counts."""
+        prompt-group pass). It shares this reducer's parameter map, forward call counts and token ids."""
         side = _SliceReducer(self.model, weights, watch=False)
-        side.alias, side.calls = self.alias, self.calls
+        side.alias, side.calls, side.owners, side.ids, side.present = (self.alias, self.calls, self.owners, self.ids,
+                                                                       self.present)
         return side
 
     def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True) -> None:
@@ -305,25 +318,54 @@ class _SliceReducer:
 
     def _blocks(self, p: nn.Parameter) -> list[tuple[int, int]]:
         """``(first row, rows)`` blocks of ``p`` whose slice gradients are formed and flushed one at a time: the
-        whole parameter, except while streaming (``block_elements`` set) a parameter with one use (not tied) whose
-        slice gradients have more than ``block_elements`` elements (an LM head, an embedding, an MLP projection): the
-        Gram and the sum over ranks add over disjoint blocks of rows, so only one block's slice gradients exist at
-        once."""
+        whole parameter, except while streaming (``block_elements`` set) a parameter whose slice gradients have
+        more than ``block_elements`` elements (an LM head, an MLP projection) with one use, or tied to the input
+        embedding (``_present_rows``): the Gram and the sum over ranks add over disjoint blocks of rows, so only
+        one block's slice gradients exist at once."""
         rows = p.shape[0]
         k = self.alias.get(id(p), id(p))
-        if self.block_elements is None or self.calls.get(k, 1) > 1:
+        if self.block_elements is None or (self.calls.get(k, 1) > 1 and self._present_rows(p) is None):
             return [(0, rows)]
         step = max(1, self.block_elements // max(len(self.weights) * (p.numel() // max(rows, 1)), 1))
         return [(i, min(step, rows - i)) for i in range(0, rows, step)]
 
+    def _present_rows(self, p: nn.Parameter) -> torch.Tensor | None:
+        """While streaming, for an input embedding's weight (tied or not to one Linear, each called once): the token
+        ids of this forward on every rank, sorted; its rows that can have a nonzero gradient. Else None.
+
+        The embedding's slice gradients are formed at those rows only (never vocabulary x hidden per slice), and a
+        tied LM head's part at those rows joins them there (``_add``: summed, then flushed) while the head's other
+        rows go by blocks: the Gram of the tied weight's gradient is the sum over the two disjoint sets of rows.
+        A collective the first time per forward (the head's or the embedding's backward: the same on every rank)."""
+        k = self.alias.get(id(p), id(p))
+        owners = self.owners.get(k, [])
+        emb = [m for m in owners if isinstance(m, nn.Embedding)]
+        if (self.block_elements is None or len(emb) != 1 or id(emb[0]) not in self.ids or len(owners) > 2
+                or not all(isinstance(m, (nn.Embedding, nn.Linear)) for m in owners)
+                or self.calls.get(k, 1) != len(owners)):
+            return None
+        if id(emb[0]) not in self.present:
+            mine = torch.unique(self.ids[id(emb[0])])
+            self.present[id(emb[0])] = torch.unique(collectives.all_gather_cat(mine))
+        return self.present[id(emb[0])]
+
     def _linear(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
         out = g.shape[-1]
+
+        def slices(gg: torch.Tensor) -> torch.Tensor:
+            return self._slices(gg, x, lambda gg, xx: gg.t().float() @ xx.float(),
+                                lambda gg, xx: gg.float().transpose(1, 2) @ xx.float(), combine=True)
+
+        present = self._present_rows(m.weight)
+        if present is not None:  # a tied head: its rows at the batch's tokens join the embedding's part
+            self._add(m.weight, slices(g.index_select(-1, present.to(g.device))))
         for start, n in self._blocks(m.weight):
             gb = g if n == out else g[..., start:start + n]
-            self._add(m.weight, self._slices(gb, x, lambda gg, xx: gg.t().float() @ xx.float(),
-                                             lambda gg, xx: gg.float().transpose(1, 2) @ xx.float(), combine=True),
-                      whole=n == out)
+            if present is not None:  # those rows left with the embedding's part
+                inside = present[(present >= start) & (present < start + n)] - start
+                gb = gb.index_fill(-1, inside.to(g.device), 0)
+            self._add(m.weight, slices(gb), whole=n == out and present is None)
         if m.bias is not None:
             self._add(m.bias, self._slices(g, x, lambda gg, xx: gg.float().sum(0), lambda gg, xx: gg.float().sum(1)))
 
@@ -331,6 +373,11 @@ class _SliceReducer:
         g = g.detach()
         if m.padding_idx is not None:  # autograd never updates the padding row
             g = g * (ids != m.padding_idx).unsqueeze(-1).to(g.dtype)
+        present = self._present_rows(m.weight)
+        if present is not None:  # rows of the tokens present only: the others are zero in every slice
+            present = present.to(ids.device)
+            self._add(m.weight, self._embedding_slices(g, torch.searchsorted(present, ids), len(present)))
+            return
         vocab = m.weight.shape[0]
         for start, V in self._blocks(m.weight):
             gb, ib = g, ids
@@ -338,12 +385,16 @@ class _SliceReducer:
                 local = ids - start
                 inside = (local >= 0) & (local < V)
                 gb, ib = g * inside.unsqueeze(-1).to(g.dtype), local.clamp(0, V - 1)
-            self._add(m.weight, self._slices(
-                gb, ib, lambda gg, ii, V=V: torch.zeros(V, gg.shape[-1], dtype=torch.float32, device=gg.device)
-                .index_add_(0, ii.reshape(-1), gg.float()),
-                lambda gg, ii, V=V: torch.zeros(len(ii) * V, gg.shape[-1], dtype=torch.float32, device=gg.device)
-                .index_add_(0, (ii + V * torch.arange(len(ii), device=ii.device)[:, None]).reshape(-1),
-                            gg.reshape(-1, gg.shape[-1]).float()).view(len(ii), V, gg.shape[-1])), whole=V == vocab)
+            self._add(m.weight, self._embedding_slices(gb, ib, V), whole=V == vocab)
+
+    def _embedding_slices(self, g: torch.Tensor, ids: torch.Tensor, V: int) -> torch.Tensor:
+        """Slice gradients ``[S, V, dim]`` of an embedding of ``V`` rows read at ``ids`` (< V), output gradient g."""
+        return self._slices(
+            g, ids, lambda gg, ii: torch.zeros(V, gg.shape[-1], dtype=torch.float32, device=gg.device)
+            .index_add_(0, ii.reshape(-1), gg.float()),
+            lambda gg, ii: torch.zeros(len(ii) * V, gg.shape[-1], dtype=torch.float32, device=gg.device)
+            .index_add_(0, (ii + V * torch.arange(len(ii), device=ii.device)[:, None]).reshape(-1),
+                        gg.reshape(-1, gg.shape[-1]).float()).view(len(ii), V, gg.shape[-1]))
 
     def _norm(self, m: nn.Module, xh: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
@@ -536,8 +587,8 @@ def stream(reducer: _SliceReducer, derived: dict[str, dict[str, float]], slices:
     def finish(params: list) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         reducer.flush = None
         for p in params:
-            if id(p) not in done:
-                g = reducer.acc.pop(id(p), None)
+            g = reducer.acc.pop(id(p), None)
+            if g is not None or id(p) not in done:  # also a tied weight's rows at the tokens whose part came alone
                 flush(id(p), g if g is not None else torch.zeros(len(slices), *p.shape, device=p.device))
         return full, gram
 

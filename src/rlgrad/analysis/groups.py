@@ -20,8 +20,9 @@ run their own pass.
 verl's variance proxy is read from the same forward (a hook on the LM head, ``logit_grad_sq``).
 
 ``SharedPass`` hands one step's pass from the hook that ran it to the others due at that step on that batch.
-Memory: the groups' gradients of a one-use Linear are formed by blocks of rows (``rows.RowNormReducer``), a tied
-weight's whole; without the per-sample norms due, the pass is shared only where that stays small (``_fits``).
+Memory: the groups' gradients of a large Linear are formed by blocks of rows and an input embedding's at the
+batch's tokens only, a tied LM head's rows there joining them (``rows.RowNormReducer``, ``engine._present_rows``):
+never a group's dense vocabulary x hidden gradient.
 """
 
 from __future__ import annotations
@@ -247,8 +248,8 @@ class SharedPass:
 
     def pass_for(self, step: int, model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | None = None,
                  one_pass: bool = False) -> GroupPass | None:
-        """The step's pass on ``batch``: the one kept, else a new one (kept for the next user); None where it would
-        hold more memory than the users' own passes (``_fits``): then each runs its own. ``one_pass`` (``rides``:
+        """The step's pass on ``batch``: the one kept, else a new one (kept for the next user); None where this user
+        cannot wait for a pass planned on the update: then it runs its own. ``one_pass`` (``rides``:
         the user can wait for it too): the pass is planned on the update's backward and ``Deferred`` raised (the
         class docstring)."""
         if self.kept is not None and self.kept[:2] == (step, id(batch)):
@@ -261,8 +262,6 @@ class SharedPass:
             raise Deferred
         at, row_terms = self.users.get("per_sample", (None, ()))
         per_sample = at is not None and at.due(step)
-        if not per_sample and not _fits(model, batch):
-            return None
         wanted = [terms for at, terms in self.users.values() if at.due(step)]
         keep = {t for terms in wanted for t in terms} if all(terms is not None for terms in wanted) else None
         rows = row_terms if per_sample else ()
@@ -369,21 +368,6 @@ class UpdatePass:
         found = GroupPass(group_ids, inverse, rows, grams_of, *logged_values(out), order, side_stats,
                           taps[0].cpu()[back] if taps else None)
         self.shared.kept, self.shared.planned = (self.step, id(self.batch), found), None
-
-
-def _fits(model: nn.Module, batch: Batch) -> bool:
-    """Whether the pass's prompt-group gradients of a tied weight (formed whole: the embedding adds to its LM head's)
-    stay within a quarter of the model (or one streaming block): P groups x the largest tied weight. The per-sample
-    norms run this pass anyway; the bucket analysis and the components alone stream every weight by blocks.
-    The same answer on every rank (P over every rank's groups)."""
-    owners: dict[int, int] = {}
-    sizes: dict[int, int] = {}
-    for module in model.modules():
-        for p in module.parameters(recurse=False):
-            owners[id(p)], sizes[id(p)] = owners.get(id(p), 0) + 1, p.numel()
-    tied = max((sizes[k] for k, n in owners.items() if n > 1), default=0)
-    groups = len(torch.unique(all_gather_cat(torch.unique(batch.group_ids.cpu()))))
-    return groups * tied <= max(BLOCK_ELEMENTS, sum(sizes.values()) // 4)
 
 
 def only_terms(loss_fn: LossFn, terms: set[str]) -> LossFn:

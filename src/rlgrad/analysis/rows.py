@@ -96,8 +96,6 @@ class RowNormReducer(_SliceReducer):
         # False: the prompt groups' Gram alone (``row_sq`` stays empty), for a term whose per-row norms no instrument
         # asks for at this step (``groups.py``: the bucket analysis and the reward components share the pass)
         self.row_norms = True
-        self.owners: dict[int, list[nn.Module]] = defaultdict(list)
-        self.ids: dict[int, torch.Tensor] = {}  # id(embedding) -> this forward's token ids
         super().__init__(model, weights, leaf_embeddings=leaf_embeddings)
         self.group_names = {k: layer_group(n) for k, n in self.names.items()}
         self.row_group = weights.argmax(0)  # [N]: each row's prompt group
@@ -116,18 +114,6 @@ class RowNormReducer(_SliceReducer):
         self.seen: dict[int, int] = defaultdict(int)
         self.tied: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.acc = {}
-
-    def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None, leaf_only: bool = False) -> None:
-        for p in mod.parameters(recurse=False):
-            if id(p) in self.names:
-                self.owners[id(p)].append(mod)
-        if isinstance(mod, nn.Embedding):
-            prep = self._record_ids
-        super()._watch(mod, fn, prep, leaf_only=leaf_only)
-
-    def _record_ids(self, mod: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-        self.ids[id(mod)] = ids
-        return ids
 
     def _arrived(self, k: int) -> bool:
         """Count one module's contribution to parameter ``k``; True once all its modules have contributed."""
@@ -160,10 +146,9 @@ class RowNormReducer(_SliceReducer):
             self._fold(k, self.acc.pop(k))
 
     def _embedding_groups(self, p: nn.Parameter, g3: torch.Tensor, ids3: torch.Tensor) -> None:
-        """The embedding's group gradients, formed at the (group, token id) pairs the batch holds only (the update's
-        dense vocab x hidden gradient, once per group, would be P times that): added in place to the tied output
-        layer's group gradients when they came first, else folded into the Gram from the token ids present (under
-        data parallel: present on any rank, so that the sum over ranks has one shape)."""
+        """The embedding's group gradients, formed at the token ids present in the batch (on any rank, so that the sum
+        over ranks has one shape) only: the update's dense vocab x hidden gradient, once per group, would be P times
+        that. A tied output layer's rows at those tokens are added to them (``_SliceReducer._present_rows``)."""
         k = self._key(p)
         if k not in self.names:
             return
@@ -172,21 +157,14 @@ class RowNormReducer(_SliceReducer):
         uniq, inverse = torch.unique(pair, return_inverse=True)
         sums = torch.zeros(len(uniq), dim, dtype=torch.float32, device=g3.device)
         sums.index_add_(0, inverse, g3.reshape(-1, dim).float())
-        done = self._arrived(k)
-        if k not in self.acc and not done:  # dense where a tied Linear is still to come (it adds to them)
-            self.acc[k] = torch.zeros(len(self.weights), vocab, dim, dtype=torch.float32, device=g3.device)
-        if k in self.acc:
-            self.acc[k].view(-1, dim).index_add_(0, uniq, sums)
-            if done:
-                self._fold(k, self.acc.pop(k))
-            return
-        # every rank's token ids (a collective: every rank's embedding backward reaches it, in the same order);
-        # one process: its own
-        tokens = torch.unique(collectives.all_gather_cat(torch.unique(uniq % vocab)))
-        column = torch.searchsorted(tokens, uniq % vocab)
+        tokens = self._present_rows(p)
+        if tokens is None:
+            raise NotImplementedError(f"per-sample norms: the embedding {self.names[k]} was called more than once in "
+                                      "the forward or is shared beyond a tied Embedding + Linear pair")
+        tokens = tokens.to(g3.device)
         present = torch.zeros(len(self.weights), len(tokens), dim, dtype=torch.float32, device=g3.device)
-        present[uniq // vocab, column] = sums  # (group, token) pairs are unique
-        self._fold(k, present)
+        present[uniq // vocab, torch.searchsorted(tokens, uniq % vocab)] = sums  # (group, token) pairs are unique
+        self._add(p, present)
 
     def _key(self, p: nn.Parameter) -> int:
         """The registered parameter's id (FSDP2: ``p`` may be the unsharded parameter the module holds now)."""
