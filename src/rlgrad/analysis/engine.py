@@ -150,10 +150,12 @@ class _SliceReducer:
         # Rows that arrive shuffled (an update's shuffled mini-batch, ``groups.UpdatePass``) but tile in slice order:
         # gathered into that order once per module, then the one batched call.
         self.gather: torch.Tensor | None = None
+        self.slot_of_row: torch.Tensor | None = None
         if not self.tiled and bool(size) and all(self.folded):
-            order = torch.sort(nz.to(torch.int8).argmax(0), stable=True).indices
+            slot = nz.to(torch.int8).argmax(0)
+            order = torch.sort(slot, stable=True).indices
             if tiles([_contiguous_range(torch.nonzero(w[order]).squeeze(-1)) for w in weights]):
-                self.tiled, self.gather = True, order
+                self.tiled, self.gather, self.slot_of_row = True, order, slot
         self.acc: dict[int, torch.Tensor] = {}
         self.names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
         # FSDP2 swaps a module's registered (sharded) parameter for an unsharded one around its forward and
@@ -194,8 +196,8 @@ class _SliceReducer:
         def on_grad(module, x, g):
             for a, k in attrs:  # the parameters the module holds now (FSDP2: unsharded) are the registered ones
                 self.alias[id(getattr(module, a))] = k
-            fn(module, x, g)
-            if self.side is not None:  # the side's own reduction of the same module (its base class's)
+            served_side = fn(module, x, g)  # True where the module's reduction also gave the side's slices
+            if self.side is not None and not served_side:  # the side's own reduction (its base class's)
                 getattr(_SliceReducer, fn.__name__)(self.side, module, x, g)
 
         def fwd(module, inputs, output):
@@ -263,6 +265,15 @@ class _SliceReducer:
         if self.place is not None:
             return self._placed_rows(g3, x3, rows)
         return self._combined_rows(g3, x3, rows)
+
+    def _small_slices(self, g: torch.Tensor, x: torch.Tensor, reduce: Callable, rows: Callable) -> torch.Tensor:
+        """``_slices`` of a parameter whose per-row gradient is small (a norm's weight, a bias): rows that arrive
+        shuffled are reduced each on its own and added into their slices, instead of gathering δ and x back into
+        slice order first."""
+        if self.slot_of_row is None:
+            return self._slices(g, x, reduce, rows)
+        per_row = rows(g.reshape(g.shape[0], -1, g.shape[-1]), x.reshape(x.shape[0], -1, x.shape[-1]))
+        return per_row.new_zeros(len(self.weights), *per_row.shape[1:]).index_add_(0, self.slot_of_row, per_row)
 
     def _placed_rows(self, g3: torch.Tensor, x3: torch.Tensor, rows: Callable) -> torch.Tensor:
         """Slices of at most one row each: the rows' own gradients, weighted and put in their slices."""
@@ -367,7 +378,8 @@ class _SliceReducer:
                 gb = gb.index_fill(-1, inside.to(g.device), 0)
             self._add(m.weight, slices(gb), whole=n == out and present is None)
         if m.bias is not None:
-            self._add(m.bias, self._slices(g, x, lambda gg, xx: gg.float().sum(0), lambda gg, xx: gg.float().sum(1)))
+            self._add(m.bias, self._small_slices(g, x, lambda gg, xx: gg.float().sum(0),
+                                                 lambda gg, xx: gg.float().sum(1)))
 
     def _embedding(self, m: nn.Embedding, ids: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
@@ -398,10 +410,11 @@ class _SliceReducer:
 
     def _norm(self, m: nn.Module, xh: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
-        self._add(m.weight, self._slices(g, xh, lambda gg, xx: (gg.float() * xx.float()).sum(0),
-                                         lambda gg, xx: (gg.float() * xx.float()).sum(1)))
+        self._add(m.weight, self._small_slices(g, xh, lambda gg, xx: (gg.float() * xx.float()).sum(0),
+                                               lambda gg, xx: (gg.float() * xx.float()).sum(1)))
         if getattr(m, "bias", None) is not None:
-            self._add(m.bias, self._slices(g, xh, lambda gg, xx: gg.float().sum(0), lambda gg, xx: gg.float().sum(1)))
+            self._add(m.bias, self._small_slices(g, xh, lambda gg, xx: gg.float().sum(0),
+                                                 lambda gg, xx: gg.float().sum(1)))
 
     def close(self) -> None:
         for h in self.handles:
