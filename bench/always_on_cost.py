@@ -160,6 +160,9 @@ def main() -> None:
         copy = params * 4 / 2 ** 20
         print(f"peak_MB plain_step={peaks[False]:.0f} with={peaks[True]:.0f} extra={peaks[True] - peaks[False]:.0f} "
               f"({(peaks[True] - peaks[False]) / copy:.0%} of one fp32 model copy, {copy:.1f} MB)")
+    # a setting that runs a part every N-th step (analysis.neurons.*.nullspace_every): the median pair hides it, the
+    # run's total time does not
+    print(f"total with / total without = {sum(times[True]) / sum(times[False]):.3f} over {len(ratios)} pairs")
     print(f"ratio={statistics.median(ratios):.3f} (process CPU time: {statistics.median(cpu_ratios):.3f})")
 
 
