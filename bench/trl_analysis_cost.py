@@ -3,11 +3,12 @@ plain TRL GRPOTrainer step, both in this one process, interleaved step by step.
 
     .venv/bin/python bench/trl_analysis_cost.py [--threads 2] [--warmup 2] [--steps 6] [--model tiny|PATH]
                                                 [--prompts 8] [--samples 8] [--tokens 32] [--instruments buckets|all]
-                                                [--beta 0.04] [--rlgrad KEY=VALUE ...]
+                                                [--beta 0.04] [--checkpointing] [--rlgrad KEY=VALUE ...]
 
 Both trainers train the same model (``tiny``: rlgrad's embedded Qwen2 at its default size, untrained; or a
-local HF directory / .gguf) on the same prompts with the same GRPOConfig (fp32, no activation checkpointing,
-loss_type dapo, beta 0.04 unless ``--beta``, two reward functions whose values vary within groups).
+local HF directory / .gguf) on the same prompts with the same GRPOConfig (fp32, no activation checkpointing unless
+``--checkpointing``, loss_type dapo, beta 0.04 unless ``--beta``, two reward functions whose values vary within
+groups).
 ``--instruments buckets``: ``analysis.buckets.every=1`` (the bucket x term analysis, 6 buckets, fast engine);
 ``all``: also the reward functions' geometry and neuron health every step. The rlgrad trainer runs in a second
 thread, and the two alternate step by step (each waits for the other's step to end), so both see the same
@@ -84,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--instruments", choices=("buckets", "all"), default="buckets")
     p.add_argument("--rlgrad", nargs="*", default=[], metavar="KEY=VALUE",
                    help="more rlgrad settings after --instruments' (e.g. analysis.neurons.actor.nullspace_samples=0)")
+    p.add_argument("--checkpointing", action="store_true",
+                   help="TRL's default activation checkpointing (gradient_checkpointing=True) in both trainers")
     p.add_argument("--beta", type=float, default=0.04,
                    help="TRL's KL coefficient; 0 (TRL's default): the loss is the policy term alone and the "
                         "instruments ride on TRL's own update (rlgrad.integrations.trl.one_pass_update)")
@@ -129,7 +132,7 @@ def _build(side: str, root: Path, mdir: Path, tok, data, args, callback):
 
     from rlgrad.integrations.trl import GRPOTrainer
 
-    cfg = GRPOConfig(output_dir=str(root / side), use_cpu=True, bf16=False, gradient_checkpointing=False,
+    cfg = GRPOConfig(output_dir=str(root / side), use_cpu=True, bf16=False, gradient_checkpointing=args.checkpointing,
                      per_device_train_batch_size=args.prompts * args.samples, num_generations=args.samples,
                      max_completion_length=args.tokens, generation_kwargs={"min_new_tokens": args.tokens},
                      beta=args.beta, loss_type="dapo", learning_rate=1e-5, max_steps=args.warmup + args.steps,

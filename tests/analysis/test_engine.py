@@ -126,6 +126,42 @@ def test_a_tied_embedding_is_streamed_without_its_dense_slice_gradients(model_to
             torch.testing.assert_close(fast.gram[term][grp], k, rtol=1e-5, atol=1e-9 * float(k.abs().max()) + 1e-12)
 
 
+def test_activation_checkpointing_recomputes_are_not_watched_twice(model_tok, monkeypatch):
+    """Under activation checkpointing a layer's forward runs again inside the backward. Without reentry (transformers'
+    default) the gradient flows through the first forward's outputs: the recompute is not watched, so each Linear
+    counts one call and streams by blocks as without checkpointing, and the Gram is that of the model without it.
+    (Reentrant checkpointing refuses ``autograd.grad``, which the engine's own pass takes; riding on an update's
+    ``backward`` under it is tested in tests/integrations/test_trl.py.)"""
+    from rlgrad.algos.objective import ActorLoss
+    from rlgrad.analysis import engine
+
+    model, tok = model_tok
+    m = copy.deepcopy(model)
+    m.lm_head.weight = torch.nn.Parameter(m.lm_head.weight.detach().clone() * 1.1)  # untied
+    b = make_batch(model, tok)
+    weights = (b.group_ids[None, :] == torch.arange(3)[:, None]).float()
+    slices = ["s0", "s1", "s2"]
+    loss = ActorLoss(SETTINGS[0])
+    monkeypatch.setattr(engine, "BLOCK_ELEMENTS", 5 * len(weights) * m.config.hidden_size)
+    plain = engine.slice_gradients("fast", m, b, loss, weights, slices)
+    m.train()
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    recomputed = []
+    real_forward = m.model.layers[0].mlp.up_proj.forward
+    monkeypatch.setattr(m.model.layers[0].mlp.up_proj, "forward",
+                        lambda x: recomputed.append(torch.is_grad_enabled()) or real_forward(x))
+    blocks = {}
+    real = engine._SliceReducer._blocks
+    monkeypatch.setattr(engine._SliceReducer, "_blocks", lambda self, p: blocks.setdefault(
+        self.names[self.alias.get(id(p), id(p))], real(self, p)))
+    checkpointed = engine.slice_gradients("fast", m, b, loss, weights, slices)
+    assert len(recomputed) > 1  # the layer ran again in the backward: the checkpoint is on
+    assert len(blocks["model.layers.0.mlp.up_proj.weight"]) > 1  # one call counted: streamed by blocks
+    for term in plain.gram:
+        for grp, k in plain.gram[term].items():
+            torch.testing.assert_close(checkpointed.gram[term][grp], k, rtol=1e-5, atol=1e-9 * float(k.abs().max()))
+
+
 def test_a_frozen_input_embedding_still_runs_the_fast_engine(model_tok):
     """Its output is the leaf the backward stops at (LoRA: every base weight frozen); it gets no gradient itself."""
     model, tok = model_tok

@@ -5,6 +5,7 @@ that of TRL's loss over the bucket's rows alone; a reward function's gradient is
 advantages replaced by the function's share of them, minus the same loss at zero advantage (the KL part).
 """
 
+import contextlib
 import json
 import random
 from pathlib import Path
@@ -617,15 +618,30 @@ def logged_steps(run: Path) -> dict[int, dict[str, float]]:
 RIDE = {"beta": 0.0, "bf16": False, "steps": 2, "rlgrad": ("analysis.every=1", "analysis.buckets.num_buckets=2")}
 
 
-@pytest.mark.parametrize("case", ["full", "lora", "padded"])
+@contextlib.contextmanager
+def riding_unless_own(monkeypatch, name: str):
+    """The reference run ``own`` never rides (the pass before the update); any other run as ``one_pass_update`` says."""
+    from rlgrad.integrations import trl as rlgrad_trl
+
+    with monkeypatch.context() as patch:
+        if name == "own":
+            patch.setattr(rlgrad_trl, "one_pass_update", lambda trainer: False)
+        yield
+
+
+@pytest.mark.parametrize("case, checkpointing", [("full", "off"), ("lora", "off"), ("padded", "off"),
+                                                 ("full", "trl_default"), ("full", "reentrant"),
+                                                 ("lora", "trl_default")])
 def test_the_instruments_ride_on_trls_own_update_with_the_numbers_of_their_own_pass(setup, tmp_path, monkeypatch,
-                                                                                    case):
-    """beta=0, one accumulation step, activation checkpointing off: the prompt-group pass has no forward or backward
-    of its own but reads TRL's (``one_pass_update``; TRL's fused LM head shown to the hooks by
-    ``TRLLoss.fused_head``), with the numbers of the pass before the update (a run with activation checkpointing on,
-    where nothing rides), and TRL's training bitwise that of plain TRL. LoRA: the adapters' gradients, head frozen.
-    padded: completions of many lengths (right-padded; at 8 tokens every completion of the tiny model is full),
-    grpo's per-sequence means and a temperature of 0.7 (the head's stand-in divides by it)."""
+                                                                                    case, checkpointing):
+    """beta=0, one accumulation step: the prompt-group pass has no forward or backward of its own but reads TRL's
+    (``one_pass_update``; TRL's fused LM head shown to the hooks by ``TRLLoss.fused_head``), with the numbers of the
+    pass before the update (a run where nothing rides), and TRL's training bitwise that of plain TRL. LoRA: the
+    adapters' gradients, head frozen. padded: completions of many lengths (right-padded; at 8 tokens every
+    completion of the tiny model is full), grpo's per-sequence means and a temperature of 0.7 (the head's stand-in
+    divides by it). Activation checkpointing: TRL's default (transformers' non-reentrant checkpoint, whose layers are
+    recomputed inside the backward: the hooks must not read them twice) and the reentrant one (the layers' first
+    forward runs without grad: the hooks read the recompute)."""
     from rlgrad.analysis import groups
 
     settings = dict(RIDE)
@@ -635,17 +651,22 @@ def test_the_instruments_ride_on_trls_own_update_with_the_numbers_of_their_own_p
                                                   lora_dropout=0.0, task_type="CAUSAL_LM")
     if case == "padded":
         settings.update(max_completion_length=48, loss_type="grpo", temperature=0.7)
-    own = make(setup, tmp_path / "own", gradient_checkpointing=True, **settings)
-    own.train()
+    settings.update({"off": {"gradient_checkpointing": False},
+                     "trl_default": {"gradient_checkpointing": True},
+                     "reentrant": {"gradient_checkpointing": True,
+                                   "gradient_checkpointing_kwargs": {"use_reentrant": True}}}[checkpointing])
     real, calls = groups.group_pass, []
     monkeypatch.setattr(groups, "group_pass", lambda *a, **k: calls.append(1) or real(*a, **k))
-    riding = make(setup, tmp_path / "riding", cls=Capturing, gradient_checkpointing=False, **settings)
+    with riding_unless_own(monkeypatch, "own"):
+        make(setup, tmp_path / "own", **settings).train()
+    assert calls  # the pass before the update
+    calls.clear()
+    riding = make(setup, tmp_path / "riding", cls=Capturing, **settings)
     riding.train()
     assert not calls  # nothing ran a pass of its own
     lengths = riding.captured["completion_mask"].sum(1)
     assert (case == "padded") == (int(lengths.min()) < int(lengths.max())), lengths
-    plain = make(setup, tmp_path / "plain", cls=trl.GRPOTrainer, gradient_checkpointing=False,
-                 **{k: v for k, v in settings.items() if k != "rlgrad"})
+    plain = make(setup, tmp_path / "plain", cls=trl.GRPOTrainer, **{k: v for k, v in settings.items() if k != "rlgrad"})
     plain.train()
     a, b = plain.model.state_dict(), riding.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -675,7 +696,7 @@ def test_the_fused_head_stand_in_serves_only_a_plain_linear_head(setup):
     assert not plain_fused_head(model)
 
 
-def test_under_fp16_loss_scaling_nothing_rides(setup, tmp_path):
+def test_under_fp16_loss_scaling_nothing_rides(setup, tmp_path, monkeypatch):
     """fp16 (``GRPOConfig(fp16=True)``, GPU only): accelerate's ``GradScaler`` makes TRL's backward that of the loss
     times its scale (65536 at first), which the instruments would read as it is: nothing rides on it
     (``one_pass_update``), the pass runs before the update. The scaler is put where accelerate keeps it, a CPU one
@@ -683,12 +704,13 @@ def test_under_fp16_loss_scaling_nothing_rides(setup, tmp_path):
     from rlgrad.integrations.trl import one_pass_update
 
     runs = {}
-    for name, checkpointing in (("own", True), ("riding", False)):
-        t = make(setup, tmp_path / name, gradient_checkpointing=checkpointing, **{**RIDE, "steps": 1})
-        assert one_pass_update(t) != checkpointing
+    for name in ("own", "riding"):
+        t = make(setup, tmp_path / name, **{**RIDE, "steps": 1})
+        assert one_pass_update(t)
         t.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
         assert not one_pass_update(t)
-        t.train()
+        with riding_unless_own(monkeypatch, name):
+            t.train()
         runs[name] = logged_steps(tmp_path / name)[1]
     assert runs["own"]["grad_norm/all/task"] > 0
     assert runs["riding"] == pytest.approx(runs["own"], rel=2e-4, abs=1e-9)
@@ -720,19 +742,20 @@ class FailsOnce(GRPOTrainer):
 
 
 @pytest.mark.parametrize("where", ["_compute_loss", "_prepare_inputs"])
-def test_a_step_that_failed_inside_trl_is_measured_again_when_it_is_retried(setup, tmp_path, where):
+def test_a_step_that_failed_inside_trl_is_measured_again_when_it_is_retried(setup, tmp_path, monkeypatch, where):
     """A step that raised inside TRL's training step after its pass was planned on the update, retried on the same
     trainer from the last checkpoint: the retried step rides on its own update with the numbers of its own batch
-    (the run with activation checkpointing, where nothing rides, failing alike), not on the plan the failed one
+    (a run where nothing rides, failing alike), not on the plan the failed one
     left behind."""
     runs = {}
-    for name, checkpointing in (("own", True), ("riding", False)):
-        t = make(setup, tmp_path / name, cls=FailsOnce, gradient_checkpointing=checkpointing, save_strategy="steps",
-                 save_steps=1, max_completion_length=48, **RIDE)
+    for name in ("own", "riding"):
+        t = make(setup, tmp_path / name, cls=FailsOnce, save_strategy="steps", save_steps=1, max_completion_length=48,
+                 **RIDE)
         t.where = where
-        with pytest.raises(RuntimeError, match="failed once"):
-            t.train()
-        t.train(resume_from_checkpoint=True)
+        with riding_unless_own(monkeypatch, name):
+            with pytest.raises(RuntimeError, match="failed once"):
+                t.train()
+            t.train(resume_from_checkpoint=True)
         assert t.state.global_step == 2
         runs[name] = logged_steps(tmp_path / name)
     assert sorted(runs["riding"]) == sorted(runs["own"]) == [1, 2]
@@ -740,15 +763,16 @@ def test_a_step_that_failed_inside_trl_is_measured_again_when_it_is_retried(setu
         assert runs["riding"][step] == pytest.approx(runs["own"][step], rel=2e-4, abs=1e-9), step
 
 
-def test_under_bf16_autocast_what_rides_reads_trls_own_bf16_backward(setup, tmp_path):
+def test_under_bf16_autocast_what_rides_reads_trls_own_bf16_backward(setup, tmp_path, monkeypatch):
     """TRL's default ``bf16=True`` runs its forward under bf16 autocast: what rides reads that backward, so
     ``grad_norm/all/task`` is the norm of the gradient TRL applies (its logged ``grad_norm``, ``actor/grad_norm``),
-    where the pass before the update (activation checkpointing on: nothing rides) runs in fp32 and differs from it
+    where the pass before the update (a run where nothing rides) runs in fp32 and differs from it
     at bf16's precision (and the noise-scale estimates, differences of such norms, by up to a few percent).
     Printed: the record behind docs/integrations.md ("Riding on TRL's update")."""
     runs = {}
-    for name, checkpointing in (("own", True), ("riding", False)):
-        make(setup, tmp_path / name, gradient_checkpointing=checkpointing, **{**RIDE, "bf16": True}).train()
+    for name in ("own", "riding"):
+        with riding_unless_own(monkeypatch, name):
+            make(setup, tmp_path / name, **{**RIDE, "bf16": True}).train()
         runs[name] = logged_steps(tmp_path / name)
     for step in (1, 2):
         own, riding = runs["own"][step], runs["riding"][step]

@@ -169,6 +169,8 @@ class _SliceReducer:
         self.remaining: dict[int, int] = {}
         self.block_elements: int | None = None  # streaming: form large parameters' slices by blocks (_blocks)
         self.handles = []
+        self.backward_started = False
+        self.forward_modules: set[int] = set()  # modules whose outputs were hooked
         self.embed_leaf: list[tuple[nn.Embedding, torch.Tensor, torch.Tensor]] = []
         # The modules holding each parameter, and each input embedding's token ids of this forward with (once asked
         # for) every rank's distinct ones: the rows of an embedding gradient that can be nonzero (``_present_rows``).
@@ -193,14 +195,9 @@ class _SliceReducer:
         if not attrs and not leaf_only:
             return
 
-        def on_grad(module, x, g):
-            for a, k in attrs:  # the parameters the module holds now (FSDP2: unsharded) are the registered ones
-                self.alias[id(getattr(module, a))] = k
-            served_side = fn(module, x, g)  # True where the module's reduction also gave the side's slices
-            if self.side is not None and not served_side:  # the side's own reduction (its base class's)
-                getattr(_SliceReducer, fn.__name__)(self.side, module, x, g)
-
         def fwd(module, inputs, output):
+            if self._recomputed(module):
+                return output
             x = inputs[0].detach() if prep is None else prep(module, inputs[0].detach())
             if isinstance(module, nn.Embedding) and self.leaf_embeddings:
                 # The input embedding: the leaf the backward stops at. Token ids carry no gradient, so its output
@@ -210,12 +207,30 @@ class _SliceReducer:
                 output = output.detach().requires_grad_(True)
                 self.embed_leaf.append((module, x, output))
             if not leaf_only and output.requires_grad:
+                self.forward_modules.add(id(module))
                 for _, k in attrs:
                     self.calls[k] = self.calls.get(k, 0) + 1
-                output.register_hook(lambda g: on_grad(module, x, g))
+                output.register_hook(lambda g: self._on_grad(module, attrs, fn, x, g))
             return output
 
         self.handles.append(mod.register_forward_hook(fwd))
+
+    def _on_grad(self, module: nn.Module, attrs: list[tuple[str, int]], fn: Callable, x: torch.Tensor,
+                 g: torch.Tensor) -> None:
+        """``module``'s output gradient ``g`` (its input ``x``) reduced by ``fn`` into its parameters' slices."""
+        self.backward_started = True
+        for a, k in attrs:  # the parameters the module holds now (FSDP2: unsharded) are the registered ones
+            self.alias[id(getattr(module, a))] = k
+        served_side = fn(module, x, g)  # True where the module's reduction also gave the side's slices
+        if self.side is not None and not served_side:  # the side's own reduction (its base class's)
+            getattr(_SliceReducer, fn.__name__)(self.side, module, x, g)
+
+    def _recomputed(self, module: nn.Module) -> bool:
+        """Whether this forward of ``module`` is activation checkpointing's recompute (without reentry) inside the
+        backward, refilling what the layer saved: the gradient flows through the first forward's outputs, already
+        hooked, so it is not watched again. With reentry the first forward runs without grad (nothing hooked) and the
+        recompute is the forward the backward goes through: watched."""
+        return self.backward_started and id(module) in self.forward_modules
 
     def _record_ids(self, mod: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         self.ids[id(mod)] = ids

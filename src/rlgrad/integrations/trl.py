@@ -136,13 +136,14 @@ def one_pass_update(trainer: _TRLGRPOTrainer) -> bool:
     """Whether TRL's optimizer step of this generation batch is ONE forward and backward over all of its rows at the
     current weights, which the instruments can ride on (``hooks.StepContext.one_pass_update``): one process, the
     batch in one accumulation step (``steps_per_generation`` = ``gradient_accumulation_steps`` = 1), one iteration
-    per generation, each layer run once per forward (no activation checkpointing) and TRL's own loss code (no Liger
-    kernel), with an LM head ``TRLLoss.fused_head`` can show to the hooks (``plain_fused_head``), and a backward of
-    the loss as it is: fp16's ``GradScaler`` (accelerate's ``scaler``) backwards the loss times its scale."""
+    per generation and TRL's own loss code (no Liger kernel), with an LM head ``TRLLoss.fused_head`` can show to the
+    hooks (``plain_fused_head``), and a backward of the loss as it is: fp16's ``GradScaler`` (accelerate's
+    ``scaler``) backwards the loss times its scale. Activation checkpointing (TRL's default) may be on: the
+    engine's hooks skip a layer's recompute inside the backward (``engine._SliceReducer._recomputed``)."""
     a = trainer.args
     return (trainer.accelerator.num_processes == 1 and getattr(trainer.accelerator, "scaler", None) is None
             and a.steps_per_generation == 1
-            and a.gradient_accumulation_steps == 1 and trainer.num_iterations == 1 and not a.gradient_checkpointing
+            and a.gradient_accumulation_steps == 1 and trainer.num_iterations == 1
             and not getattr(trainer, "use_liger_kernel", False) and not getattr(a, "use_liger_kernel", False)
             and plain_fused_head(trainer.accelerator.unwrap_model(trainer.model)))
 
