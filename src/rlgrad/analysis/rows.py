@@ -17,8 +17,10 @@ The reducer also keeps the engine's slice gradients for the prompt groups (disjo
 gradient per layer; equal groups in order, as GRPO makes them, in one batched product per layer) and folds each
 parameter's into a group Gram matrix as soon as all of its contributions have arrived, so no more than one
 layer's group gradients (and never a per-row gradient of more than one layer, a chunk of rows) exist at a time.
-An embedding's group gradients are formed at the token ids the batch holds only (added in place to a tied output
-layer's). Sums of rows over any union of groups (a bucket, the batch) follow from it. The ghost norms' input
+Where a Linear's rows' own weight gradients are formed anyway (the ghost norm costs more), its group gradients
+and a side's slices are sums of them instead (``_by_rows``). An embedding's group gradients are formed at the token
+ids the batch holds only, a tied output layer's rows at those ids added to them and its other rows folded by
+blocks (``engine._present_rows``). Sums of rows over any union of groups (a bucket, the batch) follow from it. The ghost norms' input
 Grams x·xᵀ are taken once per forward input: the Linears that read one input (q/k/v, gate/up) and every term's
 backward share them.
 
