@@ -641,18 +641,23 @@ def test_train_cli_critic_neuron_health(tiny, tmp_path, capsys, monkeypatch):
     assert rows[2]["critic/neuron/reset_count"] == 0.0
 
 
-def test_the_sample_runs_at_every_nullspace_every_th_metric_step_and_the_gradient_scores_at_each(tok, tmp_path):
-    """``nullspace_every=3`` with metrics every 2 steps (steps 2, 4, 6, 8): the sample (nullspace ratio, activation
-    scores) at steps 2 and 8; the gradient scores at all four, equal to those of ``nullspace_every=1``."""
+@pytest.mark.parametrize("metric_every, nullspace_every, sampled_at", [(2, 5, [2, 8]), (2, 6, [2, 8]),
+                                                                      (1, 10, [1]), (10, 10, [10, 20]), (20, 10, [20])])
+def test_the_sample_runs_at_metric_steps_nullspace_every_steps_apart_and_the_gradient_scores_at_each(
+        tok, tmp_path, metric_every, nullspace_every, sampled_at):
+    """The sample (nullspace ratio, activation scores) at the metric steps at least ``nullspace_every`` steps apart,
+    rounded up to a multiple of the cadence: with metrics every 2 steps and 5 (or 6) apart, at steps 2 and 8; with
+    metrics every step (``analysis.every=1``) and the default 10, at step 1 of the first 10; at a cadence of 10 or
+    more, at each metric step. The gradient scores at every metric step, equal to those of ``nullspace_every=1``."""
     model, opt, b, _ = _trained(tok)
-    base = ["analysis.neurons.actor.metric_every=2"]
-    every = _neuron_hook(load_config(overrides=base))
-    cfg = load_config(overrides=base + ["analysis.neurons.actor.nullspace_every=3"])
+    base = [f"analysis.neurons.actor.metric_every={metric_every}"]
+    every = _neuron_hook(load_config(overrides=base + ["analysis.neurons.actor.nullspace_every=1"]))
+    cfg = load_config(overrides=base + [f"analysis.neurons.actor.nullspace_every={nullspace_every}"])
     third = _neuron_hook(cfg)
     sampled = []
-    for step in range(1, 9):
+    for step in range(1, max(9, sampled_at[-1] + 1)):
         got = third.on_grads(_ctx(cfg, model, opt, b, tmp_path, step=step), model, b)
-        if step % 2:
+        if step % metric_every:
             assert got is None
             continue
         want = every.on_grads(_ctx(cfg, model, opt, b, tmp_path, step=step), model, b)
@@ -660,7 +665,7 @@ def test_the_sample_runs_at_every_nullspace_every_th_metric_step_and_the_gradien
         if "actor/neuron/nullspace_ratio" in got:
             sampled.append(step)
         plain = {k: v for k, v in want.items() if not k.startswith("timing_s/")}
-        if step not in (2, 8):
+        if step not in sampled_at:
             plain = {k: v for k, v in plain.items() if "nullspace" not in k and "act_dormant" not in k}
         assert {k: v for k, v in got.items() if not k.startswith("timing_s/")} == plain
-    assert sampled == [2, 8]
+    assert sampled == sampled_at

@@ -241,8 +241,9 @@ def measure(model: nn.Module, batch: Batch | None, nc: NeuronHealthConfig, *, ro
 
 class NeuronHealthHook(InstrumentHook):
     """Neuron health at ``on_grads`` (the first mini-batch of a due step, per role) and the reset at
-    ``after_update``. The sequence sample (nullspace ratio, activation scores) at every ``nullspace_every``-th
-    of the role's metric steps, the first included; the gradient scores at each.
+    ``after_update``. The sequence sample (nullspace ratio, activation scores) at the role's metric steps at least
+    ``nullspace_every`` steps apart (a multiple of the metric cadence), the first included; the gradient scores at
+    each.
 
     Roles: ``actor`` (loss from ``ctx.loss_settings``; optimizer ``ctx.optimizer``) and ``critic``
     (loss ``ctx.critic_loss``; optimizer ``ctx.critic_optimizer``). ``settings``: the ``analysis.neurons``
@@ -282,7 +283,8 @@ class NeuronHealthHook(InstrumentHook):
                             "(the neuron-health metrics work under LoRA)")
         timing: dict[str, float] = {}
         at = self.metric_at.get(role, Schedule(0))
-        sample = metric and Schedule(at.every * self._role(role).nullspace_every, at.first).due(ctx.step)
+        apart = -(-self._role(role).nullspace_every // max(at.every, 1)) * at.every  # a multiple of the cadence
+        sample = metric and Schedule(apart, at.first).due(ctx.step)
         with self.timed(timing, role=role):
             replica = getattr(ctx, role, None) if _is_sharded(model) else model
             rep = measure(model, minibatch, self._role(role), role=role, seed=self.seed, step=ctx.step,

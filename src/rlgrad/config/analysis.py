@@ -104,10 +104,11 @@ class NeuronHealthConfig:
     nullspace_samples: int = _f(32, "Sequences (at most) sampled from the step's first mini-batch for the "
                                 "nullspace ratio and the activation scores (0: skip both; redo_nullspace_samples).",
                                 ge=0)
-    nullspace_every: int = _f(1, "The sample (nullspace_ratio, act_dormant_ratio) at every this-many of the steps "
-                              "neuron health is measured at (1: each); the gradient scores at each. With "
-                              "analysis.every=1, e.g. 10 keeps the gradient scores on every step and pays for the "
-                              "sample (most of neuron health's cost) on every tenth.", ge=1)
+    nullspace_every: int = _f(1, "The sample (nullspace_ratio, act_dormant_ratio, most of neuron health's cost) at "
+                              "the metric steps at least this many steps apart (rounded up to a multiple of the "
+                              "metric cadence; 1: each, as verl's redo_metric_freq does); the gradient scores, which "
+                              "the doctor reads, at each. With analysis.every=1, 10 keeps the gradient scores on "
+                              "every step and pays for the sample on every tenth.", ge=1)
     reset_outgoing: str = _f("zero", "Outgoing weights of a reset neuron (redo_reset_outgoing): zero | small "
                              "(N(0, (0.01 x RMS of the layer's other outgoing columns)^2)).", choices=("zero", "small"))
 
