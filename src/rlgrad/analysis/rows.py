@@ -234,8 +234,11 @@ class RowNormReducer(_SliceReducer):
                 and len(self.weights) * m.weight.numel() <= self.block_elements
                 and not ghost_is_cheaper(g3.shape[1], x3.shape[-1], g3.shape[-1])):
             return False
-        # the side's slices Σ_i w_si h_i: exact unless a slice's weight is folded into its Gram
-        return self.side is None or (self.side.place is None and not any(self.side.folded))
+        # the side's slices Σ_i w_si h_i: exact unless a slice's weight is folded into its Gram; one block, as its own
+        # path would flush them (the same collectives on a rank that takes that path)
+        side = self.side
+        return side is None or (side.place is None and not any(side.folded) and (
+            side.block_elements is None or len(side.weights) * m.weight.numel() <= side.block_elements))
 
     def _by_rows(self, m: nn.Linear, g3: torch.Tensor, x3: torch.Tensor) -> bool:
         """Each row's weight gradient h_i = Σ_t δ_t x_tᵀ, a chunk of rows at a time, gives all three: the group
@@ -253,16 +256,18 @@ class RowNormReducer(_SliceReducer):
             sq.append(row_sq(h))
             if side is not None:
                 side.addmm_(self.side.weights_f32[:, i:i + step], h.view(len(h), -1))
+        # in the order of the other path (this reducer's weight and bias, then the side's), which another rank may
+        # take (its rows' length or groups differ): the sums over ranks are collectives, called alike on every rank
         self._add(m.weight, groups)
         self._row(m.weight, torch.cat(sq))
-        if side is not None:
-            self.side._add(m.weight, side.view(-1, out, fan_in))
-        if m.bias is not None:
-            per_row = g3.float().sum(1)  # [N, out]
+        per_row = None if m.bias is None else g3.float().sum(1)  # [N, out]
+        if per_row is not None:
             self._add(m.bias, torch.zeros(P, out, dtype=torch.float32, device=g3.device)
                       .index_add_(0, self.row_group, per_row))
             self._row(m.bias, per_row.double().pow(2).sum(-1))
-            if self.side is not None:
+        if side is not None:
+            self.side._add(m.weight, side.view(-1, out, fan_in))
+            if per_row is not None:
                 self.side._add(m.bias, self.side.weights_f32 @ per_row)
         return True
 
