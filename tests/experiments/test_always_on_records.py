@@ -47,13 +47,25 @@ def test_figures_of_a_raw_output():
         figures("Traceback (most recent call last):")
 
 
+def _section() -> str:
+    page = (REPO / "docs" / "benchmarks.md").read_text()
+    section = page[page.index(HEADING):]
+    return section[:section.index("\n## ", 1)] if "\n## " in section else section
+
+
+def test_every_finished_smollm2_run_is_on_the_page():
+    """A stored run that printed its figures is linked from the section (a re-measurement is not left out)."""
+    section = _section()
+    finished = [f.name for f in sorted(RESULTS.glob("*.txt")) if "ratio=" in f.read_text()]
+    assert len(finished) >= 3
+    assert [n for n in finished if f"smollm2/{n})" not in section] == []
+
+
 def test_the_smollm2_table_is_the_stored_raw_output():
     """Each row of the page's SmolLM2 table links its raw file, shows its two figures (2 decimals) and says
     "met" exactly where the figure its target reads is within it; a row saying "killed" links a run that ended
     with SIGKILL (exit 137) before printing any."""
-    page = (REPO / "docs" / "benchmarks.md").read_text()
-    section = page[page.index(HEADING):]
-    section = section[:section.index("\n## ", 1)] if "\n## " in section else section
+    section = _section()
     rows = [line for line in section.splitlines() if line.startswith("| ") and "smollm2/" in line]
     assert len(rows) >= 3
     for row in rows:
@@ -64,6 +76,10 @@ def test_the_smollm2_table_is_the_stored_raw_output():
             continue
         ratio, update = figures(text)
         assert f"{ratio:.2f}" in row and f"{update:.2f}" in row, (name, ratio, update, row)
+        peak = re.search(r"^peak_MB plain_step=([0-9]+) with=([0-9]+)", text, re.M)
+        if peak:  # a --memory run: the row shows the peak a step adds, with the instruments and plain (MB)
+            plain, with_ = peak.groups()
+            assert f"adds {with_} MB (plain {plain} MB)" in row, (name, plain, with_, row)
         target = re.search(r"<= ([0-9.]+)x? \((step|update)\): (met|not met)", row)
         if target:
             bound, of, said = float(target.group(1)), target.group(2), target.group(3)
