@@ -23,9 +23,9 @@ def make_trainer(cfg: RLGradConfig, hooks: list[Hook] | None = None, log: Callab
     """rlgrad's trainer with the instruments ``cfg`` asks for, then ``hooks`` (``rlgrad train``), then the live
     doctor (``doctor.live``: it reads every step's whole row, the other hooks' metrics included)."""
     doctor = doctor_hooks(cfg, resolve_run_dir(cfg), is_main=env_rank() == 0)
-    hint = ride_hint(cfg)
-    if hint and env_rank() == 0:
-        log(hint)
+    for hint in (ride_hint(cfg), sample_hint(cfg)):
+        if hint and env_rank() == 0:
+            log(hint)
     return Trainer(cfg, hooks=hooks_from_config(cfg) + list(hooks or []) + doctor, log=log)
 
 
@@ -43,6 +43,21 @@ def ride_hint(cfg: RLGradConfig) -> str | None:
     return (f"note: the instruments run every step on {rows} rows in micro-batches of {micro}: each step runs their "
             f"pass before the update; actor.ppo_micro_batch_size={rows} (one micro-batch, if it fits in memory) lets "
             "them ride on the update's own forward and backward instead (docs/instruments.md, riding on the update)")
+
+
+def sample_hint(cfg: RLGradConfig) -> str | None:
+    """One line for a run with neuron health measured at every step and its nullspace sample with it: the sample is
+    most of its cost, and ``nullspace_every`` keeps the gradient scores (what the doctor reads) at every step while
+    sampling every tenth (docs/instruments.md). None otherwise."""
+    at = schedules(cfg)
+    roles = [role for role in ("actor", "critic") if at[f"neurons/{role}"].every == 1
+             and getattr(cfg.analysis.neurons, role).nullspace_every == 1
+             and getattr(cfg.analysis.neurons, role).nullspace_samples > 0]
+    if not roles:
+        return None
+    settings = " ".join(f"analysis.neurons.{role}.nullspace_every=10" for role in roles)
+    return (f"note: neuron health's nullspace sample runs every step, most of its cost; with {settings} its gradient "
+            "scores (what the doctor reads) stay on every step and the sample runs every tenth (docs/instruments.md)")
 
 
 def make_prober(cfg: RLGradConfig, log: Callable = print) -> Trainer:
