@@ -59,6 +59,21 @@ def test_a_model_the_fast_engine_cannot_cover_falls_back_to_the_reference(model_
     assert got.metrics == ref.metrics
 
 
+def slice_weights(b, kind: str) -> torch.Tensor:
+    """Slice weights of every shape the engine reduces differently: buckets (scaled), one row per slice, overlapping."""
+    g = torch.Generator().manual_seed(0)
+    scaled_buckets = (b.group_ids[None, :] == torch.arange(3)[:, None]).float() * torch.tensor([[1.0], [0.5], [2.0]])
+    return {"disjoint": scaled_buckets,
+            "one_row_each": torch.eye(len(b))[[3, 0, 7, 12]],
+            "overlapping": torch.rand(3, len(b), generator=g)}[kind]
+
+
+def assert_grams_close(fast, ref) -> None:
+    for term in ref.gram:
+        for grp, k in ref.gram[term].items():
+            torch.testing.assert_close(fast.gram[term][grp], k, rtol=1e-5, atol=1e-9 * float(k.abs().max()) + 1e-12)
+
+
 @pytest.mark.parametrize("kind", ["disjoint", "one_row_each", "overlapping"])
 def test_large_parameters_streamed_by_blocks_of_rows_equal_the_reference(model_tok, monkeypatch, kind):
     """Streaming forms an untied parameter's slice gradients a block of rows at a time (the LM head, the embedding,
@@ -71,11 +86,7 @@ def test_large_parameters_streamed_by_blocks_of_rows_equal_the_reference(model_t
     m = copy.deepcopy(model)
     m.lm_head.weight = torch.nn.Parameter(m.lm_head.weight.detach().clone() * 1.1)  # untied: one use each
     b = make_batch(model, tok)
-    g = torch.Generator().manual_seed(0)
-    weights = {"disjoint": (b.group_ids[None, :] == torch.arange(3)[:, None]).float() * torch.tensor([[1.0], [0.5],
-                                                                                                       [2.0]]),
-               "one_row_each": torch.eye(len(b))[[3, 0, 7, 12]],
-               "overlapping": torch.rand(3, len(b), generator=g)}[kind]
+    weights = slice_weights(b, kind)
     slices = [f"s{i}" for i in range(len(weights))]
     monkeypatch.setattr(engine, "BLOCK_ELEMENTS", 5 * len(weights) * m.config.hidden_size)  # 5 rows of hidden
     loss = ActorLoss(SETTINGS[0])
@@ -85,9 +96,7 @@ def test_large_parameters_streamed_by_blocks_of_rows_equal_the_reference(model_t
     fast = engine.slice_gradients("fast", m, b, loss, weights, slices, {"sum": {s: 1.0 for s in slices}})
     ref = engine.slice_gradients("reference", m, b, loss, weights, slices, {"sum": {s: 1.0 for s in slices}})
     assert max(len(x) for x in blocks) > 1  # some parameter was split
-    for term in ref.gram:
-        for grp, k in ref.gram[term].items():
-            torch.testing.assert_close(fast.gram[term][grp], k, rtol=1e-5, atol=1e-9 * float(k.abs().max()) + 1e-12)
+    assert_grams_close(fast, ref)
 
 
 @pytest.mark.parametrize("kind", ["disjoint", "one_row_each", "overlapping"])
@@ -103,11 +112,7 @@ def test_a_tied_embedding_is_streamed_without_its_dense_slice_gradients(model_to
     m = copy.deepcopy(model)
     assert m.lm_head.weight is m.model.embed_tokens.weight  # tied
     b = make_batch(model, tok)
-    g = torch.Generator().manual_seed(0)
-    weights = {"disjoint": (b.group_ids[None, :] == torch.arange(3)[:, None]).float() * torch.tensor([[1.0], [0.5],
-                                                                                                       [2.0]]),
-               "one_row_each": torch.eye(len(b))[[3, 0, 7, 12]],
-               "overlapping": torch.rand(3, len(b), generator=g)}[kind]
+    weights = slice_weights(b, kind)
     slices = [f"s{i}" for i in range(len(weights))]
     monkeypatch.setattr(engine, "BLOCK_ELEMENTS", 5 * len(weights) * m.config.hidden_size)  # 5 rows of hidden
     loss = ActorLoss(SETTINGS[0])
@@ -121,9 +126,7 @@ def test_a_tied_embedding_is_streamed_without_its_dense_slice_gradients(model_to
     tied = [shape for name, shape in flushed if name == "model.embed_tokens.weight"]
     present = len(torch.unique(b.input_ids))
     assert tied and max(shape[1] for shape in tied) < vocab and any(shape[1] == present for shape in tied)
-    for term in ref.gram:
-        for grp, k in ref.gram[term].items():
-            torch.testing.assert_close(fast.gram[term][grp], k, rtol=1e-5, atol=1e-9 * float(k.abs().max()) + 1e-12)
+    assert_grams_close(fast, ref)
 
 
 def test_activation_checkpointing_recomputes_are_not_watched_twice(model_tok, monkeypatch):
@@ -157,9 +160,7 @@ def test_activation_checkpointing_recomputes_are_not_watched_twice(model_tok, mo
     checkpointed = engine.slice_gradients("fast", m, b, loss, weights, slices)
     assert len(recomputed) > 1  # the layer ran again in the backward: the checkpoint is on
     assert len(blocks["model.layers.0.mlp.up_proj.weight"]) > 1  # one call counted: streamed by blocks
-    for term in plain.gram:
-        for grp, k in plain.gram[term].items():
-            torch.testing.assert_close(checkpointed.gram[term][grp], k, rtol=1e-5, atol=1e-9 * float(k.abs().max()))
+    assert_grams_close(checkpointed, plain)
 
 
 def test_a_frozen_input_embedding_still_runs_the_fast_engine(model_tok):
