@@ -180,6 +180,8 @@ def _report(args, times: dict[str, list[float]], ours) -> None:
     print(f"plain TRL steps {[round(x, 3) for x in a]} s; with rlgrad {[round(x, 3) for x in b]} s; "
           f"median timing_s/analysis/buckets {statistics.median(bucket_s[args.warmup:] or [float('nan')]):.3f} s; "
           f"median of per-pair ratios {statistics.median(y / x for x, y in zip(a, b)):.3f}")
+    # a part run every N-th step (analysis.neurons.*.nullspace_every): the medians hide it, the totals do not
+    print(f"total with / total without = {sum(b) / sum(a):.3f} over {len(a)} steps each")
     print(f"plain_step_s={pa:.4f} rlgrad_step_s={pb:.4f} ratio={pb / pa:.3f}")
 
 
