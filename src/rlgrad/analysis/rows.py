@@ -155,27 +155,6 @@ class RowNormReducer(_SliceReducer):
         if done:
             self._fold(k, self.acc.pop(k))
 
-    def _embedding_groups(self, p: nn.Parameter, g3: torch.Tensor, ids3: torch.Tensor) -> None:
-        """The embedding's group gradients, formed at the token ids present in the batch (on any rank, so that the sum
-        over ranks has one shape) only: the update's dense vocab x hidden gradient, once per group, would be P times
-        that. A tied output layer's rows at those tokens are added to them (``_SliceReducer._present_rows``)."""
-        k = self._key(p)
-        if k not in self.names:
-            return
-        vocab, dim = p.shape
-        pair = (ids3 + vocab * self.row_group[:, None]).reshape(-1)
-        uniq, inverse = torch.unique(pair, return_inverse=True)
-        sums = torch.zeros(len(uniq), dim, dtype=torch.float32, device=g3.device)
-        sums.index_add_(0, inverse, g3.reshape(-1, dim).float())
-        tokens = self._present_rows(p)
-        if tokens is None:
-            raise NotImplementedError(f"per-sample norms: the embedding {self.names[k]} was called more than once in "
-                                      "the forward or is shared beyond a tied Embedding + Linear pair")
-        tokens = tokens.to(g3.device)
-        present = torch.zeros(len(self.weights), len(tokens), dim, dtype=torch.float32, device=g3.device)
-        present[uniq // vocab, torch.searchsorted(tokens, uniq % vocab)] = sums  # (group, token) pairs are unique
-        self._add(p, present)
-
     def _key(self, p: nn.Parameter) -> int:
         """The registered parameter's id (FSDP2: ``p`` may be the unsharded parameter the module holds now)."""
         return self.alias.get(id(p), id(p))
@@ -272,10 +251,10 @@ class RowNormReducer(_SliceReducer):
         return True
 
     def _embedding(self, m: nn.Embedding, ids: torch.Tensor, g: torch.Tensor) -> None:
+        super()._embedding(m, ids, g)  # the group gradients, at the batch's token ids (``_present_rows``)
         g3, ids3 = _rows3(g.detach()), _rows3(ids)
         if m.padding_idx is not None:  # autograd never updates the padding row
             g3 = g3 * (ids3 != m.padding_idx).unsqueeze(-1).to(g3.dtype)
-        self._embedding_groups(m.weight, g3, ids3)
         if not self.row_norms:
             return
         sq = embedding_row_sq(g3, ids3, m.weight.shape[0])
