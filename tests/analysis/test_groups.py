@@ -232,3 +232,73 @@ def test_a_lone_instrument_takes_its_own_pass_where_nothing_can_ride():
         ctx = StepContext(step=1, batch=None, actor=model, optimizer=None, loss_settings=settings, config=None,
                           run_dir=None, one_pass_update=True)
         assert shared.rides(ctx) == rides and shared.serves(1, "buckets", shared.rides(ctx)) == rides
+
+
+def test_a_side_of_one_weight_per_group_is_read_off_the_groups_gram():
+    """``Side.from_groups``: weights one number per prompt group on the rows that carry a task gradient give that
+    number (rows without one are free; a group with none gets 0); one weight off within a group, none."""
+    from rlgrad.analysis.groups import Side
+
+    inverse = torch.tensor([0, 0, 1, 1, 2, 2])
+    weights = torch.tensor([[0.5, 0.5, -2.0, -2.0, 0.0, 7.0], [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]])
+    carrying = torch.tensor([True, True, True, True, False, False])
+    side = Side(weights, ["a", "b"], {"total": {"a": 1.0, "b": 1.0}}, carrying=carrying)
+    assert torch.equal(side.from_groups(inverse, 3), torch.tensor([[0.5, -2.0, 0.0], [1.0, 1.0, 0.0]]).double())
+    assert Side(weights, ["a", "b"], {}).from_groups(inverse, 3) is None  # carrying rows not known
+    off = weights.clone()
+    off[0, 1] = 0.5 * (1 + 1e-3)
+    assert Side(off, ["a", "b"], {}, carrying=carrying).from_groups(inverse, 3) is None
+    # the Grams: A K Aᵀ with A = [I; C] V, K the groups' Gram
+    K = torch.tensor([[2.0, 0.5, 0.0], [0.5, 3.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    V = side.from_groups(inverse, 3)
+    gram = side.grams_from_groups(V, {"layer_0": K}).gram["task"]["layer_0"]
+    a, b = V[0], V[1]
+    assert gram[0, 0] == pytest.approx(float(a @ K @ a)) and gram[0, 1] == pytest.approx(float(a @ K @ b))
+    assert gram[2, 2] == pytest.approx(float((a + b) @ K @ (a + b)))
+
+
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_one_varying_reward_component_is_measured_from_the_groups_gram_and_matches_plain_autograd(tmp_path, monkeypatch,
+                                                                                                 one_pass):
+    """One reward component varies (the others weigh 0): its advantage is the update's, so its weight on the task
+    rows is one number everywhere and the shared pass (before the update, or riding on it) reduces no side slice
+    on the backward; the components' numbers equal the reference engine's (a plain autograd backward per
+    component)."""
+    from rlgrad.algos.advantages import group_reward_std
+    from rlgrad.algos.component_advantages import outcome_advantages
+    from rlgrad.config.model import ModelConfig, TinyModelConfig
+    from rlgrad.hooks import HookRunner
+    from rlgrad.models import build_char_tokenizer, build_tiny_model
+    from rlgrad.rl.actor import update_actor
+
+    tok = build_char_tokenizer()
+    tiny = TinyModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                           intermediate_size=48)
+    b = component_batch(build_tiny_model(ModelConfig(tiny=tiny), tok, seed=5), tok, seed=1)
+    one = {"correctness": 0.9, "format": 0.0, "length": 0.0}
+    b.components["correctness"][:4] = 1.0  # group 0 always right: no gradient there
+    b.scores = 0.9 * b.components["correctness"]
+    b.reward_std = group_reward_std(b.scores, b.group_ids)
+    b.advantages = outcome_advantages(b.scores, b.group_ids, "grpo", True)[:, None] * b.response_mask
+    assert 0 < int((b.advantages.abs().sum(1) == 0).sum()) < len(b)  # some rows carry no gradient
+    s = LossSettings(horizon=8)  # the task term alone
+    cfg = load_config(overrides=["analysis.buckets.every=1", "analysis.components.every=1",
+                                 "analysis.per_sample.every=1", "analysis.buckets.num_buckets=2"])
+    model = build_tiny_model(ModelConfig(tiny=tiny), tok, seed=5)
+    ref = analyse_components(model, b, s, weights=one, method="reference").metrics
+    monkeypatch.setattr("rlgrad.analysis.rows.RowNormReducer.attach_side",
+                        lambda *a: pytest.fail("a side reduced on the backward"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    runner = HookRunner(hooks_from_config(cfg))
+    ctx = StepContext(step=1, batch=b, actor=model, optimizer=optimizer, loss_settings=s, config=cfg,
+                      run_dir=tmp_path, reward_weights=one, one_pass_update=one_pass)
+    got = dict(runner.before_update(ctx).metrics)
+    tap = runner.update_tap(ctx)
+    assert (tap is not None) == one_pass
+    update_actor(model, optimizer, b, s, ppo_epochs=1, mini_batch_size=len(b), micro_batch_size=len(b),
+                 max_grad_norm=1.0, shuffle=True, seed=0, tap=tap)
+    got.update(runner.after_update(ctx).metrics)
+    measured = [k for k in ref if k.startswith(("grad_comp/", "grad_sim/"))]
+    assert "grad_comp/correctness/norm" in measured and "grad_comp/total/norm" in measured
+    for k in measured:
+        assert got[k] == pytest.approx(ref[k], rel=1e-5, abs=1e-12), k

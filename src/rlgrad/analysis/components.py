@@ -179,7 +179,7 @@ def _component_grams(model: nn.Module, batch: Batch, unit: LossFn, W: torch.Tens
     if shared is not None and _on_task_rows(W, adv):
         # the task term's row gradients are A_i times the unit loss's: weights W / A_i on them (groups.py)
         on_task = torch.where(adv != 0, W / torch.where(adv != 0, adv, 1.0).to(W.dtype), 0.0)
-        stats = shared(Side(on_task[live], live_names, live_derived))
+        stats = shared(Side(on_task[live], live_names, live_derived, carrying=adv != 0))
         if stats is not None:  # None: the shared pass was not run (groups.SharedPass.pass_for)
             return stats
     return slice_gradients(method, model, batch, FunctionLoss(one_term, unit.agg), W[live], live_names,

@@ -445,6 +445,17 @@ def _gram_f64(flat: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
     return K
 
 
+def with_derived(derived: dict[str, dict[str, float]], base: list[str]) -> torch.Tensor:
+    """``[len(base) + len(derived), len(base)]`` float64: the identity, then each derived slice's coefficients on the
+    base slices (``base + derived`` as combinations of ``base``)."""
+    unknown = sorted({b for combo in derived.values() for b in combo} - set(base))
+    if unknown:
+        raise ValueError(f"derived slices name unknown slice(s) {', '.join(unknown)}")
+    C = torch.tensor([[combo.get(b, 0.0) for b in base] for combo in derived.values()],
+                     dtype=torch.float64).reshape(len(derived), len(base))
+    return torch.cat([torch.eye(len(base), dtype=torch.float64), C])
+
+
 def _gram(grads: dict[str, torch.Tensor], derived: dict[str, dict[str, float]], base: list[str],
           scale: torch.Tensor | None = None, keep: bool = False
           ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -466,12 +477,7 @@ def _gram(grads: dict[str, torch.Tensor], derived: dict[str, dict[str, float]], 
         grads = {n: g.mul_(scale.to(g.device, g.dtype).view(-1, *([1] * (g.dim() - 1)))) for n, g in grads.items()}
         scale = torch.ones(S, dtype=torch.float64)
     grads = collectives.all_reduce_sum_dict(grads)
-    unknown = sorted({b for combo in derived.values() for b in combo} - set(base))
-    if unknown:
-        raise ValueError(f"derived slices name unknown slice(s) {', '.join(unknown)}")
-    C = torch.tensor([[combo.get(b, 0.0) for b in base] for combo in derived.values()],
-                     dtype=torch.float64).reshape(len(derived), S)
-    A = torch.cat([torch.eye(S, dtype=torch.float64), C]) * scale[None, :]
+    A = with_derived(derived, base) * scale[None, :]
     full: dict[str, torch.Tensor] = {}
     base_gram: dict[str, torch.Tensor] = {}
     for name, g in grads.items():

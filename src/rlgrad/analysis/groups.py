@@ -15,7 +15,9 @@ per-token gradient is ``A_i`` times the unit loss's (``ActorTerms.task_unit``), 
 response, component c's gradient ``Σ_i (A_c,i / D) h_i`` is ``Σ_i (A_c,i / (A_i D)) g_i`` of the rows' task
 gradients g_i, provided no row with ``A_i = 0`` has a component advantage (its g_i is 0); a ``Side`` of those
 weights is reduced on the task backward (``_SliceReducer.attach_side``). Where a row breaks that, the components
-run their own pass.
+run their own pass. Where those weights are one number per prompt group on the rows with a gradient (one component
+varies: its advantage is the update's), the slices are combinations of the groups' gradients and their Grams come
+from the groups' (``Side.from_groups``): no slice is reduced on the backward.
 
 verl's variance proxy is read from the same forward (a hook on the LM head, ``logit_grad_sq``).
 
@@ -27,6 +29,7 @@ never a group's dense vocabulary x hidden gradient.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,11 +48,12 @@ from rlgrad.analysis.engine import (
     fast_unsupported,
     run_terms,
     stream,
+    with_derived,
 )
 from rlgrad.analysis.instrument import Deferred
 from rlgrad.analysis.rows import RowNormReducer
 from rlgrad.batch import Batch
-from rlgrad.collectives import all_gather_cat
+from rlgrad.collectives import all_gather_cat, all_reduce_max
 from rlgrad.hooks import Schedule, StepContext
 from rlgrad.metrics import key
 
@@ -79,14 +83,48 @@ def logged_values(out: dict) -> tuple[dict[str, torch.Tensor], dict[str, float]]
     return {k: v.detach() for k, v in logged.items()}, getattr(out, "total", None) or {k: 1.0 for k in logged}
 
 
+# How far a side weight may vary within a prompt group and still count as one number (``Side.from_groups``): the
+# weights are ratios of float32 advantages (a component's over the update's), equal up to a few float32 roundings
+GROUP_CONSTANT_RTOL = 1e-5
+
+
 @dataclass
 class Side:
     """More slices of the ``task`` term reduced on the same backward: ``weights`` ``[S, N]`` (batch order) on
-    the rows' task gradients, ``slices`` their names and ``derived`` linear combinations of them (``engine``)."""
+    the rows' task gradients, ``slices`` their names and ``derived`` linear combinations of them (``engine``).
+    ``carrying`` ``[N]``: the rows whose task gradient can be non-zero (``A_i ≠ 0``), where known; with it, slices
+    whose weights are one number per prompt group on those rows come from the groups' Gram (``from_groups``)."""
 
     weights: torch.Tensor
     slices: list[str]
     derived: dict[str, dict[str, float]]
+    carrying: torch.Tensor | None = None
+
+    def from_groups(self, inverse: torch.Tensor, groups: int) -> torch.Tensor | None:
+        """``V`` ``[S, P]`` with ``weights[s, i] = V[s, inverse[i]]`` on every carrying row of every rank (to within
+        float32 rounding: ``GROUP_CONSTANT_RTOL``), else None. Then slice s is ``Σ_p V[s, p] G_p`` of the prompt
+        groups' gradients and the slices' Gram is ``V K Vᵀ`` of the groups' Gram K: the backward reduces no slice of
+        its own (one weight gradient per slice saved). The case of a single reward component that varies, whose
+        advantage is then the update's own: its weight on the task rows is 1/D everywhere. Every rank decides alike
+        (data parallel: ``inverse`` indexes every rank's groups)."""
+        if self.carrying is None:
+            return None
+        rows = self.carrying.cpu()
+        w = self.weights.detach().cpu().double()[:, rows]
+        at = inverse.cpu()[rows].expand(len(w), -1)
+        hi = torch.full((len(w), groups), -math.inf, dtype=torch.float64).scatter_reduce(1, at, w, "amax")
+        lo = torch.full((len(w), groups), math.inf, dtype=torch.float64).scatter_reduce(1, at, w, "amin")
+        hi, lo = all_reduce_max(hi), -all_reduce_max(-lo)
+        held = hi >= lo  # a group with no carrying row has a zero gradient: any V
+        if bool((hi - lo > GROUP_CONSTANT_RTOL * torch.maximum(hi.abs(), lo.abs()))[held].any()):
+            return None
+        return torch.where(held, (hi + lo) / 2, 0.0)
+
+    def grams_from_groups(self, V: torch.Tensor, group_grams: dict[str, torch.Tensor]) -> GradStats:
+        """The slices' (and derived slices') Grams per layer group from the groups' (``from_groups``)."""
+        A = with_derived(self.derived, self.slices) @ V
+        return GradStats(self.slices + list(self.derived), {"task": {g: A @ K @ A.t() for g, K in group_grams.items()}})
+
 
 
 # verl's proxy, where it runs its own no-grad forwards: rows per forward for at most this many logits (64 MB in fp32:
@@ -147,8 +185,8 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
     weights = torch.zeros(groups, len(perm))
     weights[run_inverse[perm][held], torch.nonzero(held).squeeze(-1)] = 1.0
     reducer = RowNormReducer(model, weights.to(device))
-    extra = None
-    if side is not None:
+    extra, combine = None, side.from_groups(inverse, groups) if side is not None else None
+    if side is not None and combine is None:
         side_weights = side.weights if n else side.weights.new_zeros(len(side.weights), 1)
         extra = reducer.attach_side(side_weights[:, perm].to(device))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -174,6 +212,8 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
         _read_term(reducer, term, rows, grams, back, n, groups)
 
     taps = _run(model, batch.select(perm), FunctionLoss(capture, loss_fn.agg), reducer, on_term, proxy)
+    if combine is not None:
+        side_stats = side.grams_from_groups(combine, grams["task"])
     proxy_tokens = taps[0].cpu()[back][:n] if taps else None
     return GroupPass(group_ids, inverse, rows, grams, *seen[0], perm, side_stats, proxy_tokens)
 
@@ -329,7 +369,10 @@ class UpdatePass:
         weights[inverse[order], torch.arange(len(order))] = 1.0
         device = next(model.parameters()).device
         reducer = RowNormReducer(model, weights.to(device), leaf_embeddings=False)
-        extra = reducer.attach_side(self.side.weights[:, order].to(device)) if self.side is not None else None
+        combine = self.side.from_groups(inverse, len(group_ids)) if self.side is not None else None
+        extra = None
+        if self.side is not None and combine is None:
+            extra = reducer.attach_side(self.side.weights[:, order].to(device))
         finish = _start_term(reducer, "task", self.row_terms, extra, self.side)
         taps: list[torch.Tensor] = []
         untap = _proxy_tap(model, mb.input_ids.to(device), taps) if self.proxy else None
@@ -346,10 +389,10 @@ class UpdatePass:
             reducer.close()
             if untap is not None:
                 untap()
-        self._keep(model, reducer, finish, taps, group_ids, inverse, order)
+        self._keep(model, reducer, finish, combine, taps, group_ids, inverse, order)
 
-    def _keep(self, model: nn.Module, reducer: RowNormReducer, finish: Callable | None, taps: list[torch.Tensor],
-              group_ids: torch.Tensor, inverse: torch.Tensor, order: torch.Tensor) -> None:
+    def _keep(self, model: nn.Module, reducer: RowNormReducer, finish: Callable | None, combine: torch.Tensor | None,
+              taps: list[torch.Tensor], group_ids: torch.Tensor, inverse: torch.Tensor, order: torch.Tensor) -> None:
         """The ``GroupPass`` the update's backward left, kept by the shared pass for the step's users."""
         _, u = self.loss_fn.agg.weights(self.batch.response_mask)
         scale = denominator(float(u.sum()))
@@ -362,6 +405,8 @@ class UpdatePass:
         rows: dict[str, dict[str, torch.Tensor]] = {}
         grams_of: dict[str, dict[str, torch.Tensor]] = {}
         _read_term(reducer, "task", rows, grams_of, back, len(order), len(group_ids), scale)
+        if combine is not None:
+            side_stats = self.side.grams_from_groups(combine, grams_of["task"])
         out = self.loss_fn.of(self.terms)
         if self.keep is not None:
             out = {k: v for k, v in out.items() if k in self.keep}
