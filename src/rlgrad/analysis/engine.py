@@ -507,13 +507,17 @@ def is_sharded(model: nn.Module) -> bool:
 
 def fast_unsupported(model: nn.Module) -> str | None:
     """Why the fast engine cannot run on ``model`` (None: it can), decided before any forward."""
-    names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
+    names: dict[int, str] = {}  # every trainable parameter by its first name (a tied one is named once)
     covered = set()
     embedding = False
-    for mod in model.modules():
-        if isinstance(mod, (nn.Linear, nn.Embedding, nn.LayerNorm)) or _is_rmsnorm(mod):
-            covered.update(id(p) for p in mod.parameters(recurse=False))
-            embedding |= isinstance(mod, nn.Embedding)
+    for prefix, mod in model.named_modules():  # one walk: called at every analysed step by several instruments
+        supported = isinstance(mod, (nn.Linear, nn.Embedding, nn.LayerNorm)) or _is_rmsnorm(mod)
+        embedding |= isinstance(mod, nn.Embedding)
+        for name, p in mod.named_parameters(prefix=prefix, recurse=False):
+            if p.requires_grad:
+                names.setdefault(id(p), name)
+            if supported:
+                covered.add(id(p))
     missing = [n for k, n in names.items() if k not in covered]
     if missing:
         return f"the fast gradient engine does not cover parameter(s) {', '.join(missing[:3])}"
