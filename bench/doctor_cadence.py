@@ -1,7 +1,7 @@
 """The doctor's gradient-level lead time against the analysis cadence: every instrument on every step against every
 tenth step, on fresh seeds (issue 49; the table in docs/doctor.md, "Lead time and the analysis cadence").
 
-    .venv/bin/python bench/doctor_cadence.py [--seeds 21 22] [--out runs/doctor_cadence]
+    .venv/bin/python bench/doctor_cadence.py --seeds 21 22 23 24 25 [--out runs/doctor_cadence]
 
 Trains, on the embedded default (``rlgrad train --config-name demo``, ``--steps`` steps), the faults of
 ``bench/doctor_lead_time.py``'s suite whose first detection in docs/doctor.md's lead-time table is gradient-level
@@ -168,7 +168,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "doctor_cadence")
     ap.add_argument("--steps", type=int, default=24)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[21, 22])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[21, 22, 23, 24, 25])
     ap.add_argument("--only", nargs="*", default=list(CASES), choices=list(CASES), metavar="CASE")
     ap.add_argument("--table", type=Path, metavar="JSON", help="print the tables of a stored doctor_cadence.json "
                     "(bench/results/doctor_cadence.json: docs/doctor.md's) and stop")
