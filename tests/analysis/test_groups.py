@@ -234,45 +234,58 @@ def test_a_lone_instrument_takes_its_own_pass_where_nothing_can_ride():
         assert shared.rides(ctx) == rides and shared.serves(1, "buckets", shared.rides(ctx)) == rides
 
 
-def test_a_norms_normalised_input_is_formed_in_the_backward_once_per_pass_and_not_kept_on_a_riding_update(monkeypatch):
-    """Memory (issue 49): a norm layer's x̂ formed in the forward stayed alive beside its input through the whole
-    backward, every norm's at once (bench/results/i49/memory_ride: the riding step's extra peak). It is formed at the
-    norm's output gradient: in a pass of three terms once per norm (every term's backward shares it), and on a riding
-    update's one backward none exists before it or outlives the norm's hook (the graph still alive)."""
+def test_what_the_pass_forms_from_the_forward_is_formed_once_and_not_kept_past_a_riding_backward(monkeypatch):
+    """Memory (issue 49; bench/results/i49/memory_ride). A norm layer's x̂ formed in the forward stayed alive beside its
+    input through the whole backward, every norm's at once (the riding step's extra peak); and the hooks and the ghost
+    norms' Gram cache kept every Linear's input past the backward, as long as the update's graph (to its optimizer
+    step). Now x̂ is formed at the norm's output gradient, once per pass however many terms' backwards share it (as
+    the input Grams are), and on a riding update's one backward nothing formed or read survives its hook."""
     import weakref
 
     from rlgrad.algos.aggregation import Denominators
     from rlgrad.algos.objective import ActorLoss, actor_objective
-    from rlgrad.analysis import engine
+    from rlgrad.analysis import engine, rows
     from rlgrad.analysis.groups import group_pass
-    from rlgrad.analysis.rows import RowNormReducer
     from tests.helpers.batches import make_batch, tiny_model_and_tokenizer
 
     model, tok = tiny_model_and_tokenizer()
     b = make_batch(model, tok)
     norms = sum(isinstance(m, torch.nn.LayerNorm) or engine._is_rmsnorm(m) for m in model.modules())
     formed: list[weakref.ref] = []
-    real = engine._norm_input
+    read: list[weakref.ref] = []
+    grams: list[weakref.ref] = []
 
-    def tracked(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        out = real(m, x)
-        formed.append(weakref.ref(out))
-        return out
+    def tracked(real, into):
+        def fn(*args):
+            out = real(*args)
+            into.append(weakref.ref(out))
+            return out
+        return fn
 
-    monkeypatch.setattr(engine, "_norm_input", tracked)
-    three = LossSettings(use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01, horizon=5)
-    found = group_pass(model, b, ActorLoss(three))
-    assert set(found.grams) == {"task", "entropy", "kl"} and norms > 1 and len(formed) == norms
+    monkeypatch.setattr(engine, "_norm_input", tracked(engine._norm_input, formed))
+    monkeypatch.setattr(rows.RowNormReducer, "_read", tracked(rows.RowNormReducer._read, read))
+    monkeypatch.setattr(rows, "input_gram", tracked(rows.input_gram, grams))
+    per_pass = {}
+    for settings in (LossSettings(horizon=5), LossSettings(use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01,
+                                                           horizon=5)):
+        formed.clear()
+        grams.clear()
+        found = group_pass(model, b, ActorLoss(settings))
+        per_pass[len(found.grams)] = (len(formed), len(grams))
+    assert norms > 1 and per_pass[1] == per_pass[3] == (norms, per_pass[1][1]) and per_pass[1][1] > 1
 
-    formed.clear()
+    for kept in (formed, read, grams):
+        kept.clear()
     s = LossSettings(horizon=5)  # the task term alone: what rides on an update's backward
     groups = torch.unique(b.group_ids)
-    reducer = RowNormReducer(model, (b.group_ids[None, :] == groups[:, None]).float(), leaf_embeddings=False)
+    reducer = rows.RowNormReducer(model, (b.group_ids[None, :] == groups[:, None]).float(), leaf_embeddings=False)
     try:
         loss = actor_objective(model, b, s, Denominators.of(b)).total(s)
-        assert not formed  # nothing formed in the forward
+        assert not formed and len(read) > 1  # no x̂ formed in the forward
         loss.backward()
-        assert len(formed) == norms and all(ref() is None for ref in formed)
+        assert len(formed) == norms and len(grams) == per_pass[1][1]
+        # the graph (``loss``) still alive: nothing formed or read in the forward is left
+        assert not reducer.x_grams and not [r for r in formed + read + grams if r() is not None]
         assert any(k.startswith("layer_") for k in reducer.gram) and reducer.row_sq
     finally:
         reducer.close()

@@ -216,19 +216,22 @@ class _SliceReducer:
                 self.forward_modules.add(id(module))
                 for _, k in attrs:
                     self.calls[k] = self.calls.get(k, 0) + 1
-                held = [x]  # its input; with ``late``, then x̂ where a backward retains the graph for another
-                output.register_hook(lambda g: self._on_grad(module, attrs, fn, self._late(module, held, late), g))
+                held = [x]  # its input (``_input``)
+                output.register_hook(lambda g: self._on_grad(module, attrs, fn, self._input(module, held, late), g))
             return output
 
         self.handles.append(mod.register_forward_hook(fwd))
 
-    def _late(self, module: nn.Module, held: list[torch.Tensor], late: Callable | None) -> torch.Tensor:
-        """The input ``held[0]`` after ``late``, formed once: kept (``held[1]``) where more backwards of the graph
-        follow (``retains``: the engine's terms but the last), so each term's backward shares it."""
-        if late is None or len(held) > 1:
-            return held[-1]
-        x = late(module, held[0])
-        if self.retains:
+    def _input(self, module: nn.Module, held: list[torch.Tensor], late: Callable | None) -> torch.Tensor:
+        """A hook's input ``held[0]`` after ``late``. Kept, with ``late``'s result (``held[1]``, formed once), where
+        more backwards of the graph follow (``retains``: the engine's terms but the last); else dropped: the graph
+        outlives the backward (riding, until the update's optimizer step), and what it held would stay alive."""
+        if not held:
+            raise RuntimeError("a module's output gradient came twice to backwards that did not retain the graph")
+        x = held[-1] if late is None or len(held) > 1 else late(module, held[0])
+        if not self.retains:
+            held.clear()
+        elif len(held) == 1 and late is not None:
             held.append(x)
         return x
 
