@@ -22,7 +22,8 @@ and a side's slices are sums of them instead (``_by_rows``). An embedding's grou
 ids the batch holds only, a tied output layer's rows at those ids added to them and its other rows folded by
 blocks (``engine._present_rows``). Sums of rows over any union of groups (a bucket, the batch) follow from it.
 The ghost norms' input Grams x·xᵀ are taken once per forward input: the Linears that read one input (q/k/v,
-gate/up) and every term's backward share them.
+gate/up) and every term's backward share them. The last backward of a forward (the only one, riding on an update,
+whose graph outlives it) drops each with its input once every Linear that read that input is served.
 
 Data parallel: each rank's hooks see only its own rows, so its per-row norms are exact as they are; a prompt
 group's gradient sum is not (a group may be split over ranks, and the Gram pairs groups of different ranks), so
