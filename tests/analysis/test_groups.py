@@ -302,3 +302,61 @@ def test_one_varying_reward_component_is_measured_from_the_groups_gram_and_match
     assert "grad_comp/correctness/norm" in measured and "grad_comp/total/norm" in measured
     for k in measured:
         assert got[k] == pytest.approx(ref[k], rel=1e-5, abs=1e-12), k
+
+
+def test_what_the_pass_forms_from_the_forward_is_formed_once_and_not_kept_past_a_riding_backward(monkeypatch):
+    """Memory (issue 49; bench/results/i49/memory_ride). A norm layer's x̂ formed in the forward stayed alive beside its
+    input through the whole backward, every norm's at once (the riding step's extra peak); and the hooks and the ghost
+    norms' Gram cache kept every Linear's input past the backward, as long as the update's graph (to its optimizer
+    step). Now x̂ is formed at the norm's output gradient, once per pass however many terms' backwards share it (as
+    the input Grams are), and on a riding update's one backward nothing formed or read survives its hook."""
+    import weakref
+
+    from rlgrad.algos.aggregation import Denominators
+    from rlgrad.algos.objective import ActorLoss, actor_objective
+    from rlgrad.analysis import engine, rows
+    from rlgrad.analysis.groups import group_pass
+    from tests.helpers.batches import make_batch, tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer()
+    b = make_batch(model, tok)
+    norms = sum(isinstance(m, torch.nn.LayerNorm) or engine._is_rmsnorm(m) for m in model.modules())
+    formed: list[weakref.ref] = []
+    read: list[weakref.ref] = []
+    grams: list[weakref.ref] = []
+
+    def tracked(real, into):
+        def fn(*args):
+            out = real(*args)
+            into.append(weakref.ref(out))
+            return out
+        return fn
+
+    monkeypatch.setattr(engine, "_norm_input", tracked(engine._norm_input, formed))
+    monkeypatch.setattr(rows.RowNormReducer, "_read", tracked(rows.RowNormReducer._read, read))
+    monkeypatch.setattr(rows, "input_gram", tracked(rows.input_gram, grams))
+    per_pass = {}
+    for settings in (LossSettings(horizon=5), LossSettings(use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01,
+                                                           horizon=5)):
+        formed.clear()
+        grams.clear()
+        found = group_pass(model, b, ActorLoss(settings))
+        per_pass[len(found.grams)] = (len(formed), len(grams))
+    assert norms > 1 and per_pass[1] == per_pass[3] == (norms, per_pass[1][1]) and per_pass[1][1] > 1
+
+    for kept in (formed, read, grams):
+        kept.clear()
+    s = LossSettings(horizon=5)  # the task term alone: what rides on an update's backward
+    groups = torch.unique(b.group_ids)
+    reducer = rows.RowNormReducer(model, (b.group_ids[None, :] == groups[:, None]).float(), leaf_embeddings=False)
+    try:
+        loss = actor_objective(model, b, s, Denominators.of(b)).total(s)
+        assert not formed and len(read) > 1  # no x̂ formed in the forward
+        loss.backward()
+        assert len(formed) == norms and len(grams) == per_pass[1][1]
+        # the graph (``loss``) still alive: nothing formed or read in the forward is left
+        assert not reducer.x_grams and not [r for r in formed + read + grams if r() is not None]
+        assert any(k.startswith("layer_") for k in reducer.gram) and reducer.row_sq
+    finally:
+        reducer.close()
+        model.zero_grad(set_to_none=True)

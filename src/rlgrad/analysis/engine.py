@@ -100,6 +100,8 @@ def _contiguous_range(rows: torch.Tensor) -> tuple[int, int] | None:
 class _SliceReducer:
     """Accumulates per-slice parameter gradients from module hooks during one backward."""
 
+    retains = False  # the backward under way retains the graph for another (``run_terms``: each term but the last)
+
     def __init__(self, model: nn.Module, weights: torch.Tensor, watch: bool = True, leaf_embeddings: bool = True):
         """``watch=False``: no module hooks of its own; another reducer's hooks feed it (``side``).
         ``leaf_embeddings=False``: the input embeddings' outputs stay in the graph (riding on a training backward,
@@ -186,9 +188,13 @@ class _SliceReducer:
                 # also a frozen one (LoRA): its output is a leaf the backward stops at, its weight gets nothing
                 self._watch(mod, self._embedding, self._record_ids, leaf_only=not mod.weight.requires_grad)
             elif isinstance(mod, nn.LayerNorm) or _is_rmsnorm(mod):
-                self._watch(mod, self._norm, _norm_input)  # x̂ once per forward, not once per term
+                # x̂ formed in the backward from the input, which the norm's backward keeps anyway: one formed in the
+                # forward stayed alive beside it from then on (every norm's at once: the riding pass's extra peak)
+                self._watch(mod, self._norm, late=_norm_input)
 
-    def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None, leaf_only: bool = False) -> None:
+    def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None, leaf_only: bool = False,
+               late: Callable | None = None) -> None:
+        """``fn(module, x, g)`` at ``mod``'s output gradient g, x its input after ``prep`` (forward) or ``late``."""
         attrs = [(a, id(p)) for a, p in mod.named_parameters(recurse=False) if id(p) in self.names]
         for _, k in attrs:
             self.owners.setdefault(k, []).append(mod)
@@ -210,10 +216,24 @@ class _SliceReducer:
                 self.forward_modules.add(id(module))
                 for _, k in attrs:
                     self.calls[k] = self.calls.get(k, 0) + 1
-                output.register_hook(lambda g: self._on_grad(module, attrs, fn, x, g))
+                held = [x]  # its input (``_input``)
+                output.register_hook(lambda g: self._on_grad(module, attrs, fn, self._input(module, held, late), g))
             return output
 
         self.handles.append(mod.register_forward_hook(fwd))
+
+    def _input(self, module: nn.Module, held: list[torch.Tensor], late: Callable | None) -> torch.Tensor:
+        """A hook's input ``held[0]`` after ``late``. Kept, with ``late``'s result (``held[1]``, formed once), where
+        more backwards of the graph follow (``retains``: the engine's terms but the last); else dropped: the graph
+        outlives the backward (riding, until the update's optimizer step), and what it held would stay alive."""
+        if not held:
+            raise RuntimeError("a module's output gradient came twice to backwards that did not retain the graph")
+        x = held[-1] if late is None or len(held) > 1 else late(module, held[0])
+        if not self.retains:
+            held.clear()
+        elif len(held) == 1 and late is not None:
+            held.append(x)
+        return x
 
     def _on_grad(self, module: nn.Module, attrs: list[tuple[str, int]], fn: Callable, x: torch.Tensor,
                  g: torch.Tensor) -> None:
@@ -544,7 +564,8 @@ def run_terms(model: nn.Module, batch: Batch, loss_fn: LossFn, reducer: _SliceRe
                                       "use analysis.method=reference")
         leaves = [leaf for _, _, leaf in reducer.embed_leaf]
         for i, (term, per_token) in enumerate(terms.items()):
-            on_term(term, per_token.sum(), leaves, i < len(terms) - 1)
+            reducer.retains = i < len(terms) - 1
+            on_term(term, per_token.sum(), leaves, reducer.retains)
     finally:
         reducer.close()
         for p, f in zip(model.parameters(), flags):

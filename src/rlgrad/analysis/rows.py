@@ -22,7 +22,8 @@ and a side's slices are sums of them instead (``_by_rows``). An embedding's grou
 ids the batch holds only, a tied output layer's rows at those ids added to them and its other rows folded by
 blocks (``engine._present_rows``). Sums of rows over any union of groups (a bucket, the batch) follow from it.
 The ghost norms' input Grams x·xᵀ are taken once per forward input: the Linears that read one input (q/k/v,
-gate/up) and every term's backward share them.
+gate/up) and every term's backward share them. The last backward of a forward (the only one, riding on an update,
+whose graph outlives it) drops each with its input once every Linear that read that input is served.
 
 Data parallel: each rank's hooks see only its own rows, so its per-row norms are exact as they are; a prompt
 group's gradient sum is not (a group may be split over ranks, and the Gram pairs groups of different ranks), so
@@ -92,6 +93,11 @@ def embedding_row_sq(g3: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.T
     return torch.zeros(n, dtype=torch.float64, device=g3.device).index_add_(0, uniq // vocab, sums.pow(2).sum(-1))
 
 
+def _where(x: torch.Tensor) -> tuple:
+    """An input's identity while it is alive: its storage and layout (Linears that read it share its Gram)."""
+    return x.data_ptr(), tuple(x.shape), x.stride(), x.dtype
+
+
 class RowNormReducer(_SliceReducer):
     """The engine's reducer, slices = the prompt groups (``weights [P, N]``, 0/1, rows sorted by group), that
     also takes every row's squared gradient norm per layer group.
@@ -113,6 +119,9 @@ class RowNormReducer(_SliceReducer):
         # input (q/k/v, gate/up) and every term's backward share one. Smaller than that input where the ghost norm
         # is chosen (T < in·out / (in + out) < in), and the input itself is kept by the backward's graph anyway.
         self.x_grams: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        # ... dropped (with their input) once every Linear that read the input in the forward (``readers``) has had
+        # its backward, in a backward that does not retain the graph (``unserved``: per backward)
+        self.readers: dict[tuple, int] = defaultdict(int)
         # A Linear with one use has its group gradients formed and folded a block of rows at a time (``_blocks``):
         # P groups x an LM head's weight at once would be P copies of it.
         self.block_elements = BLOCK_ELEMENTS
@@ -124,6 +133,25 @@ class RowNormReducer(_SliceReducer):
         self.seen: dict[int, int] = defaultdict(int)
         self.tied: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.acc = {}
+        self.unserved: dict[tuple, int] = {}
+
+    def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None, leaf_only: bool = False,
+               late: Callable | None = None) -> None:
+        super()._watch(mod, fn, self._read if isinstance(mod, nn.Linear) else prep, leaf_only, late)
+
+    def _read(self, m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """A Linear's input in the forward, counted (``readers``)."""
+        self.readers[_where(x)] += 1
+        return x
+
+    def _on_grad(self, module: nn.Module, attrs: list[tuple[str, int]], fn: Callable, x: torch.Tensor,
+                 g: torch.Tensor) -> None:
+        super()._on_grad(module, attrs, fn, x, g)
+        if isinstance(module, nn.Linear):
+            where = _where(x)
+            self.unserved[where] = self.unserved.get(where, self.readers[where]) - 1
+            if self.unserved[where] <= 0 and not self.retains:
+                self.x_grams.pop(where, None)  # (a later reader, were there one, would form it again)
 
     def _arrived(self, k: int) -> bool:
         """Count one module's contribution to parameter ``k``; True once all its modules have contributed."""
@@ -179,7 +207,7 @@ class RowNormReducer(_SliceReducer):
         return emb[0]
 
     def _input_gram(self, x: torch.Tensor, x3: torch.Tensor) -> torch.Tensor:
-        where = (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype)
+        where = _where(x)
         if where not in self.x_grams:  # (x kept with its Gram: its storage cannot be reused meanwhile)
             self.x_grams[where] = (x, input_gram(x3))
         return self.x_grams[where][1]
