@@ -30,8 +30,6 @@ import argparse
 import json
 import os
 import shlex
-import shutil
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -39,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from doctor_lead_time import BASE, ROOT, SUITE, alarms, earliest, is_gradient_level, rlgrad_firsts  # noqa: E402
+from doctor_lead_time import BASE, ROOT, SUITE, alarms, earliest, is_gradient_level, rlgrad_firsts, train_run  # noqa: E402
 
 from rlgrad import rundata as D  # noqa: E402
 
@@ -72,25 +70,7 @@ def run_name(case: str, seed: int, cadence: str) -> str:
 def train(case: str, seed: int, cadence: str, out: Path, steps: int) -> str:
     """Train one run unless ``out`` holds it finished; returns what happened."""
     name = run_name(case, seed, cadence)
-    run = out / name
-    if (run / "done").is_file():
-        return f"{name}: kept ({(run / 'done').read_text().strip()} s when trained)"
-    shutil.rmtree(run, ignore_errors=True)
-    cmd = ["nice", "-n", "10", sys.executable, "-m", "rlgrad", "train", *settings(case, seed, cadence),
-           f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={run}",
-           f"trainer.experiment_name={name}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    t0 = time.perf_counter()
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    (out / f"{name}.log").write_text(res.stdout + res.stderr)
-    if res.returncode != 0:
-        return f"{name}: FAILED (exit {res.returncode}; {out / name}.log)"
-    took = time.perf_counter() - t0
-    for ckpt in run.glob("global_step_*"):  # the study reads the logs and analysis files, not the weights
-        shutil.rmtree(ckpt)
-    (run / "done").write_text(f"{took:.1f}\n")
-    return f"{name}: trained in {took:.0f} s"
+    return train_run(out / name, [*settings(case, seed, cadence), f"trainer.total_training_steps={steps}"])
 
 
 def analysis_steps(run: D.RunData) -> list[int]:

@@ -111,21 +111,27 @@ SUITE = {
 
 def train(name: str, out: Path, steps: int) -> str:
     """Train one run of the suite unless ``out/name`` holds a finished one; returns what happened."""
-    run = out / name
+    return train_run(out / name, [*BASE, f"trainer.total_training_steps={steps}", *SUITE[name].overrides])
+
+
+def train_run(run: Path, overrides: list[str]) -> str:
+    """``rlgrad train`` with ``overrides`` into ``run`` (its log beside it), ``nice``d on one thread, unless ``run``
+    holds a finished one (a ``done`` file); its checkpoints deleted afterwards. Returns what happened."""
+    name = run.name
     if (run / "done").is_file():
         return f"{name}: kept ({(run / 'done').read_text().strip()} s when trained)"
     shutil.rmtree(run, ignore_errors=True)
-    cmd = ["nice", "-n", "10", sys.executable, "-m", "rlgrad", "train", *BASE, f"trainer.total_training_steps={steps}",
-           *SUITE[name].overrides, f"trainer.default_local_dir={run}", f"trainer.experiment_name={name}"]
+    cmd = ["nice", "-n", "10", sys.executable, "-m", "rlgrad", "train", *overrides,
+           f"trainer.default_local_dir={run}", f"trainer.experiment_name={name}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     t0 = time.perf_counter()
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    (out / f"{name}.log").write_text(res.stdout + res.stderr)
+    (run.parent / f"{name}.log").write_text(res.stdout + res.stderr)
     if res.returncode != 0:
-        return f"{name}: FAILED (exit {res.returncode}; {out / name}.log)"
+        return f"{name}: FAILED (exit {res.returncode}; {run.parent / name}.log)"
     took = time.perf_counter() - t0
-    for ckpt in run.glob("global_step_*"):  # the suite needs the logs and analysis files, not the weights
+    for ckpt in run.glob("global_step_*"):  # the studies read the logs and analysis files, not the weights
         shutil.rmtree(ckpt)
     (run / "done").write_text(f"{took:.1f}\n")
     return f"{name}: trained in {took:.0f} s"
