@@ -134,13 +134,28 @@ def _neuron_update(train, replica, batch):
 
 
 def _components(model, batch_of):
-    """Reward-component geometry for each split and mode; component c varies only in group 4 (rank 1's)."""
+    """Reward-component geometry for each split and mode; component c varies only in group 4 (rank 1's). And
+    ("one"), a single component on the prompt-group pass, where its Gram comes from the groups' (``Side.from_groups``:
+    every rank's groups, decided alike on every rank, a rank holding none of some)."""
     out = {}
     for split in SPLITS:
         b = batch_of(split)
         for mode in ("shared_std", "own_std"):
             out[(split, mode)] = analyse_components(model, b, S, weights=CW, mode=mode).metrics
+        b.components = {"score": b.scores}
+        out[(split, "one")] = analyse_components(model, b, S, weights={"score": 1.0},
+                                                 shared=lambda side, b=b: _from_groups(model, b, side)).metrics
     return out
+
+
+def _from_groups(model, batch, side):
+    """The side's Grams from the prompt-group pass, having checked that they come from the groups' Gram."""
+    from rlgrad.analysis.groups import group_pass
+    from rlgrad.collectives import all_gather_cat
+
+    group_ids = torch.unique(all_gather_cat(torch.unique(batch.group_ids)))
+    assert side.from_groups(torch.searchsorted(group_ids, batch.group_ids), len(group_ids)) is not None
+    return group_pass(model, batch, ActorLoss(S), side, row_terms=()).side
 
 
 def _with_components(batch):
@@ -263,7 +278,8 @@ def test_two_ranks_equal_one_process_update_and_analysis(tmp_path):
 
     want_c = _components(model, lambda split: _with_components(batch))
     for case, metrics in want_c.items():
-        assert set(got["components"][case]) == set(metrics) and "grad_comp/c/norm" in metrics, case
+        assert set(got["components"][case]) == set(metrics), case
+        assert ("grad_comp/c/norm" if case[1] != "one" else "grad_comp/score/norm") in metrics, case
         for k, v in metrics.items():
             assert close(got["components"][case][k], v), (case, k, got["components"][case][k], v)
 
