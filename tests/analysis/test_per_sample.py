@@ -309,6 +309,26 @@ def test_the_proxy_correlation_leaves_out_tied_zeros_and_has_a_null():
     assert informative["proxy_corr/spearman"] > 0.9 > informative["proxy_corr/spearman_null95"]
 
 
+def test_the_proxy_correlations_null_is_the_95th_percentile_over_its_shuffles():
+    """``proxy_corr/spearman_null95`` is the 95th percentile of |Spearman| of the proxy's ranks shuffled by each row
+    of ``null_permutations`` against the norms' ranks (each correlation by torch.corrcoef here); every row is a
+    permutation, the rows differ, and a later step of the same size reuses them."""
+    from rlgrad.analysis.per_sample import NULL_SHUFFLES, null_permutations
+
+    torch.manual_seed(3)
+    proxy, norms = torch.rand(40), torch.rand(40) + 0.1
+    perms = null_permutations(40)
+    assert perms.shape == (NULL_SHUFFLES, 40) and null_permutations(40) is perms
+    assert torch.equal(perms.sort(1).values, torch.arange(40).expand(NULL_SHUFFLES, -1))
+    assert len({tuple(row.tolist()) for row in perms}) > 0.99 * NULL_SHUFFLES
+    order = torch.sort(proxy.double(), stable=True).indices  # proxy_correlation's canonical order
+    order = order[torch.sort(norms.double()[order], stable=True).indices]
+    ranks_p, ranks_n = _ranks(proxy.double()[order]), _ranks(norms.double()[order])
+    each = torch.stack([torch.corrcoef(torch.stack([ranks_p[row], ranks_n]))[0, 1].abs() for row in perms])
+    got = proxy_correlation(proxy, norms)["proxy_corr/spearman_null95"]
+    assert got == pytest.approx(float(torch.quantile(each, 0.95)), rel=1e-12)
+
+
 def test_the_bucket_analysis_and_the_per_sample_norms_share_one_pass_at_a_step_both_run(model_tok, tmp_path):
     """hooks_from_config: at a step both instruments run at, the bucket analysis runs the prompt-group pass and the
     per-sample norms take it (no forward of their own, verl's proxy included); each instrument's metrics are those
