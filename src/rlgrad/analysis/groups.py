@@ -126,7 +126,6 @@ class Side:
         return GradStats(self.slices + list(self.derived), {"task": {g: A @ K @ A.t() for g, K in group_grams.items()}})
 
 
-
 # verl's proxy, where it runs its own no-grad forwards: rows per forward for at most this many logits (64 MB in fp32:
 # 10 rows of SmolLM2's 49,152-word vocabulary at 32 tokens; the embedded default's whole batch in one forward)
 PROXY_CHUNK_ELEMENTS = 1 << 24
