@@ -181,7 +181,7 @@ def test_a_frozen_input_embedding_still_runs_the_fast_engine(model_tok):
 
 def test_the_entropy_softmax_is_not_kept_through_the_other_terms_backwards(model_tok, monkeypatch):
     """Memory (issue 49; bench/results/i49/memory_all): one backward per term kept the entropy's ``[N, T, V]`` softmax,
-    saved by its graph for its own backward, alive through the task and KL terms' backwards (+193 MB on a Llama of
+    saved by its graph for its own backward, alive through the task and KL terms' backwards (+192 MB on a Llama of
     SmolLM2's shapes). The engine's forward saves none now (the entropy's backward forms it again), and every number
     is bitwise the one with it saved."""
     from contextlib import nullcontext

@@ -22,11 +22,11 @@ _RECOMPUTE_SOFTMAX: ContextVar[bool] = ContextVar("rlgrad_recompute_softmax", de
 @contextmanager
 def softmax_recomputed() -> Iterator[None]:
     """Within it, an entropy built with a graph (``entropy_from_logits``) keeps no ``[..., V]`` softmax for its
-    backward, which forms it again from the logits (kept by the log-probs' graph anyway): the same operations, so the
-    same gradients. For the gradient engine's backwards of one term at a time (``engine.run_terms``): the entropy's
-    softmax, saved by its graph for its own backward, was alive through every other term's backward (+193 MB on a
-    Llama of SmolLM2's shapes, 32 rows x 32 tokens x 49,152 words), where one backward of the whole loss frees it
-    before the logits' gradient is formed."""
+    backward, which forms it again from the logits (kept by the log-probs' graph anyway): a non-reentrant checkpoint,
+    the same graph and the same softmax, so the same gradients bit for bit. For the gradient engine's backwards of one
+    term at a time (``engine.run_terms``): the entropy's softmax, saved by its graph for its own backward, was alive
+    through every other term's backward (192 MB on a Llama of SmolLM2's shapes, 32 rows x 32 tokens x 49,152 words),
+    where one backward of the whole loss frees it before the logits' gradient is formed."""
     token = _RECOMPUTE_SOFTMAX.set(True)
     try:
         yield
