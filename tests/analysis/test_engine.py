@@ -177,3 +177,41 @@ def test_a_frozen_input_embedding_still_runs_the_fast_engine(model_tok):
     assert "model.embed_tokens.weight" not in trainable and sorted(got.stats.grads["task"]) == trainable
     for name, value in ref.metrics.items():
         assert got.metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-9), name
+
+
+def test_the_entropy_softmax_is_not_kept_through_the_other_terms_backwards(model_tok, monkeypatch):
+    """Memory (issue 49; bench/results/i49/memory_all): one backward per term kept the entropy's ``[N, T, V]`` softmax,
+    saved by its graph for its own backward, alive through the task and KL terms' backwards (+192 MB on a Llama of
+    SmolLM2's shapes). The engine's forward saves none now (the entropy's backward forms it again), and every number
+    is bitwise the one with it saved."""
+    from contextlib import nullcontext
+
+    from rlgrad.algos.objective import ActorLoss, LossSettings
+    from rlgrad.analysis import engine
+    from rlgrad.analysis.groups import group_pass
+
+    model, tok = model_tok
+    b = make_batch(model, tok)
+    vocab = model.get_output_embeddings().out_features
+    assert vocab != b.input_ids.shape[1]  # (an attention softmax's last dimension is the batch's length)
+    s = LossSettings(use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01, horizon=5)
+
+    def pass_and_saved_softmax():
+        saved = []
+
+        def pack(t):
+            if t.dim() == 3 and t.shape[-1] == vocab and "Softmax" in type(t.grad_fn).__name__:
+                saved.append(t.shape)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            return group_pass(model, b, ActorLoss(s)), saved
+
+    found, saved = pass_and_saved_softmax()
+    assert not saved and set(found.grams) == {"task", "entropy", "kl"}
+    monkeypatch.setattr(engine, "softmax_recomputed", nullcontext)  # as before: the softmax saved
+    kept, saved = pass_and_saved_softmax()
+    assert saved  # (the check sees a saved softmax where there is one)
+    for term, grams in kept.grams.items():
+        for g, k in grams.items():
+            assert torch.equal(found.grams[term][g], k) and torch.equal(found.rows[term][g], kept.rows[term][g]), g

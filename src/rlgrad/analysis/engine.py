@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from rlgrad import collectives
+from rlgrad.algos.logprobs import softmax_recomputed
 from rlgrad.algos.objective import LossFn
 from rlgrad.batch import Batch
 from rlgrad.metrics import layer_group
@@ -552,13 +553,15 @@ def run_terms(model: nn.Module, batch: Batch, loss_fn: LossFn, reducer: _SliceRe
     ``reducer``'s module hooks), then per term ``on_term(term, total, leaves, retain_graph)``, which runs ONE
     backward of ``total = Σ ω·term`` down to the input embeddings ``leaves`` (``backward``) and reads what the
     hooks left in ``reducer``. The hooks are removed and the parameters' ``requires_grad`` restored afterwards,
-    whatever happens."""
+    whatever happens. An entropy term's softmax is formed again in its own backward (``softmax_recomputed``), not
+    kept through the other terms'."""
     params = [p for p in model.parameters() if p.requires_grad]
     flags = [p.requires_grad for p in model.parameters()]
     try:
         for p in params:
             p.requires_grad_(False)  # weight gradients come from the hooks, never from autograd
-        terms = _weighted_terms(loss_fn, model, batch)
+        with softmax_recomputed():
+            terms = _weighted_terms(loss_fn, model, batch)
         if not reducer.embed_leaf:
             raise NotImplementedError("the fast gradient engine needs an nn.Embedding input layer; "
                                       "use analysis.method=reference")

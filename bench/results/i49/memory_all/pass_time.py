@@ -1,0 +1,52 @@
+"""What forming the entropy's softmax again in its backward (``logprobs.softmax_recomputed``, on in the engine's
+passes) costs in time: the three-term prompt-group pass (``all``) with it and with the softmax kept, alternating, on
+the Llama of SmolLM2's shapes of all_pass_memory.py (random weights, the same batch).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python bench/results/i49/memory_all/pass_time.py LAYERS [PAIRS]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # bench/
+from analysis_cost import bench_batch  # noqa: E402
+
+from rlgrad.algos.logprobs import softmax_recomputed  # noqa: E402
+from rlgrad.algos.objective import ActorLoss, LossSettings  # noqa: E402
+from rlgrad.analysis import engine  # noqa: E402
+from rlgrad.analysis.groups import group_pass  # noqa: E402
+
+
+def main() -> None:
+    layers, pairs = int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                         num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3,
+                                         tie_word_embeddings=True, max_position_embeddings=2048))
+    batch = bench_batch(49152, groups=4, n=8, prompt=60, response=32)
+    loss = ActorLoss(LossSettings(use_kl_loss=True, kl_loss_coef=0.001, entropy_coeff=0.001, horizon=32))
+    times: dict[str, list[float]] = {"recomputed": [], "kept": []}
+    for i in range(pairs + 1):  # the first pair warms up
+        for name, ctx in (("recomputed", softmax_recomputed), ("kept", nullcontext)):
+            engine.softmax_recomputed = ctx
+            t0 = time.perf_counter()
+            group_pass(model, batch, loss)
+            if i:
+                times[name].append(time.perf_counter() - t0)
+    engine.softmax_recomputed = softmax_recomputed
+    r, k = statistics.median(times["recomputed"]), statistics.median(times["kept"])
+    print(f"layers {layers}, {pairs} pairs: pass (all) median {r:.2f} s recomputed, {k:.2f} s kept ({r / k:.3f}x); "
+          f"recomputed {[round(t, 2) for t in times['recomputed']]}, kept {[round(t, 2) for t in times['kept']]}")
+
+
+if __name__ == "__main__":
+    main()
