@@ -52,6 +52,19 @@ def bench_batch(vocab: int, groups: int = 16, n: int = 8, prompt: int = 16, resp
     return b
 
 
+def smollm2_shaped(layers: int) -> tuple[torch.nn.Module, Batch]:
+    """A random Llama of SmolLM2-135M's shapes (width 576, MLP 1536, 9 / 3 heads, tied 49,152-word vocabulary) with
+    ``layers`` layers (seed 0), and 4 prompt groups x 8 samples of 60 prompt + up to 32 response tokens: the model
+    and batch of the memory studies under bench/results/i49/."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                         num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3,
+                                         tie_word_embeddings=True, max_position_embeddings=2048))
+    return model, bench_batch(49152, groups=4, n=8, prompt=60, response=32)
+
+
 def bench_model():
     """(model, tokenizer): the ~4M-parameter Qwen2 every analysis benchmark measures (5 blocks, width 256)."""
     tok = build_char_tokenizer()

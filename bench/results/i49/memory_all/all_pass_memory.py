@@ -24,10 +24,9 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # bench/
-from analysis_cost import bench_batch  # noqa: E402
+from analysis_cost import smollm2_shaped  # noqa: E402
 from per_sample_cost import peak_mb  # noqa: E402
 
 from rlgrad.algos.aggregation import Denominators  # noqa: E402
@@ -116,11 +115,7 @@ def main() -> None:
     if unknown := [v for v in wanted if v not in VARIANTS]:
         sys.exit(f"unknown variant(s) {unknown}; choose from {VARIANTS}")
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                                         num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3,
-                                         tie_word_embeddings=True, max_position_embeddings=2048))
-    batch = bench_batch(49152, groups=4, n=8, prompt=60, response=32)
+    model, batch = smollm2_shaped(layers)
     s = LossSettings(use_kl_loss=True, kl_loss_coef=0.001, entropy_coeff=0.001, horizon=32)
     fns = variants(model, batch, s)
     print(f"layers {layers}; logits [32, 33, 49152] fp32 = {32 * 33 * 49152 * 4 / 2 ** 20:.0f} MB", flush=True)

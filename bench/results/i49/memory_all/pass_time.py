@@ -14,10 +14,9 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # bench/
-from analysis_cost import bench_batch  # noqa: E402
+from analysis_cost import smollm2_shaped  # noqa: E402
 
 from rlgrad.algos.logprobs import softmax_recomputed  # noqa: E402
 from rlgrad.algos.objective import ActorLoss, LossSettings  # noqa: E402
@@ -28,11 +27,7 @@ from rlgrad.analysis.groups import group_pass  # noqa: E402
 def main() -> None:
     layers, pairs = int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 5
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                                         num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3,
-                                         tie_word_embeddings=True, max_position_embeddings=2048))
-    batch = bench_batch(49152, groups=4, n=8, prompt=60, response=32)
+    model, batch = smollm2_shaped(layers)
     loss = ActorLoss(LossSettings(use_kl_loss=True, kl_loss_coef=0.001, entropy_coeff=0.001, horizon=32))
     times: dict[str, list[float]] = {"recomputed": [], "kept": []}
     for i in range(pairs + 1):  # the first pair warms up

@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # bench/
-from analysis_cost import bench_batch  # noqa: E402
+from analysis_cost import smollm2_shaped  # noqa: E402
 from per_sample_cost import peak_mb  # noqa: E402
 
 from rlgrad.algos.aggregation import Denominators  # noqa: E402
@@ -32,11 +31,7 @@ from rlgrad.config.analysis import NeuronHealthConfig  # noqa: E402
 def main() -> None:
     terms, layers = sys.argv[1], int(sys.argv[2])
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                                         num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3,
-                                         tie_word_embeddings=True, max_position_embeddings=2048))
-    batch = bench_batch(49152, groups=4, n=8, prompt=60, response=32)
+    model, batch = smollm2_shaped(layers)
     both = terms == "all"
     s = LossSettings(use_kl_loss=both, kl_loss_coef=0.001, entropy_coeff=0.001 if both else 0.0, horizon=32)
     cpu = torch.device("cpu")

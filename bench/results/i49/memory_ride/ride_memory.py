@@ -21,10 +21,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # bench/
-from analysis_cost import bench_batch  # noqa: E402
+from analysis_cost import smollm2_shaped  # noqa: E402
 from per_sample_cost import _status_mb, peak_mb  # noqa: E402
 
 from rlgrad.algos.objective import LossSettings  # noqa: E402
@@ -42,11 +41,7 @@ class Setup:
     """The model, batch, optimizer and the instruments' hooks; each method one measured part."""
 
     def __init__(self, layers: int) -> None:
-        torch.manual_seed(0)
-        self.model = LlamaForCausalLM(LlamaConfig(
-            vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
-            num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, max_position_embeddings=2048))
-        self.batch = bench_batch(49152, groups=4, n=8, prompt=60, response=32)
+        self.model, self.batch = smollm2_shaped(layers)
         g = torch.Generator().manual_seed(1)
         self.batch.components = {"correctness": (torch.rand(len(self.batch), generator=g) < 0.5).float(),
                                  "format": torch.rand(len(self.batch), generator=g)}
