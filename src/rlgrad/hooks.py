@@ -103,7 +103,9 @@ class UpdateTap(Protocol):
     """What rides on the update's own forward and backward (``StepContext.one_pass_update``): ``around`` wraps the
     first micro-batch's forward and backward (``rows``: its rows' places in the step's batch), ``seen`` gets that
     forward's per-token loss terms (what the loss's ``of`` reads: rlgrad's ``ActorTerms``, TRL's per-token parts).
-    Read-only: the update is unchanged."""
+    ``around`` yields the backward to run in place of ``loss.backward()`` (rlgrad's trainer does; TRL runs its own
+    and the tap only reads it): the update's gradient up to float32 rounding, its weight gradients formed once, by
+    the tap's hooks, for the instruments and the update alike."""
 
     def around(self, model: torch.nn.Module, mb: Batch, rows: torch.Tensor) -> AbstractContextManager: ...
 

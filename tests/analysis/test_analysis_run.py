@@ -52,10 +52,12 @@ def test_analysis_every_step_leaves_training_bitwise_unchanged(tiny, tmp_path):
         assert len(table) == 4 and {r["bucket"] for r in table} <= {f"bucket_{i}" for i in range(1, 7)}
 
 
-def test_instruments_riding_on_a_one_pass_update_leave_training_bitwise_unchanged(tiny, tmp_path, monkeypatch):
+def test_instruments_riding_on_a_one_pass_update_leave_training_unchanged_but_for_rounding(tiny, tmp_path,
+                                                                                            monkeypatch):
     """One mini-batch, one micro-batch, the policy loss alone: every instrument every step runs no pass of its own
-    (the prompt-group pass rides on the update's backward), the run's weights and training metrics are those of a
-    plain run, and the instruments' metrics, files and tables are all there."""
+    (the prompt-group pass rides on the update's backward, which forms the update's gradient from the group
+    gradients), the run's weights and training metrics are a plain run's up to float32 rounding, and the
+    instruments' metrics, files and tables are all there."""
     import rlgrad.analysis.groups as groups
 
     common = [o for o in tiny if not o.startswith("trainer.default_local_dir")] + [
@@ -70,11 +72,13 @@ def test_instruments_riding_on_a_one_pass_update_leave_training_bitwise_unchange
                    f"trainer.default_local_dir={tmp_path / 'rode'}"])
     a = load_file(tmp_path / "plain" / "global_step_2" / "actor" / "model.safetensors")
     b = load_file(tmp_path / "rode" / "global_step_2" / "actor" / "model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-6, msg=k)
     plain, rode = read_jsonl(tmp_path / "plain" / "metrics.jsonl"), read_jsonl(tmp_path / "rode" / "metrics.jsonl")
     for x, y in zip(plain, rode):
-        assert {k: v for k, v in x["data"].items() if not k.startswith("timing_s/")} == \
-            {k: v for k, v in y["data"].items() if k in x["data"] and not k.startswith("timing_s/")}
+        for k, v in x["data"].items():
+            if not k.startswith("timing_s/"):
+                assert y["data"][k] == pytest.approx(v, rel=1e-4, abs=1e-6), (x["step"], k)
     for step in (1, 2):
         d = rode[step]["data"]
         assert {"grad_norm/all/task", "grad_comp/correctness/norm", "grad_norm_sample/all/task",

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from rlgrad import collectives
 from rlgrad.algos.logprobs import softmax_recomputed
@@ -55,6 +56,11 @@ ROW_CHUNK_ELEMENTS = 1 << 21
 # Streaming: a parameter (with one use) whose slice gradients, all slices together, have more elements than this
 # has them formed, summed over ranks and folded into the Gram a block of rows at a time (8 MB in fp32), not whole.
 BLOCK_ELEMENTS = 1 << 21
+
+# Where a contribution to a parameter's slice gradients lies: the whole parameter (None), its rows
+# ``start .. start + n - 1`` (``(start, n)``: a block), or the rows a sorted index tensor names (an embedding's
+# rows at the batch's token ids, ``_present_rows``).
+Rows = tuple[int, int] | torch.Tensor | None
 
 
 @dataclass
@@ -173,7 +179,8 @@ class _SliceReducer:
         self.block_elements: int | None = None  # streaming: form large parameters' slices by blocks (_blocks)
         self.handles = []
         self.backward_started = False
-        self.forward_modules: set[int] = set()  # modules whose outputs were hooked
+        # The modules whose outputs were hooked, with those outputs' places in the graph (``edges``)
+        self.forward_modules: dict[int, list[GradientEdge]] = {}
         self.embed_leaf: list[tuple[nn.Embedding, torch.Tensor, torch.Tensor]] = []
         # The modules holding each parameter, and each input embedding's token ids of this forward with (once asked
         # for) every rank's distinct ones: the rows of an embedding gradient that can be nonzero (``_present_rows``).
@@ -214,7 +221,7 @@ class _SliceReducer:
                 output = output.detach().requires_grad_(True)
                 self.embed_leaf.append((module, x, output))
             if not leaf_only and output.requires_grad:
-                self.forward_modules.add(id(module))
+                self.forward_modules.setdefault(id(module), []).append(get_gradient_edge(output))
                 for _, k in attrs:
                     self.calls[k] = self.calls.get(k, 0) + 1
                 held = [x]  # its input (``_input``)
@@ -222,6 +229,12 @@ class _SliceReducer:
             return output
 
         self.handles.append(mod.register_forward_hook(fwd))
+
+    @property
+    def edges(self) -> list[GradientEdge]:
+        """The hooked outputs' places in the graph: a backward to them alone reaches every hook and forms no
+        parameter gradient (``groups.UpdatePass``: the hooks form them)."""
+        return [edge for edges in self.forward_modules.values() for edge in edges]
 
     def _input(self, module: nn.Module, held: list[torch.Tensor], late: Callable | None) -> torch.Tensor:
         """A hook's input ``held[0]`` after ``late``. Kept, with ``late``'s result (``held[1]``, formed once), where
@@ -267,7 +280,8 @@ class _SliceReducer:
                                                                        self.present)
         return side
 
-    def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True) -> None:
+    def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True, at: Rows = None) -> None:
+        """``per_slice`` ``[S, ...]``: a contribution to ``p``'s slice gradients at its rows ``at`` (``Rows``)."""
         k = self.alias.get(id(p), id(p))
         if k not in self.names:
             return
@@ -406,13 +420,13 @@ class _SliceReducer:
 
         present = self._present_rows(m.weight)
         if present is not None:  # a tied head: its rows at the batch's tokens join the embedding's part
-            self._add(m.weight, slices(g.index_select(-1, present.to(g.device))))
+            self._add(m.weight, slices(g.index_select(-1, present.to(g.device))), at=present)
         for start, n in self._blocks(m.weight):
             gb = g if n == out else g[..., start:start + n]
             if present is not None:  # those rows left with the embedding's part
                 inside = present[(present >= start) & (present < start + n)] - start
                 gb = gb.index_fill(-1, inside.to(g.device), 0)
-            self._add(m.weight, slices(gb), whole=n == out and present is None)
+            self._add(m.weight, slices(gb), whole=n == out and present is None, at=None if n == out else (start, n))
         if m.bias is not None:
             self._add(m.bias, self._small_slices(g, x, lambda gg, xx: gg.float().sum(0),
                                                  lambda gg, xx: gg.float().sum(1)))
@@ -424,7 +438,8 @@ class _SliceReducer:
         present = self._present_rows(m.weight)
         if present is not None:  # rows of the tokens present only: the others are zero in every slice
             present = present.to(ids.device)
-            self._add(m.weight, self._embedding_slices(g, torch.searchsorted(present, ids), len(present)))
+            self._add(m.weight, self._embedding_slices(g, torch.searchsorted(present, ids), len(present)),
+                      at=present)
             return
         vocab = m.weight.shape[0]
         for start, V in self._blocks(m.weight):
@@ -433,7 +448,8 @@ class _SliceReducer:
                 local = ids - start
                 inside = (local >= 0) & (local < V)
                 gb, ib = g * inside.unsqueeze(-1).to(g.dtype), local.clamp(0, V - 1)
-            self._add(m.weight, self._embedding_slices(gb, ib, V), whole=V == vocab)
+            self._add(m.weight, self._embedding_slices(gb, ib, V), whole=V == vocab,
+                      at=None if V == vocab else (start, V))
 
     def _embedding_slices(self, g: torch.Tensor, ids: torch.Tensor, V: int) -> torch.Tensor:
         """Slice gradients ``[S, V, dim]`` of an embedding of ``V`` rows read at ``ids`` (< V), output gradient g."""

@@ -357,7 +357,7 @@ class UpdatePass:
             self.terms = terms
 
     @contextmanager
-    def around(self, model: nn.Module, mb: Batch, rows: torch.Tensor) -> Iterator[None]:
+    def around(self, model: nn.Module, mb: Batch, rows: torch.Tensor) -> Iterator[Callable[[torch.Tensor], None]]:
         batch, order = self.batch, rows.cpu()
         if len(order) != len(batch) or not torch.equal(order.sort().values, torch.arange(len(batch))):
             raise RuntimeError(f"the update's first micro-batch holds {len(order)} of the batch's {len(batch)} rows: "
@@ -377,7 +377,7 @@ class UpdatePass:
         untap = _proxy_tap(model, mb.input_ids.to(device), taps) if self.proxy else None
         self.active = True
         try:
-            yield  # the update's forward and backward
+            yield lambda loss: self.backward(model, reducer, loss)  # the update's forward and backward
         except BaseException:
             # the update failed: a retry of its step plans anew (its batch, its forward's terms), not on this plan
             if self.shared.planned is self:
@@ -389,6 +389,20 @@ class UpdatePass:
             if untap is not None:
                 untap()
         self._keep(model, reducer, finish, combine, taps, group_ids, inverse, order)
+
+    @staticmethod
+    def backward(model: nn.Module, reducer: RowNormReducer, loss: torch.Tensor) -> None:
+        """The update's backward, run by the tap (rlgrad's trainer; TRL runs its own): to the hooked modules'
+        outputs only (``_SliceReducer.edges``), so autograd forms no parameter gradient, and every parameter's
+        gradient is the sum of the group gradients the hooks form anyway (``RowNormReducer.sum_groups``): the
+        update's gradient up to float32 rounding (summed group by group, not in one product), for one weight
+        gradient less. A gradient autograd formed after all (a reentrant checkpoint's inner backward) is kept."""
+        reducer.sum_groups(model)
+        torch.autograd.backward(loss, inputs=reducer.edges)
+        for p in model.parameters():
+            total = reducer.sums.pop(id(p), None)
+            if total is not None and p.grad is None:
+                p.grad = total.to(p.dtype)
 
     def _keep(self, model: nn.Module, reducer: RowNormReducer, finish: Callable | None, combine: torch.Tensor | None,
               taps: list[torch.Tensor], group_ids: torch.Tensor, inverse: torch.Tensor, order: torch.Tensor) -> None:

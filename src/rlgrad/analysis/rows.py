@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from rlgrad import collectives
-from rlgrad.analysis.engine import BLOCK_ELEMENTS, ROW_CHUNK_ELEMENTS, _SliceReducer
+from rlgrad.analysis.engine import BLOCK_ELEMENTS, ROW_CHUNK_ELEMENTS, Rows, _SliceReducer
 from rlgrad.metrics import layer_group
 
 
@@ -125,6 +125,9 @@ class RowNormReducer(_SliceReducer):
         # A Linear with one use has its group gradients formed and folded a block of rows at a time (``_blocks``):
         # P groups x an LM head's weight at once would be P copies of it.
         self.block_elements = BLOCK_ELEMENTS
+        # Set (``sum_groups``): every parameter's gradient, the sum of its group gradients, formed as they fold.
+        self.sums: dict[int, torch.Tensor] | None = None
+        self.shapes: dict[int, torch.Size] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -133,6 +136,7 @@ class RowNormReducer(_SliceReducer):
         self.seen: dict[int, int] = defaultdict(int)
         self.tied: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.acc = {}
+        self.acc_at: dict[int, Rows] = {}
         self.unserved: dict[tuple, int] = {}
 
     def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None, leaf_only: bool = False,
@@ -161,14 +165,34 @@ class RowNormReducer(_SliceReducer):
                                       "the forward (a module called twice); its per-row norm is not a sum of parts")
         return self.seen[k] == len(self.owners[k])
 
-    def _fold(self, k: int, per_group: torch.Tensor) -> None:
-        """``per_group`` (``[P, ...]``, parameter ``k``'s whole group gradients, or their nonzero columns) into
-        the group Gram. float32 products (summed by BLAS in blocks): a float64 copy of every group gradient cost
-        more than the weight gradients themselves at the bench's shapes."""
+    def sum_groups(self, model: nn.Module) -> None:
+        """Form every parameter's gradient too, as the sum of its group gradients (``sums``, float32): the groups
+        partition the rows, so it is the batch's gradient up to float32 rounding (``groups.UpdatePass``: the update's
+        own, which autograd then need not form)."""
+        if not self.one_group_each or not bool((self.weights.sum(0) == 1).all()):
+            raise ValueError("the sum of the group gradients is the batch's gradient only for 0/1 groups that "
+                             "partition the rows")
+        self.sums, self.shapes = {}, {id(p): p.shape for p in model.parameters() if id(p) in self.names}
+
+    def _fold(self, k: int, per_group: torch.Tensor, at: Rows = None) -> None:
+        """``per_group`` (``[P, ...]``, parameter ``k``'s group gradients at its rows ``at``) into the group Gram
+        (and into its gradient: ``sum_groups``). float32 products (summed by BLAS in blocks): a float64 copy of
+        every group gradient cost more than the weight gradients themselves at the bench's shapes."""
         flat = collectives.all_reduce_sum(per_group.reshape(len(self.weights), -1))
         self._into(self.gram, self.group_names[k], (flat @ flat.t()).double())
+        if self.sums is None:
+            return
+        total = self.sums.get(k)
+        if total is None:
+            total = self.sums[k] = torch.zeros(self.shapes[k], dtype=torch.float32, device=per_group.device)
+        if at is None:
+            total.add_(per_group.sum(0))
+        elif isinstance(at, tuple):
+            total.narrow(0, *at).add_(per_group.sum(0))
+        else:
+            total.index_add_(0, at.to(total.device), per_group.sum(0))
 
-    def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True) -> None:
+    def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True, at: Rows = None) -> None:
         """A contribution to ``p``'s group gradients; the Gram once all its modules have contributed. A block of rows
         of a parameter with one use (``_blocks``: its group gradients over ``block_elements`` at once) goes into the
         Gram as it is: the Gram adds over disjoint blocks."""
@@ -176,12 +200,13 @@ class RowNormReducer(_SliceReducer):
         if k not in self.names:
             return
         if not whole:
-            self._fold(k, per_slice)
+            self._fold(k, per_slice, at)
             return
         done = self._arrived(k)
         super()._add(p, per_slice)
+        self.acc_at[k] = at  # (a tied weight's two parts lie at the same rows)
         if done:
-            self._fold(k, self.acc.pop(k))
+            self._fold(k, self.acc.pop(k), self.acc_at.pop(k))
 
     def _key(self, p: nn.Parameter) -> int:
         """The registered parameter's id (FSDP2: ``p`` may be the unsharded parameter the module holds now)."""

@@ -68,8 +68,8 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, names: 
     stats are summed over ranks. The mini-batch ``on_grads`` sees carries ``global_index``: each row's
     position in the one-process mini-batch.
 
-    ``tap`` (``hooks.UpdateTap``): wraps the first micro-batch's forward and backward, read-only (instruments
-    riding on the update's own pass).
+    ``tap`` (``hooks.UpdateTap``): wraps the first micro-batch's forward and backward (instruments riding on the
+    update's own pass), and runs that backward where it yields one.
     """
     model.train()
     gen = torch.Generator().manual_seed(seed)
@@ -98,9 +98,12 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, names: 
                       else batch.blank_rows(1))
                 tapped = tap.around(model, mb, rows[start:start + len(mb)]) if untapped else nullcontext()
                 untapped = False
-                with grad_sync(model, k == n_micro - 1), tapped:
+                with grad_sync(model, k == n_micro - 1), tapped as tap_backward:
                     loss, shares = micro_loss(model, mb, den)
-                    loss.backward()
+                    if tap_backward is None:
+                        loss.backward()
+                    else:  # the tap forms the weight gradients itself (``hooks.UpdateTap``)
+                        tap_backward(loss)
                 for key, v in shares.items():
                     stats[key] = stats.get(key, 0.0) + v
             keys = sorted(stats)  # the same keys on every rank: the loss function's, in a fixed order
