@@ -425,3 +425,26 @@ def test_step_dir_and_checkpoint_steps_read_the_layout(tmp_path):
     assert [runfiles.checkpoint_due(s, 3, s == 7) for s in range(1, 8)] == [False, False, True, False, False, True,
                                                                            True]
     assert not runfiles.checkpoint_due(5, 0, False) and runfiles.checkpoint_due(5, -1, True)
+
+
+def test_a_write_that_need_not_be_durable_skips_the_fsync_and_stays_atomic(tmp_path, monkeypatch):
+    """``durable=False`` (an instrument's step files): no fsync, and a write that fails midway still leaves the old
+    file whole and no temporary file behind."""
+    from rlgrad.runfiles import atomic_write_text
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    path = tmp_path / "layers.json"
+    atomic_write_text(path, "old")
+    assert len(synced) == 1
+    atomic_write_text(path, "new", durable=False)
+    assert len(synced) == 1 and path.read_text() == "new"
+
+    def failing_replace(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(UserError, match="layers.json"):
+        atomic_write_text(path, "newer", durable=False)
+    assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["layers.json"]

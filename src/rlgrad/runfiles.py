@@ -107,10 +107,12 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, durable: bool = True) -> None:
     """Write to a temp file in the same directory, fsync, then rename over ``path``. A path that cannot be
     written (a directory, under a file, read-only, a full disk) is a one-line error naming it; ``path`` is
-    then as it was."""
+    then as it was. ``durable=False``: no fsync, so the file is whole or absent after the process dies but may
+    be lost to a crash of the machine (the files an instrument writes at every step: an fsync each cost more
+    than their measurement)."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"cannot write '{path}': it is a directory")
@@ -122,7 +124,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
         if tmp is not None:
@@ -134,12 +137,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+def atomic_write_text(path: str | os.PathLike, text: str, durable: bool = True) -> None:
+    atomic_write_bytes(path, text.encode(), durable)
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+def atomic_write_json(path: str | os.PathLike, obj: Any, durable: bool = True) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", durable)
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

@@ -121,14 +121,16 @@ class InstrumentHook(Hook):
 
     def write(self, ctx: StepContext, files: dict[str, Any]) -> None:
         """Each of ``files`` into the step directory, atomically, by the main process alone: a str as text, bytes
-        as they are, anything else as JSON."""
+        as they are, anything else as JSON. Not fsynced one by one (``durable=False``): at every step that cost
+        about 4 ms a file, 0.15 of a plain step of the embedded default; they are as durable as the checkpoints,
+        which are not fsynced either."""
         if not ctx.is_main:
             return
         for name, content in files.items():
             path = self.path(ctx, name)
             if isinstance(content, str):
-                atomic_write_text(path, content)
+                atomic_write_text(path, content, durable=False)
             elif isinstance(content, bytes):
-                atomic_write_bytes(path, content)
+                atomic_write_bytes(path, content, durable=False)
             else:
-                atomic_write_json(path, content)
+                atomic_write_json(path, content, durable=False)
