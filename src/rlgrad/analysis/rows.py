@@ -182,15 +182,17 @@ class RowNormReducer(_SliceReducer):
         self._into(self.gram, self.group_names[k], (flat @ flat.t()).double())
         if self.sums is None:
             return
+        summed = per_group.sum(0)
+        if at is None:  # the whole parameter, in one piece
+            self.sums[k] = summed
+            return
         total = self.sums.get(k)
         if total is None:
             total = self.sums[k] = torch.zeros(self.shapes[k], dtype=torch.float32, device=per_group.device)
-        if at is None:
-            total.add_(per_group.sum(0))
-        elif isinstance(at, tuple):
-            total.narrow(0, *at).add_(per_group.sum(0))
+        if isinstance(at, tuple):
+            total.narrow(0, *at).add_(summed)
         else:
-            total.index_add_(0, at.to(total.device), per_group.sum(0))
+            total.index_add_(0, at.to(total.device), summed)
 
     def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True, at: Rows = None) -> None:
         """A contribution to ``p``'s group gradients; the Gram once all its modules have contributed. A block of rows
