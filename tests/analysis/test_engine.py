@@ -74,6 +74,36 @@ def assert_grams_close(fast, ref) -> None:
             torch.testing.assert_close(fast.gram[term][grp], k, rtol=1e-5, atol=1e-9 * float(k.abs().max()) + 1e-12)
 
 
+@pytest.mark.parametrize("write_tokens", [-1000, 1000])
+def test_overlapping_slices_from_the_rows_gradients_or_by_slice_equal_the_reference(model_tok, monkeypatch,
+                                                                                    write_tokens):
+    """Overlapping slices (reward components) from each Linear's per-row gradients combined, or from one product per
+    slice (``combine_is_cheaper``: short rows): either way the reference's Grams; the path is the one chosen."""
+    from rlgrad.algos.objective import ActorLoss
+    from rlgrad.analysis import engine
+
+    model, tok = model_tok
+    b = make_batch(model, tok)
+    weights = slice_weights(b, "overlapping")
+    slices = [f"s{i}" for i in range(len(weights))]
+    monkeypatch.setattr(engine, "COMBINE_WRITE_TOKENS", write_tokens)
+    combined = []
+    real = engine._SliceReducer._combined_rows
+    monkeypatch.setattr(engine._SliceReducer, "_combined_rows", lambda self, *a: combined.append(1) or real(self, *a))
+    fast = engine.slice_gradients("fast", model, b, ActorLoss(SETTINGS[0]), weights, slices)
+    ref = engine.slice_gradients("reference", model, b, ActorLoss(SETTINGS[0]), weights, slices)
+    assert bool(combined) == (write_tokens < 0)
+    assert_grams_close(fast, ref)
+
+
+def test_overlapping_slices_are_combined_from_long_rows_only():
+    """The choice at the two measured shapes: 9-token rows by slice, 92-token rows combined (2 slices)."""
+    from rlgrad.analysis.engine import combine_is_cheaper
+
+    assert not combine_is_cheaper(9, 2) and combine_is_cheaper(92, 2)
+    assert combine_is_cheaper(9, 8)  # many slices: S products cost more than the rows' gradients
+
+
 @pytest.mark.parametrize("kind", ["disjoint", "one_row_each", "overlapping"])
 def test_large_parameters_streamed_by_blocks_of_rows_equal_the_reference(model_tok, monkeypatch, kind):
     """Streaming forms an untied parameter's slice gradients a block of rows at a time (the LM head, the embedding,
