@@ -59,9 +59,10 @@ BLOCK_ELEMENTS = 1 << 21
 
 # Overlapping slices (``_SliceReducer.combine``): a Linear's per-row gradients, formed once and combined, cost
 # N·in·out·(T + S) multiply-adds against S·N·T·in·out for one product per slice, but write N·in·out floats of T
-# multiply-adds each, which runs far below the products' speed where rows are short. Measured on one thread: 128 rows
-# of 9 tokens, a 128 x 128 Linear, 2 slices, 1.46 ms combined against 0.55 ms by slice; 32 rows of 92 tokens, 576 x
-# 1536, 43.7 against 78.9 ms. The write is counted as this many tokens' multiply-adds (``combine_is_cheaper``).
+# multiply-adds each, which runs far below the products' speed where rows are short. Measured on one thread
+# (bench/results/i49/grads_from_groups/combine_cost.txt): 128 rows of 9 tokens, a 128 x 128 Linear, 2 slices, 1.42 ms
+# combined against 0.60 ms by slice; 32 rows of 92 tokens, 576 x 1536, 55.8 against 76.9 ms. The write is counted as
+# this many tokens' multiply-adds (``combine_is_cheaper``).
 COMBINE_WRITE_TOKENS = 16
 
 
