@@ -10,7 +10,9 @@ Parts (comma-separated; default all): ``collect`` (rollout, filter, log-probs, a
 instruments or without), ``plain`` (the actor update, hooks off), ``ride`` (the instruments' ``before_update``,
 which plans the pass, and the update with the pass riding on it), ``after``
 (``after_update`` alone, of a riding update kept before), ``step_plain`` / ``step_ride`` (a whole
-``Trainer.train_step`` without / with them, as always_on_cost.py's ``--memory`` measures). Each part twice.
+``Trainer.train_step`` without / with them, as always_on_cost.py's ``--memory`` measures: each step rolls out a
+batch of its own), ``fixed_step_plain`` / ``fixed_step_ride`` (the same on the one batch ``collect`` gave, its
+rollout left out). Each part twice; each line also gives the columns of the last batch the trainer rolled out.
 """
 
 from __future__ import annotations
@@ -48,6 +50,13 @@ class Parts:
         self.collected = self.tr.collect(1, {})
         assert self.collected is not None
         self.kept: list = []
+        self.shapes: list[tuple[int, ...]] = []  # [rows, columns] of each batch the actor update saw
+        update = self.tr.update_actor
+
+        def recorded(ctx, metrics: dict) -> None:
+            self.shapes.append(tuple(ctx.batch.input_ids.shape))
+            update(ctx, metrics)
+        self.tr.update_actor = recorded
 
     def ctx(self):
         self.step += 1
@@ -72,6 +81,20 @@ class Parts:
     def after(self) -> None:
         self.tr.hooks.after_update(self.kept.pop())
 
+    def fixed_step_plain(self) -> None:  # a whole step on the one batch: rollouts differ from step to step
+        self.tr.collect = lambda step, metrics: self.collected
+        try:
+            self.step_plain()
+        finally:
+            del self.tr.collect
+
+    def fixed_step_ride(self) -> None:
+        self.tr.collect = lambda step, metrics: self.collected
+        try:
+            self.step_ride()
+        finally:
+            del self.tr.collect
+
     def step_plain(self) -> None:
         self.tr.hooks = self.off
         self.step += 1
@@ -85,9 +108,10 @@ class Parts:
 
 def main() -> None:
     parts = sys.argv[1].split(",") if len(sys.argv) > 1 else [
-        "collect", "plain", "ride", "after", "step_plain", "step_ride"]
+        "collect", "plain", "ride", "after", "step_plain", "step_ride", "fixed_step_plain", "fixed_step_ride"]
     run = Parts()
-    for warm in (run.plain, run.ride, run.after, run.step_plain, run.step_ride):  # optimizer states, allocator pools
+    # warm-ups: the optimizer's states, allocator pools
+    for warm in (run.plain, run.ride, run.after, run.step_plain, run.step_ride, run.fixed_step_plain):
         warm()
     params = sum(p.numel() for p in run.tr.actor.parameters())
     b = run.collected[0]
@@ -97,8 +121,8 @@ def main() -> None:
         for rep in range(2):
             if part == "after":
                 run.ride()
-            print(f"{part} ({rep + 1}/2): peak +{peak_mb(getattr(run, part), torch.device('cpu')):.1f} MB",
-                  flush=True)
+            mb = peak_mb(getattr(run, part), torch.device("cpu"))
+            print(f"{part} ({rep + 1}/2): peak +{mb:.1f} MB; batch {run.shapes[-1]}", flush=True)
             if part == "ride":
                 run.after()
 
