@@ -4,7 +4,12 @@ an operator allocated (a ``TorchDispatchMode`` sees each operator's outputs; a s
 reference), counted at the moment their sum is largest, grouped by the source lines in rlgrad and transformers that
 allocated it; then what the riding update holds at its peak that the plain one does not.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python bench/results/i49/memory_wider/alive_at_peak.py
+    OMP_NUM_THREADS=1 PYTHONPATH=src python bench/results/i49/memory_wider/alive_at_peak.py [--contiguous-head]
+
+``--contiguous-head``: a trial of a fix, both sides alike: a forward pre-hook on the LM head hands it a contiguous
+copy of its input (the final norm's output at the response columns, a strided view of all columns), so that the
+input the engine's forward hook holds until the head's output gradient (riding) is the tensor autograd saves, not a
+view keeping the whole norm output alive; the update's numbers are compared with and without it (bitwise).
 
 Storages that no operator allocated (the parameters, the optimizer's states, the batch) are outside the count: the
 two updates share them. The count is of bytes allocated by operators, not the resident set ``peak_mb`` reads.
@@ -41,6 +46,7 @@ class AliveAtPeak(TorchDispatchMode):
         self.live: dict[int, tuple[StorageWeakRef, int, str]] = {}
         self.total = self.peak = 0
         self.at_peak: dict[str, int] = {}
+        self.peak_op = ""  # the operator whose outputs made the largest total
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -58,13 +64,17 @@ class AliveAtPeak(TorchDispatchMode):
             self.peak, by = self.total, defaultdict(int)
             for _, n, where in self.live.values():
                 by[where] += n
-            self.at_peak = dict(by)
+            self.at_peak, self.peak_op = dict(by), f"{func.__name__} @ {_where()}"
         return out
 
 
 def main() -> None:
     torch.set_num_threads(1)
     run = Parts()
+    if "--contiguous-head" in sys.argv:
+        head = run.tr.train_actor.get_output_embeddings()
+        head.register_forward_pre_hook(lambda m, args: (args[0].contiguous(), *args[1:]))
+        print("trial: the LM head's input made contiguous (a forward pre-hook)")
     run.plain()
     run.ride()  # warm-ups
     run.after()
@@ -77,7 +87,7 @@ def main() -> None:
             run.after()
         peaks[part] = mode
         print(f"{part}: operator-allocated storages alive at the peak {mode.peak / 2 ** 20:.1f} MB "
-              f"(batch {run.shapes[-1]})")
+              f"(batch {run.shapes[-1]}), reached at {mode.peak_op}")
     plain, ride = peaks["plain"].at_peak, peaks["ride"].at_peak
     diff = {w: ride.get(w, 0) - plain.get(w, 0) for w in set(plain) | set(ride)}
     print(f"ride - plain at their peaks: {sum(diff.values()) / 2 ** 20:+.2f} MB; by where it was allocated "
