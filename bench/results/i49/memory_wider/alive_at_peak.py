@@ -9,7 +9,7 @@ allocated it; then what the riding update holds at its peak that the plain one d
 ``--contiguous-head``: a trial of a fix, both sides alike: a forward pre-hook on the LM head hands it a contiguous
 copy of its input (the final norm's output at the response columns, a strided view of all columns), so that the
 input the engine's forward hook holds until the head's output gradient (riding) is the tensor autograd saves, not a
-view keeping the whole norm output alive; the update's numbers are compared with and without it (bitwise).
+view keeping the whole norm output alive (a trial of where the memory goes; the update's numbers are not compared).
 
 Storages that no operator allocated (the parameters, the optimizer's states, the batch) are outside the count: the
 two updates share them. The count is of bytes allocated by operators, not the resident set ``peak_mb`` reads.
