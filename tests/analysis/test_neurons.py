@@ -669,3 +669,46 @@ def test_the_sample_runs_at_metric_steps_nullspace_every_steps_apart_and_the_gra
             plain = {k: v for k, v in plain.items() if "nullspace" not in k and "act_dormant" not in k}
         assert {k: v for k, v in got.items() if not k.startswith("timing_s/")} == plain
     assert sampled == sampled_at
+
+
+def test_the_trainers_sample_runs_before_the_backward_with_no_gradient_held_and_the_same_numbers(
+        model_cache, tmp_path, monkeypatch):
+    """rlgrad's trainer takes the sequence sample at ``before_grads`` (the first mini-batch, before its forward):
+    no parameter holds a gradient during the sample's passes, so the update's gradient, one fp32 model copy, is not
+    alive under them. The Gram, the nullspace ratio, the activation scores and the rest of the report are bitwise
+    those of the sample taken at ``on_grads`` (``before_grads`` switched off), over two mini-batches a step."""
+    import rlgrad.analysis.neurons as neurons_mod
+    from rlgrad.recipes import make_trainer
+    from tests.conftest import tiny_overrides
+
+    real_pass, real_ratio = neurons_mod.sample_pass, neurons_mod.nullspace_ratio
+    runs: dict[str, dict] = {}
+    for name in ("before_grads", "on_grads"):
+        seen = runs[name] = {"held": [], "grams": []}
+
+        def recording_pass(model, *a, seen=seen, **k):
+            seen["held"].append(any(p.grad is not None for p in model.parameters()))
+            return real_pass(model, *a, **k)
+
+        def recording_ratio(K, seen=seen):
+            seen["grams"].append(K.clone())
+            return real_ratio(K)
+
+        monkeypatch.setattr(neurons_mod, "sample_pass", recording_pass)
+        monkeypatch.setattr(neurons_mod, "nullspace_ratio", recording_ratio)
+        if name == "on_grads":  # the loop without the hook point (as TRL and verl call it): at the gradient
+            monkeypatch.setattr(NeuronHealthHook, "before_grads", lambda *a, **k: None)
+        cfg = load_config(overrides=tiny_overrides(model_cache, tmp_path / name) + [
+            "trainer.total_training_steps=2", "trainer.gradient_analysis_mode=false", "trainer.val_before_train=false",
+            "actor.entropy_coeff=0.01", "actor.ppo_mini_batch_size=2", "actor.redo_metric_freq=1",
+            "actor.redo_nullspace_samples=6", "analysis.neurons.actor.nullspace_every=1"])
+        make_trainer(cfg, log=lambda *a: None).fit()
+        seen["rows"] = [{k: v for k, v in r["data"].items() if "neuron" in k and not k.startswith("timing_s/")}
+                        for r in read_jsonl(tmp_path / name / "metrics.jsonl")]
+        seen["docs"] = [json.loads((tmp_path / name / "analysis" / f"step_{s}" / "neurons.json").read_text())
+                        for s in (1, 2)]
+    first, second = runs["before_grads"], runs["on_grads"]
+    assert first["held"] == [False, False] and second["held"] == [True, True]  # one sample a step
+    assert len(first["grams"]) == 2 and all(torch.equal(a, b) for a, b in zip(first["grams"], second["grams"]))
+    assert first["rows"] == second["rows"] and first["docs"] == second["docs"]
+    assert all("actor/neuron/nullspace_ratio" in r and "actor/neuron/act_dormant_ratio" in r for r in first["rows"])

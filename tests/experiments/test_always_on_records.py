@@ -103,3 +103,25 @@ def test_the_smollm2_table_is_the_stored_raw_output():
             assert of != "total" or shown, (name, "a total target needs the row's total figure", row)
             value = {"step": ratio, "total": whole, "update": 1 + update}[of]
             assert (said == "met") == (round(value, 2) <= bound), (name, value, row)
+
+
+def test_the_one_batch_memory_runs_are_the_pages_figures():
+    """docs/benchmarks.md's `all` memory on one batch (``--same-batch``, bench/results/i49/memory_same_batch/): each
+    stored run finished, and the page quotes each setting's extra peak with its share of a model copy as the runs
+    printed them ("+E MB, S%" or "+E MB, S1-S2%"), saying "met" for the 25% target only where every run is within."""
+    page = (REPO / "docs" / "benchmarks.md").read_text()
+    shares: dict[str, list[int]] = {}
+    runs = sorted((REPO / "bench" / "results" / "i49" / "memory_same_batch").glob("*.txt"))
+    assert len(runs) >= 4
+    for f in runs:
+        text = f.read_text()
+        found = re.search(r"^peak_MB plain_step=\d+ with=\d+ extra=(-?\d+) \((-?\d+)%.*\(--same-batch\)$", text, re.M)
+        assert found and re.search(r"exit 0$", text, re.M), f.name
+        shares.setdefault(found.group(1), []).append(int(found.group(2)))
+    for extra, got in shares.items():
+        lo, hi = min(got), max(got)
+        quoted = f"+{extra} MB, {lo}%" if lo == hi else f"+{extra} MB, {lo}-{hi}%"
+        assert quoted in page, quoted
+        cell = re.search(rf"\+{extra} MB \(([0-9-]+)%[^)]*\)[^;|]*: (met|not met)", page)
+        if cell:  # the targets table's verdict for this figure
+            assert (cell.group(2) == "met") == (hi <= 25), (extra, cell.group(0))

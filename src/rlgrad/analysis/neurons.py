@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -214,12 +215,40 @@ def sample_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, stats: list[Lay
     return K
 
 
+@dataclass
+class Sampled:
+    """What the sequence sample measured (``take_sample``): it reads the weights and the batch, never ``.grad``."""
+
+    rows: torch.Tensor  # global positions in the mini-batch (``global_sample``)
+    gram: torch.Tensor  # K of the sampled sequences' gradients
+    acts: dict[str, tuple[torch.Tensor, torch.Tensor]]  # layer name -> (act_sum, act_count)
+
+
+def take_sample(model: nn.Module, batch: Batch, nc: NeuronHealthConfig, *, role: str, seed: int, step: int,
+                loss_fn: LossFn, method: str = "fast", replica: nn.Module | None = None) -> Sampled | None:
+    """The nullspace sample of ``batch`` at the current weights (``measure``'s arguments); None when the
+    global mini-batch is empty or ``nullspace_samples=0``. It does not read the gradient, so it gives the same
+    numbers with or without one held (``NeuronHealthHook`` takes it before the mini-batch's backward)."""
+    if nc.nullspace_samples <= 0:
+        return None
+    runner = replica if replica is not None else model  # FSDP2 shards: the fast engine runs on them as well
+    rows, local, slot = global_sample(batch, nc.nullspace_samples, seed_of(seed, step, role, "nullspace"))
+    if not len(rows):  # the global mini-batch is empty (the same answer on every rank)
+        return None
+    zero = torch.zeros(0, dtype=torch.float64)
+    stats = [LayerStats(la, zero, zero) for la in find_neurons(model)]  # sample_pass fills the activation sums
+    K = sample_pass(runner, batch, loss_fn, stats, local, slot, len(rows), method)
+    return Sampled(rows, K, {s.layer.name: (s.act_sum, s.act_count) for s in stats})
+
+
 def measure(model: nn.Module, batch: Batch | None, nc: NeuronHealthConfig, *, role: str, seed: int, step: int,
-            loss_fn: LossFn | None = None, method: str = "fast", replica: nn.Module | None = None) -> NeuronReport:
+            loss_fn: LossFn | None = None, method: str = "fast", replica: nn.Module | None = None,
+            sampled: Sampled | None = None) -> NeuronReport:
     """Neuron health of ``model`` from its current ``.grad`` (and, with ``loss_fn``, a sample of ``batch``).
 
     ``nc``: the role's settings (tau, mode, nullspace_samples). Without ``loss_fn`` or with
-    ``nullspace_samples=0`` only the gradient statistics are computed. Weights, gradients and the
+    ``nullspace_samples=0`` only the gradient statistics are computed. ``sampled``: the sample already taken
+    (``take_sample``, at the same weights and batch), used instead of taking it here. Weights, gradients and the
     global RNG are left as they were. Data parallel: ``batch`` is this rank's share of the mini-batch and
     every rank calls this; under FSDP2 ``model`` is the sharded module and ``replica`` (optional) a plain module
     with the same weights, which the per-sequence pass then runs on (without it, on the shards: the fast engine).
@@ -229,13 +258,14 @@ def measure(model: nn.Module, batch: Batch | None, nc: NeuronHealthConfig, *, ro
     grad_total = float(sum(s.grad_sum.sum() for s in stats)) if stats else 0.0
     rep = NeuronReport(role, float(nc.tau), nc.mode, stats, float(zero), numel, grad_total,
                        sharded=_is_sharded(model))
-    if loss_fn is not None and nc.nullspace_samples > 0 and batch is not None:
-        runner = replica if replica is not None else model  # FSDP2 shards: the fast engine runs on them as well
-        rows, local, slot = global_sample(batch, nc.nullspace_samples, seed_of(seed, step, role, "nullspace"))
-        if len(rows):  # the global mini-batch is not empty (the same answer on every rank)
-            K = sample_pass(runner, batch, loss_fn, stats, local, slot, len(rows), method)
-            rep.gram, rep.sample_rows, rep.nullspace_samples = K, rows, len(rows)
-            rep.nullspace_ratio = nullspace_ratio(K)
+    if sampled is None and loss_fn is not None and batch is not None:
+        sampled = take_sample(model, batch, nc, role=role, seed=seed, step=step, loss_fn=loss_fn, method=method,
+                              replica=replica)
+    if sampled is not None:
+        for s in stats:
+            s.act_sum, s.act_count = sampled.acts[s.layer.name]
+        rep.gram, rep.sample_rows, rep.nullspace_samples = sampled.gram, sampled.rows, len(sampled.rows)
+        rep.nullspace_ratio = nullspace_ratio(sampled.gram)
     return rep
 
 
@@ -264,6 +294,7 @@ class NeuronHealthHook(InstrumentHook):
         self.settings, self.seed, self.method = settings, seed, method
         self.metric_at, self.reset_at = dict(metrics), dict(resets)
         self.pending: dict[str, tuple[int, NeuronReport]] = {}
+        self.taken: dict[str, tuple[int, Sampled | None, float]] = {}  # before_grads' sample: (step, it, seconds)
 
     def _role(self, role: str) -> NeuronHealthConfig:
         return getattr(self.settings, role)
@@ -272,25 +303,49 @@ class NeuronHealthHook(InstrumentHook):
     def loss_fn(ctx: StepContext, role: str) -> LossFn | None:
         return ctx.actor_loss() if role == "actor" else ctx.critic_loss
 
-    def on_grads(self, ctx: StepContext, model: nn.Module, minibatch: Batch, role: str = "actor"):
+    def _due(self, ctx: StepContext, role: str) -> tuple[bool, bool, bool]:
+        """(gradient scores, reset, sequence sample) due at this step for ``role``."""
         metric = self.metric_at.get(role, Schedule(0)).due(ctx.step)
         reset = self.reset_at.get(role, Schedule(0)).due(ctx.step)
-        if not (metric or reset) or self.pending.get(role, (None,))[0] == ctx.step:
+        at = self.metric_at.get(role, Schedule(0))
+        apart = -(-self._role(role).nullspace_every // max(at.every, 1)) * at.every  # a multiple of the cadence
+        return metric, reset, metric and Schedule(apart, at.first).due(ctx.step)
+
+    def _measured_at(self, ctx: StepContext, role: str) -> bool:
+        return self.pending.get(role, (None,))[0] == ctx.step
+
+    def before_grads(self, ctx: StepContext, model: nn.Module, minibatch: Batch, role: str = "actor") -> None:
+        """The sequence sample of a due step's first mini-batch, taken before its forward: the same weights, batch
+        and numbers as at ``on_grads`` (it never reads ``.grad``), without the update's gradient, one model copy,
+        alive under the sample's own forward and backward. ``on_grads`` reports it."""
+        if not self._due(ctx, role)[2] or self._measured_at(ctx, role) or self.taken.get(role, (None,))[0] == ctx.step:
+            return  # not due, or a later mini-batch of the step
+        timing: dict[str, float] = {}
+        with self.timed(timing, role=role):
+            replica = getattr(ctx, role, None) if _is_sharded(model) else model
+            got = take_sample(model, minibatch, self._role(role), role=role, seed=self.seed, step=ctx.step,
+                              loss_fn=self.loss_fn(ctx, role), method=self.method, replica=replica)
+        self.taken[role] = (ctx.step, got, sum(timing.values()))
+
+    def on_grads(self, ctx: StepContext, model: nn.Module, minibatch: Batch, role: str = "actor"):
+        metric, reset, sample = self._due(ctx, role)
+        if not (metric or reset) or self._measured_at(ctx, role):
             return None  # later mini-batches of the step: the first one's gradient is the one measured
         if reset and any(is_lora_layer(m) for m in model.modules()):
             raise UserError(f"analysis.neurons.{role}.reset_every: the ReDo reset rewrites a neuron's weights, and "
                             "under LoRA those are frozen base weights the saved adapter does not hold; set it to 0 "
                             "(the neuron-health metrics work under LoRA)")
+        step, sampled, before = self.taken.pop(role, (None, None, 0.0))
+        if step != ctx.step:  # no before_grads call (TRL, verl, a direct call): the sample here, at the gradient
+            sampled, before = None, 0.0
         timing: dict[str, float] = {}
-        at = self.metric_at.get(role, Schedule(0))
-        apart = -(-self._role(role).nullspace_every // max(at.every, 1)) * at.every  # a multiple of the cadence
-        sample = metric and Schedule(apart, at.first).due(ctx.step)
         with self.timed(timing, role=role):
             replica = getattr(ctx, role, None) if _is_sharded(model) else model
             rep = measure(model, minibatch, self._role(role), role=role, seed=self.seed, step=ctx.step,
-                          loss_fn=self.loss_fn(ctx, role) if sample else None, method=self.method, replica=replica)
+                          loss_fn=self.loss_fn(ctx, role) if sample and step != ctx.step else None,
+                          method=self.method, replica=replica, sampled=sampled)
             self.pending[role] = (ctx.step, rep)
-        return {**rep.metrics(), **timing}
+        return {**rep.metrics(), **{k: v + before for k, v in timing.items()}}
 
     def after_update(self, ctx: StepContext):
         out: dict[str, float] = {}

@@ -224,9 +224,9 @@ TIMING = Group(
         Metric("timing_s/values", "Seconds computing the critic's values of the kept batch (gae only).",
                setting=CRITIC),
         ("timing_s/adv", "Seconds computing the advantages (and GAE returns)."),
-        Metric("timing_s/update_critic", "Seconds in the critic update, its on_grads hooks included (gae only).",
-               setting=CRITIC),
-        ("timing_s/update_actor", "Seconds in the actor update, its on_grads hooks included."),
+        Metric("timing_s/update_critic", "Seconds in the critic update, its before_grads and on_grads hooks included "
+               "(gae only).", setting=CRITIC),
+        ("timing_s/update_actor", "Seconds in the actor update, its before_grads and on_grads hooks included."),
         ("timing_s/filter", "Seconds in the rollout filter (its entropy forward included, for entropy metrics)."),
         Metric("timing_s/doctor", "Seconds the live doctor took at the end of this step (doctor.live; 0 on a step it "
                "skipped to keep its cost under 1% of the step time).",

@@ -49,15 +49,16 @@ ACTOR_KEYS = UpdateKeys("actor/grad_norm", "actor/lr", "actor/nonfinite_grad_ste
 
 def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, names: UpdateKeys, ppo_epochs: int,
                mini_batch_size: int, micro_batch_size: int, max_grad_norm: float, shuffle: bool, seed: int,
-               scheduler=None, on_grads=None, tap: UpdateTap | None = None) -> dict[str, float]:
+               scheduler=None, on_grads=None, tap: UpdateTap | None = None, before_grads=None) -> dict[str, float]:
     """The one update loop, for the actor and the critic alike: PPO-style epochs over shuffled
     mini-batches, each one optimizer step over accumulated micro-batches.
 
     ``micro_loss`` is evaluated against the denominators of the whole mini-batch, so the accumulated
     gradient equals the mini-batch loss's gradient. ``on_grads(model, minibatch)`` (optional) sees the
-    accumulated gradient before clipping and the step. A non-finite gradient norm skips that optimizer
-    step (counted in ``names.nonfinite``, no crash). Stats are averaged over mini-batches; ``names.grad_norm``
-    is the pre-clip norm, ``names.lr`` the learning rate after the update.
+    accumulated gradient before clipping and the step; ``before_grads(model, minibatch)`` (optional) sees the same
+    mini-batch at the same weights before its first forward, its gradient cleared (none held). A non-finite
+    gradient norm skips that optimizer step (counted in ``names.nonfinite``, no crash). Stats are averaged over
+    mini-batches; ``names.grad_norm`` is the pre-clip norm, ``names.lr`` the learning rate after the update.
 
     Data parallel (``model`` wrapped by ``rlgrad.distributed.wrap``, which SUMS gradients over ranks):
     ``batch`` is this rank's contiguous share of the global batch, ranks in order, and
@@ -90,6 +91,8 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, names: 
             den = Denominators.global_of(mini)
             n_micro = max(int(all_reduce_max(torch.tensor(-(-len(mini) // micro_batch_size)))), 1)
             optimizer.zero_grad(set_to_none=True)
+            if before_grads is not None:
+                before_grads(model, mini)
             stats: dict[str, float] = {}
             for k in range(n_micro):
                 start = k * micro_batch_size
@@ -154,18 +157,20 @@ def actor_micro_loss(s: LossSettings, seen: Callable[[ActorTerms], None] | None 
 
 def update_actor(model, optimizer, batch: Batch, s: LossSettings, *, ppo_epochs: int, mini_batch_size: int,
                  micro_batch_size: int, max_grad_norm: float, shuffle: bool, seed: int,
-                 scheduler=None, on_grads=None, tap: UpdateTap | None = None) -> dict[str, float]:
+                 scheduler=None, on_grads=None, tap: UpdateTap | None = None,
+                 before_grads=None) -> dict[str, float]:
     """PPO-style epochs over mini-batches, each one AdamW step over accumulated micro-batches.
 
     ``on_grads(model, minibatch)`` (optional) sees the accumulated gradient before clipping
-    and the step. A non-finite gradient norm skips that optimizer step (logged, no crash). ``tap``: see
-    ``ppo_update``; it also sees the tapped forward's per-token terms.
+    and the step; ``before_grads(model, minibatch)`` the mini-batch before its forward (``ppo_update``). A
+    non-finite gradient norm skips that optimizer step (logged, no crash). ``tap``: see ``ppo_update``; it also
+    sees the tapped forward's per-token terms.
     """
     micro = actor_micro_loss(s, tap.seen if tap is not None else None)
     return ppo_update(model, optimizer, batch, micro, names=ACTOR_KEYS, ppo_epochs=ppo_epochs,
                       mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size,
                       max_grad_norm=max_grad_norm, shuffle=shuffle, seed=seed, scheduler=scheduler,
-                      on_grads=on_grads, tap=tap)
+                      on_grads=on_grads, tap=tap, before_grads=before_grads)
 
 
 @contextmanager

@@ -54,9 +54,9 @@ def critic_micro_loss(s: CriticSettings) -> MicroLoss:
 
 def update_critic(model, optimizer, batch: Batch, s: CriticSettings, *, ppo_epochs: int, mini_batch_size: int,
                   micro_batch_size: int, max_grad_norm: float, shuffle: bool, seed: int, scheduler=None,
-                  on_grads=None) -> dict[str, float]:
+                  on_grads=None, before_grads=None) -> dict[str, float]:
     """Fit the critic to ``batch.returns``: critic/vf_loss, vf_clipfrac, vpred_mean, grad_norm, lr."""
     return ppo_update(model, optimizer, batch, critic_micro_loss(s), names=CRITIC_KEYS, ppo_epochs=ppo_epochs,
                       mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size,
                       max_grad_norm=max_grad_norm, shuffle=shuffle, seed=seed, scheduler=scheduler,
-                      on_grads=on_grads)
+                      on_grads=on_grads, before_grads=before_grads)

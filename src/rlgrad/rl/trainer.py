@@ -496,12 +496,18 @@ class Trainer:
         """Rows of an actor mini-batch (one optimizer step)."""
         return (self.cfg.actor.ppo_mini_batch_size or self.cfg.data.train_batch_size) * self.cfg.rollout.n
 
-    def _on_grads(self, ctx: StepContext, role: str, metrics: dict) -> Callable | None:
-        """The ``on_grads`` callback ``ppo_update`` calls after each mini-batch's backward (None: no hooks)."""
-        def call(model, mini):  # DDP: the inner module (whole summed gradient); FSDP2: the sharded module
-            model = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-            metrics.update(self.hooks.on_grads(ctx, model, mini, role=role))
-        return call if len(self.hooks) else None
+    def _grad_hooks(self, ctx: StepContext, role: str, metrics: dict) -> dict[str, Callable | None]:
+        """The callbacks ``ppo_update`` calls before each mini-batch's forward (``before_grads``) and after its
+        backward (``on_grads``), as its keyword arguments (None: no hooks)."""
+        def inner(model):  # DDP: the inner module (whole summed gradient); FSDP2: the sharded module
+            return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+        def before(model, mini):
+            self.hooks.before_grads(ctx, inner(model), mini, role=role)
+
+        def call(model, mini):
+            metrics.update(self.hooks.on_grads(ctx, inner(model), mini, role=role))
+        return {"before_grads": before, "on_grads": call} if len(self.hooks) else {}
 
     def before_update(self, ctx: StepContext, logger: MetricLogger, metrics: dict) -> HookResult:
         """The hook point (``HookRunner.before_update``): the hooks' metrics into ``metrics``, their tables to the
@@ -528,7 +534,7 @@ class Trainer:
                 ppo_epochs=critic_cfg.ppo_epochs, mini_batch_size=mini_prompts * cfg.rollout.n,
                 micro_batch_size=critic_cfg.ppo_micro_batch_size, max_grad_norm=critic_cfg.max_grad_norm,
                 shuffle=critic_cfg.shuffle, seed=cfg.trainer.seed * 100_019 + ctx.step,
-                scheduler=self.critic_scheduler, on_grads=self._on_grads(ctx, "critic", metrics)))
+                scheduler=self.critic_scheduler, **self._grad_hooks(ctx, "critic", metrics)))
             distributed.sync_policy(self.train_critic, self.critic)
 
     def update_actor(self, ctx: StepContext, metrics: dict) -> None:
@@ -539,7 +545,7 @@ class Trainer:
                 ppo_epochs=actor_cfg.ppo_epochs, mini_batch_size=self.actor_mini_rows(),
                 micro_batch_size=actor_cfg.ppo_micro_batch_size, max_grad_norm=actor_cfg.max_grad_norm,
                 shuffle=actor_cfg.shuffle, seed=cfg.trainer.seed * 100_003 + ctx.step,
-                scheduler=self.scheduler, on_grads=self._on_grads(ctx, "actor", metrics),
+                scheduler=self.scheduler, **self._grad_hooks(ctx, "actor", metrics),
                 tap=self.hooks.update_tap(ctx) if ctx.one_pass_update else None))
             distributed.sync_policy(self.train_actor, self.actor)  # FSDP2: the rollout replica gets the new weights
 

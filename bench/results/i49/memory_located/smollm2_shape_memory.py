@@ -7,7 +7,9 @@ bench/always_on_cost.py --memory reads it) at 4 groups x 8 samples of 60 prompt 
 
 ``all``: entropy and KL terms in the loss. Parts: a plain update (forward + backward); the per-sample pass (the
 prompt-group pass of every term, the per-row norms and the buckets); neuron health's 32-row nullspace sample where
-rlgrad runs it, at the update's gradient (``on_grads``: the gradient, one fp32 model copy, is alive), and alone.
+rlgrad ran it before, at the update's gradient (``on_grads``: the gradient, one fp32 model copy, is alive), alone,
+and where rlgrad's trainer runs it now: before the mini-batch's forward (``before_grads``: no gradient held), the
+gradient scores at ``on_grads`` (the last line also checks that both give the same Gram, bitwise).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from per_sample_cost import peak_mb  # noqa: E402
 
 from rlgrad.algos.aggregation import Denominators  # noqa: E402
 from rlgrad.algos.objective import ActorLoss, LossSettings, actor_objective  # noqa: E402
-from rlgrad.analysis.neurons import measure  # noqa: E402
+from rlgrad.analysis.neurons import measure, take_sample  # noqa: E402
 from rlgrad.analysis.per_sample import analyse_per_sample  # noqa: E402
 from rlgrad.config.analysis import NeuronHealthConfig  # noqa: E402
 
@@ -43,6 +45,16 @@ def main() -> None:
             measure(model, batch, NeuronHealthConfig(), role="actor", seed=0, step=1, loss_fn=ActorLoss(s))
         model.zero_grad(set_to_none=True)
 
+    grams = {}
+
+    def update_sample_first() -> None:  # as rlgrad's trainer runs it: the sample at before_grads, then the update
+        model.zero_grad(set_to_none=True)
+        got = take_sample(model, batch, NeuronHealthConfig(), role="actor", seed=0, step=1, loss_fn=ActorLoss(s))
+        actor_objective(model, batch, s, Denominators.of(batch)).total(s).backward()
+        grams["before_grads"] = measure(model, batch, NeuronHealthConfig(), role="actor", seed=0, step=1,
+                                        sampled=got).gram
+        model.zero_grad(set_to_none=True)
+
     def sample_alone() -> None:
         measure(model, batch, NeuronHealthConfig(), role="actor", seed=0, step=1, loss_fn=ActorLoss(s))
 
@@ -56,6 +68,14 @@ def main() -> None:
           f" per-sample pass ({terms}) peak +{peak_mb(per_sample, cpu):.0f} MB")
     print(f"update + sample at on_grads peak +{peak_mb(lambda: update(sample=True), cpu):.0f} MB; "
           f"sample alone (no grads) +{peak_mb(sample_alone, cpu):.0f} MB")
+    model.zero_grad(set_to_none=True)
+    actor_objective(model, batch, s, Denominators.of(batch)).total(s).backward()
+    grams["on_grads"] = measure(model, batch, NeuronHealthConfig(), role="actor", seed=0, step=1,
+                                loss_fn=ActorLoss(s)).gram
+    model.zero_grad(set_to_none=True)
+    print(f"sample at before_grads, then update + gradient scores at on_grads peak "
+          f"+{peak_mb(update_sample_first, cpu):.0f} MB; the same Gram as at on_grads (bitwise): "
+          f"{torch.equal(grams['before_grads'], grams['on_grads'])}")
 
 
 if __name__ == "__main__":
