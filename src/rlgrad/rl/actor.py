@@ -88,27 +88,11 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, names: 
             mini = batch.select(rows)
             # Where each row sits in the mini-batch one process would hold: ranks interleave when shuffled.
             mini.global_index = torch.nonzero(held).squeeze(-1).to(mini.input_ids.device)
-            den = Denominators.global_of(mini)
-            n_micro = max(int(all_reduce_max(torch.tensor(-(-len(mini) // micro_batch_size)))), 1)
             optimizer.zero_grad(set_to_none=True)
             if before_grads is not None:
                 before_grads(model, mini)
-            stats: dict[str, float] = {}
-            for k in range(n_micro):
-                start = k * micro_batch_size
-                mb = (mini.select(torch.arange(start, min(start + micro_batch_size, len(mini)))) if start < len(mini)
-                      # this rank is out of rows: a zero-loss pass keeps the collectives in step
-                      else batch.blank_rows(1))
-                tapped = tap.around(model, mb, rows[start:start + len(mb)]) if untapped else nullcontext()
-                untapped = False
-                with grad_sync(model, k == n_micro - 1), tapped as tap_backward:
-                    loss, shares = micro_loss(model, mb, den)
-                    if tap_backward is None:
-                        loss.backward()
-                    else:  # the tap forms the weight gradients itself (``hooks.UpdateTap``)
-                        tap_backward(loss)
-                for key, v in shares.items():
-                    stats[key] = stats.get(key, 0.0) + v
+            stats = _accumulate(model, batch, mini, rows, micro_loss, micro_batch_size, tap if untapped else None)
+            untapped = False
             keys = sorted(stats)  # the same keys on every rank: the loss function's, in a fixed order
             stats = dict(zip(keys, all_reduce_sum(
                 torch.tensor([stats[k] for k in keys], dtype=torch.float64)).tolist()))
@@ -132,6 +116,31 @@ def ppo_update(model, optimizer, batch: Batch, micro_loss: MicroLoss, *, names: 
     out[names.lr] = optimizer.param_groups[0]["lr"]
     out[names.nonfinite] = float(skipped)
     return out
+
+
+def _accumulate(model, batch: Batch, mini: Batch, rows: torch.Tensor, micro_loss: MicroLoss, micro_batch_size: int,
+                tap: UpdateTap | None) -> dict[str, float]:
+    """One mini-batch's gradient, accumulated a micro-batch at a time against the whole mini-batch's denominators
+    (reduced over ranks on the last one only); ``tap`` wraps the first micro-batch and runs its backward where it
+    yields one. Returns the loss's stats summed over the micro-batches, this rank's."""
+    den = Denominators.global_of(mini)
+    n_micro = max(int(all_reduce_max(torch.tensor(-(-len(mini) // micro_batch_size)))), 1)
+    stats: dict[str, float] = {}
+    for k in range(n_micro):
+        start = k * micro_batch_size
+        mb = (mini.select(torch.arange(start, min(start + micro_batch_size, len(mini)))) if start < len(mini)
+              # this rank is out of rows: a zero-loss pass keeps the collectives in step
+              else batch.blank_rows(1))
+        tapped = tap.around(model, mb, rows[start:start + len(mb)]) if tap is not None and k == 0 else nullcontext()
+        with grad_sync(model, k == n_micro - 1), tapped as tap_backward:
+            loss, shares = micro_loss(model, mb, den)
+            if tap_backward is None:
+                loss.backward()
+            else:  # the tap forms the weight gradients itself (``hooks.UpdateTap``)
+                tap_backward(loss)
+        for key, v in shares.items():
+            stats[key] = stats.get(key, 0.0) + v
+    return stats
 
 
 def actor_micro_loss(s: LossSettings, seen: Callable[[ActorTerms], None] | None = None) -> MicroLoss:
