@@ -193,3 +193,29 @@ def test_a_model_under_reentrant_activation_checkpointing_still_updates_when_the
     model.gradient_checkpointing_enable({"use_reentrant": True})
     got, _ = _update(model, batch, tmp_path, ride=True)
     _check(want[0], got[0], 2e-6)
+
+
+def test_no_fast_engine_reducer_outlives_its_pass(monkeypatch):
+    """The fast engine's own passes (``engine.slice_gradients``: the bucket and component analyses) leave no
+    ``_SliceReducer`` alive either: its hooked outputs' graph edges would keep it and the graph's nodes."""
+    from rlgrad.algos.objective import ActorLoss
+    from rlgrad.analysis import engine
+    from tests.helpers.batches import SETTINGS, make_batch
+
+    made: list[weakref.ref] = []
+    real_init = engine._SliceReducer.__init__
+
+    def init(self, *args, **kwargs):
+        made.append(weakref.ref(self))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine._SliceReducer, "__init__", init)
+    model, tok = tiny_model_and_tokenizer()
+    batch = make_batch(model, tok)
+    weights = torch.zeros(2, len(batch))
+    weights[0, :8], weights[1, 8:] = 1.0, 1.0
+    stats = engine.slice_gradients("fast", model, batch, ActorLoss(SETTINGS[0]), weights, ["a", "b"])
+    assert stats.gram
+    del stats
+    gc.collect()
+    assert made and [r() for r in made] == [None] * len(made)
