@@ -183,10 +183,10 @@ def test_no_prompt_group_reducer_outlives_its_step(tmp_path, monkeypatch, ride):
 
 
 def test_a_model_under_reentrant_activation_checkpointing_still_updates_when_the_instruments_ride(tmp_path):
-    """``UpdatePass.backward`` keeps "a gradient autograd formed after all (a reentrant checkpoint's inner
-    backward)", but a reentrant ``torch.utils.checkpoint`` refuses a backward given ``inputs``: riding on
-    ``update_actor`` of such a model (a custom loop; TRL's ride reads TRL's own backward) must not fail the update,
-    which it did not before the backward went to the hooked outputs only (c67d4e6: ``loss.backward()``)."""
+    """A reentrant ``torch.utils.checkpoint`` refuses a backward given ``inputs``: riding on ``update_actor`` of such a
+    model (a custom loop; TRL's ride reads TRL's own backward) must not fail the update, as it did not before the
+    backward went to the hooked outputs only (c67d4e6: ``loss.backward()``). The reducer sees the checkpoint's first
+    forward run without autograd (``ungraded``) and autograd's own backward runs: the gradient is autograd's."""
     model, tok = tiny_model_and_tokenizer()
     batch = component_batch(model, tok, seed=1)
     want, _ = _update(copy.deepcopy(model), batch, tmp_path, ride=False)

@@ -122,6 +122,9 @@ class _SliceReducer:
     """Accumulates per-slice parameter gradients from module hooks during one backward."""
 
     retains = False  # the backward under way retains the graph for another (``run_terms``: each term but the last)
+    # A watched module ran without autograd in this forward (a reentrant activation checkpoint's first forward): its
+    # backward is a backward of its own, which a backward to ``edges`` cannot run (torch.utils.checkpoint refuses it)
+    ungraded = False
 
     def __init__(self, model: nn.Module, weights: torch.Tensor, watch: bool = True, leaf_embeddings: bool = True):
         """``watch=False``: no module hooks of its own; another reducer's hooks feed it (``side``).
@@ -227,6 +230,7 @@ class _SliceReducer:
         def fwd(module, inputs, output):
             if self._recomputed(module):
                 return output
+            self.ungraded |= not torch.is_grad_enabled()
             x = inputs[0].detach() if prep is None else prep(module, inputs[0].detach())
             if isinstance(module, nn.Embedding) and self.leaf_embeddings:
                 # The input embedding: the leaf the backward stops at. Token ids carry no gradient, so its output
@@ -485,8 +489,10 @@ class _SliceReducer:
                                                  lambda gg, xx: gg.float().sum(1)))
 
     def close(self) -> None:
+        """Removes the hooks; drops the graph's edges, which hold its nodes and, through their hooks, this reducer."""
         for h in self.handles:
             h.remove()
+        self.forward_modules.clear()
 
 
 def _gram_f64(flat: torch.Tensor, chunk: int = 8192) -> torch.Tensor:

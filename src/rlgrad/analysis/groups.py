@@ -396,7 +396,11 @@ class UpdatePass:
         outputs only (``_SliceReducer.edges``), so autograd forms no parameter gradient, and every parameter's
         gradient is the sum of the group gradients the hooks form anyway (``RowNormReducer.sum_groups``): the
         update's gradient up to float32 rounding (summed group by group, not in one product), for one weight
-        gradient less. A gradient autograd formed after all (a reentrant checkpoint's inner backward) is kept."""
+        gradient less. Under a reentrant activation checkpoint (``ungraded``) autograd's own backward runs, which the
+        hooks read as they read TRL's."""
+        if reducer.ungraded:
+            loss.backward()
+            return
         reducer.sum_groups(model)
         torch.autograd.backward(loss, inputs=reducer.edges)
         for p in model.parameters():
