@@ -189,60 +189,6 @@ def test_the_pass_riding_on_the_update_gives_its_own_numbers_and_the_updates_gra
         torch.testing.assert_close(grads[True][name], g, rtol=0, atol=2e-6 * float(g.abs().max()), msg=name)
 
 
-def _update_grads(model, batch, tmp_path, ride: bool) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """The gradient of one update of ``batch`` in one micro-batch (``on_grads``), the per-sample norms riding on it or
-    not, and the parameters whose gradient autograd accumulated."""
-    from rlgrad.hooks import HookRunner
-    from rlgrad.rl.actor import update_actor
-
-    s = LossSettings()
-    cfg = load_config(overrides=["analysis.per_sample.every=1"])
-    runner = HookRunner(hooks_from_config(cfg))
-    ctx = StepContext(step=1, batch=batch, actor=model, optimizer=None, loss_settings=s, config=cfg,
-                      run_dir=tmp_path / str(ride), reward_weights=WEIGHTS, one_pass_update=ride)
-    runner.before_update(ctx)
-    tap = runner.update_tap(ctx)
-    assert (tap is not None) == ride
-    accumulated, grads = [], {}
-    handles = [p.register_post_accumulate_grad_hook(lambda p, name=name: accumulated.append(name))
-               for name, p in model.named_parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-    update_actor(model, optimizer, batch, s, ppo_epochs=1, mini_batch_size=len(batch), micro_batch_size=len(batch),
-                 max_grad_norm=1e9, shuffle=True, seed=0, tap=tap, on_grads=lambda m, mini: grads.update(
-                     {n: p.grad.clone() for n, p in m.named_parameters() if p.requires_grad}))
-    for handle in handles:
-        handle.remove()
-    if ride:
-        assert runner.after_update(ctx).metrics["grad_norm_sample/all/task"] > 0
-    return grads, accumulated
-
-
-@pytest.mark.parametrize("variant", ["tied head by blocks", "lora"])
-def test_the_updates_gradient_riding_is_the_sum_of_the_group_gradients_for_a_tied_head_and_lora(tmp_path, monkeypatch,
-                                                                                                 variant):
-    """The update's gradient where the pass rides (``UpdatePass.backward``) on a tied embedding and LM head whose group
-    gradients come in pieces (the rows at the batch's tokens, the head's other rows by blocks) and on PEFT LoRA
-    adapters (frozen base, the adapters' Linears alone hooked): autograd's, to float32 rounding, with no parameter
-    gradient accumulated by autograd. Dropping a piece (a block, the tokens' rows) fails it."""
-    from rlgrad.analysis import rows
-    from tests.helpers.batches import tiny_model_and_tokenizer
-
-    model, tok = tiny_model_and_tokenizer()
-    if variant == "lora":
-        from tests.helpers.lora import lora_model
-        model = lora_model(model)
-    else:
-        tied = model.get_input_embeddings().weight
-        assert model.get_output_embeddings().weight is tied
-        monkeypatch.setattr(rows, "BLOCK_ELEMENTS", 4 * 8 * tied.shape[1])  # the head's other rows 8 at a time
-    b = component_batch(model, tok, seed=1)
-    want, by_autograd = _update_grads(model, b, tmp_path, ride=False)
-    got, none = _update_grads(model, b, tmp_path, ride=True)
-    assert not none and sorted(by_autograd) == sorted(want) == sorted(got)
-    for name, g in want.items():
-        torch.testing.assert_close(got[name], g, rtol=0, atol=2e-6 * float(g.abs().max()), msg=name)
-
-
 def test_the_pass_does_not_ride_on_an_update_whose_loss_has_other_terms():
     from rlgrad.algos.objective import ActorLoss
     from rlgrad.analysis.groups import rides_on_update

@@ -1,8 +1,8 @@
 """The update's gradient where the instruments ride on it (``groups.UpdatePass.backward``: a backward to the hooked
 modules' outputs only, each parameter's gradient the sum of its prompt-group gradients) against plain autograd on the
-same update, on the model shapes the common tests leave out: an untied LM head (whole and by blocks), a frozen
-embedding, parameters that get no gradient, a bfloat16 model, two PPO epochs; and that nothing the ride builds
-outlives its step. (Tied heads, LoRA, the aggregation modes and shuffling: test_groups.py.)"""
+same update: a tied LM head formed in pieces, LoRA, an untied LM head (whole and by blocks), a frozen embedding,
+parameters that get no gradient, a bfloat16 model, two PPO epochs, a reentrant activation checkpoint; and that
+nothing the ride builds outlives its step. (The aggregation modes and shuffling: test_groups.py.)"""
 
 from __future__ import annotations
 
@@ -89,17 +89,27 @@ def _check(want: dict, got: dict, atol_of_max: float) -> None:
                                        atol=atol_of_max * float(g.float().abs().max()) + 1e-30, msg=name)
 
 
-@pytest.mark.parametrize("variant", ["untied", "untied by blocks", "frozen embedding", "no gradient"])
-def test_the_riding_gradient_is_autograds_on_other_model_shapes(tmp_path, monkeypatch, variant):
-    """Untied head (the LM head and the embedding each their own parameter; by blocks: the head's and the
-    embedding's group gradients formed a few rows at a time, each block put at its rows), a frozen input embedding
-    with a trainable head, and parameters that get no gradient (left None, not zero: a zero gradient would move
-    them under AdamW's weight decay): autograd's gradient to float32 rounding, none accumulated by autograd."""
+def _lora() -> tuple[nn.Module, object]:
+    from tests.helpers.lora import lora_model
+
+    model, tok = tiny_model_and_tokenizer()
+    return lora_model(model), tok
+
+
+@pytest.mark.parametrize("variant", ["tied by blocks", "lora", "untied", "untied by blocks", "frozen embedding",
+                                     "no gradient"])
+def test_the_riding_gradient_is_autograds_on_every_model_shape(tmp_path, monkeypatch, variant):
+    """A tied embedding and LM head whose group gradients come in pieces (the rows at the batch's tokens, the head's
+    other rows by blocks: dropping either piece fails it), PEFT LoRA adapters (frozen base, the adapters' Linears
+    alone hooked), an untied head (the LM head and the embedding each their own parameter; by blocks: each block put
+    at its rows), a frozen input embedding with a trainable head, and parameters that get no gradient (left None,
+    not zero: a zero gradient would move them under AdamW's weight decay): autograd's gradient to float32 rounding,
+    none accumulated by autograd."""
     from rlgrad.analysis import rows
 
-    make = {"untied": _untied, "untied by blocks": _untied, "frozen embedding": _frozen_embedding,
-            "no gradient": _no_gradient}[variant]
-    if variant == "untied by blocks":
+    make = {"tied by blocks": tiny_model_and_tokenizer, "lora": _lora, "untied": _untied,
+            "untied by blocks": _untied, "frozen embedding": _frozen_embedding, "no gradient": _no_gradient}[variant]
+    if variant.endswith("by blocks"):
         monkeypatch.setattr(rows, "BLOCK_ELEMENTS", 4 * 8 * 32)  # 8 rows of the head / the embedding at a time
     model, tok = make()
     batch = component_batch(model, tok, seed=1)
