@@ -154,6 +154,19 @@ def test_a_bfloat16_model_rides_with_a_gradient_as_near_the_exact_one_as_autogra
     assert 0 < error(got[0]) <= 1.1 * error(want[0]) < 1e-2  # measured: 5.1e-3 against 5.6e-3
 
 
+def _made(monkeypatch, cls: type) -> list[weakref.ref]:
+    """Weak references to every ``cls`` made from now on (its ``__init__`` wrapped for the test)."""
+    made: list[weakref.ref] = []
+    real_init = cls.__init__
+
+    def init(self, *args, **kwargs):
+        made.append(weakref.ref(self))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "__init__", init)
+    return made
+
+
 @pytest.mark.parametrize("ride", [False, True])
 def test_no_prompt_group_reducer_outlives_its_step(tmp_path, monkeypatch, ride):
     """After the update and the instruments' after_update, the step's ``RowNormReducer`` (riding on the update, or
@@ -162,14 +175,7 @@ def test_no_prompt_group_reducer_outlives_its_step(tmp_path, monkeypatch, ride):
     from rlgrad.analysis import rows
     from rlgrad.rl.actor import update_actor
 
-    made: list[weakref.ref] = []
-    real_init = rows.RowNormReducer.__init__
-
-    def init(self, *args, **kwargs):
-        made.append(weakref.ref(self))
-        real_init(self, *args, **kwargs)
-
-    monkeypatch.setattr(rows.RowNormReducer, "__init__", init)
+    made = _made(monkeypatch, rows.RowNormReducer)
     model, tok = tiny_model_and_tokenizer()
     batch = component_batch(model, tok, seed=1)
     s = LossSettings()
@@ -212,14 +218,7 @@ def test_no_fast_engine_reducer_outlives_its_pass(monkeypatch):
     from rlgrad.analysis import engine
     from tests.helpers.batches import SETTINGS, make_batch
 
-    made: list[weakref.ref] = []
-    real_init = engine._SliceReducer.__init__
-
-    def init(self, *args, **kwargs):
-        made.append(weakref.ref(self))
-        real_init(self, *args, **kwargs)
-
-    monkeypatch.setattr(engine._SliceReducer, "__init__", init)
+    made = _made(monkeypatch, engine._SliceReducer)
     model, tok = tiny_model_and_tokenizer()
     batch = make_batch(model, tok)
     weights = torch.zeros(2, len(batch))

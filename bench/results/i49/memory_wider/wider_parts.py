@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -81,19 +82,19 @@ class Parts:
     def after(self) -> None:
         self.tr.hooks.after_update(self.kept.pop())
 
-    def fixed_step_plain(self) -> None:  # a whole step on the one batch: rollouts differ from step to step
+    def _on_the_batch(self, step: Callable[[], None]) -> None:
+        """A whole step on the one batch: rollouts differ from step to step."""
         self.tr.collect = lambda step, metrics: self.collected
         try:
-            self.step_plain()
+            step()
         finally:
             del self.tr.collect
 
+    def fixed_step_plain(self) -> None:
+        self._on_the_batch(self.step_plain)
+
     def fixed_step_ride(self) -> None:
-        self.tr.collect = lambda step, metrics: self.collected
-        try:
-            self.step_ride()
-        finally:
-            del self.tr.collect
+        self._on_the_batch(self.step_ride)
 
     def step_plain(self) -> None:
         self.tr.hooks = self.off
