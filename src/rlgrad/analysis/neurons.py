@@ -322,10 +322,14 @@ class NeuronHealthHook(InstrumentHook):
             return  # not due, or a later mini-batch of the step
         timing: dict[str, float] = {}
         with self.timed(timing, role=role):
-            replica = getattr(ctx, role, None) if _is_sharded(model) else model
-            got = take_sample(model, minibatch, self._role(role), role=role, seed=self.seed, step=ctx.step,
-                              loss_fn=self.loss_fn(ctx, role), method=self.method, replica=replica)
+            got = self._sample(ctx, model, minibatch, role)
         self.taken[role] = (ctx.step, got, sum(timing.values()))
+
+    def _sample(self, ctx: StepContext, model: nn.Module, minibatch: Batch, role: str) -> Sampled | None:
+        """The sequence sample of ``minibatch`` at the current weights (FSDP2: its pass on the role's replica)."""
+        replica = getattr(ctx, role, None) if _is_sharded(model) else model
+        return take_sample(model, minibatch, self._role(role), role=role, seed=self.seed, step=ctx.step,
+                           loss_fn=self.loss_fn(ctx, role), method=self.method, replica=replica)
 
     def on_grads(self, ctx: StepContext, model: nn.Module, minibatch: Batch, role: str = "actor"):
         metric, reset, sample = self._due(ctx, role)
@@ -340,10 +344,10 @@ class NeuronHealthHook(InstrumentHook):
             sampled, before = None, 0.0
         timing: dict[str, float] = {}
         with self.timed(timing, role=role):
-            replica = getattr(ctx, role, None) if _is_sharded(model) else model
+            if sample and step != ctx.step:
+                sampled = self._sample(ctx, model, minibatch, role)
             rep = measure(model, minibatch, self._role(role), role=role, seed=self.seed, step=ctx.step,
-                          loss_fn=self.loss_fn(ctx, role) if sample and step != ctx.step else None,
-                          method=self.method, replica=replica, sampled=sampled)
+                          sampled=sampled)
             self.pending[role] = (ctx.step, rep)
         return {**rep.metrics(), **{k: v + before for k, v in timing.items()}}
 
