@@ -183,13 +183,15 @@ class RowNormReducer(_SliceReducer):
         if self.sums is None:
             return
         summed = per_group.sum(0)
-        if at is None:  # the whole parameter, in one piece
-            self.sums[k] = summed
-            return
         total = self.sums.get(k)
+        if at is None and total is None:  # the whole parameter, its first piece (a tied head's comes before its rows
+            self.sums[k] = summed         # at the tokens: the embedding's backward is the last)
+            return
         if total is None:
             total = self.sums[k] = torch.zeros(self.shapes[k], dtype=torch.float32, device=per_group.device)
-        if isinstance(at, tuple):
+        if at is None:
+            total.add_(summed)
+        elif isinstance(at, tuple):
             total.narrow(0, *at).add_(summed)
         else:
             total.index_add_(0, at.to(total.device), summed)
