@@ -110,6 +110,11 @@ class UpdateTap(Protocol):
 
     def around(self, model: torch.nn.Module, mb: Batch, rows: torch.Tensor) -> AbstractContextManager: ...
 
+    def arrange(self, rows: torch.Tensor) -> torch.Tensor:
+        """The order (positions in ``rows``) the tap reads the first micro-batch's rows fastest in; a loop whose loss is
+        a sum over rows may run them so (rlgrad's trainer does; TRL keeps its own order)."""
+        ...
+
     def seen(self, terms: Any) -> None: ...
 
 

@@ -127,17 +127,21 @@ def test_the_pass_is_shared_where_a_tied_weight_times_the_groups_is_large_withou
         assert got[k] == pytest.approx(alone[k], rel=1e-5, abs=1e-12), k
 
 
-@pytest.mark.parametrize("shuffle, mode", [(False, "token-mean"), (True, "token-mean"), (True, "token-sum"),
-                                           (True, "seq-mean-token-sum"), (True, "seq-mean-token-mean"),
-                                           (True, "seq-mean-token-sum-norm")])
-def test_the_pass_riding_on_the_update_gives_its_own_numbers_and_the_updates_gradient(tmp_path, shuffle, mode):
+@pytest.mark.parametrize("shuffle, mode, arranged", [
+    (False, "token-mean", True), (True, "token-mean", True), (True, "token-mean", False), (True, "token-sum", True),
+    (True, "seq-mean-token-sum", True), (True, "seq-mean-token-mean", False), (True, "seq-mean-token-sum-norm", True)])
+def test_the_pass_riding_on_the_update_gives_its_own_numbers_and_the_updates_gradient(tmp_path, monkeypatch, shuffle,
+                                                                                       mode, arranged):
     """``StepContext.one_pass_update`` with the task term alone: the instruments wait (``Deferred``), the prompt-group
     pass rides on the update's own forward and backward (no forward of their own), and after the update they give
     the numbers the pass before the update gives; the update's gradient, the sum of the group gradients the hooks
     formed (autograd formed none: no parameter's gradient was accumulated by it), is autograd's up to float32
     rounding. (Not the updated weights to that: AdamW's first step moves a weight whose gradient is zero but for
     rounding, a key projection's bias, by up to the learning rate, whichever rounding it gets.) Shuffled: the
-    update's rows arrive out of group order (the reducer gathers them back)."""
+    update's rows arrive out of group order: the update runs them by group (``UpdatePass.arrange``), so the reducer
+    gathers nothing; not ``arranged`` (as TRL runs them), the reducer gathers them back."""
+    from rlgrad.analysis import groups as groups_module
+    from rlgrad.analysis.rows import RowNormReducer
     from rlgrad.config.model import ModelConfig, TinyModelConfig
     from rlgrad.hooks import HookRunner
     from rlgrad.models import build_char_tokenizer, build_tiny_model
@@ -150,6 +154,15 @@ def test_the_pass_riding_on_the_update_gives_its_own_numbers_and_the_updates_gra
     s = LossSettings(loss_agg_mode=mode, horizon=8)  # the task term alone
     cfg = load_config(overrides=["analysis.buckets.every=1", "analysis.components.every=1",
                                  "analysis.per_sample.every=1", "analysis.buckets.num_buckets=2"])
+    if not arranged:
+        monkeypatch.setattr(groups_module.UpdatePass, "arrange", lambda self, rows: torch.arange(len(rows)))
+    reducers = []
+
+    def recorded(*args, **kwargs) -> RowNormReducer:
+        reducers.append(RowNormReducer(*args, **kwargs))
+        return reducers[-1]
+
+    monkeypatch.setattr(groups_module, "RowNormReducer", recorded)
     measured, forwards, grads, accumulated = {}, {}, {}, {}
     for one_pass in (False, True):
         model = build_tiny_model(ModelConfig(tiny=tiny), tok, seed=5)
@@ -175,6 +188,7 @@ def test_the_pass_riding_on_the_update_gives_its_own_numbers_and_the_updates_gra
         measured[one_pass] = {**before, **runner.after_update(ctx).metrics}
         forwards[one_pass] = len(calls)
     assert forwards == {False: 2, True: 1}  # the shared pass's forward and the update's; the update's alone
+    assert reducers[-1].tiled and (reducers[-1].gather is None) == (arranged or not shuffle)
     keys = [k for k in measured[False] if not k.startswith("timing_s/")]
     assert set(keys) == {k for k in measured[True] if not k.startswith("timing_s/")}
     assert any(k.startswith("grad_comp/") for k in keys) and any(k.startswith("grad_norm_sample/") for k in keys)

@@ -278,6 +278,7 @@ class SharedPass:
         self.kept: tuple[int, int, GroupPass] | None = None
         self.planned: UpdatePass | None = None
         self.dropped: int | None = None  # a step whose update will not run (``drop``)
+        self.ride_known: tuple[StepContext, bool] | None = None  # ``rides_on_update`` for a step: a walk of the model
 
     def serves(self, step: int, user: str, one_pass: bool = False) -> bool:
         """Whether ``user``'s measurement at ``step`` goes through the shared pass: it and another user are due, or
@@ -315,8 +316,11 @@ class SharedPass:
     def rides(self, ctx: StepContext) -> bool:
         """Whether this step's pass can ride on its update: a one-pass update (``StepContext.one_pass_update``) whose
         loss is the task term alone (``rides_on_update``), and not dropped (``drop``)."""
-        return (ctx.one_pass_update and self.dropped != ctx.step
-                and rides_on_update(ctx.actor, ctx.actor_loss(), self.proxy))
+        if not ctx.one_pass_update or self.dropped == ctx.step:
+            return False
+        if self.ride_known is None or self.ride_known[0] is not ctx:  # asked by every user, before and after
+            self.ride_known = (ctx, rides_on_update(ctx.actor, ctx.actor_loss(), self.proxy))
+        return self.ride_known[1]
 
     def drop(self, step: int) -> None:
         """No update will run at ``step``: its plan is dropped, and the users take a pass of their own before it."""
@@ -355,6 +359,12 @@ class UpdatePass:
     def seen(self, terms: Any) -> None:
         if self.active and self.terms is None:
             self.terms = terms
+
+    def arrange(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` by prompt group (stably): the reducer then reads each group's rows as one contiguous block
+        (``_SliceReducer.tiled``), with no gather of every hooked module's input and output gradient."""
+        group_of = torch.searchsorted(torch.unique(self.batch.group_ids.cpu()), self.batch.group_ids.cpu())
+        return torch.sort(group_of[rows.cpu()], stable=True).indices.to(rows.device)
 
     @contextmanager
     def around(self, model: nn.Module, mb: Batch, rows: torch.Tensor) -> Iterator[Callable[[torch.Tensor], None]]:

@@ -131,7 +131,13 @@ def _accumulate(model, batch: Batch, mini: Batch, rows: torch.Tensor, micro_loss
         mb = (mini.select(torch.arange(start, min(start + micro_batch_size, len(mini)))) if start < len(mini)
               # this rank is out of rows: a zero-loss pass keeps the collectives in step
               else batch.blank_rows(1))
-        tapped = tap.around(model, mb, rows[start:start + len(mb)]) if tap is not None and k == 0 else nullcontext()
+        tapped = nullcontext()
+        if tap is not None and k == 0:
+            mb_rows = rows[start:start + len(mb)]
+            if len(mb_rows) == len(mb):  # (the loss sums over rows: their order moves only its float32 rounding)
+                order = tap.arrange(mb_rows)
+                mb, mb_rows = mb.select(order), mb_rows[order]
+            tapped = tap.around(model, mb, mb_rows)
         with grad_sync(model, k == n_micro - 1), tapped as tap_backward:
             loss, shares = micro_loss(model, mb, den)
             if tap_backward is None:
