@@ -278,13 +278,50 @@ def test_a_side_of_one_weight_per_group_is_read_off_the_groups_gram():
     assert gram[2, 2] == pytest.approx(float((a + b) @ K @ (a + b)))
 
 
+def test_a_side_whose_weights_add_up_to_the_updates_reduces_one_slice_less():
+    """``Side.split``: components whose weights add up to one number on the carrying rows (shared_std: their
+    advantages add up to the update's) are the groups' sum T and all but one of them; the mix rebuilds every slice's
+    weights; the Grams come from the joint Gram of T and the basis slices. Weights that do not add up so, or carrying
+    rows not known, leave every slice to the backward (None)."""
+    from rlgrad.analysis.groups import Side
+
+    inverse = torch.tensor([0, 0, 1, 1, 2, 2])
+    carrying = torch.tensor([True, True, True, True, True, False])
+    a = torch.tensor([0.2, 0.7, -1.5, 0.25, 0.1, 9.0])
+    weights = torch.stack([a, 0.5 - a])  # each row's weights add up to 0.5 (1/D)
+    side = Side(weights, ["a", "b"], {"total": {"a": 1.0, "b": 1.0}}, carrying=carrying)
+    split = side.split(inverse, 3)
+    assert torch.equal(split.basis, weights[:1])  # a is reduced, b is T/2 - a
+    rebuilt = split.mix @ torch.stack([torch.ones(6), a]).double()
+    torch.testing.assert_close(rebuilt[:, :5], weights.double()[:, :5])  # (the last row carries no gradient)
+    three = torch.stack([a, 2 * a, 0.5 - 3 * a])  # the second a multiple of the first: still one basis slice
+    assert len(Side(three, ["a", "b", "c"], {}, carrying=carrying).split(inverse, 3).basis) == 1
+    assert Side(weights, ["a", "b"], {}).split(inverse, 3) is None  # carrying rows not known
+    off = weights.clone()
+    off[1, 2] += 1e-3
+    assert Side(off, ["a", "b"], {}, carrying=carrying).split(inverse, 3) is None  # they no longer add up
+    # one row off by 3x the tolerance among 40: within it in norm (the greedy choice), not row by row (the check)
+    many = torch.rand(40, generator=torch.Generator().manual_seed(0))
+    close = torch.stack([many, 0.5 - many])
+    close[1, 7] += 3e-5 * float(close[:, 7].abs().max())
+    assert Side(close, ["a", "b"], {}, carrying=torch.ones(40, dtype=torch.bool)).split(
+        torch.arange(40) // 4, 10) is None
+    # the Grams: A M J Mᵀ Aᵀ with M = mix, J the Gram of T and the basis slice
+    J = torch.tensor([[4.0, 1.0], [1.0, 3.0]], dtype=torch.float64)
+    gram = side.grams_from_groups(split.mix, {"layer_0": J}).gram["task"]["layer_0"]
+    assert gram[0, 0] == pytest.approx(3.0) and gram[2, 2] == pytest.approx(0.25 * 4.0)
+    assert gram[1, 1] == pytest.approx(0.25 * 4.0 - 2 * 0.5 * 1.0 + 3.0)
+
+
+@pytest.mark.parametrize("varying, basis", [("one", 0), ("two", 1), ("three", 2)])
 @pytest.mark.parametrize("one_pass", [False, True])
-def test_one_varying_reward_component_is_measured_from_the_groups_gram_and_matches_plain_autograd(tmp_path, monkeypatch,
-                                                                                                 one_pass):
+def test_reward_components_measured_from_the_groups_match_plain_autograd(tmp_path, monkeypatch, one_pass, varying,
+                                                                        basis):
     """One reward component varies (the others weigh 0): its advantage is the update's, so its weight on the task
     rows is one number everywhere and the shared pass (before the update, or riding on it) reduces no side slice
-    on the backward; the components' numbers equal the reference engine's (a plain autograd backward per
-    component)."""
+    on the backward. Two or three vary: their weights add up to the update's, so one of them is the groups' sum less
+    the others (``Side.split``), one slice fewer reduced. Either way the components' numbers equal the reference
+    engine's (a plain autograd backward per component)."""
     from rlgrad.algos.advantages import group_reward_std
     from rlgrad.algos.component_advantages import outcome_advantages
     from rlgrad.config.model import ModelConfig, TinyModelConfig
@@ -296,9 +333,12 @@ def test_one_varying_reward_component_is_measured_from_the_groups_gram_and_match
     tiny = TinyModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                            intermediate_size=48)
     b = component_batch(build_tiny_model(ModelConfig(tiny=tiny), tok, seed=5), tok, seed=1)
-    one = {"correctness": 0.9, "format": 0.0, "length": 0.0}
+    one = {"one": {"correctness": 0.9, "format": 0.0, "length": 0.0},
+           "two": {"correctness": 0.9, "format": 0.1, "length": 0.0}, "three": WEIGHTS}[varying]
     b.components["correctness"][:4] = 1.0  # group 0 always right: no gradient there
-    b.scores = 0.9 * b.components["correctness"]
+    b.components["format"][:4] = 0.5
+    b.components["length"][:4] = 0.5
+    b.scores = sum(one[c] * v for c, v in b.components.items())
     b.reward_std = group_reward_std(b.scores, b.group_ids)
     b.advantages = outcome_advantages(b.scores, b.group_ids, "grpo", True)[:, None] * b.response_mask
     assert 0 < int((b.advantages.abs().sum(1) == 0).sum()) < len(b)  # some rows carry no gradient
@@ -307,8 +347,24 @@ def test_one_varying_reward_component_is_measured_from_the_groups_gram_and_match
                                  "analysis.per_sample.every=1", "analysis.buckets.num_buckets=2"])
     model = build_tiny_model(ModelConfig(tiny=tiny), tok, seed=5)
     ref = analyse_components(model, b, s, weights=one, method="reference").metrics
-    monkeypatch.setattr("rlgrad.analysis.rows.RowNormReducer.attach_side",
-                        lambda *a: pytest.fail("a side reduced on the backward"))
+    from rlgrad.analysis.rows import RowNormReducer
+
+    attached = []
+    real_basis, real_side = RowNormReducer.attach_basis, RowNormReducer.attach_side
+
+    def attach_basis(self, weights):
+        attached.append(len(weights))
+        monkeypatch.setattr(RowNormReducer, "attach_side", real_side)  # (attach_basis makes its side with it)
+        try:
+            return real_basis(self, weights)
+        finally:
+            monkeypatch.setattr(RowNormReducer, "attach_side", no_side)
+
+    def no_side(*args):
+        pytest.fail("the side reduced on the backward")
+
+    monkeypatch.setattr(RowNormReducer, "attach_side", no_side)
+    monkeypatch.setattr(RowNormReducer, "attach_basis", attach_basis)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     runner = HookRunner(hooks_from_config(cfg))
     ctx = StepContext(step=1, batch=b, actor=model, optimizer=optimizer, loss_settings=s, config=cfg,
@@ -319,6 +375,7 @@ def test_one_varying_reward_component_is_measured_from_the_groups_gram_and_match
     update_actor(model, optimizer, b, s, ppo_epochs=1, mini_batch_size=len(b), micro_batch_size=len(b),
                  max_grad_norm=1.0, shuffle=True, seed=0, tap=tap)
     got.update(runner.after_update(ctx).metrics)
+    assert attached == ([basis] if basis else [])
     measured = [k for k in ref if k.startswith(("grad_comp/", "grad_sim/"))]
     assert "grad_comp/correctness/norm" in measured and "grad_comp/total/norm" in measured
     for k in measured:

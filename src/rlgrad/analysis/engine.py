@@ -164,25 +164,7 @@ class _SliceReducer:
         self.folded = [c and fold for c in self.const]
         self.scale = torch.tensor([float(w[r[0]]) if f else 1.0 for w, r, f in zip(weights, self.rows, self.folded)],
                                   dtype=torch.float64)
-        # Such slices that tile the rows in order, all of one size (GRPO's prompt groups, buckets of equal
-        # groups): a module's slice gradients are its "per-row" reduction over [S, rows·tokens, ...], one batched
-        # call, not a loop of S small products (whose overhead exceeded the products at the embedded default's
-        # width).
-        size = N // S if S and N % S == 0 else 0
-
-        def tiles(ranges: list) -> bool:
-            return bool(size) and all(self.folded) and all(rng == (k * size, size) for k, rng in enumerate(ranges))
-
-        self.tiled = tiles(self.ranges)
-        # Rows that arrive shuffled (an update's shuffled mini-batch, ``groups.UpdatePass``) but tile in slice order:
-        # gathered into that order once per module, then the one batched call.
-        self.gather: torch.Tensor | None = None
-        self.slot_of_row: torch.Tensor | None = None
-        if not self.tiled and bool(size) and all(self.folded):
-            slot = nz.to(torch.int8).argmax(0)
-            order = torch.sort(slot, stable=True).indices
-            if tiles([_contiguous_range(torch.nonzero(w[order]).squeeze(-1)) for w in weights]):
-                self.tiled, self.gather, self.slot_of_row = True, order, slot
+        self._plan_tiles(weights)
         self.acc: dict[int, torch.Tensor] = {}
         self.names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
         # FSDP2 swaps a module's registered (sharded) parameter for an unsharded one around its forward and
@@ -195,6 +177,7 @@ class _SliceReducer:
         self.calls: dict[int, int] = {}
         self.remaining: dict[int, int] = {}
         self.block_elements: int | None = None  # streaming: form large parameters' slices by blocks (_blocks)
+        self.block_slices = S  # the slices a block is sized for (a basis side: the groups', so its pieces pair up)
         self.handles = []
         self.backward_started = False
         # The modules whose outputs were hooked, with those outputs' places in the graph (``edges``)
@@ -217,6 +200,27 @@ class _SliceReducer:
                 # x̂ formed in the backward from the input, which the norm's backward keeps anyway: one formed in the
                 # forward stayed alive beside it from then on (every norm's at once: the riding pass's extra peak)
                 self._watch(mod, self._norm, late=_norm_input)
+
+    def _plan_tiles(self, weights: torch.Tensor) -> None:
+        """Slices that tile the rows in order, all of one size (GRPO's prompt groups, buckets of equal groups): a
+        module's slice gradients are its "per-row" reduction over [S, rows·tokens, ...], one batched call, not a
+        loop of S small products (whose overhead exceeded the products at the embedded default's width) (``tiled``).
+        Rows that arrive shuffled (an update's shuffled mini-batch, as TRL runs it) but tile in slice order are
+        gathered into that order once per module (``gather``), then the one batched call."""
+        S, N = weights.shape
+        size = N // S if S and N % S == 0 else 0
+
+        def tiles(ranges: list) -> bool:
+            return bool(size) and all(self.folded) and all(rng == (k * size, size) for k, rng in enumerate(ranges))
+
+        self.tiled = tiles(self.ranges)
+        self.gather: torch.Tensor | None = None
+        self.slot_of_row: torch.Tensor | None = None
+        if not self.tiled and bool(size) and all(self.folded):
+            slot = (weights != 0).to(torch.int8).argmax(0)
+            order = torch.sort(slot, stable=True).indices
+            if tiles([_contiguous_range(torch.nonzero(w[order]).squeeze(-1)) for w in weights]):
+                self.tiled, self.gather, self.slot_of_row = True, order, slot
 
     def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None, leaf_only: bool = False,
                late: Callable | None = None) -> None:
@@ -406,7 +410,7 @@ class _SliceReducer:
         k = self.alias.get(id(p), id(p))
         if self.block_elements is None or (self.calls.get(k, 1) > 1 and self._present_rows(p) is None):
             return [(0, rows)]
-        step = max(1, self.block_elements // max(len(self.weights) * (p.numel() // max(rows, 1)), 1))
+        step = max(1, self.block_elements // max(self.block_slices * (p.numel() // max(rows, 1)), 1))
         return [(i, min(step, rows - i)) for i in range(0, rows, step)]
 
     def _present_rows(self, p: nn.Parameter) -> torch.Tensor | None:

@@ -53,7 +53,7 @@ from rlgrad.analysis.engine import (
 from rlgrad.analysis.instrument import Deferred
 from rlgrad.analysis.rows import RowNormReducer
 from rlgrad.batch import Batch
-from rlgrad.collectives import all_gather_cat, all_reduce_max
+from rlgrad.collectives import all_gather_cat, all_reduce_max, all_reduce_sum
 from rlgrad.hooks import Schedule, StepContext
 from rlgrad.metrics import key
 
@@ -121,9 +121,56 @@ class Side:
         return torch.where(held, (hi + lo) / 2, 0.0)
 
     def grams_from_groups(self, V: torch.Tensor, group_grams: dict[str, torch.Tensor]) -> GradStats:
-        """The slices' (and derived slices') Grams per layer group from the groups' (``from_groups``)."""
+        """The slices' (and derived slices') Grams per layer group from the groups' (``from_groups``), or, for ``V``
+        ``[S, P + r]`` (``SideSplit.mix``), from the joint Gram of the groups and the r basis slices."""
         A = with_derived(self.derived, self.slices) @ V
         return GradStats(self.slices + list(self.derived), {"task": {g: A @ K @ A.t() for g, K in group_grams.items()}})
+
+    def split(self, inverse: torch.Tensor, groups: int) -> SideSplit | None:
+        """The slices from the prompt groups' gradients where they can be (``from_groups``), else from the groups' sum
+        T (the update's gradient, at hand) and as few of the slices themselves as the rest need (``SideSplit``);
+        None where the carrying rows are not known or no slice is saved.
+
+        On the carrying rows each slice's weights are ``a_s · 1 + Σ_j R[s, j] w_{b_j}`` for the basis slices b_j,
+        chosen greedily (a slice whose weights lie within ``GROUP_CONSTANT_RTOL`` of the span of 1 and those before
+        it, in norm, stays out). Under shared_std the components' advantages add up to the update's, so their
+        weights add up to 1/D on every carrying row: of K components that vary, K - 1 are reduced on the backward
+        and the last is T/D minus them. Every slice's reconstruction is checked row by row, to that tolerance of
+        the row's largest weight. Every rank decides alike (Gram and maxima over ranks)."""
+        V = self.from_groups(inverse, groups)
+        if V is not None:
+            return SideSplit(V, self.weights.new_zeros(0, self.weights.shape[1]))
+        if self.carrying is None:
+            return None
+        rows = self.carrying.cpu().double()
+        w = torch.cat([rows[None], self.weights.detach().cpu().double() * rows])  # [1 + S, N]: 1, then the slices
+        gram = all_reduce_sum(w @ w.t())
+        carried = float(gram[0, 0])
+        scale = all_reduce_max(w[1:].abs().amax(1))
+        basis = [0]
+        for s in range(1, len(w)):
+            left = gram[s, s] - gram[s, basis] @ torch.linalg.solve(gram[basis][:, basis], gram[basis, s])
+            if float(left) > (GROUP_CONSTANT_RTOL * float(scale[s - 1])) ** 2 * carried:
+                basis.append(s)
+        if len(basis) == len(w):
+            return None
+        mix = torch.linalg.solve(gram[basis][:, basis], gram[basis]).t()[1:]  # [S, 1 + r]
+        row_scale = w[1:].abs().amax(0)
+        off = all_reduce_max(((w[1:] - mix @ w[basis]).abs() - GROUP_CONSTANT_RTOL * row_scale).amax(1))
+        if bool((off > 0).any()):
+            return None
+        return SideSplit(mix, self.weights[[s - 1 for s in basis[1:]]])
+
+
+@dataclass
+class SideSplit:
+    """``Side.split``. No ``basis`` (r = 0): slice s is ``Σ_p mix[s, p] G_p`` of the prompt groups' gradients, its
+    Gram from theirs. Else slice s is ``mix[s, 0] T + Σ_j mix[s, 1 + j] B_j`` of the groups' sum T and of the
+    slices B_j of weights ``basis`` ``[r, N]`` (batch order), reduced on the backward beside the groups
+    (``RowNormReducer.attach_basis``), the Gram of T and the B_j (``joint``) formed there in float64."""
+
+    mix: torch.Tensor
+    basis: torch.Tensor
 
 
 # verl's proxy, where it runs its own no-grad forwards: rows per forward for at most this many logits (64 MB in fp32:
@@ -184,10 +231,12 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
     weights = torch.zeros(groups, len(perm))
     weights[run_inverse[perm][held], torch.nonzero(held).squeeze(-1)] = 1.0
     reducer = RowNormReducer(model, weights.to(device))
-    extra, combine = None, side.from_groups(inverse, groups) if side is not None else None
-    if side is not None and combine is None:
-        side_weights = side.weights if n else side.weights.new_zeros(len(side.weights), 1)
-        extra = reducer.attach_side(side_weights[:, perm].to(device))
+    split = side.split(inverse, groups) if side is not None else None
+    extra = None
+    if side is not None:
+        side_weights = side.weights if split is None else split.basis
+        side_weights = side_weights if n else side_weights.new_zeros(len(side_weights), 1)
+        extra = _attach(reducer, side_weights[:, perm].to(device), split)
     params = [p for p in model.parameters() if p.requires_grad]
     side_stats = GradStats(side.slices + list(side.derived), {}) if side is not None else None
     rows: dict[str, dict[str, torch.Tensor]] = {}
@@ -200,6 +249,8 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
         seen.append(logged_values(out))  # detached: the pass keeps no graph
         return out
 
+    joint: dict[str, dict[str, torch.Tensor]] = {}
+
     def on_term(term: str, total: torch.Tensor, leaves: list[torch.Tensor], retain_graph: bool) -> None:
         finish = _start_term(reducer, term, row_terms, extra, side)
         try:
@@ -208,11 +259,11 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
             reducer.side = None
         if finish is not None:
             side_stats.gram["task"] = finish(params)[1]
-        _read_term(reducer, term, rows, grams, back, n, groups)
+        _read_term(reducer, term, rows, grams, back, n, groups, joint=joint)
 
     taps = _run(model, batch.select(perm), FunctionLoss(capture, loss_fn.agg), reducer, on_term, proxy)
-    if combine is not None:
-        side_stats = side.grams_from_groups(combine, grams["task"])
+    if split is not None:
+        side_stats = side.grams_from_groups(split.mix, joint.get("task") or grams["task"])
     proxy_tokens = taps[0].cpu()[back][:n] if taps else None
     return GroupPass(group_ids, inverse, rows, grams, *seen[0], perm, side_stats, proxy_tokens)
 
@@ -224,13 +275,25 @@ def _start_term(reducer: RowNormReducer, term: str, row_terms: Collection[str] |
     reducer.acc = {}
     reducer.row_norms = row_terms is None or term in row_terms
     reducer.side = extra if term == "task" else None
-    return stream(extra, side.derived, side.slices, False) if reducer.side is not None else None
+    if reducer.side is None or reducer.side is reducer.basis:  # (a basis side's pieces join the groups')
+        return None
+    return stream(extra, side.derived, side.slices, False)
+
+
+def _attach(reducer: RowNormReducer, weights: torch.Tensor, split: SideSplit | None) -> _SliceReducer | None:
+    """The side reducer of ``weights`` (run order) on ``reducer``'s backward: the side's own slices (no
+    ``split``), its basis slices (``RowNormReducer.attach_basis``), or none (a split without basis)."""
+    if split is None:
+        return reducer.attach_side(weights)
+    return reducer.attach_basis(weights) if len(weights) else None
 
 
 def _read_term(reducer: RowNormReducer, term: str, rows: dict, grams: dict, back: torch.Tensor, n: int, groups: int,
-               scale: float = 1.0) -> None:
+               scale: float = 1.0, joint: dict | None = None) -> None:
     """What one term's backward left in ``reducer``: per-row norms (batch order, ``back`` undoing the run's order)
-    and the groups' Gram per layer group, times ``scale``² (``rows[term]``, ``grams[term]``); empties it."""
+    and the groups' Gram per layer group, times ``scale``² (``rows[term]``, ``grams[term]``; with a basis side, the
+    joint Gram too: ``joint[term]``); empties it."""
+    reducer.settle()
     layer_groups = sorted(set(reducer.group_names.values()))
     zeros_rows = torch.zeros(len(back), dtype=torch.float64)
     zeros_gram = torch.zeros(groups, groups, dtype=torch.float64)
@@ -239,6 +302,10 @@ def _read_term(reducer: RowNormReducer, term: str, rows: dict, grams: dict, back
         rows[term] = {g: (reducer.row_sq[g].cpu()[back] * sq if g in reducer.row_sq else zeros_rows)[:n]
                       for g in layer_groups}
     grams[term] = {g: reducer.gram[g].cpu() * sq if g in reducer.gram else zeros_gram for g in layer_groups}
+    if joint is not None and reducer.joint:
+        size = next(iter(reducer.joint.values())).shape[0]
+        zeros_joint = torch.zeros(size, size, dtype=torch.float64)
+        joint[term] = {g: reducer.joint[g].cpu() * sq if g in reducer.joint else zeros_joint for g in layer_groups}
     reducer.reset()
 
 
@@ -378,10 +445,10 @@ class UpdatePass:
         weights[inverse[order], torch.arange(len(order))] = 1.0
         device = next(model.parameters()).device
         reducer = RowNormReducer(model, weights.to(device), leaf_embeddings=False)
-        combine = self.side.from_groups(inverse, len(group_ids)) if self.side is not None else None
+        split = self.side.split(inverse, len(group_ids)) if self.side is not None else None
         extra = None
-        if self.side is not None and combine is None:
-            extra = reducer.attach_side(self.side.weights[:, order].to(device))
+        if self.side is not None:
+            extra = _attach(reducer, (self.side.weights if split is None else split.basis)[:, order].to(device), split)
         finish = _start_term(reducer, "task", self.row_terms, extra, self.side)
         taps: list[torch.Tensor] = []
         untap = _proxy_tap(model, mb.input_ids.to(device), taps) if self.proxy else None
@@ -398,7 +465,7 @@ class UpdatePass:
             reducer.close()
             if untap is not None:
                 untap()
-        self._keep(model, reducer, finish, combine, taps, group_ids, inverse, order)
+        self._keep(model, reducer, finish, split, taps, group_ids, inverse, order)
 
     @staticmethod
     def backward(model: nn.Module, reducer: RowNormReducer, loss: torch.Tensor) -> None:
@@ -418,7 +485,7 @@ class UpdatePass:
             if total is not None and p.grad is None:
                 p.grad = total.to(p.dtype)
 
-    def _keep(self, model: nn.Module, reducer: RowNormReducer, finish: Callable | None, combine: torch.Tensor | None,
+    def _keep(self, model: nn.Module, reducer: RowNormReducer, finish: Callable | None, split: SideSplit | None,
               taps: list[torch.Tensor], group_ids: torch.Tensor, inverse: torch.Tensor, order: torch.Tensor) -> None:
         """The ``GroupPass`` the update's backward left, kept by the shared pass for the step's users."""
         _, u = self.loss_fn.agg.weights(self.batch.response_mask)
@@ -431,9 +498,10 @@ class UpdatePass:
             side_stats.gram["task"] = {g: k * scale * scale for g, k in grams.items()}
         rows: dict[str, dict[str, torch.Tensor]] = {}
         grams_of: dict[str, dict[str, torch.Tensor]] = {}
-        _read_term(reducer, "task", rows, grams_of, back, len(order), len(group_ids), scale)
-        if combine is not None:
-            side_stats = self.side.grams_from_groups(combine, grams_of["task"])
+        joint: dict[str, dict[str, torch.Tensor]] = {}
+        _read_term(reducer, "task", rows, grams_of, back, len(order), len(group_ids), scale, joint=joint)
+        if split is not None:
+            side_stats = self.side.grams_from_groups(split.mix, joint.get("task") or grams_of["task"])
         out = self.loss_fn.of(self.terms)
         if self.keep is not None:
             out = {k: v for k, v in out.items() if k in self.keep}

@@ -128,6 +128,7 @@ class RowNormReducer(_SliceReducer):
         # Set (``sum_groups``): every parameter's gradient, the sum of its group gradients, formed as they fold.
         self.sums: dict[int, torch.Tensor] | None = None
         self.shapes: dict[int, torch.Size] = {}
+        self.basis: _SliceReducer | None = None  # ``attach_basis``
         self.reset()
 
     def reset(self) -> None:
@@ -138,6 +139,9 @@ class RowNormReducer(_SliceReducer):
         self.acc = {}
         self.acc_at: dict[int, Rows] = {}
         self.unserved: dict[tuple, int] = {}
+        # With a basis side: each parameter's pieces waiting for their partner (groups', basis'), and the joint Gram
+        self.waiting: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        self.joint: dict[str, torch.Tensor] = {}
 
     def _watch(self, mod: nn.Module, fn: Callable, prep: Callable | None = None, leaf_only: bool = False,
                late: Callable | None = None) -> None:
@@ -180,9 +184,14 @@ class RowNormReducer(_SliceReducer):
         every group gradient cost more than the weight gradients themselves at the bench's shapes."""
         flat = collectives.all_reduce_sum(per_group.reshape(len(self.weights), -1))
         self._into(self.gram, self.group_names[k], (flat @ flat.t()).double())
-        if self.sums is None:
+        joining = self.side is not None and self.side is self.basis
+        if self.sums is None and not joining:
             return
         summed = per_group.sum(0)
+        if joining:
+            self._join(k, 0, summed.reshape(1, -1))
+        if self.sums is None:
+            return
         total = self.sums.get(k)
         if at is None and total is None:  # the whole parameter, its first piece (a tied head's comes before its rows
             self.sums[k] = summed         # at the tokens: the embedding's backward is the last)
@@ -195,6 +204,47 @@ class RowNormReducer(_SliceReducer):
             total.narrow(0, *at).add_(summed)
         else:
             total.index_add_(0, at.to(total.device), summed)
+
+    def attach_basis(self, weights: torch.Tensor) -> _SliceReducer:
+        """A side of basis slices ``weights`` ``[r, N]`` (``groups.SideSplit``) whose every piece of a parameter joins
+        the groups' sum T over the same rows of it, into the float64 Gram of T and the r slices (``joint``): the
+        cross products ⟨T, B_j⟩ the side's other slices need. Its blocks are the groups' (``block_slices``), so both
+        give a parameter's pieces alike and in the same order."""
+        side = self.attach_side(weights)
+        side.block_slices, side.block_elements = len(self.weights), self.block_elements
+        side.acc, side.remaining = {}, {}
+        side.flush = lambda k, piece: self._join(k, 1, piece.reshape(len(piece), -1) * side.scale.to(piece)[:, None])
+        self.basis = side
+        return side
+
+    def _join(self, k: int, which: int, flat: torch.Tensor) -> None:
+        """A piece of parameter ``k``'s group sum T (``which`` 0, ``[1, n]``) or basis slices (1, ``[r, n]``); each
+        pair of pieces (of the same rows) folds into the joint Gram ``[1 + r, 1 + r]``."""
+        waiting = self.waiting.setdefault(k, ([], []))
+        waiting[which].append(flat)
+        while waiting[0] and waiting[1]:
+            self._fold_joint(k, waiting[0].pop(0), waiting[1].pop(0))
+
+    def _fold_joint(self, k: int, total: torch.Tensor, basis: torch.Tensor) -> None:
+        if total.shape[1] != basis.shape[1]:
+            raise RuntimeError(f"parameter {self.names[k]}: the groups' and the basis slices' pieces differ")
+        flat = collectives.all_reduce_sum(torch.cat([total, basis.to(total.dtype)])).double()
+        self._into(self.joint, self.group_names[k], flat @ flat.t())
+
+    def settle(self) -> None:
+        """After a backward with a basis side: its pieces still summing (a parameter some call of whose modules never
+        had a backward) join, and any piece without a partner pairs with zeros."""
+        if self.basis is None:
+            return
+        for k in list(self.basis.acc):
+            self.basis.flush(k, self.basis.acc.pop(k))
+        r = len(self.basis.weights)
+        for k, (totals, basis) in self.waiting.items():
+            for flat in totals:
+                self._fold_joint(k, flat, flat.new_zeros(r, flat.shape[1]))
+            for flat in basis:
+                self._fold_joint(k, flat.new_zeros(1, flat.shape[1]), flat)
+        self.waiting = {}
 
     def _add(self, p: nn.Parameter, per_slice: torch.Tensor, whole: bool = True, at: Rows = None) -> None:
         """A contribution to ``p``'s group gradients; the Gram once all its modules have contributed. A block of rows
