@@ -18,7 +18,7 @@ from rlgrad.logging.sinks import MetricLogger
 from rlgrad.metrics import layer_group
 from rlgrad.recipes import make_trainer
 from rlgrad.rl.resume import Interrupted
-from rlgrad.runfiles import read_jsonl
+from rlgrad.runfiles import being_written, read_jsonl
 from tests.conftest import REPO, tiny_overrides
 
 
@@ -318,7 +318,7 @@ def test_a_signal_stops_after_the_step_with_a_checkpoint_and_resumes_exactly(tin
         finally:
             signal.signal(signal.SIGINT, previous)
         assert stop.value.status == 128 + signal.SIGINT
-        trainer.run_lock.close()  # as the stopped process's exit would (the traceback kept the trainer alive)
+        assert not being_written(stopped)  # released as it stopped (the traceback keeps the trainer alive)
     assert [x["step"] for x in rows(stopped)] == [0, 1, 2]  # step 2 whole, nothing of step 3
     assert (stopped / "global_step_2" / "COMPLETE").exists()  # a checkpoint although save_freq=-1
     make_trainer(load_config(overrides=ov + [f"trainer.default_local_dir={stopped}"]), log=lambda *a: None).fit()

@@ -594,6 +594,7 @@ class Trainer:
         finally:
             logger.close()
             self.hooks.close()
+            self._release_run_dir()
         return metrics
 
     def fit(self) -> dict[str, float]:
@@ -623,7 +624,16 @@ class Trainer:
             finally:
                 logger.close()
                 self.hooks.close()
+                self._release_run_dir()
         return self.summary
+
+    def _release_run_dir(self) -> None:
+        """Unlocks the run directory (``lock_run_dir``) once the run is written: another trainer, also in this
+        process, may then resume it, whenever this one is collected."""
+        lock = getattr(self, "run_lock", None)
+        if lock is not None:
+            lock.close()
+            self.run_lock = None
 
     def _validate_before_training(self, logger: MetricLogger) -> None:
         """``trainer.val_before_train``: a step-0 (or resumed-step) validation row, unless the run has that row."""
