@@ -127,11 +127,26 @@ def test_the_pass_is_shared_where_a_tied_weight_times_the_groups_is_large_withou
         assert got[k] == pytest.approx(alone[k], rel=1e-5, abs=1e-12), k
 
 
-@pytest.mark.parametrize("shuffle, mode, arranged", [
-    (False, "token-mean", True), (True, "token-mean", True), (True, "token-mean", False), (True, "token-sum", True),
-    (True, "seq-mean-token-sum", True), (True, "seq-mean-token-mean", False), (True, "seq-mean-token-sum-norm", True)])
+def same_rewards(b, group: int) -> None:
+    """Every reward component of ``group`` (4 rows) the same: its advantages 0, the batch's scores and advantages
+    recomputed."""
+    from rlgrad.algos.advantages import group_reward_std
+    from rlgrad.algos.component_advantages import outcome_advantages
+
+    for c in b.components:
+        b.components[c][4 * group:4 * group + 4] = 0.5
+    b.scores = sum(WEIGHTS[c] * v for c, v in b.components.items())
+    b.reward_std = group_reward_std(b.scores, b.group_ids)
+    b.advantages = outcome_advantages(b.scores, b.group_ids, "grpo", True)[:, None] * b.response_mask
+
+
+@pytest.mark.parametrize("shuffle, mode, arranged, dead", [
+    (False, "token-mean", True, False), (True, "token-mean", True, False), (True, "token-mean", False, False),
+    (True, "token-mean", True, True), (True, "token-mean", False, True), (True, "token-sum", True, False),
+    (True, "seq-mean-token-sum", True, True), (True, "seq-mean-token-mean", False, False),
+    (True, "seq-mean-token-sum-norm", True, False)])
 def test_the_pass_riding_on_the_update_gives_its_own_numbers_and_the_updates_gradient(tmp_path, monkeypatch, shuffle,
-                                                                                       mode, arranged):
+                                                                                       mode, arranged, dead):
     """``StepContext.one_pass_update`` with the task term alone: the instruments wait (``Deferred``), the prompt-group
     pass rides on the update's own forward and backward (no forward of their own), and after the update they give
     the numbers the pass before the update gives; the update's gradient, the sum of the group gradients the hooks
@@ -139,7 +154,9 @@ def test_the_pass_riding_on_the_update_gives_its_own_numbers_and_the_updates_gra
     rounding. (Not the updated weights to that: AdamW's first step moves a weight whose gradient is zero but for
     rounding, a key projection's bias, by up to the learning rate, whichever rounding it gets.) Shuffled: the
     update's rows arrive out of group order: the update runs them by group (``UpdatePass.arrange``), so the reducer
-    gathers nothing; not ``arranged`` (as TRL runs them), the reducer gathers them back."""
+    gathers nothing; not ``arranged`` (as TRL runs them), the reducer gathers them back. ``dead``: a group's rewards
+    are all equal (its advantages 0); arranged, its rows come last and the reducer reads only the others' rows, its
+    slices the other groups."""
     from rlgrad.analysis import groups as groups_module
     from rlgrad.analysis.rows import RowNormReducer
     from rlgrad.config.model import ModelConfig, TinyModelConfig
@@ -151,6 +168,8 @@ def test_the_pass_riding_on_the_update_gives_its_own_numbers_and_the_updates_gra
     tiny = TinyModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                            intermediate_size=48)
     b = component_batch(build_tiny_model(ModelConfig(tiny=tiny), tok, seed=5), tok, seed=1)
+    if dead:
+        same_rewards(b, 1)
     s = LossSettings(loss_agg_mode=mode, horizon=8)  # the task term alone
     cfg = load_config(overrides=["analysis.buckets.every=1", "analysis.components.every=1",
                                  "analysis.per_sample.every=1", "analysis.buckets.num_buckets=2"])
@@ -189,6 +208,7 @@ def test_the_pass_riding_on_the_update_gives_its_own_numbers_and_the_updates_gra
         forwards[one_pass] = len(calls)
     assert forwards == {False: 2, True: 1}  # the shared pass's forward and the update's; the update's alone
     assert reducers[-1].tiled and (reducers[-1].gather is None) == (arranged or not shuffle)
+    assert (len(reducers[-1].weights), reducers[-1].read) == ((3, 12) if dead and arranged else (4, None))
     keys = [k for k in measured[False] if not k.startswith("timing_s/")]
     assert set(keys) == {k for k in measured[True] if not k.startswith("timing_s/")}
     assert any(k.startswith("grad_comp/") for k in keys) and any(k.startswith("grad_norm_sample/") for k in keys)

@@ -228,3 +228,24 @@ def test_no_fast_engine_reducer_outlives_its_pass(monkeypatch):
     del stats
     gc.collect()
     assert made and [r() for r in made] == [None] * len(made)
+
+
+def test_a_non_finite_loss_in_rows_the_ride_does_not_read_gives_autograds_non_finite_gradient(tmp_path):
+    """The ride reads only the live groups' rows (their advantages not all 0; ``UpdatePass.arrange``, which puts them
+    first): the others' task gradient is exactly 0, unless what their loss reads is not finite (0 x NaN). Then the
+    loss is not finite, autograd's own backward runs, and the update sees the non-finite gradient autograd gives
+    (and skips its step), not a finite one from the rows read. Here the final norm's output is NaN in the
+    micro-batch's last row (a row of the group whose rewards are all the same, where the ride runs the rows by
+    group): autograd's LM-head gradient holds 0 x NaN."""
+    from tests.analysis.test_groups import same_rewards
+
+    model, tok = tiny_model_and_tokenizer()
+    batch = component_batch(model, tok, seed=1)
+    same_rewards(batch, 1)
+    assert not batch.advantages[4:8].any() and batch.advantages[8:].any()
+    for ride in (False, True):
+        broken = copy.deepcopy(model)
+        broken.model.norm.register_forward_hook(
+            lambda m, inputs, out: out.index_fill(0, torch.tensor([len(out) - 1]), float("nan")))
+        grads, _ = _update(broken, batch, tmp_path, ride=ride)
+        assert any(not torch.isfinite(g).all() for g in grads[0].values() if g is not None), ride

@@ -235,7 +235,8 @@ class _SliceReducer:
             if self._recomputed(module):
                 return output
             self.ungraded |= not torch.is_grad_enabled()
-            x = inputs[0].detach() if prep is None else prep(module, inputs[0].detach())
+            x = self._read_rows(inputs[0].detach())
+            x = x if prep is None else prep(module, x)
             if isinstance(module, nn.Embedding) and self.leaf_embeddings:
                 # The input embedding: the leaf the backward stops at. Token ids carry no gradient, so its output
                 # depends on the parameters only through the weight, whose slice gradients the hook forms (its
@@ -252,6 +253,11 @@ class _SliceReducer:
             return output
 
         self.handles.append(mod.register_forward_hook(fwd))
+
+    def _read_rows(self, t: torch.Tensor) -> torch.Tensor:
+        """The rows of a module's input or output gradient that this reducer reads: all (``rows.RowNormReducer``:
+        those it was given)."""
+        return t
 
     @property
     def edges(self) -> list[GradientEdge]:

@@ -289,19 +289,28 @@ def _attach(reducer: RowNormReducer, weights: torch.Tensor, split: SideSplit | N
 
 
 def _read_term(reducer: RowNormReducer, term: str, rows: dict, grams: dict, back: torch.Tensor, n: int, groups: int,
-               scale: float = 1.0, joint: dict | None = None) -> None:
+               scale: float = 1.0, joint: dict | None = None, kept: torch.Tensor | None = None) -> None:
     """What one term's backward left in ``reducer``: per-row norms (batch order, ``back`` undoing the run's order)
     and the groups' Gram per layer group, times ``scale``² (``rows[term]``, ``grams[term]``; with a basis side, the
-    joint Gram too: ``joint[term]``); empties it."""
+    joint Gram too: ``joint[term]``); empties it. ``kept``: the groups the reducer's slices are, of ``groups`` (the
+    others' gradients are 0: ``UpdatePass.around``)."""
     reducer.settle()
     layer_groups = sorted(set(reducer.group_names.values()))
     zeros_rows = torch.zeros(len(back), dtype=torch.float64)
-    zeros_gram = torch.zeros(groups, groups, dtype=torch.float64)
     sq = scale * scale
+
+    def all_groups(K: torch.Tensor) -> torch.Tensor:
+        if kept is None:
+            return K
+        full = torch.zeros(groups, groups, dtype=torch.float64)
+        full[kept[:, None], kept] = K
+        return full
+
     if reducer.row_norms:
-        rows[term] = {g: (reducer.row_sq[g].cpu()[back] * sq if g in reducer.row_sq else zeros_rows)[:n]
-                      for g in layer_groups}
-    grams[term] = {g: reducer.gram[g].cpu() * sq if g in reducer.gram else zeros_gram for g in layer_groups}
+        rows[term] = {g: (reducer.row_norms_of(g, len(back)).cpu()[back] * sq if g in reducer.row_sq
+                          else zeros_rows)[:n] for g in layer_groups}
+    grams[term] = {g: all_groups(reducer.gram[g].cpu() * sq) if g in reducer.gram
+                   else torch.zeros(groups, groups, dtype=torch.float64) for g in layer_groups}
     if joint is not None and reducer.joint:
         size = next(iter(reducer.joint.values())).shape[0]
         zeros_joint = torch.zeros(size, size, dtype=torch.float64)
@@ -427,11 +436,24 @@ class UpdatePass:
         if self.active and self.terms is None:
             self.terms = terms
 
+    def _groups(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The batch's prompt groups ``[P]``, each row's place in them ``[N]``, and which groups are live ``[P]``: hold
+        a row with an advantage not 0. A row whose every advantage is 0 has a task gradient of exactly 0 (``∇loss_t =
+        A_t·∇u_t``, ``algos.surrogates``), so a group of such rows adds nothing to the update or to any slice."""
+        group_ids = torch.unique(self.batch.group_ids.cpu())
+        inverse = torch.searchsorted(group_ids, self.batch.group_ids.cpu())
+        carrying = ((self.batch.advantages * self.batch.response_mask).cpu() != 0).any(-1)
+        live = torch.zeros(len(group_ids), dtype=torch.bool).index_fill_(0, inverse[carrying], True)
+        return group_ids, inverse, live
+
     def arrange(self, rows: torch.Tensor) -> torch.Tensor:
-        """``rows`` by prompt group (stably): the reducer then reads each group's rows as one contiguous block
-        (``_SliceReducer.tiled``), with no gather of every hooked module's input and output gradient."""
-        group_of = torch.searchsorted(torch.unique(self.batch.group_ids.cpu()), self.batch.group_ids.cpu())
-        return torch.sort(group_of[rows.cpu()], stable=True).indices.to(rows.device)
+        """``rows`` by prompt group (stably), the groups that are not live last (``_groups``): the reducer then reads
+        each live group's rows as one contiguous block (``_SliceReducer.tiled``), with no gather of every hooked
+        module's input and output gradient, and the others' not at all (``RowNormReducer``'s ``rows``)."""
+        _, inverse, live = self._groups()
+        group_of = inverse[rows.cpu()]
+        key = group_of + len(live) * (~live[group_of]).long()
+        return torch.sort(key, stable=True).indices.to(rows.device)
 
     @contextmanager
     def around(self, model: nn.Module, mb: Batch, rows: torch.Tensor) -> Iterator[Callable[[torch.Tensor], None]]:
@@ -439,12 +461,18 @@ class UpdatePass:
         if len(order) != len(batch) or not torch.equal(order.sort().values, torch.arange(len(batch))):
             raise RuntimeError(f"the update's first micro-batch holds {len(order)} of the batch's {len(batch)} rows: "
                                "the prompt-group pass planned on it needs them all (StepContext.one_pass_update)")
-        group_ids = torch.unique(batch.group_ids.cpu())
-        inverse = torch.searchsorted(group_ids, batch.group_ids.cpu())
-        weights = torch.zeros(len(group_ids), len(order))
-        weights[inverse[order], torch.arange(len(order))] = 1.0
+        group_ids, inverse, live = self._groups()
+        group_of = inverse[order]
+        # Arranged (the live groups' rows first), only those are read and only the live groups are slices
+        read = int(live[group_of].sum())
+        arranged = 0 < read < len(order) and bool(live[group_of[:read]].all())
+        kept = torch.nonzero(live).squeeze(-1) if arranged else torch.arange(len(group_ids))
+        slot = torch.full((len(group_ids),), -1, dtype=torch.long).index_copy_(0, kept, torch.arange(len(kept)))
+        weights = torch.zeros(len(kept), len(order))
+        in_kept = slot[group_of] >= 0
+        weights[slot[group_of][in_kept], torch.nonzero(in_kept).squeeze(-1)] = 1.0
         device = next(model.parameters()).device
-        reducer = RowNormReducer(model, weights.to(device), leaf_embeddings=False)
+        reducer = RowNormReducer(model, weights.to(device), leaf_embeddings=False, rows=read if arranged else None)
         split = self.side.split(inverse, len(group_ids)) if self.side is not None else None
         extra = None
         if self.side is not None:
@@ -465,7 +493,7 @@ class UpdatePass:
             reducer.close()
             if untap is not None:
                 untap()
-        self._keep(model, reducer, finish, split, taps, group_ids, inverse, order)
+        self._keep(model, reducer, finish, split, taps, group_ids, inverse, order, kept if arranged else None)
 
     @staticmethod
     def backward(model: nn.Module, reducer: RowNormReducer, loss: torch.Tensor) -> None:
@@ -475,7 +503,8 @@ class UpdatePass:
         update's gradient up to float32 rounding (summed group by group, not in one product), for one weight
         gradient less. Under a reentrant activation checkpoint (``ungraded``) autograd's own backward runs, which the
         hooks read as they read TRL's."""
-        if reducer.ungraded:
+        if reducer.ungraded or not bool(torch.isfinite(loss)):
+            # (non-finite: autograd's own gradient, non-finite where it is, also from rows the hooks do not read)
             loss.backward()
             return
         reducer.sum_groups(model)
@@ -486,7 +515,8 @@ class UpdatePass:
                 p.grad = total.to(p.dtype)
 
     def _keep(self, model: nn.Module, reducer: RowNormReducer, finish: Callable | None, split: SideSplit | None,
-              taps: list[torch.Tensor], group_ids: torch.Tensor, inverse: torch.Tensor, order: torch.Tensor) -> None:
+              taps: list[torch.Tensor], group_ids: torch.Tensor, inverse: torch.Tensor, order: torch.Tensor,
+              kept: torch.Tensor | None) -> None:
         """The ``GroupPass`` the update's backward left, kept by the shared pass for the step's users."""
         _, u = self.loss_fn.agg.weights(self.batch.response_mask)
         scale = denominator(float(u.sum()))
@@ -499,7 +529,7 @@ class UpdatePass:
         rows: dict[str, dict[str, torch.Tensor]] = {}
         grams_of: dict[str, dict[str, torch.Tensor]] = {}
         joint: dict[str, dict[str, torch.Tensor]] = {}
-        _read_term(reducer, "task", rows, grams_of, back, len(order), len(group_ids), scale, joint=joint)
+        _read_term(reducer, "task", rows, grams_of, back, len(order), len(group_ids), scale, joint=joint, kept=kept)
         if split is not None:
             side_stats = self.side.grams_from_groups(split.mix, joint.get("task") or grams_of["task"])
         out = self.loss_fn.of(self.terms)

@@ -107,7 +107,15 @@ class RowNormReducer(_SliceReducer):
     every rank's groups, ``row_sq`` this rank's rows, ``gram`` global (the same on every rank).
     """
 
-    def __init__(self, model: nn.Module, weights: torch.Tensor, leaf_embeddings: bool = True):
+    def __init__(self, model: nn.Module, weights: torch.Tensor, leaf_embeddings: bool = True, rows: int | None = None):
+        """``rows``: the first rows of every module's input and output gradient are the ones read, the others carry no
+        gradient (a riding update's rows whose advantages are all 0, in groups left out of ``weights``, placed last
+        by ``groups.UpdatePass.arrange``): nothing is formed for them, their norms are 0 (``row_norms_of``)."""
+        if rows is not None:
+            if bool(weights[:, rows:].any()):
+                raise ValueError("rows past the ones read cannot belong to a group")
+            weights = weights[:, :rows]
+        self.read = rows
         # False: the prompt groups' Gram alone (``row_sq`` stays empty), for a term whose per-row norms no instrument
         # asks for at this step (``groups.py``: the bucket analysis and the reward components share the pass)
         self.row_norms = True
@@ -147,6 +155,22 @@ class RowNormReducer(_SliceReducer):
                late: Callable | None = None) -> None:
         super()._watch(mod, fn, self._read if isinstance(mod, nn.Linear) else prep, leaf_only, late)
 
+    def _read_rows(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.read is None else t.narrow(0, 0, self.read)
+
+    def row_norms_of(self, group: str, rows: int) -> torch.Tensor:
+        """``row_sq[group]`` over all ``rows`` rows of the modules' inputs (0 past the ones read: ``read``)."""
+        sq = self.row_sq[group]
+        return sq if len(sq) == rows else torch.cat([sq, sq.new_zeros(rows - len(sq))])
+
+    def attach_side(self, weights: torch.Tensor) -> _SliceReducer:
+        """``_SliceReducer.attach_side`` on the rows read (``read``): the side's rows past them must weigh 0."""
+        if self.read is not None:
+            if bool(weights[:, self.read:].any()):
+                raise ValueError("a side slice weighs rows past the ones read")
+            weights = weights[:, :self.read]
+        return super().attach_side(weights)
+
     def _read(self, m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """A Linear's input in the forward, counted (``readers``)."""
         self.readers[_where(x)] += 1
@@ -154,7 +178,7 @@ class RowNormReducer(_SliceReducer):
 
     def _on_grad(self, module: nn.Module, attrs: list[tuple[str, int]], fn: Callable, x: torch.Tensor,
                  g: torch.Tensor) -> None:
-        super()._on_grad(module, attrs, fn, x, g)
+        super()._on_grad(module, attrs, fn, x, self._read_rows(g))
         if isinstance(module, nn.Linear):
             where = _where(x)
             self.unserved[where] = self.unserved.get(where, self.readers[where]) - 1
