@@ -156,8 +156,8 @@ def _shuffle_table(size: int) -> torch.Tensor:
 def null_permutations(n: int) -> torch.Tensor:
     """``[NULL_SHUFFLES, n]``: the null's shuffles of n samples, the same for the same n. Each row is a row of a
     fixed table of shuffles of the next power of 2 (at least 128) with the entries >= n dropped: the order a
-    uniform shuffle puts 0..n-1 in is a uniform shuffle of n. The sample count changes from step to step, and
-    1000 ``randperm`` draws at each cost about 3 ms of the embedded default's step; the filter, under 1 ms."""
+    uniform shuffle puts 0..n-1 in is a uniform shuffle of n. The sample count changes from step to step: 1000
+    ``randperm`` draws at each new count cost about 3 ms of the embedded default's step, the filter about 1 ms."""
     table = _shuffle_table(max(128, 1 << max(n - 1, 0).bit_length()))
     return torch.masked_select(table, table < n).view(NULL_SHUFFLES, n)
 
