@@ -156,6 +156,18 @@ def test_grama_scores_and_zero_ratios_by_hand():
         assert "critic/neuron/nullspace_ratio" not in m and "critic/neuron/act_dormant_ratio" not in m
 
 
+def test_gradient_stats_count_a_missing_gradient_as_zeros_and_skip_it_in_the_sums():
+    """A parameter without ``.grad`` (never reached by the backward): its elements all count as zero gradients, its
+    rows add nothing to their neurons' sums but still to their element counts; a frozen one counts nowhere."""
+    net = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 2))
+    net[0].weight.grad = torch.tensor([[1.0, -1.0], [0.0, 0.5], [4.0, 0.0]])  # net[0].bias.grad: None
+    net[2].weight.grad = torch.ones(2, 3)
+    net[2].bias.requires_grad_(False)
+    stats, zero, numel = gradient_stats(net, find_neurons(net))
+    assert stats[0].grad_sum.tolist() == [2.0, 0.5, 4.0] and stats[0].grad_count.tolist() == [3.0, 3.0, 3.0]
+    assert (zero, numel) == (2 + 3, 15.0)
+
+
 def test_head_score_averages_its_rows_and_biases(tok):
     for kv in (2, 1):
         model = qwen(tok, kv_heads=kv)

@@ -3,6 +3,7 @@ autograd, one backward per row (``tests.helpers.per_row``), and against answers 
 
 from __future__ import annotations
 
+import collections
 import math
 
 import pytest
@@ -366,3 +367,20 @@ def test_the_bucket_analysis_and_the_per_sample_norms_share_one_pass_at_a_step_b
     assert set(measured) == set(alone)
     for k in measured:
         assert got[k] == pytest.approx(alone[k], rel=1e-5, abs=1e-12, nan_ok=True), k
+
+
+def test_the_nulls_shuffles_are_uniform_and_one_table_serves_every_sample_count():
+    """``null_permutations(n)``: each of the 3! orders of 3 samples about equally often (1000 rows: 167 each, a
+    binomial sd of 12); a sample count of the same power-of-2 table is the larger one's rows with the entries >= n
+    left out (the same n: the same shuffles, drawn once); a count past 128 from a table of its own, still
+    permutations."""
+    from rlgrad.analysis.per_sample import NULL_SHUFFLES, null_permutations
+
+    counts = collections.Counter(tuple(row) for row in null_permutations(3).tolist())
+    assert len(counts) == 6 and all(117 < c < 217 for c in counts.values())
+    first = collections.Counter(null_permutations(7)[:, 0].tolist())  # which sample comes first: 1/7 each
+    assert len(first) == 7 and all(100 < c < 186 for c in first.values())
+    big, small = null_permutations(41), null_permutations(40)
+    assert torch.equal(big[big < 40].view(NULL_SHUFFLES, 40), small)
+    wide = null_permutations(200)
+    assert torch.equal(wide.sort(1).values, torch.arange(200).expand(NULL_SHUFFLES, -1))

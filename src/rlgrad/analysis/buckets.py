@@ -100,19 +100,24 @@ def make_buckets(group_ids: torch.Tensor, reward_std: torch.Tensor, *, mode: str
     groups can fill -- the number of groups; under ``quantile_nonzero`` one more, the zero-std bucket -- is clamped
     to it with a warning that names both numbers (the buckets it would add are empty, and empty buckets are
     skipped anyway)."""
-    gids, stds = group_table(group_ids, reward_std)
+    gids, std_t = group_table(group_ids, reward_std)
     num_buckets = _clamped(num_buckets, len(gids) + (mode == "quantile_nonzero"), mode)
+    stds, ids = std_t.tolist(), gids.tolist()  # Python numbers once, not a tensor element per comparison
+
+    def by_std(k: int) -> tuple[float, int]:
+        return stds[k], ids[k]
+
     if mode == "quantile":
-        order = sorted(range(len(gids)), key=lambda k: (float(stds[k]), int(gids[k])))
-        b = min(num_buckets, len(gids))
-        per = len(gids) // b if b else 0
+        order = sorted(range(len(ids)), key=by_std)
+        b = min(num_buckets, len(ids))
+        per = len(ids) // b if b else 0
         members = [order[i * per:(i + 1) * per] if i < b - 1 else order[i * per:] for i in range(b)]
     elif mode == "quantile_nonzero":
-        order = sorted(range(len(gids)), key=lambda k: (float(stds[k]), int(gids[k])))
-        rest = [k for k in order if float(stds[k]) > 0]
-        members = [[k for k in order if float(stds[k]) == 0]] + _tied_quantiles(rest, stds, num_buckets - 1)
+        order = sorted(range(len(ids)), key=by_std)
+        rest = [k for k in order if stds[k] > 0]
+        members = [[k for k in order if stds[k] == 0]] + _tied_quantiles(rest, stds, num_buckets - 1)
     elif mode == "fixed_rv":
-        members = [[k for k in range(len(gids)) if lo <= float(stds[k]) < hi]
+        members = [[k for k in range(len(ids)) if lo <= stds[k] < hi]
                    for lo, hi in zip(FIXED_RV_EDGES[:-1], FIXED_RV_EDGES[1:])]
     else:
         raise ValueError(f"unknown analysis.buckets.bucket_mode '{mode}' (quantile | quantile_nonzero | fixed_rv)")
@@ -124,18 +129,17 @@ def make_buckets(group_ids: torch.Tensor, reward_std: torch.Tensor, *, mode: str
         name = f"bucket_{i}"
         in_bucket = torch.isin(group_ids, gids[ks])
         rows[name] = torch.nonzero(in_bucket).squeeze(-1)
-        table += [(name, int(gids[k]), float(stds[k]))
-                  for k in sorted(ks, key=lambda k: (float(stds[k]), int(gids[k])))]
+        table += [(name, ids[k], stds[k]) for k in sorted(ks, key=by_std)]
     return Buckets(rows, table)
 
 
-def _tied_quantiles(order: list[int], stds: torch.Tensor, b: int) -> list[list[int]]:
+def _tied_quantiles(order: list[int], stds: list[float], b: int) -> list[list[int]]:
     """``order`` (groups by ascending std) in ``b`` consecutive chunks of about equal size: each takes its share
     of the groups left (at least one), extended past the groups that tie with its last; the last takes the rest."""
     out, start = [], 0
     for i in range(max(b, 0)):
         end = len(order) if i == b - 1 else min(start + max((len(order) - start) // (b - i), 1), len(order))
-        while 0 < end < len(order) and float(stds[order[end]]) == float(stds[order[end - 1]]):
+        while 0 < end < len(order) and stds[order[end]] == stds[order[end - 1]]:
             end += 1
         out.append(order[start:end])
         start = end

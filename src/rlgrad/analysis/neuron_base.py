@@ -231,16 +231,17 @@ class NeuronReport:
     sharded: bool = False  # measured on FSDP2 shards: a reset writes shards and the replica needs a refresh
 
     def _counts(self, s: LayerStats) -> dict:
-        act = s.act_score
-        return {"kind": s.layer.kind, "neurons": s.layer.n, "dormant": int((s.score <= self.tau).sum()),
-                "dormant_ratio": float((s.score <= self.tau).double().mean()),
+        act, dormant = s.act_score, s.score <= self.tau
+        return {"kind": s.layer.kind, "neurons": s.layer.n, "dormant": int(dormant.sum()),
+                "dormant_ratio": float(dormant.double().mean()),
                 "act_dormant": int((act <= self.tau).sum()) if act is not None else None,
                 "zero_grad": int((s.grad_sum == 0).sum()), "reset": self.reset.get(s.layer.name, 0)}
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, rows: list[dict] | None = None) -> dict[str, float]:
+        """The role's metrics; ``rows``: ``_counts`` of every layer, where the caller has them already."""
         r = self.role
         total = sum(s.layer.n for s in self.layers)
-        rows = [self._counts(s) for s in self.layers]
+        rows = [self._counts(s) for s in self.layers] if rows is None else rows
         out = {key("{role}/param/zero_grad_ratio", role=r): self.param_zero / max(self.param_numel, 1.0)}
         if total:
             out[key("{role}/neuron/dormant_ratio", role=r)] = sum(c["dormant"] for c in rows) / total
@@ -252,14 +253,15 @@ class NeuronReport:
         return out
 
     def to_json(self) -> dict:
-        m = self.metrics()
+        rows = [self._counts(s) for s in self.layers]  # once, for the metrics and the layers both
+        m = self.metrics(rows)
         g = {k.split("/")[-1]: m.get(key(k, role=self.role)) for k in (
             "{role}/neuron/dormant_ratio", "{role}/neuron/act_dormant_ratio", "{role}/neuron/zero_grad_ratio")}
         g["param_zero_grad_ratio"] = m[key("{role}/param/zero_grad_ratio", role=self.role)]
         g["nullspace_ratio"] = self.nullspace_ratio
         g["reset_count"] = sum(self.reset.values())
         return {"tau": self.tau, "mode": self.mode, "global": g,
-                "layers": {s.layer.name: self._counts(s) for s in self.layers}}
+                "layers": {s.layer.name: c for s, c in zip(self.layers, rows)}}
 
 
 # ----------------------------------------------------------------------------- sampled sequences

@@ -76,19 +76,22 @@ def gradient_stats(model: nn.Module, layers: list[NeuronLayer]) -> tuple[list[La
     sums, counts, sharded = [], [], False
     for la in layers:
         s = torch.zeros(la.n, dtype=torch.float64)
-        c = torch.zeros(la.n, dtype=torch.float64)
+        per_neuron = 0
         for _, p in la.incoming:
-            per_row = math.prod(p.shape[1:])  # elements of one global row
-            c += la.width * per_row
+            per_neuron += la.width * math.prod(p.shape[1:])  # elements of one neuron's global rows
             g, off, sh = _local_grad(p)
             sharded |= sh
             if g is None:
                 continue
             rows = g.abs().reshape(g.shape[0], -1).sum(1, dtype=torch.float64).cpu()
-            s.index_add_(0, (off + torch.arange(len(rows))) // la.width, rows)
+            if la.width == 1 and off == 0 and len(rows) == la.n:
+                s += rows  # one row per neuron, all of them here: index_add_'s sum without its index
+            else:
+                s.index_add_(0, (off + torch.arange(len(rows))) // la.width, rows)
         sums.append(s)
-        counts.append(c)
-    zero, numel = torch.zeros((), dtype=torch.float64), 0.0
+        counts.append(torch.full((la.n,), float(per_neuron), dtype=torch.float64))
+    # the zero count is an integer: counted exactly in Python (one op a parameter, not four tensor ops)
+    zero, numel = 0, 0.0
     for p in model.parameters():
         if not p.requires_grad:
             continue
@@ -96,10 +99,10 @@ def gradient_stats(model: nn.Module, layers: list[NeuronLayer]) -> tuple[list[La
         g, _, sh = _local_grad(p)
         sharded |= sh
         if g is None:  # no gradient: all zeros, counted once over the shards
-            zero += float(_shard(p)[0].numel())
+            zero += _shard(p)[0].numel()
         else:
-            zero += (g == 0).sum().double().cpu()
-    flat = torch.cat([*sums, zero.view(1)]) if sums else zero.view(1)
+            zero += g.numel() - int(torch.count_nonzero(g))
+    flat = torch.cat([*sums, torch.tensor([float(zero)], dtype=torch.float64)])
     if sharded:  # partial sums over parameter shards -> global; DDP and one process: already global
         flat = collectives.all_reduce_sum(flat)
     parts = list(flat[:-1].split([la.n for la in layers])) if layers else []

@@ -67,7 +67,7 @@ def sequence_advantages(advantages: torch.Tensor, response_mask: torch.Tensor, m
     else:
         first = rm.argmax(-1)  # the first maximal value: the first response token
         seq = advantages.float().gather(-1, first[:, None])[:, 0]
-    return [float(x) for x in seq.double().cpu()]
+    return seq.double().cpu().tolist()  # the same Python floats, without a 0-d tensor per row
 
 
 def step_samples(step: int, *, prompts: list[str], responses: list[str], group_ids: torch.Tensor,
