@@ -92,7 +92,8 @@ def _model_overrides(args: argparse.Namespace) -> list[str]:
 
 def _timed(tr, hooks: list, steps: int) -> tuple[dict, dict, dict, dict, int]:
     """Pairs of steps, hooks on and off in turn: wall and CPU times per side, each side's update times, the
-    instrumented steps' instrument timers; and the last step number."""
+    instrumented steps' instrument timers (and every timed step's share of prompt groups whose samples all got the
+    same score, ``rollout/filter_zero_count`` over the batch's groups, under ``zero_std``); and the last step number."""
     logger = MetricLogger([])
     times: dict[bool, list[float]] = {True: [], False: []}
     cpu: dict[bool, list[float]] = {True: [], False: []}
@@ -110,6 +111,7 @@ def _timed(tr, hooks: list, steps: int) -> tuple[dict, dict, dict, dict, int]:
         # an instrumented update holds neuron health's own timer (it runs at on_grads, inside the update): left out
         inside = sum(v for name, v in m.items() if name.startswith("timing_s/neuron/")) if on else 0.0
         update[on].append(m.get("timing_s/update_actor", float("nan")) - inside)
+        timings.setdefault("zero_std", []).append(m["rollout/filter_zero_count"] / tr.cfg.data.train_batch_size)
         for name, v in m.items() if on else ():
             if name.startswith("timing_s/") and name.split("/")[1] in ("analysis", "neuron"):
                 timings.setdefault(name, []).append(v)
@@ -171,6 +173,11 @@ def _print_times(times: dict, cpu: dict, update: dict, timings: dict) -> None:
     for on, ts in times.items():
         print(f"{'with' if on else 'without':>8}: median {statistics.median(ts):.3f} s over {len(ts)} steps "
               f"(all: {', '.join(f'{t:.3f}' for t in ts)})")
+    # the prompt groups whose rewards are all equal: their rows carry no task gradient, and the riding pass reads
+    # none of them (groups.UpdatePass), so what it costs depends on how many there are
+    zero_std = timings.pop("zero_std")
+    print(f"groups whose samples all got the same score (rollout/filter_zero_count over the batch's groups): median "
+          f"{statistics.median(zero_std):.2f} over the timed steps (range {min(zero_std):.2f}-{max(zero_std):.2f})")
     added = sum(statistics.median(v) for v in timings.values())
     for name, v in sorted(timings.items()):
         print(f"{name}: median {statistics.median(v):.3f} s")
