@@ -122,7 +122,7 @@ class Side:
 
     def grams_from_groups(self, V: torch.Tensor, group_grams: dict[str, torch.Tensor]) -> GradStats:
         """The slices' (and derived slices') Grams per layer group from the groups' (``from_groups``), or, for ``V``
-        ``[S, P + r]`` (``SideSplit.mix``), from the joint Gram of the groups and the r basis slices."""
+        ``[S, 1 + r]`` (``SideSplit.mix`` with a basis), from the joint Gram of the groups' sum and the basis slices."""
         A = with_derived(self.derived, self.slices) @ V
         return GradStats(self.slices + list(self.derived), {"task": {g: A @ K @ A.t() for g, K in group_grams.items()}})
 

@@ -204,8 +204,9 @@ class RowNormReducer(_SliceReducer):
 
     def _fold(self, k: int, per_group: torch.Tensor, at: Rows = None) -> None:
         """``per_group`` (``[P, ...]``, parameter ``k``'s group gradients at its rows ``at``) into the group Gram
-        (and into its gradient: ``sum_groups``). float32 products (summed by BLAS in blocks): a float64 copy of
-        every group gradient cost more than the weight gradients themselves at the bench's shapes."""
+        (and into its gradient: ``sum_groups``; with a basis side, their sum joins its piece: ``_join``). float32
+        products (summed by BLAS in blocks): a float64 copy of every group gradient cost more than the weight
+        gradients themselves at the bench's shapes."""
         flat = collectives.all_reduce_sum(per_group.reshape(len(self.weights), -1))
         self._into(self.gram, self.group_names[k], (flat @ flat.t()).double())
         joining = self.side is not None and self.side is self.basis
