@@ -132,11 +132,13 @@ class Side:
         None where the carrying rows are not known or no slice is saved.
 
         On the carrying rows each slice's weights are ``a_s · 1 + Σ_j R[s, j] w_{b_j}`` for the basis slices b_j,
-        chosen greedily (a slice whose weights lie within ``GROUP_CONSTANT_RTOL`` of the span of 1 and those before
-        it, in norm, stays out). Under shared_std the components' advantages add up to the update's, so their
-        weights add up to 1/D on every carrying row: of K components that vary, K - 1 are reduced on the backward
-        and the last is T/D minus them. Every slice's reconstruction is checked row by row, to that tolerance of
-        the row's largest weight. Every rank decides alike (Gram and maxima over ranks)."""
+        chosen greedily from the smallest weights up (a slice whose weights lie within ``GROUP_CONSTANT_RTOL`` of
+        the span of 1 and those before it, in norm, stays out). Under shared_std the components' advantages add up
+        to the update's, so their weights add up to 1/D on every carrying row: of K components that vary, K - 1 are
+        reduced on the backward and the largest is T/D minus them (a small one formed so would be a difference of
+        large ones, its float32 rounding theirs). Every slice's reconstruction is checked row by row, to that
+        tolerance of the row's largest weight. Every rank decides alike (Gram and maxima over ranks; a rank holding
+        no row adds zeros)."""
         V = self.from_groups(inverse, groups)
         if V is not None:
             return SideSplit(V, self.weights.new_zeros(0, self.weights.shape[1]))
@@ -146,9 +148,9 @@ class Side:
         w = torch.cat([rows[None], self.weights.detach().cpu().double() * rows])  # [1 + S, N]: 1, then the slices
         gram = all_reduce_sum(w @ w.t())
         carried = float(gram[0, 0])
-        scale = all_reduce_max(w[1:].abs().amax(1))
+        scale = all_reduce_max(_row_max(w[1:].abs()))
         basis = [0]
-        for s in range(1, len(w)):
+        for s in sorted(range(1, len(w)), key=lambda s: float(gram[s, s])):
             left = gram[s, s] - gram[s, basis] @ torch.linalg.solve(gram[basis][:, basis], gram[basis, s])
             if float(left) > (GROUP_CONSTANT_RTOL * float(scale[s - 1])) ** 2 * carried:
                 basis.append(s)
@@ -156,10 +158,15 @@ class Side:
             return None
         mix = torch.linalg.solve(gram[basis][:, basis], gram[basis]).t()[1:]  # [S, 1 + r]
         row_scale = w[1:].abs().amax(0)
-        off = all_reduce_max(((w[1:] - mix @ w[basis]).abs() - GROUP_CONSTANT_RTOL * row_scale).amax(1))
+        off = all_reduce_max(_row_max((w[1:] - mix @ w[basis]).abs() - GROUP_CONSTANT_RTOL * row_scale))
         if bool((off > 0).any()):
             return None
         return SideSplit(mix, self.weights[[s - 1 for s in basis[1:]]])
+
+
+def _row_max(t: torch.Tensor) -> torch.Tensor:
+    """Each row's largest entry, 0 for a row of no entries (a rank that holds no row of the batch)."""
+    return t.amax(1) if t.shape[1] else t.new_zeros(len(t))
 
 
 @dataclass
