@@ -350,3 +350,97 @@ def test_a_small_last_component_formed_as_the_sum_less_the_others_matches_the_re
     with capsys.disabled():
         print(f"\nREVIEW7 small component, split: worst rel {err:.2e} ({k})")
     assert err < 1e-5
+
+
+# ------------------------------------------------------------- the basis side over two processes (gloo, CPU)
+CW3 = {"a": 0.5, "b": 0.3, "c": 0.2}
+
+
+def _split_components(model, batch):
+    """Three varying components whose weights add up to the score's (shared_std): ``Side.split`` keeps two as the
+    basis side on the prompt-group pass (``group_pass``, the pass the distributed run takes: it never rides)."""
+    from rlgrad.algos.objective import ActorLoss
+    from rlgrad.analysis.components import analyse_components
+    from rlgrad.analysis.groups import group_pass
+
+    s = LossSettings(loss_agg_mode="seq-mean-token-mean", horizon=5)
+    return analyse_components(model, batch, s, weights=CW3, mode="shared_std",
+                              shared=lambda side: group_pass(model, batch, ActorLoss(s), side, row_terms=()).side
+                              ).metrics
+
+
+def _with_three(batch):
+    g = torch.Generator().manual_seed(2)
+    batch.components = {c: torch.rand(len(batch), generator=g) for c in CW3}
+    batch.scores = sum(CW3[c] * v for c, v in batch.components.items())
+    batch.reward_std = group_reward_std(batch.scores, batch.group_ids)
+    batch.advantages = outcome_advantages(batch.scores, batch.group_ids, "grpo", True)[:, None] * batch.response_mask
+    return batch
+
+
+def _split_worker(rank: int, port: int, out_dir: str, split: str, no_split: bool) -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from rlgrad.analysis.rows import RowNormReducer
+    from tests.test_distributed import SPLITS, _model_batch, _share
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    bases: list[int] = []
+    real = RowNormReducer.attach_basis
+
+    def attach_basis(self, weights):
+        bases.append(len(weights))
+        return real(self, weights)
+
+    RowNormReducer.attach_basis = attach_basis
+    if no_split:  # the path before 05bf7fc: every component reduced on the backward
+        from rlgrad.analysis.groups import Side
+
+        Side.split = lambda self, inverse, groups: None
+    model, batch = _model_batch()
+    batch = _with_three(batch)
+    out = _split_components(model, _share(batch, SPLITS[split][rank]))
+    torch.save((out, bases), f"{out_dir}/split_{rank}.pt")
+    dist.destroy_process_group()
+
+
+EMPTY_RANK = pytest.mark.xfail(strict=True, raises=torch.multiprocessing.ProcessRaisedException, reason=(
+    "Side.split on a rank that holds no rows: w[1:].abs().amax(1) over 0 columns raises IndexError (groups.py:149), "
+    "where Side.from_groups and the old attach_side path handled an empty rank (tests/test_distributed.py's "
+    "'empty' split)"))
+
+
+@pytest.mark.e2e  # two processes
+@pytest.mark.parametrize("split, no_split", [("uneven", False), pytest.param("empty", False, marks=EMPTY_RANK),
+                                             ("empty", True)])
+def test_the_basis_side_over_two_ranks_equals_one_process_and_the_reference(tmp_path, capsys, split, no_split):
+    """``Side.split``'s basis side (``attach_basis``, ``_join``, ``_fold_joint``'s all-reduce, ``settle``) on two
+    ranks, one holding one prompt group (uneven) or none (empty): the same numbers as one process and as the
+    reference engine. (tests/test_distributed.py's components run no shared pass with two varying components: it
+    never splits.)"""
+    from rlgrad.analysis.components import analyse_components
+    from tests.helpers.processes import free_port
+    from tests.test_distributed import _model_batch
+
+    torch.multiprocessing.spawn(_split_worker, args=(free_port(), str(tmp_path), split, no_split), nprocs=2, join=True)
+    model, batch = _model_batch()
+    batch = _with_three(batch)
+    one = _split_components(model, batch)
+    ref = analyse_components(model, batch, LossSettings(loss_agg_mode="seq-mean-token-mean", horizon=5), weights=CW3,
+                             mode="shared_std", method="reference").metrics
+    worst = 0.0
+    for rank in (0, 1):
+        got, bases = torch.load(tmp_path / f"split_{rank}.pt", weights_only=False)
+        assert bases == ([] if no_split else [2]), bases  # the split ran, two basis slices, on every rank
+        assert set(got) == set(one)
+        for k, v in one.items():
+            if isinstance(v, float) and k.startswith(("grad_comp/", "grad_sim/")):
+                worst = max(worst, abs(got[k] - ref[k]) / abs(ref[k]))
+                assert got[k] == pytest.approx(v, rel=1e-5, abs=1e-9), (rank, k)
+                assert got[k] == pytest.approx(ref[k], rel=5e-5, abs=1e-9), (rank, k)
+    with capsys.disabled():
+        print(f"\nREVIEW7 two ranks ({split}, no split {no_split}): worst rel against the reference {worst:.2e}")
