@@ -36,8 +36,9 @@ def main(root: str = "/tmp") -> None:
         grad_keys = sorted(k for k in new[-1] if k.startswith(("grad_comp/", "grad_sim/", "grad_norm_sample/")))
         print(f"{mode}: rows {len(base)}/{len(new)}, keys in one run only: {sorted(only)}, non-finite in the new run "
               f"only: {sorted(nonfinite)}, grad_comp/grad_sim/grad_norm_sample keys at the last step: {len(grad_keys)}")
-        for k, v in sorted(worst.items(), key=lambda kv: -kv[1][0])[:10]:
-            print("  %-45s rel %.2e step %s base %.6g new %.6g" % ((k,) + v))
+        for k, v in sorted(worst.items(), key=lambda kv: (-kv[1][0], kv[0]))[:10]:
+            r, step, x, y = v
+            print(f"  {k:<45} rel {r:.2e} step {step} base {x:.6g} new {y:.6g}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/bin/bash
 # $1 = tree, $2 = tag
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-cd $1
+mkdir -p /tmp/r7logs && cd $1
 for mode in default own_std; do
   extra=""; [ $mode = own_std ] && extra="analysis.components.mode=own_std"
   rm -rf /tmp/review7_run_$2_$mode
