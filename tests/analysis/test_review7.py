@@ -81,11 +81,11 @@ def ride_and_plain(monkeypatch, tmp_path, model, b, s: LossSettings, overrides: 
     return out[False], out[True], reducers
 
 
-def check(plain, ride, grad_atol: float = 2e-6, rel: float = 2e-4) -> tuple[float, float]:
+def check(plain, ride, grad_atol: float = 2e-6, rel: float = 2e-4) -> tuple[float, float, str]:
     """The riding run's gradients (every mini-batch) against autograd's, to ``grad_atol`` of each parameter's largest
-    entry, and its metrics against the non-riding run's; returns the worst gradient error (of the max) and the
-    worst relative metric error."""
-    worst_g, worst_m = 0.0, 0.0
+    entry, and its metrics against the non-riding run's; returns the worst gradient error (of the max), the worst
+    relative metric error and its key."""
+    worst_g, worst_m, worst_k = 0.0, 0.0, ""
     assert len(plain[0]) == len(ride[0])
     for want, got in zip(plain[0], ride[0]):
         assert sorted(want) == sorted(got)
@@ -106,15 +106,15 @@ def check(plain, ride, grad_atol: float = 2e-6, rel: float = 2e-4) -> tuple[floa
             scale = 2e-4 * (abs(plain[1].get(k.replace("noise_inter", "noise_trace"), 0.0))
                             + abs(plain[1].get(k.replace("noise_inter", "noise_intra"), 0.0))) \
                 if k.startswith("noise_inter/") else 0.0
-            if abs(v) > 1e-9:
-                worst_m = max(worst_m, abs(w - v) / abs(v))
+            if abs(v) > 1e-9 and abs(w - v) / abs(v) > worst_m:
+                worst_m, worst_k = abs(w - v) / abs(v), k
             assert w == pytest.approx(v, rel=rel, abs=max(1e-9, scale)), k
-    return worst_g, worst_m
+    return worst_g, worst_m, worst_k
 
 
-def report(name: str, errs: tuple[float, float], reducers) -> None:
+def report(name: str, errs: tuple[float, float, str], reducers) -> None:
     r = reducers[-1] if reducers else None
-    print(f"\nREVIEW7 {name}: grad err/max {errs[0]:.2e}, metric rel {errs[1]:.2e}, "
+    print(f"\nREVIEW7 {name}: grad err/max {errs[0]:.2e}, metric rel {errs[1]:.2e} ({errs[2]}), "
           f"read={getattr(r, 'read', '-')}, slices={None if r is None else len(r.weights)}, "
           f"tiled={getattr(r, 'tiled', '-')}, gather={None if r is None else r.gather is not None}")
 
