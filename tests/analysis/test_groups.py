@@ -333,6 +333,25 @@ def test_a_side_whose_weights_add_up_to_the_updates_reduces_one_slice_less():
     assert gram[1, 1] == pytest.approx(0.25 * 4.0 - 2 * 0.5 * 1.0 + 3.0)
 
 
+def instrumented_update(tmp_path, model, b, s: LossSettings, cfg, weights: dict, one_pass: bool) -> dict:
+    """The metrics of the instruments of ``cfg`` around one update of ``b`` in one micro-batch (before it, and after
+    it: riding on it where ``one_pass``)."""
+    from rlgrad.hooks import HookRunner
+    from rlgrad.rl.actor import update_actor
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    runner = HookRunner(hooks_from_config(cfg))
+    ctx = StepContext(step=1, batch=b, actor=model, optimizer=optimizer, loss_settings=s, config=cfg,
+                      run_dir=tmp_path, reward_weights=weights, one_pass_update=one_pass)
+    got = dict(runner.before_update(ctx).metrics)
+    tap = runner.update_tap(ctx)
+    assert (tap is not None) == one_pass
+    update_actor(model, optimizer, b, s, ppo_epochs=1, mini_batch_size=len(b), micro_batch_size=len(b),
+                 max_grad_norm=1.0, shuffle=True, seed=0, tap=tap)
+    got.update(runner.after_update(ctx).metrics)
+    return got
+
+
 @pytest.mark.parametrize("varying, basis", [("one", 0), ("two", 1), ("three", 2)])
 @pytest.mark.parametrize("one_pass", [False, True])
 def test_reward_components_measured_from_the_groups_match_plain_autograd(tmp_path, monkeypatch, one_pass, varying,
@@ -345,9 +364,7 @@ def test_reward_components_measured_from_the_groups_match_plain_autograd(tmp_pat
     from rlgrad.algos.advantages import group_reward_std
     from rlgrad.algos.component_advantages import outcome_advantages
     from rlgrad.config.model import ModelConfig, TinyModelConfig
-    from rlgrad.hooks import HookRunner
     from rlgrad.models import build_char_tokenizer, build_tiny_model
-    from rlgrad.rl.actor import update_actor
 
     tok = build_char_tokenizer()
     tiny = TinyModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
@@ -385,16 +402,7 @@ def test_reward_components_measured_from_the_groups_match_plain_autograd(tmp_pat
 
     monkeypatch.setattr(RowNormReducer, "attach_side", no_side)
     monkeypatch.setattr(RowNormReducer, "attach_basis", attach_basis)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    runner = HookRunner(hooks_from_config(cfg))
-    ctx = StepContext(step=1, batch=b, actor=model, optimizer=optimizer, loss_settings=s, config=cfg,
-                      run_dir=tmp_path, reward_weights=one, one_pass_update=one_pass)
-    got = dict(runner.before_update(ctx).metrics)
-    tap = runner.update_tap(ctx)
-    assert (tap is not None) == one_pass
-    update_actor(model, optimizer, b, s, ppo_epochs=1, mini_batch_size=len(b), micro_batch_size=len(b),
-                 max_grad_norm=1.0, shuffle=True, seed=0, tap=tap)
-    got.update(runner.after_update(ctx).metrics)
+    got = instrumented_update(tmp_path, model, b, s, cfg, one, one_pass)
     assert attached == ([basis] if basis else [])
     measured = [k for k in ref if k.startswith(("grad_comp/", "grad_sim/"))]
     assert "grad_comp/correctness/norm" in measured and "grad_comp/total/norm" in measured

@@ -310,7 +310,7 @@ def _components_against_reference(tmp_path, small: float, split: bool, monkeypat
     refuses, every component reduced on the backward (the path before 05bf7fc). Returns the worst relative error."""
     from rlgrad.analysis import groups as groups_module
     from rlgrad.analysis.components import analyse_components
-    from rlgrad.rl.actor import update_actor
+    from tests.analysis.test_groups import instrumented_update
 
     if not split:
         monkeypatch.setattr(groups_module.Side, "split", lambda self, inverse, groups: None)
@@ -319,17 +319,7 @@ def _components_against_reference(tmp_path, small: float, split: bool, monkeypat
     rescore(b, weights=w)
     s = LossSettings()
     ref = analyse_components(copy.deepcopy(model), b, s, weights=w, method="reference").metrics
-    cfg = load_config(overrides=["analysis.components.every=1"])
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-    runner = HookRunner(hooks_from_config(cfg))
-    ctx = StepContext(step=1, batch=b, actor=model, optimizer=optimizer, loss_settings=s, config=cfg,
-                      run_dir=tmp_path, reward_weights=w, one_pass_update=True)
-    got = dict(runner.before_update(ctx).metrics)
-    tap = runner.update_tap(ctx)
-    assert tap is not None
-    update_actor(model, optimizer, b, s, ppo_epochs=1, mini_batch_size=len(b), micro_batch_size=len(b),
-                 max_grad_norm=1.0, shuffle=True, seed=0, tap=tap)
-    got.update(runner.after_update(ctx).metrics)
+    got = instrumented_update(tmp_path, model, b, s, load_config(overrides=["analysis.components.every=1"]), w, True)
     measured = [k for k in ref if k.startswith(("grad_comp/", "grad_sim/")) and ref[k]]
     assert "grad_comp/length/norm" in measured
     return max((abs(got[k] - ref[k]) / abs(ref[k]), k) for k in measured)
