@@ -282,7 +282,7 @@ def _start_term(reducer: RowNormReducer, term: str, row_terms: Collection[str] |
     reducer.acc = {}
     reducer.row_norms = row_terms is None or term in row_terms
     reducer.side = extra if term == "task" else None
-    if reducer.side is None or reducer.side is reducer.basis:  # (a basis side's pieces join the groups')
+    if reducer.side is None or reducer.joining:  # (a basis side's pieces join the groups')
         return None
     return stream(extra, side.derived, side.slices, False)
 

@@ -209,7 +209,7 @@ class RowNormReducer(_SliceReducer):
         gradients themselves at the bench's shapes."""
         flat = collectives.all_reduce_sum(per_group.reshape(len(self.weights), -1))
         self._into(self.gram, self.group_names[k], (flat @ flat.t()).double())
-        joining = self.side is not None and self.side is self.basis
+        joining = self.joining
         if self.sums is None and not joining:
             return
         summed = per_group.sum(0)
@@ -241,6 +241,11 @@ class RowNormReducer(_SliceReducer):
         side.flush = lambda k, piece: self._join(k, 1, piece.reshape(len(piece), -1) * side.scale.to(piece)[:, None])
         self.basis = side
         return side
+
+    @property
+    def joining(self) -> bool:
+        """Whether the backward under way feeds a basis side (``attach_basis``), whose pieces join the groups'."""
+        return self.side is not None and self.side is self.basis
 
     def _join(self, k: int, which: int, flat: torch.Tensor) -> None:
         """A piece of parameter ``k``'s group sum T (``which`` 0, ``[1, n]``) or basis slices (1, ``[r, n]``); each
