@@ -164,6 +164,9 @@ class _SliceReducer:
         self.folded = [c and fold for c in self.const]
         self.scale = torch.tensor([float(w[r[0]]) if f else 1.0 for w, r, f in zip(weights, self.rows, self.folded)],
                                   dtype=torch.float64)
+        # The weights a slice's reduction applies (a folded slice's are 1 on its rows): ``reduce_weights @ per_row``
+        # gives the slices of a parameter from its rows' own gradients ``per_row`` ``[N, ...]`` (rows.RowNormReducer)
+        self.reduce_weights = (weights / self.scale.to(weights)[:, None]).to(torch.float32)
         self._plan_tiles(weights)
         self.acc: dict[int, torch.Tensor] = {}
         self.names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
@@ -388,6 +391,9 @@ class _SliceReducer:
             if len(idx) == 0:
                 out.append(flat(g[:0], x[:0]))
                 continue
+            if not const and rng is None and 2 * len(idx) >= len(w):
+                # rows of weight 0 add nothing: weighing every row costs less than gathering the slice's
+                idx = torch.arange(len(w), device=w.device)
             gs, xs = self._rows_of(g, x, idx, rng)
             if const:
                 reduced = flat(gs, xs)

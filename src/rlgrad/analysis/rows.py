@@ -238,7 +238,9 @@ class RowNormReducer(_SliceReducer):
         side = self.attach_side(weights)
         side.block_slices, side.block_elements = len(self.weights), self.block_elements
         side.acc, side.remaining = {}, {}
-        side.flush = lambda k, piece: self._join(k, 1, piece.reshape(len(piece), -1) * side.scale.to(piece)[:, None])
+        unscaled = bool((side.scale == 1).all())  # (a basis slice's weights vary: never folded, its scale 1)
+        side.flush = lambda k, piece: self._join(k, 1, piece.reshape(len(piece), -1) if unscaled
+                                                 else piece.reshape(len(piece), -1) * side.scale.to(piece)[:, None])
         self.basis = side
         return side
 
@@ -258,7 +260,10 @@ class RowNormReducer(_SliceReducer):
     def _fold_joint(self, k: int, total: torch.Tensor, basis: torch.Tensor) -> None:
         if total.shape[1] != basis.shape[1]:
             raise RuntimeError(f"parameter {self.names[k]}: the groups' and the basis slices' pieces differ")
-        flat = collectives.all_reduce_sum(torch.cat([total, basis.to(total.dtype)])).double()
+        flat = total.new_empty(1 + len(basis), total.shape[1], dtype=torch.float64)
+        flat[:1].copy_(total)  # (each piece converted as it is copied: no float32 concatenation first)
+        flat[1:].copy_(basis)
+        flat = collectives.all_reduce_sum(flat)
         self._into(self.joint, self.group_names[k], flat @ flat.t())
 
     def settle(self) -> None:
@@ -329,7 +334,8 @@ class RowNormReducer(_SliceReducer):
         if not self.row_norms:
             return False
         self._row(m.weight, linear_row_sq(g3, x3, lambda: self._input_gram(x, x3)))
-        self._row(m.bias, g3.float().sum(1).double().pow(2).sum(-1))
+        if m.bias is not None:
+            self._row(m.bias, g3.float().sum(1).double().pow(2).sum(-1))
         emb = self._tied_embedding(m.weight) if self._key(m.weight) in self.names else None
         if emb is not None:  # δᴸ at the input's token ids, for the cross term at the embedding's backward
             ids = _rows3(self.ids[id(emb)])
@@ -401,10 +407,20 @@ class RowNormReducer(_SliceReducer):
             sq = sq + 2 * cross.sum((1, 2))
         self._row(m.weight, sq)
 
-    def _norm(self, m: nn.Module, xh: torch.Tensor, g: torch.Tensor) -> None:
-        super()._norm(m, xh, g)
-        if not self.row_norms:
-            return
+    def _norm(self, m: nn.Module, xh: torch.Tensor, g: torch.Tensor) -> bool:
+        """A norm's rows' own gradients are small (``[N, dim]``: Σ_t δ_t ⊙ x̂_t, and Σ_t δ_t for a bias): the group
+        gradients, the per-row norms and the side's slices all come from them, one product of δ and x̂ for the three.
+        Returns True: the side's slices are given."""
         g3, x3 = _rows3(g.detach()).float(), _rows3(xh).float()
-        self._row(m.weight, (g3 * x3).sum(1).double().pow(2).sum(-1))
-        self._row(getattr(m, "bias", None), g3.sum(1).double().pow(2).sum(-1))
+        self._from_rows(m.weight, (g3 * x3).sum(1))
+        if getattr(m, "bias", None) is not None:
+            self._from_rows(m.bias, g3.sum(1))
+        return True
+
+    def _from_rows(self, p: nn.Parameter, per_row: torch.Tensor) -> None:
+        """Parameter ``p``'s group gradients, per-row norms and side slices from its rows' gradients ``per_row``."""
+        self._add(p, self.reduce_weights @ per_row)
+        if self.row_norms:
+            self._row(p, per_row.double().pow(2).sum(-1))
+        if self.side is not None:
+            self.side._add(p, self.side.reduce_weights @ per_row)
