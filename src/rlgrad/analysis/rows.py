@@ -327,21 +327,29 @@ class RowNormReducer(_SliceReducer):
         return self.x_grams[where][1]
 
     def _linear(self, m: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> bool:
+        """The weight's group gradients and side slices each from their own product of δ and x (its per-row norm
+        from the ghost norm); the bias's all three from its rows' own gradients Σ_t δ_t (``_from_rows``), in the order
+        of ``_by_rows`` (this reducer's weight and bias, then the side's: the sums over ranks are collectives, called
+        alike on every rank). Returns True: the side's slices are given."""
         g3, x3 = _rows3(g.detach()), _rows3(x)
         if self._from_row_gradients(m, g3, x3):
             return self._by_rows(m, g3, x3)
-        super()._linear(m, x, g)
-        if not self.row_norms:
-            return False
-        self._row(m.weight, linear_row_sq(g3, x3, lambda: self._input_gram(x, x3)))
-        if m.bias is not None:
-            self._row(m.bias, g3.float().sum(1).double().pow(2).sum(-1))
-        emb = self._tied_embedding(m.weight) if self._key(m.weight) in self.names else None
-        if emb is not None:  # δᴸ at the input's token ids, for the cross term at the embedding's backward
-            ids = _rows3(self.ids[id(emb)])
-            picked = g3.gather(2, ids[:, None, :].expand(-1, g3.shape[1], -1))  # [N, T_out, T_in]
-            self.tied[self._key(m.weight)] = (picked, x3)
-        return False
+        self._linear_weight(m, x, g)
+        if self.row_norms:
+            self._row(m.weight, linear_row_sq(g3, x3, lambda: self._input_gram(x, x3)))
+            emb = self._tied_embedding(m.weight) if self._key(m.weight) in self.names else None
+            if emb is not None:  # δᴸ at the input's token ids, for the cross term at the embedding's backward
+                ids = _rows3(self.ids[id(emb)])
+                picked = g3.gather(2, ids[:, None, :].expand(-1, g3.shape[1], -1))  # [N, T_out, T_in]
+                self.tied[self._key(m.weight)] = (picked, x3)
+        bias_rows = None if m.bias is None else g3.float().sum(1)  # [N, out]
+        if bias_rows is not None:
+            self._from_rows(m.bias, bias_rows)
+        if self.side is not None:
+            _SliceReducer._linear_weight(self.side, m, x, g)
+            if bias_rows is not None:
+                self.side._add(m.bias, self.side.reduce_weights @ bias_rows)
+        return True
 
     def _from_row_gradients(self, m: nn.Linear, g3: torch.Tensor, x3: torch.Tensor) -> bool:
         """Whether this Linear's group gradients, per-row norms and side slices all come from its rows' own weight
@@ -412,15 +420,17 @@ class RowNormReducer(_SliceReducer):
         gradients, the per-row norms and the side's slices all come from them, one product of δ and x̂ for the three.
         Returns True: the side's slices are given."""
         g3, x3 = _rows3(g.detach()).float(), _rows3(xh).float()
-        self._from_rows(m.weight, (g3 * x3).sum(1))
+        per_row = {m.weight: (g3 * x3).sum(1)}
         if getattr(m, "bias", None) is not None:
-            self._from_rows(m.bias, g3.sum(1))
+            per_row[m.bias] = g3.sum(1)
+        for p, rows in per_row.items():  # (this reducer's weight and bias, then the side's: as ``_linear``)
+            self._from_rows(p, rows)
+        for p, rows in per_row.items() if self.side is not None else ():
+            self.side._add(p, self.side.reduce_weights @ rows)
         return True
 
     def _from_rows(self, p: nn.Parameter, per_row: torch.Tensor) -> None:
-        """Parameter ``p``'s group gradients, per-row norms and side slices from its rows' gradients ``per_row``."""
+        """Parameter ``p``'s group gradients and per-row norms from its rows' own gradients ``per_row`` ``[N, ...]``."""
         self._add(p, self.reduce_weights @ per_row)
         if self.row_norms:
             self._row(p, per_row.double().pow(2).sum(-1))
-        if self.side is not None:
-            self.side._add(p, self.side.reduce_weights @ per_row)
