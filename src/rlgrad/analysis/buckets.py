@@ -41,7 +41,7 @@ from rlgrad.algos.aggregation import denominator
 from rlgrad.algos.objective import LossFn, LossSettings, as_loss_fn
 from rlgrad.analysis.engine import GradStats, fast_unsupported, slice_gradients
 from rlgrad.analysis.groups import GroupPass, SharedPass, checked, logged_values
-from rlgrad.analysis.instrument import InstrumentHook, step_dir
+from rlgrad.analysis.instrument import InstrumentHook, fast_unsupported_at, step_dir
 from rlgrad.batch import Batch, check_batch
 from rlgrad.collectives import all_gather_cat, all_gather_sizes, all_reduce_sum, rank
 from rlgrad.hooks import HookResult, Schedule, StepContext
@@ -205,7 +205,8 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
     """
     check_batch(batch)
     loss_fn = as_loss_fn(loss)
-    if method == "fast" and (why := fast_unsupported(model)):  # decided first: reference probes `all` itself
+    # decided first (reference probes `all` itself); a model the fast engine made ``groups`` of is covered
+    if method == "fast" and groups is None and (why := fast_unsupported(model)):
         warnings.warn(f"{why}; falling back to analysis.method=reference", stacklevel=2)
         method = "reference"
     buckets = global_buckets(batch.group_ids, batch.reward_std, mode=bucket_mode, num_buckets=num_buckets,
@@ -421,7 +422,7 @@ class GradientAnalysisHook(InstrumentHook):
         groups = None
         ride = self.shared is not None and self.shared.rides(ctx) and self.after_update_safe()
         if self.shared is not None and self.shared.serves(ctx.step, "buckets", ride) \
-                and batch is ctx.batch and not fast_unsupported(ctx.actor):
+                and batch is ctx.batch and not fast_unsupported_at(ctx):
             groups = self.shared.pass_for(ctx.step, ctx.actor, batch, loss_fn, one_pass=ride)
         rep = analyse_buckets(ctx.actor, batch, loss_fn, bucket_mode=b.bucket_mode, num_buckets=b.num_buckets,
                               method=self.method, dp_trim=trim, groups=groups)

@@ -41,9 +41,9 @@ from rlgrad.algos.advantages import sequence_scores
 from rlgrad.algos.aggregation import denominator
 from rlgrad.algos.component_advantages import component_advantages, per_sequence_advantage
 from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_fn, as_unit_loss
-from rlgrad.analysis.engine import GradStats, fast_unsupported, layer_group, slice_gradients
+from rlgrad.analysis.engine import GradStats, layer_group, slice_gradients
 from rlgrad.analysis.groups import SharedPass, Side
-from rlgrad.analysis.instrument import InstrumentHook
+from rlgrad.analysis.instrument import InstrumentHook, fast_unsupported_at
 from rlgrad.analysis.writer import BackgroundWriter, _stderr
 from rlgrad.batch import Batch
 from rlgrad.hooks import HookResult, Schedule, StepContext
@@ -111,7 +111,8 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
     split ``mode`` / ``estimator`` / ``norm_by_std`` define (``component_advantages``). ``shared``: runs the
     prompt-group pass of ``loss`` with a ``Side`` and gives the side's Grams (``groups.py``; None: not run); used
     where that is exact (``loss`` has a ``unit()``, no row with a zero advantage has a component advantage; fast,
-    no ``keep_grads``).
+    no ``keep_grads``). Given only for a model the fast engine covers (``engine.fast_unsupported``: its caller asks,
+    ``ComponentGeometryHook`` once a step, not here again).
     """
     has_unit = callable(getattr(as_loss_fn(loss), "unit", None))
     unit = as_unit_loss(loss)
@@ -132,7 +133,7 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
         slices, derived = names + ["total"], {}
     W = torch.stack(rows).double().div(denom).float().reshape(len(rows), len(batch))
 
-    exact = has_unit and method == "fast" and not keep_grads and not fast_unsupported(model)
+    exact = has_unit and method == "fast" and not keep_grads
     stats = _component_grams(model, batch, unit, W, adv, slices, derived, method, keep_grads,
                              shared if exact else None)
     # The engine summed every slice's gradient over ranks before forming its Grams: they are global already.
@@ -225,7 +226,8 @@ class ComponentGeometryHook(InstrumentHook):
         split = ctx.component_advantages(ctx.batch) if ctx.component_advantages is not None else None
         shared = None
         ride = self.shared is not None and self.shared.rides(ctx)
-        if self.shared is not None and self.shared.serves(ctx.step, "components", ride):
+        if self.shared is not None and self.shared.serves(ctx.step, "components", ride) \
+                and not fast_unsupported_at(ctx):  # analyse_components' shared pass: the fast engine's
             def shared(side: Side) -> GradStats | None:
                 found = self.shared.pass_for(ctx.step, ctx.actor, ctx.batch, ctx.actor_loss(), side, ride)
                 return found.side if found is not None else None
