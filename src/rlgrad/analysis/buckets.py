@@ -237,6 +237,7 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
     metrics: dict[str, float] = {}
     layers: dict[str, dict[str, dict[str, float]]] = {}
     n_total = float(all_reduce_sum(torch.tensor(float((batch.group_ids >= 0).sum()))))
+    norms = {term: _slice_norms(stats, term) for term in stats.gram}
     for b in buckets.names:
         stds = torch.tensor([sd for bk, _, sd in buckets.groups if b == "all" or bk == b])
         metrics[key("grad_norm/{bucket}/sample_count", bucket=b)] = count[b]
@@ -252,13 +253,22 @@ def analyse_buckets(model: nn.Module, batch: Batch, loss: LossFn | LossSettings 
         for name, v in losses.items():
             metrics[key("grad_norm/{bucket}/loss/{loss}", bucket=b, loss=name)] = v
         layers[b] = {}
+        k = stats.slices.index(b)
         for term in stats.gram:
-            norm = stats.norm(term, b)
+            norm = norms[term][None][k]
             metrics[key("grad_norm/{bucket}/{term}", bucket=b, term=term)] = norm
             metrics[key("grad_norm/{bucket}/per_sample/{term}", bucket=b, term=term)] = norm / max(count[b], 1)
             metrics[key("grad_norm/{bucket}/per_token/{term}", bucket=b, term=term)] = norm / max(tokens[b], 1.0)
-            layers[b][term] = {g: stats.norm(term, b, g) for g in sorted(stats.gram[term])}
+            layers[b][term] = {g: norms[term][g][k] for g in sorted(stats.gram[term])}
     return BucketReport(metrics, layers, buckets, stats)
+
+
+def _slice_norms(stats: GradStats, term: str) -> dict[str | None, list[float]]:
+    """``stats.norm(term, s, group)`` of every slice s (in ``stats.slices``' order) by layer group, None: in total. The
+    same operations on the same Gram entries, one per Gram: a bucket's norm and its groups' were a total Gram's sum
+    and a few tensor operations each, about 0.8 ms of the embedded default's step."""
+    grams = {None: stats.total_gram(term), **stats.gram[term]}
+    return {g: gram.diagonal().clamp_min(0).sqrt().tolist() for g, gram in grams.items()}
 
 
 def _from_groups(groups: GroupPass, buckets: Buckets, denom: dict[str, float]) -> GradStats:
