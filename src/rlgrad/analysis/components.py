@@ -68,7 +68,7 @@ def _with_zero_slices(stats: GradStats, model, slices: list[str], keep: bool) ->
     idx = torch.tensor([slices.index(x) for x in stats.slices], dtype=torch.long)
     S = len(slices)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    gram = {layer_group(n): torch.zeros(S, S, dtype=torch.float64) for n, _ in params}
+    gram = {g: torch.zeros(S, S, dtype=torch.float64) for g in dict.fromkeys(layer_group(n) for n, _ in params)}
     for g, m in stats.gram.get(TERM, {}).items():
         gram[g][idx[:, None], idx[None, :]] = m.to("cpu", torch.float64)
     grads = {}

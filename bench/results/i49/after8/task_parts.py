@@ -36,7 +36,8 @@ PARTS = [
     "buckets.analyse_buckets", "buckets.global_buckets", "buckets.fast_unsupported", "buckets._loss_values",
     "buckets._from_groups", "components.ComponentGeometryHook.measure", "components.analyse_components",
     "components.component_advantages", "components._component_grams", "components._with_zero_slices",
-    "components.fast_unsupported", "instrument.InstrumentHook.write", "instrument.atomic_write_text",
+    "components.fast_unsupported", "components.split_advantages", "instrument.fast_unsupported",
+    "instrument.InstrumentHook.write", "instrument.atomic_write_text",
     "instrument.atomic_write_json", "groups.rides_on_update", "groups.group_pass",
 ]
 PHASES = ["before_update", "on_grads", "after_update", "before_grads"]
