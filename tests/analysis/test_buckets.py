@@ -183,3 +183,19 @@ def test_a_term_no_metric_key_can_hold_fails_before_the_backward(model_tok):
     with pytest.raises(ValueError, match="kl-penalty"):
         analyse_buckets(model, make_batch(model, tok), per_token_loss(bad), num_buckets=2)
     assert len(calls) == 1  # the forward ran once; no gradient was computed for it
+
+
+def test_the_bucket_norms_are_the_grams_norms_bit_for_bit(model_tok):
+    """Every bucket's norm and its layer groups' (read off each Gram's diagonal at once, ``_slice_norms``) are exactly
+    ``GradStats.norm`` of that bucket, the norms' definition, with and without the prompt-group pass."""
+    model, tok = model_tok
+    b = make_batch(model, tok)
+    s = SETTINGS[0]
+    for groups in (None, group_pass(model, b, as_loss_fn(s))):
+        rep = analyse_buckets(model, b, s, num_buckets=3, groups=groups)
+        assert len(rep.buckets.names) > 2 and set(rep.stats.gram) == {"task", "entropy", "kl"}
+        for bucket in rep.buckets.names:
+            for term, per_group in rep.layers[bucket].items():
+                assert rep.metrics[f"grad_norm/{bucket}/{term}"] == rep.stats.norm(term, bucket)
+                assert per_group == {g: rep.stats.norm(term, bucket, g) for g in rep.stats.gram[term]}
+                assert list(per_group) == sorted(rep.stats.gram[term])

@@ -410,6 +410,34 @@ def test_reward_components_measured_from_the_groups_match_plain_autograd(tmp_pat
         assert got[k] == pytest.approx(ref[k], rel=1e-5, abs=1e-12), k
 
 
+def test_a_riding_step_checks_the_model_and_splits_the_advantage_once(tmp_path, monkeypatch):
+    """Issue 49, the work outside the backward: the task-term instruments planned at before_update and taken at
+    after_update walk the model for the fast engine's check once for them all (``instrument.fast_unsupported_at``;
+    ``groups.rides_on_update`` once more) and split the advantage by component once (``ComponentGeometryHook._split``).
+    (That their numbers are those of a step nothing rides on: the riding tests above.)"""
+    from rlgrad.analysis import buckets, components, engine, groups, instrument, per_sample
+    from rlgrad.config.model import ModelConfig, TinyModelConfig
+    from rlgrad.models import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    tiny = TinyModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                           intermediate_size=48)
+    model = build_tiny_model(ModelConfig(tiny=tiny), tok, seed=5)
+    b = component_batch(model, tok, seed=1)
+    cfg = load_config(overrides=["analysis.buckets.every=1", "analysis.components.every=1",
+                                 "analysis.per_sample.every=1", "analysis.per_sample.terms=[task]",
+                                 "analysis.buckets.num_buckets=2"])
+    walks, splits = [], []
+    for module in (instrument, groups, buckets, per_sample):
+        monkeypatch.setattr(module, "fast_unsupported", lambda m: walks.append(1) or engine.fast_unsupported(m),
+                            raising=False)
+    real_split = components.split_advantages
+    monkeypatch.setattr(components, "split_advantages", lambda *a, **k: splits.append(1) or real_split(*a, **k))
+    got = instrumented_update(tmp_path, model, b, LossSettings(horizon=8), cfg, WEIGHTS, one_pass=True)
+    assert {"grad_comp/correctness/norm", "grad_norm/all/task", "noise_scale/all/task"} <= set(got)
+    assert len(walks) == 2 and len(splits) == 1
+
+
 def test_what_the_pass_forms_from_the_forward_is_formed_once_and_not_kept_past_a_riding_backward(monkeypatch):
     """Memory (issue 49; bench/results/i49/memory_ride). A norm layer's x̂ formed in the forward stayed alive beside its
     input through the whole backward, every norm's at once (the riding step's extra peak); and the hooks and the ghost

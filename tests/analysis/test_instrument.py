@@ -59,3 +59,32 @@ def test_every_instrument_hook_goes_through_the_plumbing_and_spells_no_timing_ke
         if path.name != "instrument.py":
             text = path.read_text()
             assert not re.search(r"timing_s/|perf_counter|\"step_\{|/ \"analysis\"", text), path.name
+
+
+def test_the_fast_engines_check_walks_the_model_once_per_step_context(monkeypatch):
+    """``fast_unsupported_at``: the instruments ask it at before_update and again at after_update; one step context's
+    answer is walked once, the next context's again (the answer of the model it carries), and a context that takes
+    no weak reference is asked each time."""
+    import torch
+
+    from rlgrad.analysis import instrument
+    from rlgrad.analysis.engine import fast_unsupported
+
+    walks = []
+    monkeypatch.setattr(instrument, "fast_unsupported", lambda m: walks.append(m) or fast_unsupported(m))
+
+    class Ctx:  # a step context (StepContext takes weak references, as any plain class does)
+        def __init__(self, actor):
+            self.actor = actor
+
+    covered = torch.nn.Sequential(torch.nn.Embedding(5, 4), torch.nn.Linear(4, 5))
+    uncovered = torch.nn.Sequential(torch.nn.Embedding(5, 4), torch.nn.Conv1d(4, 5, 1))
+    first, second = Ctx(covered), Ctx(uncovered)
+    assert [instrument.fast_unsupported_at(first) for _ in range(3)] == [None] * 3 and walks == [covered]
+    assert all("0.weight" not in w and "1.weight" in w for w in (instrument.fast_unsupported_at(second),
+                                                                 instrument.fast_unsupported_at(second)))
+    assert walks == [covered, uncovered]
+    assert instrument.fast_unsupported_at(first) is None and len(walks) == 3  # a new step's context: walked again
+    plain = SimpleNamespace(actor=covered)
+    assert instrument.fast_unsupported_at(plain) is None and instrument.fast_unsupported_at(plain) is None
+    assert len(walks) == 5

@@ -314,12 +314,17 @@ def test_the_proxy_correlations_null_is_the_95th_percentile_over_its_shuffles():
     """``proxy_corr/spearman_null95`` is the 95th percentile of |Spearman| of the proxy's ranks shuffled by each row
     of ``null_permutations`` against the norms' ranks (each correlation by torch.corrcoef here); every row is a
     permutation, the rows differ, and a later step of the same size reuses them."""
-    from rlgrad.analysis.per_sample import NULL_SHUFFLES, null_permutations
+    from rlgrad.analysis.per_sample import NULL_SHUFFLES, _kept_shuffles, null_permutations
 
     torch.manual_seed(3)
     proxy, norms = torch.rand(40), torch.rand(40) + 0.1
     perms = null_permutations(40)
-    assert perms.shape == (NULL_SHUFFLES, 40) and null_permutations(40) is perms
+    kept = _kept_shuffles(40)
+    assert perms.shape == (NULL_SHUFFLES, 40) and perms.dtype == torch.long
+    assert torch.equal(null_permutations(40), perms)
+    for n in range(8, 129, 8):  # the embedded default's 16 sample counts (a multiple of 8 samples per prompt)
+        null_permutations(n)
+    assert _kept_shuffles(40) is kept  # still kept after them: not drawn again
     assert torch.equal(perms.sort(1).values, torch.arange(40).expand(NULL_SHUFFLES, -1))
     assert len({tuple(row.tolist()) for row in perms}) > 0.99 * NULL_SHUFFLES
     order = torch.sort(proxy.double(), stable=True).indices  # proxy_correlation's canonical order

@@ -61,6 +61,21 @@ def test_key_refuses_unknown_templates_and_bad_fields():
         key("grad_norm/{bucket}/{term}", bucket="all", term=True)
 
 
+def test_key_remembers_the_keys_it_filled_but_never_an_error():
+    """``key`` keeps the keys of plain str / int values (the instruments fill the same ones every step); True, equal
+    to 1 and hashed alike, is never taken for 1, and a refused key is refused at every call."""
+    first = key("grad_norm/{bucket}/{term}", bucket="all", term="task")
+    assert key("grad_norm/{bucket}/{term}", bucket="all", term="task") is first  # remembered, not formed again
+    assert key("grad_norm/{bucket}/{term}", bucket="all", term=1) == "grad_norm/all/1"
+    for _ in range(2):
+        with pytest.raises(ValueError, match="must be a str or an int"):
+            key("grad_norm/{bucket}/{term}", bucket="all", term=True)
+        with pytest.raises(ValueError, match="bucket"):
+            key("grad_norm/{bucket}/{term}", bucket="bucket_x", term="task")
+        with pytest.raises(ValueError, match="missing field"):
+            key("grad_norm/{bucket}/{term}", bucket="all")
+
+
 def test_match_finds_the_most_specific_entry():
     assert match("grad_norm/bucket_3/task").template == "grad_norm/{bucket}/{term}"
     assert match("grad_norm/all/sample_count").template == "grad_norm/{bucket}/sample_count"

@@ -41,9 +41,9 @@ from rlgrad.algos.advantages import sequence_scores
 from rlgrad.algos.aggregation import denominator
 from rlgrad.algos.component_advantages import component_advantages, per_sequence_advantage
 from rlgrad.algos.objective import FunctionLoss, LossFn, LossSettings, as_loss_fn, as_unit_loss
-from rlgrad.analysis.engine import GradStats, fast_unsupported, layer_group, slice_gradients
+from rlgrad.analysis.engine import GradStats, layer_group, slice_gradients
 from rlgrad.analysis.groups import SharedPass, Side
-from rlgrad.analysis.instrument import InstrumentHook
+from rlgrad.analysis.instrument import InstrumentHook, fast_unsupported_at
 from rlgrad.analysis.writer import BackgroundWriter, _stderr
 from rlgrad.batch import Batch
 from rlgrad.hooks import HookResult, Schedule, StepContext
@@ -68,7 +68,7 @@ def _with_zero_slices(stats: GradStats, model, slices: list[str], keep: bool) ->
     idx = torch.tensor([slices.index(x) for x in stats.slices], dtype=torch.long)
     S = len(slices)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    gram = {layer_group(n): torch.zeros(S, S, dtype=torch.float64) for n, _ in params}
+    gram = {g: torch.zeros(S, S, dtype=torch.float64) for g in dict.fromkeys(layer_group(n) for n, _ in params)}
     for g, m in stats.gram.get(TERM, {}).items():
         gram[g][idx[:, None], idx[None, :]] = m.to("cpu", torch.float64)
     grads = {}
@@ -111,7 +111,8 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
     split ``mode`` / ``estimator`` / ``norm_by_std`` define (``component_advantages``). ``shared``: runs the
     prompt-group pass of ``loss`` with a ``Side`` and gives the side's Grams (``groups.py``; None: not run); used
     where that is exact (``loss`` has a ``unit()``, no row with a zero advantage has a component advantage; fast,
-    no ``keep_grads``).
+    no ``keep_grads``). Given only for a model the fast engine covers (``engine.fast_unsupported``: its caller asks,
+    ``ComponentGeometryHook`` once a step, not here again).
     """
     has_unit = callable(getattr(as_loss_fn(loss), "unit", None))
     unit = as_unit_loss(loss)
@@ -119,10 +120,8 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
     if not names:
         raise ValueError("the batch carries no reward components")
     adv = per_sequence_advantage(batch)
-    comp = advantages if advantages is not None else component_advantages(
-        batch.components, weights, sequence_scores(batch.scores, batch.token_rewards, batch.response_mask),
-        batch.group_ids, mode=mode, estimator=estimator, norm_by_std=norm_by_std, response_mask=batch.response_mask,
-        reduce=collectives.all_reduce_sum)
+    comp = advantages if advantages is not None else split_advantages(batch, weights, mode=mode, estimator=estimator,
+                                                                      norm_by_std=norm_by_std)
     _, u = unit.agg.weights(batch.response_mask)
     denom = denominator(float(collectives.all_reduce_sum(u.sum().double())))  # the update's loss denominator
     rows = [comp[c] for c in names]
@@ -132,7 +131,7 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
         slices, derived = names + ["total"], {}
     W = torch.stack(rows).double().div(denom).float().reshape(len(rows), len(batch))
 
-    exact = has_unit and method == "fast" and not keep_grads and not fast_unsupported(model)
+    exact = has_unit and method == "fast" and not keep_grads
     stats = _component_grams(model, batch, unit, W, adv, slices, derived, method, keep_grads,
                              shared if exact else None)
     # The engine summed every slice's gradient over ranks before forming its Grams: they are global already.
@@ -156,6 +155,16 @@ def analyse_components(model: nn.Module, batch: Batch, loss: LossFn | LossSettin
             metrics[key("grad_sim/{pair}", pair=pair)] = v
     summary = {"mode": mode, "components": names, "global": glob, "layers": layers}
     return ComponentReport(metrics, summary, stats, {**comp, "total": adv})
+
+
+def split_advantages(batch: Batch, weights: dict[str, float], *, mode: str = "shared_std", estimator: str = "grpo",
+                     norm_by_std: bool = True) -> dict[str, torch.Tensor]:
+    """The split of the update's advantage by component that ``analyse_components`` takes by default (``mode``,
+    ``estimator``, ``norm_by_std``: its arguments); data parallel: a collective."""
+    return component_advantages(
+        batch.components, weights, sequence_scores(batch.scores, batch.token_rewards, batch.response_mask),
+        batch.group_ids, mode=mode, estimator=estimator, norm_by_std=norm_by_std, response_mask=batch.response_mask,
+        reduce=collectives.all_reduce_sum)
 
 
 def _component_grams(model: nn.Module, batch: Batch, unit: LossFn, W: torch.Tensor, adv: torch.Tensor,
@@ -219,13 +228,15 @@ class ComponentGeometryHook(InstrumentHook):
         self.shared = shared
         self.estimator, self.norm_by_std, self.method = estimator, norm_by_std, method
         self.writer = BackgroundWriter(log) if settings.save_gradients else None
+        self.split: tuple[int, int, dict[str, torch.Tensor]] | None = None  # (step, id(batch), _split's answer)
 
     def measure(self, ctx: StepContext) -> tuple[HookResult, dict]:
         save = self.writer is not None
-        split = ctx.component_advantages(ctx.batch) if ctx.component_advantages is not None else None
+        split = self._split(ctx)
         shared = None
         ride = self.shared is not None and self.shared.rides(ctx)
-        if self.shared is not None and self.shared.serves(ctx.step, "components", ride):
+        if self.shared is not None and self.shared.serves(ctx.step, "components", ride) \
+                and not fast_unsupported_at(ctx):  # analyse_components' shared pass: the fast engine's
             def shared(side: Side) -> GradStats | None:
                 found = self.shared.pass_for(ctx.step, ctx.actor, ctx.batch, ctx.actor_loss(), side, ride)
                 return found.side if found is not None else None
@@ -240,6 +251,18 @@ class ComponentGeometryHook(InstrumentHook):
         if save:
             metrics["grad_comp/save_failures"] = float(len(self.writer.failures))
         return HookResult(metrics=metrics), {"components.json": {"step": ctx.step, **rep.summary}}
+
+    def _split(self, ctx: StepContext) -> dict[str, torch.Tensor]:
+        """The advantage split by component of the step's batch: the loop's (``ctx.component_advantages``), else
+        ``split_advantages``'. Worked out once a step (about 0.9 ms of the embedded default's): a measurement that
+        rides on the update plans its side at ``before_update`` and is taken at ``after_update``, on the same batch
+        (the update changes the weights, not the batch)."""
+        if self.split is None or self.split[:2] != (ctx.step, id(ctx.batch)):
+            split = ctx.component_advantages(ctx.batch) if ctx.component_advantages is not None else split_advantages(
+                ctx.batch, ctx.reward_weights, mode=self.settings.mode, estimator=self.estimator,
+                norm_by_std=self.norm_by_std)
+            self.split = (ctx.step, id(ctx.batch), split)  # the id, not the batch: no step's batch kept alive
+        return self.split[2]
 
     def close(self) -> None:
         if self.writer is None:

@@ -44,6 +44,20 @@ def key(template: str, **fields: str | int) -> str:
     ``KeyError`` (naming the template) if the template is not in :data:`CATALOGUE`; ``ValueError`` if a
     field is missing, not one of the template's, or its value does not match :data:`FIELDS`.
     """
+    # The instruments fill the same few hundred keys every step (a regex check per field each): those of plain str
+    # and int values are remembered. Only exact types, so True (== 1, the same hash) never finds 1's key and still
+    # fails; an error is never remembered (lru_cache keeps no exception): it is raised at every call.
+    if all(type(v) is str or type(v) is int for v in fields.values()):
+        return _remembered(template, tuple(fields.items()))
+    return _filled(template, fields)
+
+
+@lru_cache(maxsize=8192)
+def _remembered(template: str, fields: tuple[tuple[str, str | int], ...]) -> str:
+    return _filled(template, dict(fields))
+
+
+def _filled(template: str, fields: dict[str, str | int]) -> str:
     m = _entry(template)
     missing = [f for f in m.fields if f not in fields]
     extra = sorted(set(fields) - set(m.fields))
