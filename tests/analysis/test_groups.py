@@ -4,6 +4,8 @@ test_buckets.py, test_components.py and test_per_sample.py)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -229,9 +231,13 @@ def test_the_pass_does_not_ride_on_an_update_whose_loss_has_other_terms():
     from tests.helpers.batches import tiny_model_and_tokenizer
 
     model, _ = tiny_model_and_tokenizer()
-    assert rides_on_update(model, ActorLoss(LossSettings()))
-    assert not rides_on_update(model, ActorLoss(LossSettings(entropy_coeff=0.01)))
-    assert not rides_on_update(model, ActorLoss(LossSettings(use_kl_loss=True)))
+
+    def step(settings: LossSettings) -> SimpleNamespace:
+        return SimpleNamespace(actor=model, actor_loss=lambda: ActorLoss(settings))
+
+    assert rides_on_update(step(LossSettings()))
+    assert not rides_on_update(step(LossSettings(entropy_coeff=0.01)))
+    assert not rides_on_update(step(LossSettings(use_kl_loss=True)))
 
 
 def test_what_waited_for_the_update_is_measured_before_it_when_a_later_hook_stops(tmp_path):
@@ -412,8 +418,8 @@ def test_reward_components_measured_from_the_groups_match_plain_autograd(tmp_pat
 
 def test_a_riding_step_checks_the_model_and_splits_the_advantage_once(tmp_path, monkeypatch):
     """Issue 49, the work outside the backward: the task-term instruments planned at before_update and taken at
-    after_update walk the model for the fast engine's check once for them all (``instrument.fast_unsupported_at``;
-    ``groups.rides_on_update`` once more) and split the advantage by component once (``ComponentGeometryHook._split``).
+    after_update walk the model for the fast engine's check once for them all (``instrument.fast_unsupported_at``,
+    also for ``groups.rides_on_update``) and split the advantage by component once (``ComponentGeometryHook._split``).
     (That their numbers are those of a step nothing rides on: the riding tests above.)"""
     from rlgrad.analysis import buckets, components, engine, groups, instrument, per_sample
     from rlgrad.config.model import ModelConfig, TinyModelConfig
@@ -435,7 +441,7 @@ def test_a_riding_step_checks_the_model_and_splits_the_advantage_once(tmp_path, 
     monkeypatch.setattr(components, "split_advantages", lambda *a, **k: splits.append(1) or real_split(*a, **k))
     got = instrumented_update(tmp_path, model, b, LossSettings(horizon=8), cfg, WEIGHTS, one_pass=True)
     assert {"grad_comp/correctness/norm", "grad_norm/all/task", "noise_scale/all/task"} <= set(got)
-    assert len(walks) == 2 and len(splits) == 1
+    assert len(walks) == 1 and len(splits) == 1
 
 
 def test_what_the_pass_forms_from_the_forward_is_formed_once_and_not_kept_past_a_riding_backward(monkeypatch):

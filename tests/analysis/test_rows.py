@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from rlgrad.metrics.fields import layer_group
 from rlgrad.analysis.rows import RowNormReducer
+from rlgrad.metrics.fields import layer_group
 
 
 class Tiny(nn.Module):

@@ -45,12 +45,11 @@ from rlgrad.analysis.engine import (
     GradStats,
     _SliceReducer,
     backward,
-    fast_unsupported,
     run_terms,
     stream,
     with_derived,
 )
-from rlgrad.analysis.instrument import Deferred
+from rlgrad.analysis.instrument import Deferred, fast_unsupported_at
 from rlgrad.analysis.rows import RowNormReducer
 from rlgrad.batch import Batch
 from rlgrad.collectives import all_gather_cat, all_reduce_max, all_reduce_sum
@@ -402,7 +401,7 @@ class SharedPass:
         if not ctx.one_pass_update or self.dropped == ctx.step:
             return False
         if self.ride_known is None or self.ride_known[0] is not ctx:  # asked by every user, before and after
-            self.ride_known = (ctx, rides_on_update(ctx.actor, ctx.actor_loss(), self.proxy))
+            self.ride_known = (ctx, rides_on_update(ctx, self.proxy))
         return self.ride_known[1]
 
     def drop(self, step: int) -> None:
@@ -414,14 +413,16 @@ class SharedPass:
         return self.planned if self.planned is not None and self.planned.step == step else None
 
 
-def rides_on_update(model: nn.Module, loss_fn: LossFn, proxy: bool = False) -> bool:
-    """Whether the prompt-group pass can ride on the backward of a one-pass update: a loss whose update's backward is
-    the task term's alone (``task_alone()``: rlgrad's actor loss or TRL's, without an entropy bonus or a KL term)
-    and that reads a forward's per-token parts (``of``), on a model the fast engine covers; with verl's ``proxy``,
-    one with an LM head to read it from (else the proxy's own forwards would run after the update)."""
+def rides_on_update(ctx: StepContext, proxy: bool = False) -> bool:
+    """Whether the step's prompt-group pass can ride on the backward of a one-pass update: a loss whose update's
+    backward is the task term's alone (``task_alone()``: rlgrad's actor loss or TRL's, without an entropy bonus or a
+    KL term) and that reads a forward's per-token parts (``of``), on a model the fast engine covers (asked once a step:
+    ``instrument.fast_unsupported_at``); with verl's ``proxy``, one with an LM head to read it from (else the proxy's
+    own forwards would run after the update)."""
+    loss_fn = ctx.actor_loss()
     task_alone = getattr(loss_fn, "task_alone", None)
-    return (task_alone is not None and task_alone() and hasattr(loss_fn, "of") and not fast_unsupported(model)
-            and (not proxy or lm_head(model) is not None))
+    return (task_alone is not None and task_alone() and hasattr(loss_fn, "of") and not fast_unsupported_at(ctx)
+            and (not proxy or lm_head(ctx.actor) is not None))
 
 
 class UpdatePass:
