@@ -339,6 +339,27 @@ def test_a_side_whose_weights_add_up_to_the_updates_reduces_one_slice_less():
     assert gram[1, 1] == pytest.approx(0.25 * 4.0 - 2 * 0.5 * 1.0 + 3.0)
 
 
+def test_a_basis_slice_is_its_part_on_the_groups_plus_the_rows_of_the_groups_where_it_varies():
+    """``Side.basis_by_group``: on the carrying rows the basis weights are ``by_group[:, inverse] + rest``; ``rest``
+    is 0 on the groups where a slice's weights are one number (within the tolerance) and on every row that carries
+    no gradient, ``by_group`` 0 where they vary; ``SideSplit.by_group`` of a split without basis is empty."""
+    from rlgrad.analysis.groups import GROUP_CONSTANT_RTOL, Side, SideSplit
+
+    inverse = torch.tensor([0, 0, 0, 1, 1, 2, 2, 3])
+    carrying = torch.tensor([True, True, True, True, True, True, False, False])
+    basis = torch.tensor([[0.3, 0.3 * (1 + GROUP_CONSTANT_RTOL / 4), 0.3, -1.0, 2.0, 0.7, 5.0, 9.0],
+                          [0.1, 0.1, 0.1, 0.4, 0.4, -2.0, 3.0, 1.0]])
+    side = Side(torch.zeros(2, 8), ["a", "b"], {}, carrying=carrying)
+    by_group, rest = side.basis_by_group(basis, inverse, 4)
+    torch.testing.assert_close(by_group[:, inverse][:, carrying] + rest.double()[:, carrying],
+                               basis.double()[:, carrying], rtol=GROUP_CONSTANT_RTOL, atol=0)
+    varies = torch.tensor([[False, True, False, False], [False, False, False, False]])  # group 1 of slice a
+    assert torch.equal(rest[:, ~carrying], torch.zeros(2, 2))
+    assert torch.equal(rest != 0, varies[:, inverse] & carrying)
+    assert torch.equal(by_group == 0, varies | torch.tensor([False, False, False, True]))  # group 3: no carrying row
+    assert SideSplit(torch.zeros(2, 4), basis[:0]).by_group(side, inverse, 4)[0].shape == (0, 4)
+
+
 def instrumented_update(tmp_path, model, b, s: LossSettings, cfg, weights: dict, one_pass: bool) -> dict:
     """The metrics of the instruments of ``cfg`` around one update of ``b`` in one micro-batch (before it, and after
     it: riding on it where ``one_pass``)."""
@@ -395,11 +416,11 @@ def test_reward_components_measured_from_the_groups_match_plain_autograd(tmp_pat
     attached = []
     real_basis, real_side = RowNormReducer.attach_basis, RowNormReducer.attach_side
 
-    def attach_basis(self, weights):
+    def attach_basis(self, weights, by_group):
         attached.append(len(weights))
         monkeypatch.setattr(RowNormReducer, "attach_side", real_side)  # (attach_basis makes its side with it)
         try:
-            return real_basis(self, weights)
+            return real_basis(self, weights, by_group)
         finally:
             monkeypatch.setattr(RowNormReducer, "attach_side", no_side)
 

@@ -385,9 +385,9 @@ def _split_worker(rank: int, port: int, out_dir: str, split: str, no_split: bool
     bases: list[int] = []
     real = RowNormReducer.attach_basis
 
-    def attach_basis(self, weights):
+    def attach_basis(self, weights, by_group):
         bases.append(len(weights))
-        return real(self, weights)
+        return real(self, weights, by_group)
 
     RowNormReducer.attach_basis = attach_basis
     if no_split:  # the path before 05bf7fc: every component reduced on the backward

@@ -108,16 +108,38 @@ class Side:
         (data parallel: ``inverse`` indexes every rank's groups)."""
         if self.carrying is None:
             return None
+        V, constant = self._per_group(self.weights, inverse, groups)
+        return V if bool(constant.all()) else None
+
+    def _per_group(self, weights: torch.Tensor, inverse: torch.Tensor, groups: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Of ``weights`` ``[S, N]`` on the carrying rows, per slice and group: the one number they are there
+        (within ``GROUP_CONSTANT_RTOL``; 0 where they vary, or where the group has no carrying row: its gradient is 0,
+        any number does) ``[S, P]``, and where they are one number ``[S, P]`` (every rank's rows: alike on every
+        rank)."""
         rows = self.carrying.cpu()
-        w = self.weights.detach().cpu().double()[:, rows]
+        w = weights.detach().cpu().double()[:, rows]
         at = inverse.cpu()[rows].expand(len(w), -1)
         hi = torch.full((len(w), groups), -math.inf, dtype=torch.float64).scatter_reduce(1, at, w, "amax")
         lo = torch.full((len(w), groups), math.inf, dtype=torch.float64).scatter_reduce(1, at, w, "amin")
         hi, lo = all_reduce_max(hi), -all_reduce_max(-lo)
-        held = hi >= lo  # a group with no carrying row has a zero gradient: any V
-        if bool((hi - lo > GROUP_CONSTANT_RTOL * torch.maximum(hi.abs(), lo.abs()))[held].any()):
-            return None
-        return torch.where(held, (hi + lo) / 2, 0.0)
+        held = hi >= lo
+        constant = ~held | (hi - lo <= GROUP_CONSTANT_RTOL * torch.maximum(hi.abs(), lo.abs()))
+        return torch.where(held & constant, (hi + lo) / 2, 0.0), constant
+
+    def basis_by_group(self, basis: torch.Tensor, inverse: torch.Tensor, groups: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The basis slices' weights ``basis`` ``[r, N]`` (``SideSplit.basis``, batch order) as ``by_group[:, inverse]``
+        plus ``rest``: on the carrying rows of a group where a slice's weights are one number ``by_group`` ``[r, P]``
+        holds it and ``rest`` ``[r, N]`` is 0; on a group where they vary ``by_group`` is 0 and ``rest`` holds them
+        (0 on every row that carries no gradient). Basis slice j is then ``Σ_p by_group[j, p] G_p`` of the groups'
+        gradients plus the slice of ``rest``, reduced on the backward over the rows of the groups where the reward
+        components vary against each other: a few of the live groups, where one weight-gradient product over every
+        live row was."""
+        by_group, constant = self._per_group(basis, inverse, groups)
+        at = inverse.cpu()
+        rest = torch.where(constant[:, at] | ~self.carrying.cpu(), 0.0, basis.detach().cpu().double())
+        return by_group, rest.to(basis.dtype)
 
     def grams_from_groups(self, V: torch.Tensor, group_grams: dict[str, torch.Tensor]) -> GradStats:
         """The slices' (and derived slices') Grams per layer group from the groups' (``from_groups``), or, for ``V``
@@ -177,6 +199,12 @@ class SideSplit:
 
     mix: torch.Tensor
     basis: torch.Tensor
+
+    def by_group(self, side: Side, inverse: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Side.basis_by_group`` of the basis: what the backward reduces of it beside the groups."""
+        if not len(self.basis):
+            return self.basis.new_zeros(0, groups, dtype=torch.float64), self.basis
+        return side.basis_by_group(self.basis, inverse, groups)
 
 
 # verl's proxy, where it runs its own no-grad forwards: rows per forward for at most this many logits (64 MB in fp32:
@@ -240,9 +268,9 @@ def group_pass(model: nn.Module, batch: Batch, loss_fn: LossFn, side: Side | Non
     split = side.split(inverse, groups) if side is not None else None
     extra = None
     if side is not None:
-        side_weights = side.weights if split is None else split.basis
+        by_group, side_weights = (None, side.weights) if split is None else split.by_group(side, inverse, groups)
         side_weights = side_weights if n else side_weights.new_zeros(len(side_weights), 1)
-        extra = _attach(reducer, side_weights[:, perm].to(device), split)
+        extra = _attach(reducer, side_weights[:, perm].to(device), split, by_group)
     params = [p for p in model.parameters() if p.requires_grad]
     side_stats = GradStats(side.slices + list(side.derived), {}) if side is not None else None
     rows: dict[str, dict[str, torch.Tensor]] = {}
@@ -286,12 +314,14 @@ def _start_term(reducer: RowNormReducer, term: str, row_terms: Collection[str] |
     return stream(extra, side.derived, side.slices, False)
 
 
-def _attach(reducer: RowNormReducer, weights: torch.Tensor, split: SideSplit | None) -> _SliceReducer | None:
+def _attach(reducer: RowNormReducer, weights: torch.Tensor, split: SideSplit | None,
+            by_group: torch.Tensor | None = None) -> _SliceReducer | None:
     """The side reducer of ``weights`` (run order) on ``reducer``'s backward: the side's own slices (no
-    ``split``), its basis slices (``RowNormReducer.attach_basis``), or none (a split without basis)."""
+    ``split``), its basis slices' rest beside their part ``by_group`` on the reducer's groups
+    (``RowNormReducer.attach_basis``), or none (a split without basis)."""
     if split is None:
         return reducer.attach_side(weights)
-    return reducer.attach_basis(weights) if len(weights) else None
+    return reducer.attach_basis(weights, by_group) if len(weights) else None
 
 
 def _read_term(reducer: RowNormReducer, term: str, rows: dict, grams: dict, back: torch.Tensor, n: int, groups: int,
@@ -484,7 +514,10 @@ class UpdatePass:
         split = self.side.split(inverse, len(group_ids)) if self.side is not None else None
         extra = None
         if self.side is not None:
-            extra = _attach(reducer, (self.side.weights if split is None else split.basis)[:, order].to(device), split)
+            by_group, side_weights = (None, self.side.weights) if split is None else split.by_group(
+                self.side, inverse, len(group_ids))
+            extra = _attach(reducer, side_weights[:, order].to(device), split,
+                            None if by_group is None else by_group[:, kept])
         finish = _start_term(reducer, "task", self.row_terms, extra, self.side)
         taps: list[torch.Tensor] = []
         untap = _proxy_tap(model, mb.input_ids.to(device), taps) if self.proxy else None

@@ -137,6 +137,7 @@ class RowNormReducer(_SliceReducer):
         self.sums: dict[int, torch.Tensor] | None = None
         self.shapes: dict[int, torch.Size] = {}
         self.basis: _SliceReducer | None = None  # ``attach_basis``
+        self.basis_mix: torch.Tensor | None = None  # ``attach_basis``: the basis slices' part on the groups, [r, P]
         self.reset()
 
     def reset(self) -> None:
@@ -213,8 +214,8 @@ class RowNormReducer(_SliceReducer):
         if self.sums is None and not joining:
             return
         summed = per_group.sum(0)
-        if joining:
-            self._join(k, 0, summed.reshape(1, -1))
+        if joining:  # T, and the basis slices' part on the groups (``attach_basis``): local, summed over ranks there
+            self._join(k, 0, torch.cat([summed.reshape(1, -1), self.basis_mix @ per_group.reshape(len(per_group), -1)]))
         if self.sums is None:
             return
         total = self.sums.get(k)
@@ -230,11 +231,16 @@ class RowNormReducer(_SliceReducer):
         else:
             total.index_add_(0, at.to(total.device), summed)
 
-    def attach_basis(self, weights: torch.Tensor) -> _SliceReducer:
-        """A side of basis slices ``weights`` ``[r, N]`` (``groups.SideSplit``) whose every piece of a parameter joins
-        the groups' sum T over the same rows of it, into the float64 Gram of T and the r slices (``joint``): the
+    def attach_basis(self, weights: torch.Tensor, by_group: torch.Tensor) -> _SliceReducer:
+        """A side of basis slices B_j = ``Σ_p by_group[j, p] G_p`` + the slice of ``weights`` ``[r, N]`` (the rest of
+        ``groups.Side.basis_by_group``; ``by_group`` ``[r, P]`` on this reducer's groups). Every piece of a parameter
+        joins the groups' sum T over the same rows of it, into the float64 Gram of T and the B_j (``joint``): the
         cross products ⟨T, B_j⟩ the side's other slices need. Its blocks are the groups' (``block_slices``), so both
         give a parameter's pieces alike and in the same order."""
+        if by_group.shape != (len(weights), len(self.weights)):
+            raise ValueError(f"the basis slices' part on the groups is {tuple(by_group.shape)}, not "
+                             f"{(len(weights), len(self.weights))}")
+        self.basis_mix = by_group.to(self.weights.device, torch.float32)
         side = self.attach_side(weights)
         side.block_slices, side.block_elements = len(self.weights), self.block_elements
         side.acc, side.remaining = {}, {}
@@ -250,16 +256,18 @@ class RowNormReducer(_SliceReducer):
         return self.side is not None and self.side is self.basis
 
     def _join(self, k: int, which: int, flat: torch.Tensor) -> None:
-        """A piece of parameter ``k``'s group sum T (``which`` 0, ``[1, n]``) or basis slices (1, ``[r, n]``); each
-        pair of pieces (of the same rows) folds into the joint Gram ``[1 + r, 1 + r]``."""
+        """A piece of parameter ``k``: from the groups (``which`` 0, ``[1 + r, n]``: their sum T, the basis slices'
+        part on them) or from the side (1, ``[r, n]``: the basis slices' rest); each pair of pieces (of the same rows)
+        folds into the joint Gram ``[1 + r, 1 + r]`` of T and the B_j."""
         waiting = self.waiting.setdefault(k, ([], []))
         waiting[which].append(flat)
         while waiting[0] and waiting[1]:
-            self._fold_joint(k, waiting[0].pop(0), waiting[1].pop(0))
+            groups, rest = waiting[0].pop(0), waiting[1].pop(0)
+            if groups.shape[1] != rest.shape[1]:
+                raise RuntimeError(f"parameter {self.names[k]}: the groups' and the basis slices' pieces differ")
+            self._fold_joint(k, groups[:1], groups[1:] + rest)
 
     def _fold_joint(self, k: int, total: torch.Tensor, basis: torch.Tensor) -> None:
-        if total.shape[1] != basis.shape[1]:
-            raise RuntimeError(f"parameter {self.names[k]}: the groups' and the basis slices' pieces differ")
         flat = total.new_empty(1 + len(basis), total.shape[1], dtype=torch.float64)
         flat[:1].copy_(total)  # (each piece converted as it is copied: no float32 concatenation first)
         flat[1:].copy_(basis)
@@ -273,11 +281,10 @@ class RowNormReducer(_SliceReducer):
             return
         for k in list(self.basis.acc):
             self.basis.flush(k, self.basis.acc.pop(k))
-        r = len(self.basis.weights)
-        for k, (totals, basis) in self.waiting.items():
-            for flat in totals:
-                self._fold_joint(k, flat, flat.new_zeros(r, flat.shape[1]))
-            for flat in basis:
+        for k, (groups, rests) in self.waiting.items():
+            for flat in groups:
+                self._fold_joint(k, flat[:1], flat[1:])
+            for flat in rests:
                 self._fold_joint(k, flat.new_zeros(1, flat.shape[1]), flat)
         self.waiting = {}
 
