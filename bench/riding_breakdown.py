@@ -11,8 +11,10 @@ reduced at the steps where two components vary within groups.
     OMP_NUM_THREADS=1 python bench/riding_breakdown.py [--steps 20] [overrides ...]
 
 Prints, per module (layers' modules by their name within a layer), the median time of one hook call at steps with a
-side and at steps without; then per step, medians: the hooks in all, the riding backward and its autograd part (less
-the hooks), the plain backward.
+side and at steps without; then per step, medians: the rows read (the live groups' rows: the steps with a side are
+not the others' batches, and the hooks' work grows with those rows), the hooks in all and the side's work in them
+(its own reductions and the joint Gram of its pieces with the groups'), the riding backward and its autograd part
+(less the hooks), the plain backward.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from rlgrad.analysis.engine import _SliceReducer
 from rlgrad.analysis.groups import UpdatePass
 from rlgrad.analysis.rows import RowNormReducer
 from rlgrad.config.load import load_config
@@ -37,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from always_on_cost import INSTRUMENTS, _timed  # noqa: E402
 
 HOOKS: dict[tuple[str, bool], list[float]] = defaultdict(list)  # (module, side on) -> seconds per call
-STEP: dict[str, float] = defaultdict(float)  # this step's hooks, riding and plain backward
+STEP: dict[str, float] = defaultdict(float)  # this step's hooks, side work, rows read, riding and plain backward
 PER_STEP: list[dict[str, float]] = []
 
 
@@ -52,6 +55,21 @@ def _timed_hook(hook):
             HOOKS[(name, self.side is not None)].append(spent)
             STEP["hooks"] += spent
             STEP["side"] = max(STEP["side"], float(self.side is not None))
+            STEP["rows"] = float(self.read if self.read is not None else len(self.row_group))
+    return timed
+
+
+def _timed_side(fn, of_side):
+    """``fn`` timed into the step's side work where ``of_side(self)``, and not inside another such call."""
+    def timed(self, *args, **kwargs):
+        if not of_side(self) or STEP.get("in_side"):
+            return fn(self, *args, **kwargs)
+        STEP["in_side"], started = 1.0, time.perf_counter()
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            STEP["side_work"] += time.perf_counter() - started
+            STEP["in_side"] = 0.0
     return timed
 
 
@@ -72,6 +90,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     RowNormReducer._on_grad = _timed_hook(RowNormReducer._on_grad)
+    # the side's work: its own reductions (a side reducer is a plain _SliceReducer) and the joint Gram of its pieces
+    for name in ("_linear", "_linear_weight", "_norm", "_embedding", "_add"):  # (the names of every version)
+        if hasattr(_SliceReducer, name):
+            setattr(_SliceReducer, name, _timed_side(getattr(_SliceReducer, name), lambda r: type(r) is _SliceReducer))
+    RowNormReducer._join = _timed_side(RowNormReducer._join, lambda r: True)
     UpdatePass.backward = staticmethod(_timed_call(UpdatePass.backward, "riding"))
     torch.Tensor.backward = _timed_call(torch.Tensor.backward, "plain")
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,8 +124,10 @@ def main() -> None:
     for label, chosen in (("with a side", [s for s in riding if s["side"]]),
                           ("without", [s for s in riding if not s["side"]])):
         if chosen:
-            print(f"steps {label} ({len(chosen)}): hooks {_ms([s['hooks'] for s in chosen])} ms, riding backward "
-                  f"{_ms([s['riding'] for s in chosen])} ms, its autograd part "
+            print(f"steps {label} ({len(chosen)}): rows read {statistics.median(s['rows'] for s in chosen):.0f}, hooks "
+                  f"{_ms([s['hooks'] for s in chosen])} ms (the side's work "
+                  f"{_ms([s.get('side_work', 0.0) for s in chosen])}), "
+                  f"riding backward {_ms([s['riding'] for s in chosen])} ms, its autograd part "
                   f"{_ms([s['riding'] - s['hooks'] for s in chosen])} ms")
     print(f"plain steps ({len(plain)}): backward {_ms(plain)} ms")
 
