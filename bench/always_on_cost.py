@@ -220,11 +220,15 @@ def _print_times(times: dict, cpu: dict, update: dict, timings: dict) -> None:
     # run seconds apart, so a machine whose speed drifts moves both), the median pair with a 95% bootstrap interval
     # over the pairs (the unit: a pair of steps; 2,000 draws, seed 0)
     paired = [(u + t) / p for u, t, p in zip(update[True], own, update[False])]
-    rng = random.Random(0)
-    draws = sorted(statistics.median(rng.choices(paired, k=len(paired))) for _ in range(2000))
+    low, high = median_interval(paired, random.Random(0))
     print(f"1 + instruments / plain update by pairs: median {statistics.median(paired):.3f} "
-          f"[{draws[49]:.3f}, {draws[1949]:.3f}] over {len(paired)} pairs "
-          f"(all: {', '.join(f'{r:.3f}' for r in paired)})")
+          f"[{low:.3f}, {high:.3f}] over {len(paired)} pairs (all: {', '.join(f'{r:.3f}' for r in paired)})")
+
+
+def median_interval(values: list[float], rng: random.Random, draws: int = 2000) -> tuple[float, float]:
+    """A 95% bootstrap interval of the median of ``values`` (``draws`` resamples of them, drawn from ``rng``)."""
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return medians[draws // 40 - 1], medians[draws - draws // 40 - 1]
 
 
 if __name__ == "__main__":

@@ -4,15 +4,14 @@
 import re
 
 from tests.conftest import REPO
+from tests.helpers.benchmarks_page import subsection
 
 RESULTS = REPO / "bench" / "results" / "i49" / "dead_groups"
 HEADING = "### Zero-variance groups not read"
 
 
 def _section() -> str:
-    page = (REPO / "docs" / "benchmarks.md").read_text()
-    section = page[page.index(HEADING):]
-    return section[:section.index("\n### ", 1)]
+    return subsection(HEADING)
 
 
 def _figures(path) -> tuple[float, float, float]:

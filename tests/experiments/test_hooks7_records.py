@@ -5,6 +5,7 @@ import re
 import statistics
 
 from tests.conftest import REPO
+from tests.helpers.benchmarks_page import subsection
 
 RESULTS = REPO / "bench" / "results" / "i49" / "hooks7"
 HEADING = "### The instruments' work outside the backward"
@@ -12,9 +13,7 @@ OUTSIDE = "hooks outside the backward (before_update + on_grads + after_update)"
 
 
 def _section() -> str:
-    page = (REPO / "docs" / "benchmarks.md").read_text()
-    section = page[page.index(HEADING):]
-    return section[:section.index("\n### ", 1)]
+    return subsection(HEADING)
 
 
 def _parts(name: str) -> dict[str, tuple[float, float]]:

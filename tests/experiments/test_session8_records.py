@@ -4,15 +4,14 @@
 import re
 
 from tests.conftest import REPO
+from tests.helpers.benchmarks_page import subsection
 
 RESULTS = REPO / "bench" / "results" / "i49" / "session8"
 HEADING = "### Pairs of steps on one batch"
 
 
 def _section() -> str:
-    page = (REPO / "docs" / "benchmarks.md").read_text()
-    section = page[page.index(HEADING):]
-    return section[:section.index("\n### ", 1)]
+    return subsection(HEADING)
 
 
 def _figures(text: str) -> dict[str, str]:

@@ -67,10 +67,15 @@ def _owner(module: str, attr: str) -> tuple[object, str] | None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
-    args = ap.parse_args()
+    measure(PARTS, ["analysis.every=1", "analysis.neurons.actor.nullspace_every=10"], ap.parse_args().steps)
+
+
+def measure(parts: list[str], overrides: list[str], steps: int) -> None:
+    """The parts' (``module.attr`` of rlgrad.analysis) and the hook phases' ms per step, printed, over ``steps`` steps
+    of the embedded default with ``overrides`` (one thread, the whole batch in one micro-batch)."""
     acc: dict[str, float] = {}
     phase: list[str] = []
-    for spec in PARTS:
+    for spec in parts:
         module, attr = spec.split(".", 1)
         if found := _owner(f"rlgrad.analysis.{module}", attr):
             _wrap(*found, spec, acc, phase, sets_phase=False)
@@ -78,13 +83,13 @@ def main() -> None:
         _wrap(importlib.import_module("rlgrad.hooks").HookRunner, name, f"HookRunner.{name}", acc, phase, True)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(overrides=[
-            "trainer.logger=[]", f"trainer.default_local_dir={tmp}/run", "analysis.every=1", "trainer.num_threads=1",
-            "actor.ppo_micro_batch_size=128", "analysis.neurons.actor.nullspace_every=10"])
+            "trainer.logger=[]", f"trainer.default_local_dir={tmp}/run", "trainer.num_threads=1",
+            "actor.ppo_micro_batch_size=128", *overrides])
         tr = make_trainer(cfg, log=lambda *a: None)
         logger = MetricLogger([])
         per: dict[str, list[float]] = {}
         step_times: list[float] = []
-        for k in range(args.steps + 2):
+        for k in range(steps + 2):
             before = dict(acc)
             started = time.perf_counter()
             tr.train_step(k + 1, logger)
@@ -93,7 +98,7 @@ def main() -> None:
             step_times.append(time.perf_counter() - started)
             for label, v in acc.items():
                 per.setdefault(label, []).append(v - before.get(label, 0.0))
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {args.steps} steps; ms per step "
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {steps} steps; ms per step "
           f"(median, mean); a step: median {statistics.median(step_times) * 1e3:.1f} ms")
     outside = [f"HookRunner.{p}" for p in PHASES if p != "before_grads"]
     sums = [sum(per[p][i] for p in outside if p in per) for i in range(len(step_times))]

@@ -10,9 +10,13 @@ median with a 95% bootstrap interval over those pairs (2,000 draws, seed 0). Out
 import random
 import re
 import statistics
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parents[2]))  # bench/
+from always_on_cost import median_interval  # noqa: E402
+
 SETTINGS = ("task", "task60", "always_on")
 
 
@@ -45,9 +49,9 @@ def _compare(rng: random.Random, where: Path, setting: str, other: str) -> None:
     diffs = [a - b for r in rounds
              for a, b in zip(by_pairs(runs[other][r].read_text())[1], by_pairs(runs["base"][r].read_text())[1])]
     if diffs:
-        draws = sorted(statistics.median(rng.choices(diffs, k=len(diffs))) for _ in range(2000))
+        low, high = median_interval(diffs, rng)
         print(f"{where.relative_to(HERE).as_posix()} {setting}: {other} - base at the same pair index, median "
-              f"{statistics.median(diffs):+.3f} [{draws[49]:+.3f}, {draws[1949]:+.3f}] over {len(diffs)} pairs "
+              f"{statistics.median(diffs):+.3f} [{low:+.3f}, {high:+.3f}] over {len(diffs)} pairs "
               f"(rounds {', '.join(rounds)})")
 
 
