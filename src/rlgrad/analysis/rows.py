@@ -244,9 +244,7 @@ class RowNormReducer(_SliceReducer):
         side = self.attach_side(weights)
         side.block_slices, side.block_elements = len(self.weights), self.block_elements
         side.acc, side.remaining = {}, {}
-        unscaled = bool((side.scale == 1).all())  # (a basis slice's weights vary: never folded, its scale 1)
-        side.flush = lambda k, piece: self._join(k, 1, piece.reshape(len(piece), -1) if unscaled
-                                                 else piece.reshape(len(piece), -1) * side.scale.to(piece)[:, None])
+        side.flush = lambda k, piece: self._join(k, 1, piece.reshape(len(piece), -1) * side.scale.to(piece)[:, None])
         self.basis = side
         return side
 
@@ -349,14 +347,21 @@ class RowNormReducer(_SliceReducer):
                 ids = _rows3(self.ids[id(emb)])
                 picked = g3.gather(2, ids[:, None, :].expand(-1, g3.shape[1], -1))  # [N, T_out, T_in]
                 self.tied[self._key(m.weight)] = (picked, x3)
-        bias_rows = None if m.bias is None else g3.float().sum(1)  # [N, out]
-        if bias_rows is not None:
-            self._from_rows(m.bias, bias_rows)
+        bias_rows = self._bias(m, g3)
         if self.side is not None:
             _SliceReducer._linear_weight(self.side, m, x, g)
             if bias_rows is not None:
-                self.side._add(m.bias, self.side.reduce_weights @ bias_rows)
+                self._side_from_rows(m.bias, bias_rows)
         return True
+
+    def _bias(self, m: nn.Linear, g3: torch.Tensor) -> torch.Tensor | None:
+        """A Linear's bias from its rows' own gradients Σ_t δ_t (``_from_rows``); those ``[N, out]``, for the side's
+        slices (None: no bias)."""
+        if m.bias is None:
+            return None
+        per_row = g3.float().sum(1)
+        self._from_rows(m.bias, per_row)
+        return per_row
 
     def _from_row_gradients(self, m: nn.Linear, g3: torch.Tensor, x3: torch.Tensor) -> bool:
         """Whether this Linear's group gradients, per-row norms and side slices all come from its rows' own weight
@@ -397,15 +402,11 @@ class RowNormReducer(_SliceReducer):
         # take (its rows' length or groups differ): the sums over ranks are collectives, called alike on every rank
         self._add(m.weight, groups)
         self._row(m.weight, torch.cat(sq))
-        per_row = None if m.bias is None else g3.float().sum(1)  # [N, out]
-        if per_row is not None:
-            self._add(m.bias, torch.zeros(P, out, dtype=torch.float32, device=g3.device)
-                      .index_add_(0, self.row_group, per_row))
-            self._row(m.bias, per_row.double().pow(2).sum(-1))
+        bias_rows = self._bias(m, g3)
         if side is not None:
             self.side._add(m.weight, side.view(-1, out, fan_in))
-            if per_row is not None:
-                self.side._add(m.bias, self.side.weights_f32 @ per_row)
+            if bias_rows is not None:
+                self._side_from_rows(m.bias, bias_rows)
         return True
 
     def _embedding(self, m: nn.Embedding, ids: torch.Tensor, g: torch.Tensor) -> None:
@@ -433,7 +434,7 @@ class RowNormReducer(_SliceReducer):
         for p, rows in per_row.items():  # (this reducer's weight and bias, then the side's: as ``_linear``)
             self._from_rows(p, rows)
         for p, rows in per_row.items() if self.side is not None else ():
-            self.side._add(p, self.side.reduce_weights @ rows)
+            self._side_from_rows(p, rows)
         return True
 
     def _from_rows(self, p: nn.Parameter, per_row: torch.Tensor) -> None:
@@ -441,3 +442,7 @@ class RowNormReducer(_SliceReducer):
         self._add(p, self.reduce_weights @ per_row)
         if self.row_norms:
             self._row(p, per_row.double().pow(2).sum(-1))
+
+    def _side_from_rows(self, p: nn.Parameter, per_row: torch.Tensor) -> None:
+        """The side's slices of parameter ``p`` from its rows' own gradients ``per_row``."""
+        self.side._add(p, self.side.reduce_weights @ per_row)
