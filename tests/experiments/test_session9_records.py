@@ -46,3 +46,40 @@ def test_the_parts_of_the_hooks_are_the_runs_outputs():
         if name in ("per-row norms, accumulated",):  # (nested in the ghost norms: not a row of its own)
             continue
         assert f"{parts[0][name]} / {parts[1][name]} |" in section, name
+
+
+TRIED = "**Tried, not landed: the side's slice with the groups**"
+
+
+def _tried() -> str:
+    section = _section()
+    return section[section.index(TRIED):]
+
+
+def test_the_tried_change_s_rows_are_their_runs():
+    """Each row of the change tried shows its run's source and by-pairs figure (session 8's parser); every stored run
+    of it has its row; the text's differences are paired.txt's and its breakdown figures the stored ones."""
+    from tests.experiments.test_session8_records import _figures as session8_figures
+
+    rows = [line for line in _tried().splitlines() if line.startswith("| ") and "session9/" in line]
+    assert len(rows) == 10
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        got = session8_figures((RESULTS / re.search(r"session9/(\w+\.txt)", cells[0])[1]).read_text())
+        assert cells[1:] == [got["src"], got["pairs"]], row
+    stored = sorted(p.name for p in RESULTS.glob("*_r*.txt") if not p.name.startswith("floor"))
+    assert len(stored) == 10 and [n for n in stored if f"session9/{n})" not in _tried()] == []
+    text = " ".join(_tried().split())
+    paired = (RESULTS / "paired.txt").read_text()
+    for setting, pairs in (("task60", 180), ("always_on", 60)):
+        line = re.search(rf"^\. {setting}: after - base .*? median ([-+0-9.]+) (\[[^]]+\]) over {pairs} pairs",
+                         paired, re.M)
+        assert f"{line[1]} {line[2]}" in text, setting
+    hooks = {}
+    for side in ("base", "after"):
+        found = re.search(r"steps with a side .*?hooks\s+([0-9.]+) ms \(the side's work\s+([0-9.]+)\)",
+                          (RESULTS / f"breakdown_{side}.txt").read_text())
+        hooks[side] = (float(found[1]), float(found[2]))
+    (base, base_work), (after, after_work) = hooks["base"], hooks["after"]
+    assert (f"hooks at the steps with a side {base:.1f} ms (the side's work {base_work:.1f}) against {after:.1f} "
+            f"({after_work:.1f})") in text
