@@ -83,3 +83,17 @@ def test_the_tried_change_s_rows_are_their_runs():
     (base, base_work), (after, after_work) = hooks["base"], hooks["after"]
     assert (f"hooks at the steps with a side {base:.1f} ms (the side's work {base_work:.1f}) against {after:.1f} "
             f"({after_work:.1f})") in text
+
+
+def test_the_smollm2_figures_are_their_runs():
+    """SmolLM2-135M's figures in the text: the task-term run's by-pairs median and interval, the always-on run's total
+    and by-pairs figure, each as its stored output prints it."""
+    text = " ".join(_section().split())
+    task = (RESULTS / "smollm2_task.txt").read_text()
+    pairs = re.search(r"by pairs: median ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]", task)
+    assert f"the task-term instruments {pairs[1]} [{pairs[2]}, {pairs[3]}] by pairs" in text
+    always = (RESULTS / "smollm2_always_on.txt").read_text()
+    total = re.search(r"^total with / total without = ([0-9.]+)", always, re.M)[1]
+    pairs = re.search(r"by pairs: median ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]", always)
+    assert f"the always-on setting {total} in total, {pairs[1]} [{pairs[2]}, {pairs[3]}] by pairs" in text
+    assert float(total) <= 1.5 and float(re.search(r"by pairs: median ([0-9.]+)", task)[1]) <= 1.15  # "within"
