@@ -4,7 +4,7 @@
 import re
 
 from tests.conftest import REPO
-from tests.helpers.benchmarks_page import subsection
+from tests.helpers.benchmarks_page import paired_difference, subsection
 
 RESULTS = REPO / "bench" / "results" / "i49" / "session8"
 HEADING = "### Pairs of steps on one batch"
@@ -47,9 +47,7 @@ def test_the_paired_differences_quoted_are_those_stored():
     section = " ".join(_section().split())
     stored = (RESULTS / "paired.txt").read_text()
     for setting, pairs in (("task60", 180), ("always_on", 60)):
-        line = re.search(rf"^\. {setting}: after - base .*? median ([-+0-9.]+) (\[[^]]+\]) over {pairs} pairs",
-                         stored, re.M)
-        assert f"{line[1]} {line[2]}" in section, setting
+        assert paired_difference(stored, setting, pairs) in section, setting
     for setting in ("task", "task60"):
         line = re.search(rf"^mid {setting}: mid - base .*? median ([-+0-9.]+) (\[[^]]+\])", stored, re.M)
         assert f"{line[1]} {line[2]}" in section, setting

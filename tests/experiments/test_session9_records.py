@@ -6,7 +6,7 @@ import re
 import pytest
 
 from tests.conftest import REPO
-from tests.helpers.benchmarks_page import subsection
+from tests.helpers.benchmarks_page import paired_difference, subsection
 
 RESULTS = REPO / "bench" / "results" / "i49" / "session9"
 RUNS = ("floor.txt", "floor_r2.txt")
@@ -72,9 +72,7 @@ def test_the_tried_change_s_rows_are_their_runs():
     text = " ".join(_tried().split())
     paired = (RESULTS / "paired.txt").read_text()
     for setting, pairs in (("task60", 180), ("always_on", 60)):
-        line = re.search(rf"^\. {setting}: after - base .*? median ([-+0-9.]+) (\[[^]]+\]) over {pairs} pairs",
-                         paired, re.M)
-        assert f"{line[1]} {line[2]}" in text, setting
+        assert paired_difference(paired, setting, pairs) in text, setting
     hooks = {}
     for side in ("base", "after"):
         found = re.search(r"steps with a side .*?hooks\s+([0-9.]+) ms \(the side's work\s+([0-9.]+)\)",
