@@ -53,7 +53,8 @@ TRIED = "**Tried, not landed: the side's slice with the groups**"
 
 def _tried() -> str:
     section = _section()
-    return section[section.index(TRIED):]
+    tried = section[section.index(TRIED):]
+    return tried[:tried.index("**The reward components' part")]
 
 
 def test_the_tried_change_s_rows_are_their_runs():
@@ -67,7 +68,7 @@ def test_the_tried_change_s_rows_are_their_runs():
         cells = [c.strip() for c in row.strip("|").split("|")]
         got = session8_figures((RESULTS / re.search(r"session9/(\w+\.txt)", cells[0])[1]).read_text())
         assert cells[1:] == [got["src"], got["pairs"]], row
-    stored = sorted(p.name for p in RESULTS.glob("*_r*.txt") if not p.name.startswith("floor"))
+    stored = sorted(p.name for p in RESULTS.glob("*_r*.txt") if p.name.startswith(("task60_", "always_on_")))
     assert len(stored) == 10 and [n for n in stored if f"session9/{n})" not in _tried()] == []
     text = " ".join(_tried().split())
     paired = (RESULTS / "paired.txt").read_text()
@@ -95,3 +96,17 @@ def test_the_smollm2_figures_are_their_runs():
     pairs = re.search(r"by pairs: median ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]", always)
     assert f"the always-on setting {total} in total, {pairs[1]} [{pairs[2]}, {pairs[3]}] by pairs" in text
     assert float(total) <= 1.5 and float(re.search(r"by pairs: median ([0-9.]+)", task)[1]) <= 1.15  # "within"
+
+
+@pytest.mark.parametrize("setting, sides", [("components", ("off", "on")), ("deferred", ("base", "batched"))])
+def test_the_components_and_batched_rows_are_their_runs(setting, sides):
+    """Each run's by-pairs figure as it prints it, in round order, is in the row that names its setting's runs; the
+    difference is paired.txt's."""
+    row = next(line for line in _section().splitlines() if f"session9/{setting}_{sides[0]}_r1.txt" in line)
+    for side in sides:
+        runs = [(RESULTS / f"{setting}_{side}_r{r}.txt").read_text() for r in (1, 2, 3)]
+        printed = [re.search(r"by pairs: median ([0-9.]+ \[[0-9.]+, [0-9.]+\])", run)[1] for run in runs]
+        assert f"{side}: {', '.join(printed)}" in row, side
+    base, other = sides
+    stored = (RESULTS / "paired.txt").read_text()
+    assert f"{other} - {base} {paired_difference(stored, setting, 180, other, base)} |" in row

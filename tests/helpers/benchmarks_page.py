@@ -14,9 +14,9 @@ def subsection(heading: str) -> str:
     return section[:section.index("\n### ", 1)]
 
 
-def paired_difference(stored: str, setting: str, pairs: int, other: str = "after") -> str:
-    """``median [low, high]`` of ``other`` - base for ``setting`` over ``pairs`` pairs, as a paired.py output
+def paired_difference(stored: str, setting: str, pairs: int, other: str = "after", base: str = "base") -> str:
+    """``median [low, high]`` of ``other`` - ``base`` for ``setting`` over ``pairs`` pairs, as a paired.py output
     (session 8's and later) ``stored`` prints it."""
-    found = re.search(rf"^\S* {setting}: {other} - base .*? median ([-+0-9.]+) (\[[^]]+\]) over {pairs} pairs",
+    found = re.search(rf"^\S* {setting}: {other} - {base} .*? median ([-+0-9.]+) (\[[^]]+\]) over {pairs} pairs",
                       stored, re.M)
     return f"{found[1]} {found[2]}"

@@ -36,22 +36,23 @@ def main() -> None:
             _compare(rng, where, setting, other)
 
 
-def _compare(rng: random.Random, where: Path, setting: str, other: str, root: Path = HERE) -> None:
-    """``where``'s runs of ``setting`` (names relative to ``root``) and ``other`` - base at the same pair index."""
+def _compare(rng: random.Random, where: Path, setting: str, other: str, root: Path = HERE, base: str = "base"
+             ) -> None:
+    """``where``'s runs of ``setting`` (names relative to ``root``) and ``other`` - ``base`` at the same pair index."""
     runs = {side: {path.stem.split("_r")[-1]: path for path in sorted(where.glob(f"{setting}_{side}_r*.txt"))}
-            for side in ("base", other)}
+            for side in (base, other)}
     for side in runs.values():
         for path in side.values():
             text = path.read_text()
             src = re.search(r"src=(\w+)", text)[1]
             print(f"{path.relative_to(root)}: {src}, 1 + instruments / plain update by pairs {by_pairs(text)[0]}; "
                   f"instrument timers {timers_ms(text):.0f} ms")
-    rounds = sorted(set(runs["base"]) & set(runs[other]))  # a round: base and the other back to back
+    rounds = sorted(set(runs[base]) & set(runs[other]))  # a round: base and the other back to back
     diffs = [a - b for r in rounds
-             for a, b in zip(by_pairs(runs[other][r].read_text())[1], by_pairs(runs["base"][r].read_text())[1])]
+             for a, b in zip(by_pairs(runs[other][r].read_text())[1], by_pairs(runs[base][r].read_text())[1])]
     if diffs:
         low, high = median_interval(diffs, rng)
-        print(f"{where.relative_to(root).as_posix()} {setting}: {other} - base at the same pair index, median "
+        print(f"{where.relative_to(root).as_posix()} {setting}: {other} - {base} at the same pair index, median "
               f"{statistics.median(diffs):+.3f} [{low:+.3f}, {high:+.3f}] over {len(diffs)} pairs "
               f"(rounds {', '.join(rounds)})")
 
