@@ -4,7 +4,7 @@
 import re
 
 from tests.conftest import REPO
-from tests.helpers.benchmarks_page import paired_difference, subsection
+from tests.helpers.benchmarks_page import paired_difference, run_figures, subsection
 
 RESULTS = REPO / "bench" / "results" / "i49" / "session8"
 HEADING = "### Pairs of steps on one batch"
@@ -12,17 +12,6 @@ HEADING = "### Pairs of steps on one batch"
 
 def _section() -> str:
     return subsection(HEADING)
-
-
-def _figures(text: str) -> dict[str, str]:
-    """A run's figures as the table rounds them: by pairs with its interval, the timers, median pair, total."""
-    pairs = re.search(r"by pairs: median ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]", text)
-    timers = sum(float(x) for x in re.findall(r"timing_s/(?:analysis|neuron)/\S+: median ([0-9.]+) s", text))
-    return {"pairs": f"{float(pairs[1]):.2f} [{float(pairs[2]):.2f}, {float(pairs[3]):.2f}]",
-            "timers": f"{1e3 * timers:.0f} ms",
-            "median": f"{float(re.search(r'^ratio=([0-9.]+)', text, re.M)[1]):.2f}",
-            "total": f"{float(re.search(r'^total with / total without = ([0-9.]+)', text, re.M)[1]):.2f}",
-            "src": re.search(r"src=(\w+)", text)[1]}
 
 
 def test_every_row_is_its_raw_output_and_its_verdict_its_target():
@@ -34,7 +23,7 @@ def test_every_row_is_its_raw_output_and_its_verdict_its_target():
     for row in rows:
         cells = [c.strip().replace("**", "") for c in row.strip("|").split("|")]
         name = re.search(r"session8/(\w+\.txt)", cells[0])[1]
-        got = _figures((RESULTS / name).read_text())
+        got = run_figures((RESULTS / name).read_text())
         assert cells[1:6] == [got["src"], got["pairs"], got["timers"], got["median"], got["total"]], row
         met = float(got["total"]) <= 1.5 if name.startswith("always") else float(got["pairs"].split()[0]) <= 1.15
         assert cells[6].endswith("not met") != met, row

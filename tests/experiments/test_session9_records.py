@@ -6,7 +6,7 @@ import re
 import pytest
 
 from tests.conftest import REPO
-from tests.helpers.benchmarks_page import paired_difference, subsection
+from tests.helpers.benchmarks_page import by_pairs, paired_difference, run_figures, subsection
 
 RESULTS = REPO / "bench" / "results" / "i49" / "session9"
 RUNS = ("floor.txt", "floor_r2.txt")
@@ -60,13 +60,11 @@ def _tried() -> str:
 def test_the_tried_change_s_rows_are_their_runs():
     """Each row of the change tried shows its run's source and by-pairs figure (session 8's parser); every stored run
     of it has its row; the text's differences are paired.txt's and its breakdown figures the stored ones."""
-    from tests.experiments.test_session8_records import _figures as session8_figures
-
     rows = [line for line in _tried().splitlines() if line.startswith("| ") and "session9/" in line]
     assert len(rows) == 10
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        got = session8_figures((RESULTS / re.search(r"session9/(\w+\.txt)", cells[0])[1]).read_text())
+        got = run_figures((RESULTS / re.search(r"session9/(\w+\.txt)", cells[0])[1]).read_text())
         assert cells[1:] == [got["src"], got["pairs"]], row
     stored = sorted(p.name for p in RESULTS.glob("*_r*.txt") if p.name.startswith(("task60_", "always_on_")))
     assert len(stored) == 10 and [n for n in stored if f"session9/{n})" not in _tried()] == []
@@ -88,14 +86,12 @@ def test_the_smollm2_figures_are_their_runs():
     """SmolLM2-135M's figures in the text: the task-term run's by-pairs median and interval, the always-on run's total
     and by-pairs figure, each as its stored output prints it."""
     text = " ".join(_section().split())
-    task = (RESULTS / "smollm2_task.txt").read_text()
-    pairs = re.search(r"by pairs: median ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]", task)
-    assert f"the task-term instruments {pairs[1]} [{pairs[2]}, {pairs[3]}] by pairs" in text
+    task = by_pairs((RESULTS / "smollm2_task.txt").read_text())
+    assert "the task-term instruments {} [{}, {}] by pairs".format(*task) in text
     always = (RESULTS / "smollm2_always_on.txt").read_text()
     total = re.search(r"^total with / total without = ([0-9.]+)", always, re.M)[1]
-    pairs = re.search(r"by pairs: median ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]", always)
-    assert f"the always-on setting {total} in total, {pairs[1]} [{pairs[2]}, {pairs[3]}] by pairs" in text
-    assert float(total) <= 1.5 and float(re.search(r"by pairs: median ([0-9.]+)", task)[1]) <= 1.15  # "within"
+    assert "the always-on setting {} in total, {} [{}, {}] by pairs".format(total, *by_pairs(always)) in text
+    assert float(total) <= 1.5 and float(task[0]) <= 1.15  # "within"
 
 
 @pytest.mark.parametrize("setting, sides", [("components", ("off", "on")), ("deferred", ("base", "batched"))])
@@ -105,7 +101,7 @@ def test_the_components_and_batched_rows_are_their_runs(setting, sides):
     row = next(line for line in _section().splitlines() if f"session9/{setting}_{sides[0]}_r1.txt" in line)
     for side in sides:
         runs = [(RESULTS / f"{setting}_{side}_r{r}.txt").read_text() for r in (1, 2, 3)]
-        printed = [re.search(r"by pairs: median ([0-9.]+ \[[0-9.]+, [0-9.]+\])", run)[1] for run in runs]
+        printed = ["{} [{}, {}]".format(*by_pairs(run)) for run in runs]
         assert f"{side}: {', '.join(printed)}" in row, side
     base, other = sides
     stored = (RESULTS / "paired.txt").read_text()
